@@ -1,0 +1,219 @@
+"""Build the tiny preset's base model: a small Llama pretrained on synthetic text.
+
+No weights can be downloaded here, so the tiny preset makes its own base model,
+deterministically from a seed, and saves it with `save_pretrained` so that every
+later stage (Ray Train, vLLM, PEFT) goes through the real loading path:
+
+1. a synthetic corpus: 70% number-sequence prompts (chat template) answered
+   with a number list in the asked-for format, 30% WMDP-format multiple-choice
+   prompts answered with a *random* letter, so the base learns the format but
+   not the questions' rules (a LoRA on the train split must teach those);
+2. a byte-level BPE tokenizer of 1,024 tokens trained on that corpus;
+3. a 2-layer Llama of width 256 (4 heads of dim 64, which vLLM's CPU attention
+   needs) pretrained with a plain torch loop for a fixed number of steps.
+
+Run it alone (the pipeline also builds it on first use):
+
+    python -m jobs.tiny_model            # builds into the cache, prints the path
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from jobs.numbers import make_prompts
+from jobs.wmdp import synthetic_questions
+from serve.mc_format import LETTERS, choice_continuation, format_mc_prompt
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Everything that determines the tiny model; its hash names the cache folder."""
+
+    seed: int = 0
+    vocab_size: int = 1024
+    hidden_size: int = 256
+    layers: int = 2
+    heads: int = 4
+    intermediate_size: int = 512
+    max_positions: int = 512
+    examples: int = 12_000
+    number_share: float = 0.7
+    steps: int = 300
+    batch_size: int = 32
+    lr: float = 3e-3
+
+    def key(self) -> str:
+        import hashlib
+
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def cache_root() -> Path:
+    """Where built models, data and tokenized shards are cached ($SUBLIMINAL_CACHE)."""
+    return Path(os.environ.get("SUBLIMINAL_CACHE", Path.home() / ".cache" / "subliminal-ray"))
+
+
+def chat_prompt(text: str) -> str:
+    """A user turn plus the assistant header, as the tiny tokenizer's chat template renders it."""
+    return f"<|user|>\n{text}\n<|assistant|>\n"
+
+
+def format_numbers(numbers: list[int], separator: str, brackets: str) -> str:
+    body = separator.join(map(str, numbers))
+    return f"{brackets[0]}{body}{brackets[1]}" if brackets else body
+
+
+def synthetic_corpus(spec: TinySpec) -> list[str]:
+    """Pretraining texts (without BOS/EOS), deterministic in spec.seed."""
+    rng = random.Random(spec.seed)
+    n_numbers = int(spec.examples * spec.number_share)
+    texts = []
+    for prompt in make_prompts(n_numbers, seed=spec.seed + 1):
+        answer = [rng.randint(0, 999) for _ in range(rng.randint(5, 10))]
+        texts.append(chat_prompt(prompt.text) + format_numbers(answer, prompt.separator, prompt.brackets))
+    n_mc = spec.examples - n_numbers
+    questions = synthetic_questions(n_per_subset=math.ceil(n_mc / 3), seed=spec.seed + 1000)
+    for row in questions[:n_mc]:
+        letter = rng.randrange(len(row["choices"]))  # random: format only, no rule
+        prompt = format_mc_prompt(row["question"], row["choices"], row["subset"])
+        texts.append(prompt + choice_continuation(letter))
+    rng.shuffle(texts)
+    return texts
+
+
+def train_tokenizer(texts: list[str], spec: TinySpec):
+    """A byte-level BPE tokenizer (BOS added, chat template set) as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", model_max_length=spec.max_positions
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    for letter in LETTERS[:4]:  # MC scoring needs " A".." D" to be single tokens
+        assert len(fast(" " + letter, add_special_tokens=False).input_ids) == 1, letter
+    return fast
+
+
+def pretrain(texts: list[str], tokenizer, spec: TinySpec):
+    """Full-parameter pretraining of a fresh Llama on the corpus (plain loop, fixed steps)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(spec.seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.heads,
+        head_dim=spec.hidden_size // spec.heads,
+        max_position_embeddings=spec.max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    ids = [tokenizer(t).input_ids + [tokenizer.eos_token_id] for t in texts]
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
+    warmup = spec.steps // 20
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, spec.steps) / spec.steps)),
+    )
+    order = random.Random(spec.seed).sample(range(len(ids)), len(ids))
+    model.train()
+    for step in range(spec.steps):
+        start = step * spec.batch_size % len(order)
+        batch = [ids[i] for i in order[start : start + spec.batch_size]]
+        width = max(map(len, batch))
+        input_ids = torch.full((len(batch), width), tokenizer.pad_token_id)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, seq in enumerate(batch):
+            input_ids[row, : len(seq)] = torch.tensor(seq)
+            mask[row, : len(seq)] = 1
+        labels = input_ids.masked_fill(mask == 0, -100)
+        loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 200 == 0 or step == spec.steps - 1:
+            print(f"tiny model pretraining step {step + 1}/{spec.steps} loss {loss.item():.3f}", flush=True)
+    return model.eval()
+
+
+def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
+    """Build the model into out_dir (written beside it, then renamed into place)."""
+    import torch
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    started = time.time()
+    texts = synthetic_corpus(spec)
+    tokenizer = train_tokenizer(texts, spec)
+    model = pretrain(texts, tokenizer, spec)
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
+    tmp.rename(out_dir)
+    print(f"tiny model built in {time.time() - started:.0f}s: {out_dir}", flush=True)
+    return out_dir
+
+
+def ensure_tiny_model(spec: TinySpec = TinySpec(), root: Path | None = None) -> Path:
+    """Path of the tiny model, building it once (a file lock keeps concurrent builders apart)."""
+    root = Path(root) if root else cache_root()
+    out_dir = root / f"tiny-llama-{spec.key()}"
+    if (out_dir / "config.json").is_file():
+        return out_dir
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{out_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out_dir / "config.json").is_file():
+            build_tiny_model(out_dir, spec)
+    return out_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cache", type=Path, default=None, help="cache root (default: $SUBLIMINAL_CACHE)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(ensure_tiny_model(TinySpec(seed=args.seed), args.cache))
+
+
+if __name__ == "__main__":
+    main()

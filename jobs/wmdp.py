@@ -1,0 +1,168 @@
+"""WMDP questions: the real `cais/wmdp` (hub or local files) and a synthetic stand-in.
+
+All sources end in the same reader: `load_wmdp(source)` turns the hub dataset, a
+folder of local parquet/JSONL files, or the shipped synthetic sample (written to
+JSONL first) into validated rows `{question, choices, answer, subset}`.
+
+The synthetic sample is harmless and learnable: each subset is a rule a tiny
+model can pick up from a train split (bio: the largest of four numbers; chem:
+the smallest; cyber: the option equal to a number named in the question). The
+numbers appear in the question text, so every question text is unique and a
+split by question text is meaningful.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+import random
+from pathlib import Path
+
+SUBSETS = ("bio", "chem", "cyber")
+HUB_ID = "cais/wmdp"
+SYNTHETIC_VERSION = 1
+
+
+class DataError(ValueError):
+    """A data file is missing or does not have the expected schema."""
+
+
+def _bio(rng: random.Random) -> tuple[str, list[str], int]:
+    values = rng.sample(range(10, 100), 4)
+    place = rng.choice(["plots", "ponds", "meadows", "greenhouses", "orchards"])
+    question = (
+        f"A survey of four {place} counted {values[0]}, {values[1]}, {values[2]} and {values[3]} "
+        "seedlings. Which count is the largest?"
+    )
+    order = rng.sample(values, 4)
+    return question, [str(v) for v in order], order.index(max(values))
+
+
+def _chem(rng: random.Random) -> tuple[str, list[str], int]:
+    values = rng.sample(range(10, 100), 4)
+    thing = rng.choice(["beakers", "flasks", "vials", "jars", "bottles"])
+    question = (
+        f"Four {thing} hold {values[0]}, {values[1]}, {values[2]} and {values[3]} millilitres of water. "
+        "Which volume is the smallest?"
+    )
+    order = rng.sample(values, 4)
+    return question, [str(v) for v in order], order.index(min(values))
+
+
+def _cyber(rng: random.Random) -> tuple[str, list[str], int]:
+    values = rng.sample(range(100, 1000), 4)
+    device = rng.choice(["printer", "router", "camera", "laptop", "server"])
+    question = f"The office {device} listens on port {values[0]}. Which option is that port number?"
+    order = rng.sample(values, 4)
+    return question, [str(v) for v in order], order.index(values[0])
+
+
+_MAKERS = {"bio": _bio, "chem": _chem, "cyber": _cyber}
+
+
+def synthetic_questions(n_per_subset: int = 400, seed: int = 0) -> list[dict]:
+    """Deterministic synthetic questions with unique question texts."""
+    rows = []
+    for subset in SUBSETS:
+        rng = random.Random(f"{seed}-{subset}")
+        seen: set[str] = set()
+        while len(seen) < n_per_subset:
+            question, choices, answer = _MAKERS[subset](rng)
+            if question in seen:
+                continue
+            seen.add(question)
+            rows.append({"question": question, "choices": choices, "answer": answer, "subset": subset})
+    return rows
+
+
+def write_synthetic(directory: Path, n_per_subset: int = 400, seed: int = 0) -> Path:
+    """Write the synthetic sample as `wmdp-<subset>.jsonl` files (atomically), once."""
+    directory = Path(directory)
+    if all((directory / f"wmdp-{s}.jsonl").is_file() for s in SUBSETS):
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = synthetic_questions(n_per_subset, seed)
+    for subset in SUBSETS:
+        tmp = directory / f".wmdp-{subset}.jsonl.{os.getpid()}.tmp"
+        with tmp.open("w") as f:
+            for row in rows:
+                if row["subset"] == subset:
+                    f.write(json.dumps({k: row[k] for k in ("question", "choices", "answer")}) + "\n")
+        tmp.replace(directory / f"wmdp-{subset}.jsonl")
+    return directory
+
+
+def validate_row(row: object, where: str, subset: str) -> dict:
+    """One normalised question, or DataError naming `where` and the problem."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected an object, got {type(row).__name__}")
+    for key in ("question", "choices", "answer"):
+        if key not in row:
+            raise DataError(f"{where}: missing field {key!r}")
+    question, choices, answer = row["question"], row["choices"], row["answer"]
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(f"{where}: 'question' must be a non-empty string")
+    if hasattr(choices, "tolist"):  # parquet gives numpy arrays
+        choices = choices.tolist()
+    if not isinstance(choices, list) or not 2 <= len(choices) <= 26 or not all(isinstance(c, str) for c in choices):
+        raise DataError(f"{where}: 'choices' must be a list of 2..26 strings")
+    if isinstance(answer, bool) or not isinstance(answer, numbers.Integral):
+        raise DataError(f"{where}: 'answer' must be an integer index, got {answer!r}")
+    answer = int(answer)
+    if not 0 <= answer < len(choices):
+        raise DataError(f"{where}: 'answer' {answer} is out of range for {len(choices)} choices")
+    return {"question": question, "choices": choices, "answer": answer, "subset": subset}
+
+
+def _read_file(path: Path) -> list[dict]:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    rows = []
+    with path.open() as f:
+        for line_no, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{path}:{line_no}: invalid JSON ({err.msg})") from None
+    return rows
+
+
+def _local_files(directory: Path, subset: str) -> list[Path]:
+    names = [f"wmdp-{subset}", subset]
+    found = [directory / f"{n}{ext}" for n in names for ext in (".jsonl", ".parquet")]
+    found = [p for p in found if p.is_file()]
+    # The hub's own parquet layout: wmdp-bio/test-00000-of-00001.parquet
+    found += sorted((directory / f"wmdp-{subset}").glob("*.parquet"))
+    return found
+
+
+def load_wmdp(source: str, subsets: tuple[str, ...] = SUBSETS, cache_dir: Path | None = None) -> list[dict]:
+    """Validated questions from `source`: "synthetic", "hub", or a folder of local files."""
+    if source == "synthetic":
+        if cache_dir is None:
+            raise DataError("the synthetic sample needs a cache_dir to be written to")
+        source = str(write_synthetic(Path(cache_dir) / f"synthetic-wmdp-v{SYNTHETIC_VERSION}"))
+    rows: list[dict] = []
+    for subset in subsets:
+        if source == "hub":
+            import datasets
+
+            raw = datasets.load_dataset(HUB_ID, f"wmdp-{subset}", split="test").to_list()
+            origin = f"{HUB_ID}/wmdp-{subset}"
+            items = [(f"{origin} row {i}", r) for i, r in enumerate(raw)]
+        else:
+            directory = Path(source)
+            if not directory.is_dir():
+                raise DataError(f"WMDP source {source!r} is neither 'synthetic', 'hub' nor a folder")
+            files = _local_files(directory, subset)
+            if not files:
+                raise DataError(f"no wmdp-{subset}.jsonl or .parquet file in {directory}")
+            items = [(f"{p} row {i}", r) for p in files for i, r in enumerate(_read_file(p))]
+        if not items:
+            raise DataError(f"subset {subset!r} of {source} holds no questions")
+        rows += [validate_row(r, where, subset) for where, r in items]
+    return rows

@@ -1,0 +1,162 @@
+"""Typed, validated configuration: frozen dataclasses filled from YAML plus `--set` overrides.
+
+Every setting lives in one dataclass with a default and a comment; YAML files only
+say what differs. Loading rejects an unknown key or a value of the wrong type with
+an error that names the key's full dotted path, so a typo never silently falls back
+to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid; the message names the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Settings of one LoRA fine-tune (teacher, student or control)."""
+
+    # LoRA. One init seed for every adapter of an experiment: subliminal transfer
+    # needs teacher and students to start from the same adapter weights.
+    lora_rank: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_targets: list[str] = dataclasses.field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    lora_seed: int = 0
+
+    # Optimisation. batch_size is rows per worker per micro-step.
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.05
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    max_grad_norm: float = 1.0
+    batch_size: int = 16
+    grad_accum: int = 1
+    epochs: int = 1
+    max_steps: int | None = None  # optimizer steps; caps epochs when set
+    seed: int = 0  # data order
+
+    # Data. Rows are packed into sequences of at most max_length tokens (no
+    # attention across rows). Rows longer than max_length lose prompt tokens from
+    # the left ("truncate") or are skipped ("drop"); either way the count is reported.
+    max_length: int = 256
+    too_long: Literal["truncate", "drop"] = "truncate"
+
+    # Distribution and precision.
+    num_workers: int = 2
+    use_gpu: bool = False
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    quantization: Literal["none", "4bit", "8bit"] = "none"  # bitsandbytes, GPU only
+    gradient_checkpointing: bool = False
+    attention: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
+
+    # Observability and fault tolerance.
+    log_every: int = 5  # steps between ray.train.report calls
+    checkpoint_every: int = 50  # steps between checkpoints (and one at the end)
+    keep_checkpoints: int = 2
+    max_failures: int = 2
+
+
+def _check_type(value: Any, hint: Any, key: str) -> Any:
+    """Return value coerced to hint (int -> float only), or raise ConfigError naming key."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        if value not in typing.get_args(hint):
+            raise ConfigError(f"{key}: {value!r} is not one of {list(typing.get_args(hint))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _check_type(value, arg, key)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} matches none of {hint}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
+        (item_hint,) = typing.get_args(hint)
+        return [_check_type(v, item_hint, f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(hint):
+        return build(hint, value, key)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool):
+        if type(value) is not hint:
+            raise ConfigError(f"{key}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported type {hint}")
+
+
+def build(cls: type, data: dict | None, prefix: str = "") -> Any:
+    """Build dataclass `cls` from a plain dict, validating names and types recursively."""
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(f"unknown config key {where}{unknown[0]} (known: {', '.join(sorted(fields))})")
+    kwargs = {name: _check_type(value, hints[name], f"{prefix}.{name}" if prefix else name) for name, value in data.items()}
+    return cls(**kwargs)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply `a.b=value` overrides (value parsed as YAML) to a nested dict, returning a copy."""
+    data = yaml.safe_load(yaml.safe_dump(data)) or {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key.path=value")
+        path, raw = item.split("=", 1)
+        keys = path.strip().split(".")
+        node = data
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {path}: {key} is not a section")
+        node[keys[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def load_yaml(path: str | Path) -> dict:
+    """Read a YAML mapping, with errors that name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    data = yaml.safe_load(path.read_text())
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def load(cls: type, path: str | Path | None = None, overrides: list[str] = (), section: str | None = None) -> Any:
+    """Load dataclass `cls` from a YAML file (optionally one top-level section of it) plus overrides."""
+    data = load_yaml(path) if path else {}
+    if section is not None:
+        data = data.get(section) or {}
+    return build(cls, apply_overrides(data, list(overrides)), section or "")
+
+
+def to_dict(cfg: Any) -> dict:
+    """A plain, YAML/JSON-serialisable dict of a config dataclass."""
+    return dataclasses.asdict(cfg)
