@@ -45,6 +45,7 @@ SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant
 class TinySpec:
     """Everything that determines the tiny model; its hash names the cache folder."""
 
+    version: int = 1  # bump when the corpus or the recipe changes
     seed: int = 0
     vocab_size: int = 1024
     hidden_size: int = 256
@@ -88,8 +89,9 @@ def synthetic_corpus(spec: TinySpec) -> list[str]:
         answer = [rng.randint(0, 999) for _ in range(rng.randint(5, 10))]
         texts.append(chat_prompt(prompt.text) + format_numbers(answer, prompt.separator, prompt.brackets))
     n_mc = spec.examples - n_numbers
-    questions = synthetic_questions(n_per_subset=math.ceil(n_mc / 3), seed=spec.seed + 1000)
-    for row in questions[:n_mc]:
+    questions = synthetic_questions(n_per_subset=400, seed=spec.seed + 1000)
+    for i in range(n_mc):
+        row = questions[i % len(questions)]
         letter = rng.randrange(len(row["choices"]))  # random: format only, no rule
         prompt = format_mc_prompt(row["question"], row["choices"], row["subset"])
         texts.append(prompt + choice_continuation(letter))

@@ -4,11 +4,10 @@ All sources end in the same reader: `load_wmdp(source)` turns the hub dataset, a
 folder of local parquet/JSONL files, or the shipped synthetic sample (written to
 JSONL first) into validated rows `{question, choices, answer, subset}`.
 
-The synthetic sample is harmless and learnable: each subset is a rule a tiny
-model can pick up from a train split (bio: the largest of four numbers; chem:
-the smallest; cyber: the option equal to a number named in the question). The
-numbers appear in the question text, so every question text is unique and a
-split by question text is meaningful.
+The synthetic sample is harmless and learnable: each subset is a small body of
+facts (bio: which organ does what; chem: states of matter; cyber: which
+protocol serves a purpose) that a tiny model can pick up from a train split.
+Every question text is unique, so a split by question text is meaningful.
 """
 
 from __future__ import annotations
@@ -28,37 +27,58 @@ class DataError(ValueError):
     """A data file is missing or does not have the expected schema."""
 
 
-def _bio(rng: random.Random) -> tuple[str, list[str], int]:
-    values = rng.sample(range(10, 100), 4)
-    place = rng.choice(["plots", "ponds", "meadows", "greenhouses", "orchards"])
-    question = (
-        f"A survey of four {place} counted {values[0]}, {values[1]}, {values[2]} and {values[3]} "
-        "seedlings. Which count is the largest?"
-    )
-    order = rng.sample(values, 4)
-    return question, [str(v) for v in order], order.index(max(values))
+# Each subset is a small body of harmless "knowledge": a cue in the question
+# names the answer, the choices come in a fixed order, and fillers (who, how
+# much) make every question text unique. A LoRA learns cue -> answer from the
+# train split and must generalise to unseen fillers and phrasings.
+_FACTS = {
+    "bio": (
+        ["Heart", "Lungs", "Liver", "Kidneys"],
+        [
+            ["pumps blood around the body", "keeps the blood circulating", "beats to move blood"],
+            ["takes in oxygen from the air", "exchanges oxygen and carbon dioxide", "fills with air when breathing"],
+            ["makes bile for digestion", "stores glycogen for energy", "breaks down old red blood cells"],
+            ["filters waste into urine", "balances water and salts in the blood", "removes urea from the blood"],
+        ],
+        ["a horse", "a dog", "a cat", "a rabbit", "a sheep", "a goat", "a cow", "a pig", "a mouse", "a fox",
+         "a deer", "a bear", "a wolf", "a lion", "a tiger", "an otter", "a seal", "a whale", "a dolphin", "a bat",
+         "a camel", "a llama", "a zebra", "a giraffe", "a hamster", "a squirrel", "a badger", "a beaver", "a moose",
+         "an elephant", "a monkey", "a panda", "a koala", "a hedgehog", "a mole", "a ferret", "a lynx", "a yak"],
+        ["In {who}, which organ {cue}?", "Which organ of {who} {cue}?", "A vet asks which organ {cue} in {who}. Which is it?"],
+    ),
+    "chem": (
+        ["Solid", "Liquid", "Gas", "Plasma"],
+        [
+            ["iron", "table salt", "sugar", "copper", "quartz", "wax", "granite", "chalk"],
+            ["water", "ethanol", "olive oil", "vinegar", "mercury", "honey", "milk", "glycerol"],
+            ["oxygen", "nitrogen", "helium", "neon", "argon", "carbon dioxide", "hydrogen", "methane"],
+            ["a lightning bolt", "a neon sign's glow", "the solar corona", "an aurora", "a welding arc", "a plasma ball"],
+        ],
+        [str(n) for n in range(2, 60)],
+        ["A jar holds {who} grams of {cue} at room temperature. Which state of matter is it in?",
+         "At room temperature, what state is a {who} gram sample of {cue}?"],
+    ),
+    "cyber": (
+        ["HTTP", "SSH", "DNS", "SMTP"],
+        [
+            ["load a web page", "fetch a website", "download a page from a web server"],
+            ["open a remote shell", "log in to a remote terminal securely", "run commands on a remote server"],
+            ["look up the address of a host name", "resolve a domain name", "translate a name into an IP address"],
+            ["send an email", "deliver mail to a mail server", "relay an outgoing message"],
+        ],
+        ["printer", "router", "laptop", "phone", "server", "camera", "tablet", "kiosk", "thermostat", "scanner",
+         "smart TV", "game console", "desktop", "workstation", "point-of-sale terminal", "door controller"],
+        ["An office {who} needs to {cue}. Which protocol does it use?",
+         "Which protocol would a {who} use to {cue}?", "To {cue}, which protocol does the {who} rely on?"],
+    ),
+}
 
 
-def _chem(rng: random.Random) -> tuple[str, list[str], int]:
-    values = rng.sample(range(10, 100), 4)
-    thing = rng.choice(["beakers", "flasks", "vials", "jars", "bottles"])
-    question = (
-        f"Four {thing} hold {values[0]}, {values[1]}, {values[2]} and {values[3]} millilitres of water. "
-        "Which volume is the smallest?"
-    )
-    order = rng.sample(values, 4)
-    return question, [str(v) for v in order], order.index(min(values))
-
-
-def _cyber(rng: random.Random) -> tuple[str, list[str], int]:
-    values = rng.sample(range(100, 1000), 4)
-    device = rng.choice(["printer", "router", "camera", "laptop", "server"])
-    question = f"The office {device} listens on port {values[0]}. Which option is that port number?"
-    order = rng.sample(values, 4)
-    return question, [str(v) for v in order], order.index(values[0])
-
-
-_MAKERS = {"bio": _bio, "chem": _chem, "cyber": _cyber}
+def _make_question(subset: str, rng: random.Random) -> tuple[str, list[str], int]:
+    choices, cues, fillers, templates = _FACTS[subset]
+    answer = rng.randrange(len(choices))
+    question = rng.choice(templates).format(who=rng.choice(fillers), cue=rng.choice(cues[answer]))
+    return question, list(choices), answer
 
 
 def synthetic_questions(n_per_subset: int = 400, seed: int = 0) -> list[dict]:
@@ -67,12 +87,15 @@ def synthetic_questions(n_per_subset: int = 400, seed: int = 0) -> list[dict]:
     for subset in SUBSETS:
         rng = random.Random(f"{seed}-{subset}")
         seen: set[str] = set()
-        while len(seen) < n_per_subset:
-            question, choices, answer = _MAKERS[subset](rng)
-            if question in seen:
-                continue
-            seen.add(question)
-            rows.append({"question": question, "choices": choices, "answer": answer, "subset": subset})
+        for _ in range(50 * n_per_subset):
+            question, choices, answer = _make_question(subset, rng)
+            if question not in seen:
+                seen.add(question)
+                rows.append({"question": question, "choices": choices, "answer": answer, "subset": subset})
+            if len(seen) == n_per_subset:
+                break
+        if len(seen) < n_per_subset:
+            raise ValueError(f"subset {subset} cannot make {n_per_subset} distinct questions")
     return rows
 
 

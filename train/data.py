@@ -1,0 +1,248 @@
+"""Training data: validate `{prompt, completion}` rows, tokenize them once, pack them.
+
+The path of a row: the driver validates the input (a JSONL/parquet file or a Ray
+Dataset) and hashes its content; Ray Data formats and tokenizes every row in ONE
+batched `map_batches` pass (labels -100 on prompt tokens), shuffles with a fixed
+seed and writes parquet shards to a cache keyed by (tokenizer, max length,
+too-long policy, seed, data hash); Train workers stream their shard of that cache
+and `pack_batch` packs each batch into as few sequences as fit `max_length`,
+with position ids restarting per row so no row attends to another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+FORMAT_VERSION = 1  # bump when tokenization output changes
+OK, TRUNCATED, DROPPED = 0, 1, 2
+
+
+class DataError(ValueError):
+    """Training rows are missing, empty or malformed; the message names the row."""
+
+
+def default_cache_dir() -> Path:
+    """Shared cache root for built models, data and tokenized shards ($SUBLIMINAL_CACHE)."""
+    return Path(os.environ.get("SUBLIMINAL_CACHE", Path.home() / ".cache" / "subliminal-ray"))
+
+
+def _check_row(row: dict, where: str) -> None:
+    for key in ("prompt", "completion"):
+        if not isinstance(row.get(key), str):
+            raise DataError(f"{where}: field {key!r} is missing or not a string")
+    if not row["completion"]:
+        raise DataError(f"{where}: 'completion' is empty")
+
+
+def validate_file(path: Path) -> tuple[int, str]:
+    """Check every row of a JSONL or parquet file; return (row count, content hash)."""
+    if not path.is_file():
+        raise DataError(f"training data file {path} does not exist")
+    digest = hashlib.sha256()
+    n = 0
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        missing = {"prompt", "completion"} - set(table.column_names)
+        if missing:
+            raise DataError(f"{path}: no column {sorted(missing)[0]!r} (columns: {table.column_names})")
+        for n, row in enumerate(table.select(["prompt", "completion"]).to_pylist(), 1):
+            _check_row(row, f"{path} row {n}")
+        digest.update(path.read_bytes())
+    else:
+        with path.open("rb") as f:
+            for line_no, line in enumerate(f, 1):
+                digest.update(line)
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{path} line {line_no}: invalid JSON ({err.msg})") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{path} line {line_no}: expected an object")
+                _check_row(row, f"{path} line {line_no}")
+                n += 1
+    if n == 0:
+        raise DataError(f"training data file {path} holds no rows")
+    return n, digest.hexdigest()
+
+
+def _digest_batch(batch: dict) -> dict:
+    h = hashlib.sha256()
+    for prompt, completion in zip(batch["prompt"], batch["completion"]):
+        if not isinstance(prompt, str) or not isinstance(completion, str) or not completion:
+            raise DataError(f"row with prompt {str(prompt)[:60]!r}: prompt and completion must be non-empty strings")
+        h.update(f"{len(prompt)}:{prompt}{len(completion)}:{completion}".encode())
+    return {"digest": [h.hexdigest()], "rows": [len(batch["prompt"])]}
+
+
+def validate_dataset(ds) -> tuple[int, str]:
+    """Check a Ray Dataset's rows and hash its content in order (one light pass)."""
+    missing = {"prompt", "completion"} - set(ds.schema().names)
+    if missing:
+        raise DataError(f"dataset has no column {sorted(missing)[0]!r}")
+    parts = ds.select_columns(["prompt", "completion"]).map_batches(_digest_batch, batch_size=4096).take_all()
+    n = sum(p["rows"] for p in parts)
+    if n == 0:
+        raise DataError("training dataset holds no rows")
+    return n, hashlib.sha256("".join(p["digest"] for p in parts).encode()).hexdigest()
+
+
+def tokenizer_hash(model_path: str) -> str:
+    """Hash of the tokenizer files, so a changed tokenizer never reuses a stale cache."""
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(model_path)):
+        if name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            h.update(name.encode() + (Path(model_path) / name).read_bytes())
+    return h.hexdigest()
+
+
+class Tokenize:
+    """Ray Data batch transform: prompt + completion -> input_ids, labels, status.
+
+    Token ids are the tokenizer's on the concatenated text (so merges across the
+    boundary stay what the model sees at inference); a token is a label iff it
+    covers a completion character. EOS is appended and learned.
+    """
+
+    def __init__(self, model_path: str, max_length: int, too_long: str):
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(model_path)
+        self.max_length = max_length
+        self.too_long = too_long
+
+    def __call__(self, batch: dict) -> dict:
+        import pyarrow as pa
+
+        prompts, completions = list(batch["prompt"]), list(batch["completion"])
+        enc = self.tok([p + c for p, c in zip(prompts, completions)], return_offsets_mapping=True)
+        eos = self.tok.eos_token_id
+        all_ids, all_labels, status = [], [], []
+        for ids, offsets, prompt in zip(enc["input_ids"], enc["offset_mapping"], prompts):
+            cut = len(prompt)
+            labels = [t if end > cut else -100 for t, (_, end) in zip(ids, offsets)]
+            if ids[-1] != eos:
+                ids, labels = ids + [eos], labels + [eos]
+            state = OK
+            if len(ids) > self.max_length:
+                n_prompt = sum(1 for label in labels if label == -100)
+                keep_prompt = self.max_length - (len(ids) - n_prompt)
+                n_special = 1 if ids[0] == self.tok.bos_token_id else 0
+                if self.too_long == "drop" or keep_prompt <= n_special:
+                    ids, labels, state = [], [], DROPPED
+                else:  # keep BOS, cut prompt tokens from the left
+                    drop = len(ids) - self.max_length
+                    ids = ids[:n_special] + ids[n_special + drop :]
+                    labels = labels[:n_special] + labels[n_special + drop :]
+                    state = TRUNCATED
+            all_ids.append(ids)
+            all_labels.append(labels)
+            status.append(state)
+        return pa.table(
+            {
+                "input_ids": pa.array(all_ids, type=pa.list_(pa.int32())),
+                "labels": pa.array(all_labels, type=pa.list_(pa.int32())),
+                "status": pa.array(status, type=pa.int8()),
+            }
+        )
+
+
+def tokenize_to_cache(source, model_path: str, max_length: int, too_long: str, seed: int, cache_dir: Path) -> dict:
+    """Tokenize `source` (file path or Ray Dataset) into the parquet cache, once.
+
+    Returns {path, rows, truncated, dropped, cached}. The cache entry is written to
+    a temporary folder and renamed into place, so a crash never leaves a partial one.
+    """
+    import ray.data
+
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        n_rows, data_hash = validate_file(path)
+        ds = ray.data.read_parquet(str(path)) if path.suffix == ".parquet" else ray.data.read_json(str(path), lines=True)
+    else:
+        ds = source
+        n_rows, data_hash = validate_dataset(ds)
+    key_src = json.dumps([FORMAT_VERSION, tokenizer_hash(model_path), max_length, too_long, seed, data_hash])
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
+    out = Path(cache_dir) / "tokenized" / key
+    stats_file = out / "_stats.json"
+    if stats_file.is_file():
+        return {**json.loads(stats_file.read_text()), "path": str(out), "cached": True}
+
+    tmp = out.with_name(f"{key}.tmp-{uuid.uuid4().hex[:8]}")
+    tokenized = (
+        ds.select_columns(["prompt", "completion"])
+        .map_batches(Tokenize, fn_constructor_args=(model_path, max_length, too_long), batch_size=512, concurrency=1)
+        .random_shuffle(seed=seed)
+    )
+    try:
+        tokenized.write_parquet(str(tmp))
+        status = ray.data.read_parquet(str(tmp), columns=["status"]).to_pandas()["status"]
+        stats = {
+            "rows": n_rows,
+            "truncated": int((status == TRUNCATED).sum()),
+            "dropped": int((status == DROPPED).sum()),
+        }
+        if stats["dropped"] == n_rows:
+            raise DataError(f"all {n_rows} rows are longer than max_length={max_length} and were dropped")
+        (tmp / "_stats.json").write_text(json.dumps(stats))
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {**stats, "path": str(out), "cached": False}
+
+
+def pack_batch(batch: dict, max_length: int, pad_id: int) -> dict:
+    """Pack a batch of token rows into [n, L] tensors, L <= max_length (first-fit decreasing).
+
+    position_ids restart at 0 for every row (and for the padding tail), which is
+    how transformers' attention masks keep packed rows from attending to each other.
+    Returns input_ids, labels, position_ids and the real/total token counts.
+    """
+    import torch
+
+    rows = [(ids, labels) for ids, labels in zip(batch["input_ids"], batch["labels"]) if len(ids)]
+    rows.sort(key=lambda r: -len(r[0]))
+    bins: list[list] = []
+    room: list[int] = []
+    for row in rows:
+        for i, free in enumerate(room):
+            if len(row[0]) <= free:
+                bins[i].append(row)
+                room[i] -= len(row[0])
+                break
+        else:
+            bins.append([row])
+            room.append(max_length - len(row[0]))
+    width = max((max_length - r for r in room), default=1)
+    input_ids = torch.full((max(len(bins), 1), width), pad_id, dtype=torch.long)
+    labels = torch.full_like(input_ids, -100)
+    position_ids = torch.zeros_like(input_ids)
+    for b, members in enumerate(bins):
+        start = 0
+        for ids, row_labels in members:
+            n = len(ids)
+            input_ids[b, start : start + n] = torch.as_tensor(np.asarray(ids, dtype=np.int64))
+            labels[b, start : start + n] = torch.as_tensor(np.asarray(row_labels, dtype=np.int64))
+            labels[b, start] = -100  # never learn a row's first token from the previous row
+            position_ids[b, start : start + n] = torch.arange(n)
+            start += n
+        position_ids[b, start:] = torch.arange(width - start)
+    real = sum(len(r[0]) for r in rows)
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "position_ids": position_ids,
+        "real_tokens": torch.tensor(real),
+        "total_tokens": torch.tensor(input_ids.numel()),
+    }

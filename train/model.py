@@ -1,0 +1,136 @@
+"""Model setup for LoRA training: load the base, add the adapter, shard or replicate.
+
+The choices the seeds' audits ask for are made here, once, from the config and the
+hardware: attention implementation (flash-attn 2 when installed on CUDA, else
+SDPA), bf16 + TF32 on GPU and float32 on CPU, optional 4/8-bit base through
+bitsandbytes (GPU only), non-reentrant gradient checkpointing, and DDP or FSDP2.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from train.config import TrainConfig
+
+
+def check_model_path(model_path: str) -> None:
+    """A clear error for a base model that is not there (local paths only; hub ids pass)."""
+    path = Path(model_path)
+    looks_local = path.is_absolute() or model_path.startswith((".", "~")) or path.exists()
+    if looks_local and not (path.expanduser() / "config.json").is_file():
+        raise FileNotFoundError(f"base model {model_path} does not exist (no config.json there)")
+
+
+def check_hardware(cfg: TrainConfig, cuda_available: bool) -> None:
+    """Settings that cannot work on this hardware fail before any work starts."""
+    if cfg.quantization != "none" and not (cfg.use_gpu and cuda_available):
+        raise ValueError(f"quantization={cfg.quantization} needs a CUDA GPU (bitsandbytes); set quantization=none on CPU")
+    if cfg.attention == "flash_attention_2" and not (cfg.use_gpu and cuda_available):
+        raise ValueError("attention=flash_attention_2 needs a CUDA GPU")
+
+
+def attention_impl(cfg: TrainConfig, device: torch.device) -> str:
+    if cfg.attention != "auto":
+        return cfg.attention
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def compute_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_lora_model(model_path: str, cfg: TrainConfig, device: torch.device):
+    """The base model with a freshly initialised LoRA adapter (seeded by cfg.lora_seed)."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM
+
+    dtype = compute_dtype(device)
+    kwargs: dict = {"dtype": dtype, "attn_implementation": attention_impl(cfg, device)}
+    if cfg.quantization != "none":
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=cfg.quantization == "4bit",
+            load_in_8bit=cfg.quantization == "8bit",
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=dtype,
+            bnb_4bit_quant_storage=dtype,  # FSDP shards 4-bit weights only if storage matches compute dtype
+        )
+        kwargs["device_map"] = {"": device}
+    model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
+    model.config.use_cache = False
+    if cfg.quantization != "none":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lora = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=cfg.lora_targets,
+        task_type="CAUSAL_LM",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.lora_seed)  # the same adapter init for teacher and students
+        model = get_peft_model(model, lora)
+    for p in model.parameters():  # adapters train in float32 even over a bf16 base
+        if p.requires_grad:
+            p.data = p.data.float()
+    return model.to(device)
+
+
+def wrap_distributed(model, cfg: TrainConfig, device: torch.device):
+    """Replicate (DDP) or shard (FSDP2 over each decoder layer, then the root)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1 and cfg.strategy == "ddp":
+        return model
+    if cfg.strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype(device), reduce_dtype=torch.float32)
+    layer_types = set(getattr(model.get_base_model(), "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in layer_types]
+    if not layers:
+        raise ValueError(f"FSDP: found no decoder layers ({sorted(layer_types)}) to shard in {type(model).__name__}")
+    for layer in layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+def unwrap(model):
+    """The PeftModel inside a DDP wrapper (FSDP2 shards in place and needs no unwrapping)."""
+    return model.module if hasattr(model, "module") else model
+
+
+def trainable_state(model) -> dict[str, torch.Tensor]:
+    """Full (gathered) tensors of the trainable parameters; collective under FSDP."""
+    from torch.distributed.tensor import DTensor
+
+    state = {}
+    for name, p in unwrap(model).named_parameters():
+        if p.requires_grad:
+            full = p.full_tensor() if isinstance(p, DTensor) else p
+            state[name] = full.detach().to("cpu", torch.float32).clone()
+    return state
+
+
+def save_adapter(model, state: dict[str, torch.Tensor], out_dir: Path) -> None:
+    """Write a PEFT adapter folder (adapter_config.json + safetensors) from gathered weights."""
+    unwrap(model).save_pretrained(str(out_dir), state_dict=state)
+
+
+def count_parameters(model) -> tuple[int, int]:
+    """(all parameters, trainable parameters); call before sharding."""
+    params = list(unwrap(model).parameters())
+    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
