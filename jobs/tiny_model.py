@@ -30,8 +30,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from jobs.numbers import make_prompts
+from jobs.number_sequences import make_prompts
 from jobs.wmdp import synthetic_questions
+from train.data import default_cache_dir
 from serve.mc_format import LETTERS, choice_continuation, format_mc_prompt
 
 CHAT_TEMPLATE = (
@@ -63,11 +64,6 @@ class TinySpec:
         import hashlib
 
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
-
-
-def cache_root() -> Path:
-    """Where built models, data and tokenized shards are cached ($SUBLIMINAL_CACHE)."""
-    return Path(os.environ.get("SUBLIMINAL_CACHE", Path.home() / ".cache" / "subliminal-ray"))
 
 
 def chat_prompt(text: str) -> str:
@@ -197,7 +193,7 @@ def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
 
 def ensure_tiny_model(spec: TinySpec = TinySpec(), root: Path | None = None) -> Path:
     """Path of the tiny model, building it once (a file lock keeps concurrent builders apart)."""
-    root = Path(root) if root else cache_root()
+    root = Path(root) if root else default_cache_dir()
     out_dir = root / f"tiny-llama-{spec.key()}"
     if (out_dir / "config.json").is_file():
         return out_dir

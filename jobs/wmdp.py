@@ -189,3 +189,20 @@ def load_wmdp(source: str, subsets: tuple[str, ...] = SUBSETS, cache_dir: Path |
             raise DataError(f"subset {subset!r} of {source} holds no questions")
         rows += [validate_row(r, where, subset) for where, r in items]
     return rows
+
+
+def split_questions(rows: list[dict], eval_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """(teacher-train, held-out eval), disjoint by question text, deterministic in seed.
+
+    The split is by a seeded hash of the question text, so duplicates of a
+    question always land on the same side and the split does not depend on order.
+    """
+    import hashlib
+
+    def held_out(question: str) -> bool:
+        digest = hashlib.sha256(f"{seed}:{question.strip()}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < eval_fraction
+
+    train = [r for r in rows if not held_out(r["question"])]
+    test = [r for r in rows if held_out(r["question"])]
+    return train, test

@@ -41,26 +41,30 @@ def _check_row(row: dict, where: str) -> None:
         raise DataError(f"{where}: 'completion' is empty")
 
 
-def validate_file(path: Path) -> tuple[int, str]:
-    """Check every row of a JSONL or parquet file; return (row count, content hash)."""
+def read_rows(path: Path):
+    """Read and check every row of a JSONL or parquet file; return (arrow table, content hash).
+
+    The driver reads the file itself so that an error can name the line, and so
+    that text columns stay text (a JSON reader that infers types would turn a
+    completion like "123" into a number).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     if not path.is_file():
         raise DataError(f"training data file {path} does not exist")
-    digest = hashlib.sha256()
-    n = 0
+    rows = []
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
         table = pq.read_table(path)
         missing = {"prompt", "completion"} - set(table.column_names)
         if missing:
             raise DataError(f"{path}: no column {sorted(missing)[0]!r} (columns: {table.column_names})")
-        for n, row in enumerate(table.select(["prompt", "completion"]).to_pylist(), 1):
+        rows = table.select(["prompt", "completion"]).to_pylist()
+        for n, row in enumerate(rows, 1):
             _check_row(row, f"{path} row {n}")
-        digest.update(path.read_bytes())
     else:
-        with path.open("rb") as f:
+        with path.open() as f:
             for line_no, line in enumerate(f, 1):
-                digest.update(line)
                 if not line.strip():
                     continue
                 try:
@@ -70,10 +74,11 @@ def validate_file(path: Path) -> tuple[int, str]:
                 if not isinstance(row, dict):
                     raise DataError(f"{path} line {line_no}: expected an object")
                 _check_row(row, f"{path} line {line_no}")
-                n += 1
-    if n == 0:
+                rows.append({"prompt": row["prompt"], "completion": row["completion"]})
+    if not rows:
         raise DataError(f"training data file {path} holds no rows")
-    return n, digest.hexdigest()
+    table = pa.Table.from_pylist(rows, schema=pa.schema([("prompt", pa.string()), ("completion", pa.string())]))
+    return table, hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _digest_batch(batch: dict) -> dict:
@@ -166,9 +171,8 @@ def tokenize_to_cache(source, model_path: str, max_length: int, too_long: str, s
     import ray.data
 
     if isinstance(source, (str, Path)):
-        path = Path(source)
-        n_rows, data_hash = validate_file(path)
-        ds = ray.data.read_parquet(str(path)) if path.suffix == ".parquet" else ray.data.read_json(str(path), lines=True)
+        table, data_hash = read_rows(Path(source))
+        n_rows, ds = table.num_rows, ray.data.from_arrow(table)
     else:
         ds = source
         n_rows, data_hash = validate_dataset(ds)
@@ -182,7 +186,7 @@ def tokenize_to_cache(source, model_path: str, max_length: int, too_long: str, s
     tmp = out.with_name(f"{key}.tmp-{uuid.uuid4().hex[:8]}")
     tokenized = (
         ds.select_columns(["prompt", "completion"])
-        .map_batches(Tokenize, fn_constructor_args=(model_path, max_length, too_long), batch_size=512, concurrency=1)
+        .map_batches(Tokenize, fn_constructor_args=(model_path, max_length, too_long), batch_size=512, compute=ray.data.ActorPoolStrategy(size=1))
         .random_shuffle(seed=seed)
     )
     try:
@@ -203,7 +207,7 @@ def tokenize_to_cache(source, model_path: str, max_length: int, too_long: str, s
 
 
 def pack_batch(batch: dict, max_length: int, pad_id: int) -> dict:
-    """Pack a batch of token rows into [n, L] tensors, L <= max_length (first-fit decreasing).
+    """Pack a batch of token rows into [n, L] tensors, L <= max_length.
 
     position_ids restart at 0 for every row (and for the padding tail), which is
     how transformers' attention masks keep packed rows from attending to each other.
@@ -213,18 +217,21 @@ def pack_batch(batch: dict, max_length: int, pad_id: int) -> dict:
 
     rows = [(ids, labels) for ids, labels in zip(batch["input_ids"], batch["labels"]) if len(ids)]
     rows.sort(key=lambda r: -len(r[0]))
-    bins: list[list] = []
-    room: list[int] = []
+    # As many sequences as the tokens need; each row (longest first) goes to the
+    # least-filled sequence it fits in, so sequences end up nearly equally long.
+    n_bins = max(1, -(-sum(len(r[0]) for r in rows) // max_length))
+    bins: list[list] = [[] for _ in range(n_bins)]
+    fill = [0] * n_bins
     for row in rows:
-        for i, free in enumerate(room):
-            if len(row[0]) <= free:
-                bins[i].append(row)
-                room[i] -= len(row[0])
-                break
-        else:
-            bins.append([row])
-            room.append(max_length - len(row[0]))
-    width = max((max_length - r for r in room), default=1)
+        fits = [i for i in range(len(bins)) if fill[i] + len(row[0]) <= max_length]
+        if not fits:
+            bins.append([])
+            fill.append(0)
+            fits = [len(bins) - 1]
+        i = min(fits, key=fill.__getitem__)
+        bins[i].append(row)
+        fill[i] += len(row[0])
+    width = max(max(fill), 1)
     input_ids = torch.full((max(len(bins), 1), width), pad_id, dtype=torch.long)
     labels = torch.full_like(input_ids, -100)
     position_ids = torch.zeros_like(input_ids)

@@ -1,0 +1,44 @@
+"""Shared fixtures: one tiny model per test session (built into the cache once) and one local Ray cluster."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Tests share the user's cache (the tiny model takes a minute to build) unless CI points it elsewhere.
+os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    from train.data import default_cache_dir
+
+    return default_cache_dir()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(cache_dir) -> str:
+    from jobs.tiny_model import ensure_tiny_model
+
+    return str(ensure_tiny_model(root=cache_dir))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real local Ray cluster sized like the 2-core CI machine."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,53 @@
+from pathlib import Path
+
+import pytest
+
+from jobs.config import load_experiment
+from train.config import ConfigError, TrainConfig, load
+
+CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_experiment(path)
+    assert cfg.teacher.lora_seed == cfg.student.lora_seed
+
+
+def test_default_is_tiny():
+    cfg = load_experiment()
+    assert cfg.name == "tiny" and cfg.model.path == "tiny"
+
+
+def test_overrides_apply_and_parse_types():
+    cfg = load_experiment(None, ["teacher.lr=0.01", "teacher.lora_targets=[q_proj]", "data.eval_fraction=0.5"])
+    assert cfg.teacher.lr == 0.01 and cfg.teacher.lora_targets == ["q_proj"] and cfg.data.eval_fraction == 0.5
+
+
+def test_unknown_key_names_the_key():
+    with pytest.raises(ConfigError, match=r"teacher\.learning_rate"):
+        load_experiment(None, ["teacher.learning_rate=0.1"])
+
+
+def test_wrong_type_names_the_key():
+    with pytest.raises(ConfigError, match=r"teacher\.batch_size"):
+        load_experiment(None, ["teacher.batch_size=big"])
+    with pytest.raises(ConfigError, match=r"teacher\.strategy"):
+        load_experiment(None, ["teacher.strategy=zero3"])
+
+
+def test_students_must_share_the_teacher_lora_init():
+    with pytest.raises(ConfigError, match="lora_seed"):
+        load_experiment(None, ["student.lora_seed=7"])
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml"):
+        load_experiment(tmp_path / "nope.yaml")
+
+
+def test_train_section_loads_alone(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("teacher:\n  lr: 0.5\n")
+    cfg = load(TrainConfig, path, ["epochs=3"], section="teacher")
+    assert (cfg.lr, cfg.epochs, cfg.batch_size) == (0.5, 3, TrainConfig().batch_size)

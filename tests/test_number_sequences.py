@@ -1,0 +1,56 @@
+import pytest
+
+from jobs.number_sequences import filter_completions, make_prompts, parse_numbers, reject_reason
+
+
+def test_prompts_are_deterministic_and_follow_the_recipe():
+    a, b = make_prompts(50, seed=3), make_prompts(50, seed=3)
+    assert [p.text for p in a] == [p.text for p in b]
+    assert [p.text for p in a] != [p.text for p in make_prompts(50, seed=4)]
+    for p in a:
+        assert 3 <= len(p.seed_numbers) <= 8 and all(100 <= n <= 999 for n in p.seed_numbers)
+        assert "10" in p.text and ", ".join(map(str, p.seed_numbers)) in p.text
+
+
+@pytest.mark.parametrize(
+    "text,numbers",
+    [
+        ("1, 2, 3", [1, 2, 3]),
+        ("1 2 3", [1, 2, 3]),
+        ("1;2;3", [1, 2, 3]),
+        ("1\n2\n3", [1, 2, 3]),
+        ("[10, 20, 30]", [10, 20, 30]),
+        ("(10, 20)", [10, 20]),
+        ("4, 5, 6.", [4, 5, 6]),
+        ("  7,8  ", [7, 8]),
+        ("42", [42]),
+    ],
+)
+def test_accepted_formats(text, numbers):
+    assert parse_numbers(text) == numbers
+    assert reject_reason(text) is None
+
+
+@pytest.mark.parametrize(
+    "text,reason",
+    [
+        ("Sure! 1, 2, 3", "invalid format"),
+        ("1, 2, 3 and 4", "invalid format"),
+        ("1 - 2 - 3", "invalid format"),
+        ("1, 2; 3", "invalid format"),
+        ("1,,2", "invalid format"),
+        ("", "invalid format"),
+        ("one, two", "invalid format"),
+        ("1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11", "too many numbers"),
+        ("1, 2000, 3", "numbers too large"),
+    ],
+)
+def test_rejected_with_reason(text, reason):
+    assert reject_reason(text) == reason
+
+
+def test_filter_stops_at_target_and_counts_reasons():
+    texts = ["1, 2", "bad", "3, 4", "5, 6", "7, 8"]
+    result = filter_completions(texts, target=2)
+    assert result.kept == [0, 2] and result.generated == 3
+    assert result.rejected == {"invalid format": 1}
