@@ -73,6 +73,7 @@ def train_loop(config: dict) -> None:
     """Ray Train entry point (train_loop_per_worker); `config` is built by trainer.train_lora."""
     import ray.train
     import ray.train.torch
+    from ray.util.metrics import Gauge
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -113,6 +114,11 @@ def train_loop(config: dict) -> None:
     collate = functools.partial(pack_batch, max_length=cfg.max_length, pad_id=config["pad_id"])
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     flops_peak = peak_flops(device)
+    # Ray metrics (dashboard Metrics view / Prometheus), beside the reports in the Train view.
+    gauges = {
+        key: Gauge(f"lora_train_{key}", description=f"LoRA training {key}", tag_keys=("run",))
+        for key in ("loss", "lr", "tokens_per_s", "padding_fraction", "step_time_s", "gpu_mem_gib", "mfu")
+    }
     window = torch.zeros(4, dtype=torch.float64)  # loss sum, micro-steps, real tokens, all tokens
     window_start, window_steps, first_loss, last_loss = time.time(), 0, None, None
 
@@ -148,6 +154,10 @@ def train_loop(config: dict) -> None:
             metrics["gpu_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
             if flops_peak:  # LoRA: forward 2N + activation gradients 2N per token, no base weight gradients
                 metrics["mfu"] = 4 * n_params * metrics["tokens_per_s"] / (flops_peak * world)
+        if rank == 0:
+            for key, gauge in gauges.items():
+                if metrics.get(key) is not None:
+                    gauge.set(metrics[key], tags={"run": ctx.get_experiment_name()})
         ckpt = None
         with tempfile.TemporaryDirectory() as tmp:
             if save:

