@@ -83,7 +83,7 @@ def run(config_path: str | None, run_dir: Path | None, overrides: list[str], fre
             model_path, str(run_dir / "data" / "teacher_train.jsonl"), adapter, cfg.teacher,
             storage_path=run_dir / "ray_train", run_name="teacher", cache_dir=cache,
         )
-        print(f"[teacher] loss {metrics['first_loss']:.3f} -> {metrics['loss']:.3f}", flush=True)
+        print(f"[teacher] {metrics['step']} steps, loss {metrics['first_loss']} -> {metrics['loss']}", flush=True)
     timings["teacher"] = time.time() - started
 
     started = time.time()

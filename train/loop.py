@@ -120,7 +120,7 @@ def train_loop(config: dict) -> None:
         for key in ("loss", "lr", "tokens_per_s", "padding_fraction", "step_time_s", "gpu_mem_gib", "mfu")
     }
     window = torch.zeros(4, dtype=torch.float64)  # loss sum, micro-steps, real tokens, all tokens
-    window_start, window_steps, first_loss, last_loss = time.time(), 0, None, None
+    window_start, window_steps, first_loss = time.time(), 0, None
 
     def checkpoint_dir(tmp: str, weights: dict, optim: dict) -> "ray.train.Checkpoint":
         d = Path(tmp)
@@ -131,13 +131,12 @@ def train_loop(config: dict) -> None:
         return ray.train.Checkpoint.from_directory(tmp)
 
     def report(save: bool) -> None:
-        nonlocal window, window_start, window_steps, first_loss, last_loss
+        nonlocal window, window_start, window_steps, first_loss
         if torch.distributed.is_initialized():
             torch.distributed.all_reduce(window)
         elapsed = time.time() - window_start
-        loss = (window[0] / max(window[1], 1)).item()
+        loss = (window[0] / window[1]).item() if window[1] else None  # None: no steps since the last report
         first_loss = loss if first_loss is None else first_loss
-        last_loss = loss
         metrics = {
             "step": step,
             "epoch": micro // micro_per_epoch,

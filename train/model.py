@@ -89,7 +89,7 @@ def wrap_distributed(model, cfg: TrainConfig, device: torch.device):
     """Replicate (DDP) or shard (FSDP2 over each decoder layer, then the root)."""
     import torch.distributed as dist
 
-    if not dist.is_initialized() or dist.get_world_size() == 1 and cfg.strategy == "ddp":
+    if not dist.is_initialized() or (dist.get_world_size() == 1 and cfg.strategy == "ddp"):
         return model
     if cfg.strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel

@@ -66,6 +66,7 @@ def train_lora(
     Returns the final metrics (also written to `output_dir/train_metrics.json`).
     """
     import ray
+    import torch
     from ray.data import ExecutionOptions
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -77,8 +78,6 @@ def train_lora(
     check_model_path(model_path)
     if not ray.is_initialized():
         ray.init()
-    import torch
-
     check_hardware(cfg, cfg.use_gpu and (torch.cuda.is_available() or ray.cluster_resources().get("GPU", 0) > 0))
     resources = worker_resources(cfg, ray.cluster_resources())
 
