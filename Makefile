@@ -28,5 +28,5 @@ test: install
 
 bench: install
 	$(PY) bench/padding.py
-	$(PY) bench/tokenize.py
+	$(PY) bench/tokenization.py
 	$(PY) bench/train_throughput.py

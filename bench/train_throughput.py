@@ -35,7 +35,7 @@ def hf_trainer(model_path: str, path: Path, steps: int, out: str) -> tuple[float
 
     model = load_lora_model(model_path, TrainConfig(), torch.device("cpu"))
     args = TrainingArguments(
-        output_dir=out, per_device_train_batch_size=32, max_steps=steps, learning_rate=2e-3, warmup_ratio=0.05,
+        output_dir=out, per_device_train_batch_size=32, max_steps=steps, learning_rate=2e-3, warmup_steps=max(1, steps // 20),
         lr_scheduler_type="cosine", logging_steps=1000, save_strategy="no", report_to=[], use_cpu=True,
         dataloader_num_workers=0,
     )
