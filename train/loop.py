@@ -106,7 +106,7 @@ def train_loop(config: dict) -> None:
         sched.load_state_dict(sched_state)
 
     fsdp = cfg.strategy == "fsdp" and hasattr(model, "set_requires_gradient_sync")
-    ddp = hasattr(model, "no_sync")
+    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
     micro_per_epoch = config["micro_steps_per_epoch"]
     step = state["step"]
     micro = step * cfg.grad_accum
@@ -119,7 +119,9 @@ def train_loop(config: dict) -> None:
         key: Gauge(f"lora_train_{key}", description=f"LoRA training {key}", tag_keys=("run",))
         for key in ("loss", "lr", "tokens_per_s", "padding_fraction", "step_time_s", "gpu_mem_gib", "mfu")
     }
-    window = torch.zeros(4, dtype=torch.float64)  # loss sum, micro-steps, real tokens, all tokens
+    # Kept on the device (no per-step host sync) and all-reduced at each report.
+    window = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, micro-steps, real tokens, all tokens
+    one = torch.ones((), dtype=torch.float64, device=device)
     window_start, window_steps, first_loss = time.time(), 0, None
 
     def checkpoint_dir(tmp: str, weights: dict, optim: dict) -> "ray.train.Checkpoint":
@@ -135,15 +137,16 @@ def train_loop(config: dict) -> None:
         if torch.distributed.is_initialized():
             torch.distributed.all_reduce(window)
         elapsed = time.time() - window_start
-        loss = (window[0] / window[1]).item() if window[1] else None  # None: no steps since the last report
+        loss_sum, n_micro, real_tokens, all_tokens = window.tolist()
+        loss = loss_sum / n_micro if n_micro else None  # None: no steps since the last report
         first_loss = loss if first_loss is None else first_loss
         metrics = {
             "step": step,
             "epoch": micro // micro_per_epoch,
             "loss": loss,
             "lr": sched.get_last_lr()[0],
-            "tokens_per_s": window[2].item() / elapsed,
-            "padding_fraction": 1.0 - window[2].item() / max(window[3].item(), 1.0),
+            "tokens_per_s": real_tokens / elapsed,
+            "padding_fraction": 1.0 - real_tokens / max(all_tokens, 1.0),
             "step_time_s": elapsed / max(window_steps, 1),
             "first_loss": first_loss,
             "resumed_from_step": resumed_from,
@@ -165,7 +168,7 @@ def train_loop(config: dict) -> None:
                 if rank == 0:
                     ckpt = checkpoint_dir(tmp, weights, optim)
             ray.train.report(metrics, checkpoint=ckpt)
-        window = torch.zeros(4, dtype=torch.float64)
+        window = torch.zeros_like(window)
         window_start, window_steps = time.time(), 0
 
     model.train()
@@ -181,12 +184,14 @@ def train_loop(config: dict) -> None:
             if fsdp:
                 model.set_requires_gradient_sync(last_micro)
             sync = model.no_sync() if ddp and not last_micro else contextlib.nullcontext()
-            with sync, autocast:
-                out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=batch["labels"])
+            with sync:
+                with autocast:
+                    out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=batch["labels"])
+                # A batch whose rows were all dropped has no labels: a zero loss keeps DDP's collectives in step.
                 has_labels = bool((batch["labels"] != -100).any())
                 loss = out.loss if has_labels else out.logits.sum() * 0.0
                 (loss / cfg.grad_accum).backward()
-            window += torch.tensor([loss.item(), 1.0, batch["real_tokens"].item(), batch["total_tokens"].item()], dtype=torch.float64)
+            window += torch.stack([loss.detach().double(), one, batch["real_tokens"].double(), batch["total_tokens"].double()])
             micro += 1
             if not last_micro:
                 continue
