@@ -110,13 +110,12 @@ def main() -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     parser.add_argument("--fresh", action="store_true", help="delete the run directory and start over")
     args = parser.parse_args()
-    from jobs.wmdp import DataError as WmdpDataError
     from train.config import ConfigError
     from train.data import DataError
 
     try:
         run(args.config, args.run_dir, args.overrides, args.fresh)
-    except (ConfigError, DataError, WmdpDataError, FileNotFoundError, FileExistsError) as err:
+    except (ConfigError, DataError, FileNotFoundError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

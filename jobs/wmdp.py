@@ -18,13 +18,11 @@ import os
 import random
 from pathlib import Path
 
+from train.data import DataError, read_jsonl
+
 SUBSETS = ("bio", "chem", "cyber")
 HUB_ID = "cais/wmdp"
 SYNTHETIC_VERSION = 1
-
-
-class DataError(ValueError):
-    """A data file is missing or does not have the expected schema."""
 
 
 # Each subset is a small body of harmless "knowledge": a cue in the question
@@ -138,20 +136,13 @@ def validate_row(row: object, where: str, subset: str) -> dict:
     return {"question": question, "choices": choices, "answer": answer, "subset": subset}
 
 
-def _read_file(path: Path) -> list[dict]:
+def _read_file(path: Path) -> list[tuple[str, object]]:
+    """(where, row) pairs of a parquet or JSONL file; `where` names the file and row for errors."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
-    rows = []
-    with path.open() as f:
-        for line_no, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{path}:{line_no}: invalid JSON ({err.msg})") from None
-    return rows
+        return [(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
+    return [(f"{path} line {n}", r) for n, r in read_jsonl(path)]
 
 
 def _local_files(directory: Path, subset: str) -> list[Path]:
@@ -184,7 +175,7 @@ def load_wmdp(source: str, subsets: tuple[str, ...] = SUBSETS, cache_dir: Path |
             files = _local_files(directory, subset)
             if not files:
                 raise DataError(f"no wmdp-{subset}.jsonl or .parquet file in {directory}")
-            items = [(f"{p} row {i}", r) for p in files for i, r in enumerate(_read_file(p))]
+            items = [item for p in files for item in _read_file(p)]
         if not items:
             raise DataError(f"subset {subset!r} of {source} holds no questions")
         rows += [validate_row(r, where, subset) for where, r in items]

@@ -111,3 +111,16 @@ def test_bad_input_fails_early_and_leaves_nothing(ray_cluster, tiny_model, toy_r
     with pytest.raises(FileExistsError):
         train_lora(tiny_model, toy_rows, out, cfg, cache_dir=cache_dir)
     assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_cli_reports_bad_input_without_a_traceback(tmp_path, toy_rows):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-m", "train", "--model", str(tmp_path / "no-model"), "--data", str(toy_rows), "--output", str(tmp_path / "out")]
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "base model" in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run(cmd[:3] + ["--set", "lora_rnak=4"] + cmd[3:], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "teacher.lora_rnak" in done.stderr
+    assert not (tmp_path / "out").exists()

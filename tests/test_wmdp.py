@@ -50,7 +50,7 @@ def test_bad_rows_are_named(tmp_path, row, message):
     (tmp_path / "wmdp-chem.jsonl").write_text(json.dumps(row) + "\n")
     with pytest.raises(DataError, match=message) as err:
         load_wmdp(str(tmp_path))
-    assert "wmdp-chem.jsonl row 0" in str(err.value)
+    assert "wmdp-chem.jsonl line 1" in str(err.value)
 
 
 def test_missing_subset_file(tmp_path):

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         from train.trainer import train_lora
 
         metrics = train_lora(args.model, args.data, args.output, cfg, storage_path=args.storage)
-    except (ConfigError, DataError, FileNotFoundError, FileExistsError, ValueError) as err:
+    except (ConfigError, DataError, FileNotFoundError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(json.dumps(metrics, indent=2, default=str))

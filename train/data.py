@@ -41,6 +41,19 @@ def _check_row(row: dict, where: str) -> None:
         raise DataError(f"{where}: 'completion' is empty")
 
 
+def read_jsonl(path: Path) -> list[tuple[int, object]]:
+    """(line number, parsed value) for each non-blank line; a bad line is a DataError naming it."""
+    items = []
+    with path.open() as f:
+        for line_no, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    items.append((line_no, json.loads(line)))
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{path} line {line_no}: invalid JSON ({err.msg})") from None
+    return items
+
+
 def read_rows(path: Path):
     """Read and check every row of a JSONL or parquet file; return (arrow table, content hash).
 
@@ -63,18 +76,11 @@ def read_rows(path: Path):
         for n, row in enumerate(rows, 1):
             _check_row(row, f"{path} row {n}")
     else:
-        with path.open() as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{path} line {line_no}: invalid JSON ({err.msg})") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"{path} line {line_no}: expected an object")
-                _check_row(row, f"{path} line {line_no}")
-                rows.append({"prompt": row["prompt"], "completion": row["completion"]})
+        for line_no, row in read_jsonl(path):
+            if not isinstance(row, dict):
+                raise DataError(f"{path} line {line_no}: expected an object")
+            _check_row(row, f"{path} line {line_no}")
+            rows.append({"prompt": row["prompt"], "completion": row["completion"]})
     if not rows:
         raise DataError(f"training data file {path} holds no rows")
     table = pa.Table.from_pylist(rows, schema=pa.schema([("prompt", pa.string()), ("completion", pa.string())]))

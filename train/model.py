@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from train.config import TrainConfig
+from train.config import ConfigError, TrainConfig
 
 
 def check_model_path(model_path: str) -> None:
@@ -27,9 +27,9 @@ def check_model_path(model_path: str) -> None:
 def check_hardware(cfg: TrainConfig, cuda_available: bool) -> None:
     """Settings that cannot work on this hardware fail before any work starts."""
     if cfg.quantization != "none" and not (cfg.use_gpu and cuda_available):
-        raise ValueError(f"quantization={cfg.quantization} needs a CUDA GPU (bitsandbytes); set quantization=none on CPU")
+        raise ConfigError(f"quantization={cfg.quantization} needs a CUDA GPU (bitsandbytes); set quantization=none on CPU")
     if cfg.attention == "flash_attention_2" and not (cfg.use_gpu and cuda_available):
-        raise ValueError("attention=flash_attention_2 needs a CUDA GPU")
+        raise ConfigError("attention=flash_attention_2 needs a CUDA GPU")
 
 
 def attention_impl(cfg: TrainConfig, device: torch.device) -> str:

@@ -14,7 +14,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from train.config import TrainConfig, to_dict
+from train.config import ConfigError, TrainConfig, to_dict
 from train.data import DataError, default_cache_dir, tokenize_to_cache
 from train.loop import train_loop
 from train.model import check_hardware, check_model_path
@@ -30,7 +30,7 @@ def worker_resources(cfg: TrainConfig, cluster: dict) -> dict:
     if cfg.use_gpu:
         gpus = float(cluster.get("GPU", 0))
         if gpus < cfg.num_workers:
-            raise ValueError(f"num_workers={cfg.num_workers} GPU workers need {cfg.num_workers} GPUs; the cluster has {gpus:g}")
+            raise ConfigError(f"num_workers={cfg.num_workers} GPU workers need {cfg.num_workers} GPUs; the cluster has {gpus:g}")
         return {"CPU": min(1.0, max(0.1, (cpus - 1) / cfg.num_workers)), "GPU": 1}
     return {"CPU": min(1.0, max(0.1, (cpus - 1) / cfg.num_workers))}
 
