@@ -111,6 +111,9 @@ def validate_dataset(ds) -> tuple[int, str]:
 def tokenizer_hash(model_path: str) -> str:
     """Hash of the tokenizer files, so a changed tokenizer never reuses a stale cache."""
     h = hashlib.sha256()
+    if not Path(model_path).is_dir():  # a hub id: its name (pin a revision by using a local snapshot)
+        h.update(model_path.encode())
+        return h.hexdigest()
     for name in sorted(os.listdir(model_path)):
         if name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
             h.update(name.encode() + (Path(model_path) / name).read_bytes())
