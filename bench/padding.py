@@ -29,7 +29,7 @@ if __name__ == "__main__":
         batch = {k: table[k][start : start + BATCH] for k in ("input_ids", "labels")}
         packed += int(pack_batch(batch, MAX_LENGTH, 0)["total_tokens"])
     print(f"rows {len(lengths)}, tokens per row mean {np.mean(lengths):.1f} (min {min(lengths)}, max {max(lengths)})")
-    print(f"| collation | real-token fraction |\n|---|---|")
+    print("| collation | real-token fraction |\n|---|---|")
     print(f"| pad to fixed max_length={MAX_LENGTH} (seeds) | {real / fixed:.3f} |")
     print(f"| pad to batch's longest row | {real / longest:.3f} |")
     print(f"| packing (this trainer) | {real / packed:.3f} |")
