@@ -226,9 +226,10 @@ def pack_batch(batch: dict, max_length: int, pad_id: int) -> dict:
 
     rows = [(ids, labels) for ids, labels in zip(batch["input_ids"], batch["labels"]) if len(ids)]
     rows.sort(key=lambda r: -len(r[0]))
+    real = sum(len(r[0]) for r in rows)
     # As many sequences as the tokens need; each row (longest first) goes to the
     # least-filled sequence it fits in, so sequences end up nearly equally long.
-    n_bins = max(1, -(-sum(len(r[0]) for r in rows) // max_length))
+    n_bins = max(1, -(-real // max_length))
     bins: list[list] = [[] for _ in range(n_bins)]
     fill = [0] * n_bins
     for row in rows:
@@ -241,7 +242,7 @@ def pack_batch(batch: dict, max_length: int, pad_id: int) -> dict:
         bins[i].append(row)
         fill[i] += len(row[0])
     width = max(max(fill), 1)
-    input_ids = torch.full((max(len(bins), 1), width), pad_id, dtype=torch.long)
+    input_ids = torch.full((len(bins), width), pad_id, dtype=torch.long)
     labels = torch.full_like(input_ids, -100)
     position_ids = torch.zeros_like(input_ids)
     for b, members in enumerate(bins):
@@ -254,7 +255,6 @@ def pack_batch(batch: dict, max_length: int, pad_id: int) -> dict:
             position_ids[b, start : start + n] = torch.arange(n)
             start += n
         position_ids[b, start:] = torch.arange(width - start)
-    real = sum(len(r[0]) for r in rows)
     return {
         "input_ids": input_ids,
         "labels": labels,

@@ -26,13 +26,13 @@ def worker_resources(cfg: TrainConfig, cluster: dict) -> dict:
     Two workers holding both CPUs of a 2-CPU machine starve Ray Data's read tasks
     and the run hangs without an error, so CPU workers take fractional CPUs.
     """
-    cpus = float(cluster.get("CPU", 1))
+    resources = {"CPU": min(1.0, max(0.1, (float(cluster.get("CPU", 1)) - 1) / cfg.num_workers))}
     if cfg.use_gpu:
         gpus = float(cluster.get("GPU", 0))
         if gpus < cfg.num_workers:
             raise ConfigError(f"num_workers={cfg.num_workers} GPU workers need {cfg.num_workers} GPUs; the cluster has {gpus:g}")
-        return {"CPU": min(1.0, max(0.1, (cpus - 1) / cfg.num_workers)), "GPU": 1}
-    return {"CPU": min(1.0, max(0.1, (cpus - 1) / cfg.num_workers))}
+        resources["GPU"] = 1
+    return resources
 
 
 def plan_steps(rows: int, cfg: TrainConfig) -> tuple[int, int]:
