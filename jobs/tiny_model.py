@@ -195,14 +195,25 @@ def ensure_tiny_model(spec: TinySpec = TinySpec(), root: Path | None = None) -> 
     """Path of the tiny model, building it once (a file lock keeps concurrent builders apart)."""
     root = Path(root) if root else default_cache_dir()
     out_dir = root / f"tiny-llama-{spec.key()}"
-    if (out_dir / "config.json").is_file():
-        return out_dir
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{out_dir.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out_dir / "config.json").is_file():
-            build_tiny_model(out_dir, spec)
+    if not (out_dir / "config.json").is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        with open(root / f".{out_dir.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (out_dir / "config.json").is_file():
+                build_tiny_model(out_dir, spec)
+    if spec == TinySpec():
+        _point_link(root / "tiny-llama", out_dir)
     return out_dir
+
+
+def _point_link(link: Path, target: Path) -> None:
+    """`<cache>/tiny-llama` -> the default build: the stable path `serve/config.yaml` serves."""
+    if link.is_symlink() and link.readlink() == Path(target.name):
+        return
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target.name)
+    tmp.replace(link)
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from serve.mc_format import choice_continuation
+from serve.mc_format import LETTERS, choice_continuation
 
 
 def letter_token_ids(tokenizer, n_choices: int) -> list[int]:
@@ -25,21 +25,34 @@ def letter_token_ids(tokenizer, n_choices: int) -> list[int]:
     return ids
 
 
+def scorable_choices(tokenizer) -> int:
+    """How many choices (" A", " B", ...) this tokenizer can score in one pass: each letter one token."""
+    n = 0
+    while n < len(LETTERS) and len(tokenizer(choice_continuation(n), add_special_tokens=False).input_ids) == 1:
+        n += 1
+    return n
+
+
 @torch.inference_mode()
 def mc_logprobs(model, tokenizer, prompts: list[str], n_choices: list[int], batch_size: int = 64) -> list[list[float]]:
-    """Per-question choice log-probabilities, renormalised over that question's choices."""
+    """Per-question choice log-probabilities, renormalised over that question's choices.
+
+    Prompts go through in batches of similar length (less padding), left-padded with
+    position ids that ignore the padding; results come back in the input order.
+    """
     letters = letter_token_ids(tokenizer, max(n_choices))
     device = next(model.parameters()).device
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    results: list[list[float]] = [[] for _ in prompts]
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    results: list[list[float]] = []
     try:
-        for start in range(0, len(prompts), batch_size):
-            chunk = prompts[start : start + batch_size]
-            enc = tokenizer(chunk, return_tensors="pt", padding=True).to(device)
-            positions = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift positions
-            logits = model(**enc, position_ids=positions).logits[:, -1, :].float()
-            for row, n in zip(logits, n_choices[start : start + batch_size]):
-                results.append(torch.log_softmax(row[letters[:n]], dim=-1).tolist())
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            enc = tokenizer([prompts[i] for i in chunk], return_tensors="pt", padding=True).to(device)
+            positions = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)
+            logits = model(**enc, position_ids=positions, logits_to_keep=1).logits[:, -1, :].float()
+            for i, row in zip(chunk, logits):
+                results[i] = torch.log_softmax(row[letters[: n_choices[i]]], dim=-1).tolist()
     finally:
         tokenizer.padding_side = side
     return results

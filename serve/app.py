@@ -1,0 +1,212 @@
+"""The inference service: a Ray Serve deployment with a FastAPI ingress.
+
+Start it with `serve run serve/config.yaml` (this module's `build_app` is the
+config's import path) or from Python with `serve.launch.start_service`. Routes
+(contract in DESIGN.md): POST /generate, POST /score, GET /health,
+GET /adapters, and the OpenAI-compatible POST /v1/completions, GET /v1/models.
+
+On vLLM, requests go straight into the engine's continuous batching; on the
+transformers engine, `@serve.batch` gathers concurrent requests into one call.
+Adapters come from the deployment's `user_config` (`{"adapters": {name: path}}`),
+which Serve hands to every replica (`reconfigure`), so they are registered
+by the operator and never by a request.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+from fastapi import HTTPException
+from ray import serve
+
+from serve.engine import Sampling, build_engines
+from serve.http_api import build_http_api, invalid
+from serve.mc_format import format_mc_prompt
+from serve.metrics import ServiceMetrics
+from serve.schemas import CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
+from serve.settings import ServiceSettings, check_adapter, model_id, resolve_model
+
+API_KEY_ENV = "SERVE_API_KEY"
+
+
+@serve.deployment(
+    max_ongoing_requests=64,  # Serve's default of 5 would cap batches
+    max_queued_requests=256,  # beyond this, 503 instead of an ever longer wait
+    health_check_period_s=10,
+    graceful_shutdown_timeout_s=30,
+)
+@serve.ingress()  # the FastAPI app is built per replica, around this instance: __serve_build_asgi_app__
+class InferenceService:
+    """One replica: the engines, the registered adapters, and the API's methods.
+
+    The methods below are what HTTP routes call (serve/http_api.py) and what a
+    deployment handle calls directly (the pipeline): `generate`, `score`,
+    `completions`, `models`, `list_adapters`, `health`.
+    """
+
+    def __init__(self, settings: dict, api_key: str | None = None):
+        self.settings = ServiceSettings(**settings)
+        self.base_id = model_id(self.settings)
+        self.engine, self.scorer = build_engines(self.settings)
+        self.adapters: dict[str, str] = {}
+        self.api_key = api_key
+        self.metrics = ServiceMetrics()
+        self.started = int(time.time())
+
+    def __serve_build_asgi_app__(self):
+        return build_http_api(self)
+
+    async def reconfigure(self, user_config: dict) -> None:
+        """Register the adapters named in user_config (and drop those no longer named)."""
+        unknown = set(user_config) - {"adapters"}
+        if unknown:
+            raise ValueError(f"unknown user_config keys {sorted(unknown)}; expected 'adapters'")
+        wanted = {name: check_adapter(name, path, self.base_id) for name, path in (user_config.get("adapters") or {}).items()}
+        engines = {id(e): e for e in (self.engine, self.scorer)}.values()
+        for name, path in self.adapters.items():
+            if wanted.get(name) != path:
+                for engine in engines:
+                    await engine.remove_adapter(name)
+        for name, path in wanted.items():
+            if self.adapters.get(name) != path:
+                for engine in engines:
+                    await engine.add_adapter(name, path)
+        self.adapters = wanted
+
+    async def check_health(self) -> None:
+        """Serve calls this periodically: a dead engine fails it and Serve replaces the replica."""
+        await self.engine.check_health()
+        if self.scorer is not self.engine:
+            await self.scorer.check_health()
+
+    def __del__(self):
+        """Graceful shutdown: stop the engines (vLLM's engine core is a separate process)."""
+        engines = (getattr(self, "engine", None), getattr(self, "scorer", None))
+        for engine in {id(e): e for e in engines if e is not None}.values():
+            engine.shutdown()
+
+    # Checks shared by the routes -------------------------------------------------------------
+
+    def _adapter(self, name: str | None, field: str = "adapter") -> str | None:
+        if name is None or name == self.base_id:
+            return None
+        if name not in self.adapters:
+            raise HTTPException(404, f"{field} {name!r} is not registered; registered: {sorted(self.adapters)}")
+        return name
+
+    def _check_count(self, n: int, limit: int, what: str) -> None:
+        if n > limit:
+            raise HTTPException(413, f"{n} {what} in one request; the service takes at most {limit}")
+
+    def _check_lengths(self, prompts: list[str], new_tokens: int, field: str) -> list[int]:
+        lengths = self.engine.count_tokens(prompts)
+        room = self.settings.max_model_len - new_tokens
+        for i, n in enumerate(lengths):
+            if n > room:
+                raise invalid((field, i), f"{n} prompt tokens + {new_tokens} new tokens exceed the model's context of {self.settings.max_model_len}")
+        return lengths
+
+    async def _generate(self, prompts: list[str], sampling: Sampling, adapter: str | None):
+        if sampling.max_tokens > self.settings.max_tokens_cap:
+            raise invalid(("max_tokens",), f"max_tokens {sampling.max_tokens} is above this service's cap of {self.settings.max_tokens_cap}")
+        self._check_count(len(prompts), self.settings.max_prompts_per_request, "prompts")
+        self._check_lengths(prompts, sampling.max_tokens, "prompts")
+        if self.engine.name == "hf":
+            # A seeded request runs alone so that its seed reproduces it.
+            key = ("generate", sampling, adapter, uuid.uuid4().hex if sampling.seed is not None else None)
+            completions = await self._batched(key, prompts)
+        else:
+            completions = await self.engine.generate(prompts, sampling, adapter)
+        self.metrics.tokens(sum(c.prompt_tokens for c in completions), sum(c.completion_tokens for c in completions))
+        return completions
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
+    async def _batched(self, keys: list[tuple], items: list[list]) -> list[list]:
+        """transformers engine: one engine call per group of requests with the same kind, settings and adapter."""
+        groups: dict[tuple, list[int]] = {}
+        for i, key in enumerate(keys):
+            groups.setdefault(key, []).append(i)
+        results: list[list] = [[] for _ in keys]
+        for key, members in groups.items():
+            flat = [x for i in members for x in items[i]]
+            if key[0] == "score":
+                out = await self.scorer.score([p for p, _ in flat], [n for _, n in flat], key[1])
+            else:
+                out = await self.engine.generate(flat, key[1], key[2])
+            for i in members:
+                results[i], out = out[: len(items[i])], out[len(items[i]) :]
+        return results
+
+    # API methods ---------------------------------------------------------------------------------
+
+    async def generate(self, body: GenerateRequest) -> GenerateResponse:
+        sampling = Sampling(body.max_tokens, body.temperature, body.top_p, body.seed, tuple(body.stop))
+        completions = await self._generate(body.prompts, sampling, self._adapter(body.adapter))
+        return GenerateResponse(
+            completions=[{"text": c.text, "finish_reason": c.finish_reason, "completion_tokens": c.completion_tokens} for c in completions],
+            usage={"prompt_tokens": sum(c.prompt_tokens for c in completions), "completion_tokens": sum(c.completion_tokens for c in completions)},
+        )
+
+    async def score(self, body: ScoreRequest) -> ScoreResponse:
+        adapter = self._adapter(body.adapter)
+        self._check_count(len(body.questions), self.settings.max_questions_per_request, "questions")
+        for i, q in enumerate(body.questions):
+            if len(q.choices) > self.scorer.max_choices:
+                raise invalid(("questions", i, "choices"), f"{len(q.choices)} choices; this model's tokenizer scores at most {self.scorer.max_choices} in one pass")
+        prompts = [format_mc_prompt(q.question, q.choices, q.subject) for q in body.questions]
+        lengths = self._check_lengths(prompts, 1, "questions")
+        n_choices = [len(q.choices) for q in body.questions]
+        if self.scorer.name == "hf":
+            logprobs = await self._batched(("score", adapter), list(zip(prompts, n_choices)))
+        else:
+            logprobs = await self.scorer.score(prompts, n_choices, adapter)
+        self.metrics.tokens(sum(lengths), 0)
+        predictions = [max(range(len(lp)), key=lp.__getitem__) for lp in logprobs]
+        answers = [q.answer for q in body.questions]
+        accuracy = None if None in answers else sum(p == a for p, a in zip(predictions, answers)) / len(answers)
+        return ScoreResponse(results=[{"prediction": p, "logprobs": lp} for p, lp in zip(predictions, logprobs)], accuracy=accuracy)
+
+    async def health(self) -> dict:
+        try:
+            await self.check_health()
+        except Exception as error:  # noqa: BLE001 - any engine failure means unhealthy
+            raise HTTPException(503, f"engine unhealthy: {error}") from error
+        return {"status": "ok", "model": self.base_id, "engine": self.engine.name, "scoring": self.scorer.name}
+
+    async def list_adapters(self) -> dict:
+        return {"adapters": sorted(self.adapters)}
+
+    async def models(self) -> dict:
+        entry = {"object": "model", "created": self.started, "owned_by": "subliminal-ray"}
+        data = [{"id": self.base_id, **entry}] + [{"id": name, "parent": self.base_id, **entry} for name in sorted(self.adapters)]
+        return {"object": "list", "data": data}
+
+    async def completions(self, body: CompletionRequest) -> dict:
+        adapter = self._adapter(body.model, field="model")
+        prompts = [p for p in body.prompts for _ in range(body.n)]
+        completions = await self._generate(prompts, Sampling(body.max_tokens, body.temperature, body.top_p, body.seed, body.stops), adapter)
+        usage = {"prompt_tokens": sum(c.prompt_tokens for c in completions), "completion_tokens": sum(c.completion_tokens for c in completions)}
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.model,
+            "choices": [{"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None} for i, c in enumerate(completions)],
+            "usage": {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]},
+        }
+
+
+def service_app(settings: ServiceSettings, adapters: dict[str, str] | None = None, **deployment_options):
+    """The Serve application; the model path is checked here, in the caller, before anything deploys."""
+    resolve_model(settings.model)
+    deployment = InferenceService.options(user_config={"adapters": adapters or {}}, **deployment_options)
+    return deployment.bind(settings.model_dump(), os.environ.get(API_KEY_ENV))
+
+
+def build_app(args: dict):
+    """Import path of `serve/config.yaml`: `args` are ServiceSettings fields; adapters are the deployment's user_config."""
+    settings = ServiceSettings(**args)
+    resolve_model(settings.model)
+    return InferenceService.bind(settings.model_dump(), os.environ.get(API_KEY_ENV))

