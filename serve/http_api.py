@@ -31,7 +31,8 @@ def build_http_api(service) -> FastAPI:
     @api.middleware("http")
     async def guard_and_measure(request: Request, call_next):
         """Bearer token, body-size limit and per-route metrics, for every request (also the ones FastAPI rejects)."""
-        started, path = time.perf_counter(), request.url.path
+        started, root = time.perf_counter(), request.scope.get("root_path", "")
+        path = request.url.path.removeprefix(root) or "/"  # the route, without the app's route prefix
         if service.api_key and path not in OPEN_PATHS and request.headers.get("authorization") != f"Bearer {service.api_key}":
             response = JSONResponse({"detail": "missing or wrong bearer token (Authorization: Bearer $SERVE_API_KEY)"}, 401)
         elif int(request.headers.get("content-length") or 0) > limit or len(await request.body()) > limit:

