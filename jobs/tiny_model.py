@@ -216,6 +216,23 @@ def _point_link(link: Path, target: Path) -> None:
     tmp.replace(link)
 
 
+def random_lora_adapter(model_path: str | Path, out_dir: Path, seed: int) -> Path:
+    """A LoRA adapter for `model_path` with random non-zero weights, saved with save_pretrained.
+
+    Tests and benchmarks use it where any adapter that changes the model will do
+    (serving, scoring parity), so they need no training run.
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"], init_lora_weights=False)
+    get_peft_model(model, config).save_pretrained(out_dir)
+    return Path(out_dir)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", type=Path, default=None, help="cache root (default: $SUBLIMINAL_CACHE)")

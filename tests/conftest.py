@@ -47,15 +47,7 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def lora_adapters(tiny_model, tmp_path_factory) -> dict[str, str]:
     """Two LoRA adapters for the tiny model with random (non-zero) weights, saved with save_pretrained."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    from jobs.tiny_model import random_lora_adapter
 
-    root, adapters = tmp_path_factory.mktemp("adapters"), {}
-    for seed, name in enumerate(["a", "b"]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-        config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"], init_lora_weights=False)
-        get_peft_model(model, config).save_pretrained(root / name)
-        adapters[name] = str(root / name)
-    return adapters
+    root = tmp_path_factory.mktemp("adapters")
+    return {name: str(random_lora_adapter(tiny_model, root / name, seed)) for seed, name in enumerate(["a", "b"])}

@@ -118,6 +118,20 @@ def test_score_matches_transformers(services, questions, tiny_model, lora_adapte
     assert "accuracy" not in without_answers.json() or without_answers.json()["accuracy"] is None
 
 
+def test_deployment_handle_answers_like_http(services, questions):
+    """The pipeline's way in: the same methods through a deployment handle, no HTTP."""
+    from ray import serve
+
+    from serve.schemas import GenerateRequest, ScoreRequest
+
+    handle = serve.get_app_handle("t-vllm")
+    by_handle = handle.score.remote(ScoreRequest(questions=questions[:8], adapter="b")).result()
+    by_http = post(services["vllm"], "/score", {"questions": questions[:8], "adapter": "b"}).json()
+    assert [r.prediction for r in by_handle.results] == [r["prediction"] for r in by_http["results"]]
+    out = handle.generate.remote(GenerateRequest(prompts=[CHAT] * 3, max_tokens=6, seed=2)).result()
+    assert len(out.completions) == 3
+
+
 def test_openai_client_drives_the_service(services):
     from openai import NotFoundError, OpenAI
 
