@@ -7,10 +7,11 @@ import random
 import sys
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parent.parent)  # run as `python bench/x.py`
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # run as `python bench/x.py`: bench/ stays first
 
 from jobs.number_sequences import make_prompts  # noqa: E402
 from jobs.tiny_model import chat_prompt, ensure_tiny_model, format_numbers  # noqa: E402
+from jobs.wmdp import synthetic_questions  # noqa: E402
 
 
 def number_rows(n: int, seed: int = 0) -> list[dict]:
@@ -31,3 +32,13 @@ def write_rows(rows: list[dict], path: Path) -> Path:
 
 def tiny_model() -> str:
     return str(ensure_tiny_model())
+
+
+def mc_questions(n: int, seed: int = 5) -> list[dict]:
+    """`n` synthetic WMDP-format questions in /score's shape. One seed makes at most 576 distinct
+    cyber questions, so larger sets join several seeds (a repeat across seeds is harmless for timing)."""
+    rows: list[dict] = []
+    while len(rows) < n:
+        rows += synthetic_questions(n_per_subset=500, seed=seed)
+        seed += 1
+    return [{"question": r["question"], "choices": r["choices"], "answer": r["answer"], "subject": r["subset"]} for r in rows[:n]]

@@ -57,7 +57,8 @@ def write_task(questions: list[dict], workdir: Path) -> Path:
             if len(q["choices"]) != 4:
                 raise ValueError(f"question {i}: the WMDP task has 4 choices, got {len(q['choices'])}")
             prompt = format_mc_prompt(q["question"], q["choices"], q["subject"])
-            f.write(json.dumps({"idx": i, "prompt": prompt, "answer": int(q["answer"])}) + "\n")
+            answer = int(q.get("answer", 0))  # only lm-eval's own acc uses it, not the predictions
+            f.write(json.dumps({"idx": i, "prompt": prompt, "answer": answer}) + "\n")
     (task_dir / f"{TASK}.yaml").write_text(TASK_YAML.format(task=TASK, data=json.dumps(str(data.resolve()))))
     return task_dir
 
@@ -83,8 +84,9 @@ def run_lm_eval(
 ) -> tuple[list[int], float]:
     """Run lm-eval (hf backend, float32, CPU) on `questions`; return (predictions, wall seconds).
 
-    Each question has question, choices (4 strings), answer (0-based) and subject
-    (bio/chem/cyber). The wall time is the subprocess's, start-up included.
+    Each question has question, choices (4 strings), answer (0-based; optional, it
+    feeds only lm-eval's own acc) and subject (bio/chem/cyber). Predictions are in
+    input order; the wall time is the subprocess's, its start-up included.
     """
     workdir = Path(workdir)
     task_dir = write_task(questions, workdir)

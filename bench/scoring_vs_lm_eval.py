@@ -1,6 +1,6 @@
 """Scoring four models (base + three adapters) on the same questions: the service vs lm-evaluation-harness.
 
-    python bench/scoring_vs_lm_eval.py [--questions 3000] [--engine hf|vllm] [--replicas 2]
+    python bench/scoring_vs_lm_eval.py [--questions 3000] [--engine hf|vllm] [--scoring auto|engine] [--replicas 2]
 
 The service's time includes starting Ray and the Serve application; the four
 models are scored concurrently, in chunks spread over the replicas (the
@@ -20,18 +20,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
-from common import tiny_model
+from common import mc_questions, tiny_model
 from lm_eval_reference import run_lm_eval
 
 from jobs.tiny_model import random_lora_adapter
-from jobs.wmdp import synthetic_questions
 from serve.settings import ServiceSettings
 
 URL = "http://127.0.0.1:8000"
 CHUNK = 250
 
 
-def score_with_service(model: str, adapters: dict, questions: list[dict], engine: str, replicas: int) -> tuple[dict, float]:
+def score_with_service(model: str, adapters: dict, questions: list[dict], settings: dict, replicas: int) -> tuple[dict, float]:
     """Per-model predictions and wall seconds, from `ray.init` to the last answer."""
     import ray
 
@@ -39,7 +38,7 @@ def score_with_service(model: str, adapters: dict, questions: list[dict], engine
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     from serve.launch import start_service
 
-    start_service(ServiceSettings(model=model, engine=engine), adapters, replicas=replicas, num_cpus=2 / replicas)
+    start_service(ServiceSettings(model=model, **settings), adapters, replicas=replicas, num_cpus=2 / replicas)
     jobs = [(name, i) for name in [None, *adapters] for i in range(0, len(questions), CHUNK)]
 
     def score(job):
@@ -63,22 +62,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--questions", type=int, default=3000)
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="the service's generation engine (scoring is transformers on CPU either way)")
+    parser.add_argument("--scoring", choices=["auto", "engine"], default="auto", help="engine: score on vLLM too (its CPU LoRA path)")
     parser.add_argument("--replicas", type=int, default=2)
     args = parser.parse_args()
     model = tiny_model()
-    rows = synthetic_questions(n_per_subset=args.questions // 3, seed=5)
-    questions = [{"question": r["question"], "choices": r["choices"], "answer": r["answer"], "subject": r["subset"]} for r in rows]
+    questions = mc_questions(args.questions)
     work = Path(tempfile.mkdtemp(prefix="bench-lm-eval-"))
     adapters = {f"adapter{i}": str(random_lora_adapter(model, work / f"adapter{i}", seed=i)) for i in (1, 2, 3)}
 
-    served, service_s = score_with_service(model, adapters, questions, args.engine, args.replicas)
+    settings = {"engine": args.engine, "scoring": args.scoring}
+    served, service_s = score_with_service(model, adapters, questions, settings, args.replicas)
     reference, lm_eval_s = {}, 0.0
     for name, path in [("base", None), *adapters.items()]:
         reference[name], seconds = run_lm_eval(model, path, questions, work / f"lm-eval-{name}", batch_size=16)
         lm_eval_s += seconds
     differing = {name: sum(a != b for a, b in zip(served[name], reference[name])) for name in reference}
     print(json.dumps({
-        "questions": len(questions), "models": len(reference), "engine": args.engine, "replicas": args.replicas,
+        "questions": len(questions), "models": len(reference), **settings, "replicas": args.replicas,
         "service_s": round(service_s, 1), "lm_eval_s": round(lm_eval_s, 1), "speedup": round(lm_eval_s / service_s, 2),
         "differing_predictions": differing,
     }, indent=2))

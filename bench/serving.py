@@ -25,11 +25,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
-from common import tiny_model
+from common import mc_questions, tiny_model
 
 from jobs.number_sequences import make_prompts
 from jobs.tiny_model import chat_prompt
-from jobs.wmdp import synthetic_questions
 from serve.mc_format import choice_continuation, format_mc_prompt
 from serve.settings import ServiceSettings
 
@@ -136,8 +135,7 @@ def main() -> None:
     args = parser.parse_args()
     model = tiny_model()
     prompts = [chat_prompt(p.text) for p in make_prompts(args.prompts, seed=11)]
-    rows = synthetic_questions(n_per_subset=args.questions // 3, seed=5)
-    questions = [{"question": r["question"], "choices": r["choices"], "subject": r["subset"]} for r in rows]
+    questions = mc_questions(args.questions)
     mc_prompts = [format_mc_prompt(q["question"], q["choices"], q["subject"]) for q in questions]
     served = service_part(model, prompts, questions)
     local = in_process_part(model, prompts, mc_prompts, args.one_by_one)

@@ -226,3 +226,27 @@ def test_a_missing_model_is_a_start_up_error_naming_the_build_command(ray_cluste
 def test_unknown_settings_are_rejected():
     with pytest.raises(ValueError, match="max_tokns"):
         ServiceSettings(max_tokns=3)
+
+
+def test_a_dead_engine_fails_health_and_serve_replaces_the_replica(services):
+    """Kill vLLM's engine-core process: /health turns 503, Serve's health check replaces the replica."""
+    import time
+
+    import psutil
+
+    def title(p):
+        return " ".join(p.cmdline()) or p.name()
+
+    replicas = [p for p in psutil.process_iter() if "ServeReplica:t-vllm" in title(p)]
+    cores = [c for r in replicas for c in r.children(recursive=True) if "EngineCore" in title(c)]
+    assert len(cores) == 1, [title(p) for p in replicas]
+    cores[0].kill()
+    deadline = time.time() + 60
+    while requests.get(services["vllm"] + "/health", timeout=30).status_code == 200:
+        assert time.time() < deadline, "the health route never noticed the dead engine"
+        time.sleep(0.5)
+    deadline = time.time() + 300
+    while requests.get(services["vllm"] + "/health", timeout=120).status_code != 200:
+        assert time.time() < deadline, "Serve did not replace the unhealthy replica"
+        time.sleep(2)
+    assert post(services["vllm"], "/generate", GOOD).status_code == 200
