@@ -64,27 +64,29 @@ class InferenceService:
         if unknown:
             raise ValueError(f"unknown user_config keys {sorted(unknown)}; expected 'adapters'")
         wanted = {name: check_adapter(name, path, self.base_id) for name, path in (user_config.get("adapters") or {}).items()}
-        engines = {id(e): e for e in (self.engine, self.scorer)}.values()
         for name, path in self.adapters.items():
             if wanted.get(name) != path:
-                for engine in engines:
+                for engine in self._engines():
                     await engine.remove_adapter(name)
         for name, path in wanted.items():
             if self.adapters.get(name) != path:
-                for engine in engines:
+                for engine in self._engines():
                     await engine.add_adapter(name, path)
         self.adapters = wanted
 
+    def _engines(self) -> list:
+        """The generation engine, and the scoring engine when it is another one."""
+        engines = [getattr(self, "engine", None), getattr(self, "scorer", None)]  # None if __init__ failed early
+        return [e for i, e in enumerate(engines) if e is not None and e not in engines[:i]]
+
     async def check_health(self) -> None:
         """Serve calls this periodically: a dead engine fails it and Serve replaces the replica."""
-        await self.engine.check_health()
-        if self.scorer is not self.engine:
-            await self.scorer.check_health()
+        for engine in self._engines():
+            await engine.check_health()
 
     def __del__(self):
         """Graceful shutdown: stop the engines (vLLM's engine core is a separate process)."""
-        engines = (getattr(self, "engine", None), getattr(self, "scorer", None))
-        for engine in {id(e): e for e in engines if e is not None}.values():
+        for engine in self._engines():
             engine.shutdown()
 
     # Checks shared by the routes -------------------------------------------------------------
