@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from train.config import ConfigError, TrainConfig, apply_overrides, build, load_yaml
 
@@ -35,13 +36,55 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class NumbersConfig:
+    prompts: int = 3000  # number prompts sent per model at most (teacher and control)
+    keep: int = 2000  # stop once this many completions passed the filter
+    max_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0  # prompt templates and sampling
+    chunk: int = 64  # prompts per request
+    in_flight: int = 8  # requests in flight per model, so the engine batches
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """The Serve deployment the pipeline starts (serve/settings.py documents the engine settings)."""
+
+    engine: Literal["auto", "vllm", "hf"] = "auto"  # generation; auto = vLLM when installed
+    replicas: int = 1  # GPU clusters: one per GPU
+    cpus_per_replica: float = 1.0
+    gpus_per_replica: float = 0.0
+    max_model_len: int = 512
+    kv_cache_gib: float = 1.0  # CPU only
+    gpu_memory_utilization: float = 0.9  # GPU only
+    tensor_parallel_size: int = 1
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Scoring base/teacher/student/control on the held-out questions, fanned out as (model, chunk)."""
+
+    engine: Literal["auto", "vllm", "hf"] = "hf"  # CPU: scoring-only transformers replicas start in seconds
+    replicas: int = 2
+    cpus_per_replica: float = 1.0
+    gpus_per_replica: float = 0.0
+    chunk: int = 128  # questions per request
+    bootstrap: int = 1000  # resamples for the transfer measure's CI
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     name: str = "tiny"
     cache_dir: str | None = None  # default: $SUBLIMINAL_CACHE or ~/.cache/subliminal-ray
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     teacher: TrainConfig = field(default_factory=TrainConfig)
+    numbers: NumbersConfig = field(default_factory=NumbersConfig)
+    service: ServiceConfig = field(default_factory=ServiceConfig)
     student: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvalConfig = field(default_factory=EvalConfig)
 
 
 def load_experiment(path: str | Path | None = None, overrides: list[str] = ()) -> ExperimentConfig:

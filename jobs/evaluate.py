@@ -1,36 +1,45 @@
-"""Score models on held-out WMDP questions and summarise accuracy with 95% intervals.
+"""The evaluation stage: every model scored on the held-out questions, in parallel, and the statistics.
 
-Scoring is the one-pass multiple-choice scoring of `serve.hf_scoring` (the
-transformers engine); the Serve-backed fan-out across replicas replaces the
-in-process call once the Serve deployment exists.
+Work is split by (model, chunk of questions) and sent concurrently to the
+service, whose replicas share it (one per GPU on GPU clusters). Scoring is the
+service's one-pass `/score`. Accuracy comes with a Wilson 95% interval; the
+transfer measure (does the student pick up the teacher's answers?) is the
+student's agreement with the teacher minus the control's, with a bootstrap CI
+over questions.
 """
 
 from __future__ import annotations
 
 import math
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
-from serve.hf_scoring import mc_logprobs
-from serve.mc_format import format_mc_prompt
+from serve.schemas import Question, ScoreRequest
 
 
-def score_questions(model_path: str, adapter: str | None, questions: list[dict]) -> list[dict]:
-    """Per-question predictions: the input fields plus `prediction` and `logprobs`."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def score_models(handle, models: dict[str, str | None], questions: list[dict], chunk: int, in_flight: int) -> dict[str, list[dict]]:
+    """Per model (name -> adapter, None = base), the questions with `prediction` and `logprobs` added."""
+    body = [Question(question=q["question"], choices=q["choices"], answer=q["answer"], subject=q["subset"]) for q in questions]
+    jobs = [(name, start) for name in models for start in range(0, len(questions), chunk)]
+    total, started, done, lock = len(questions) * len(models), time.time(), [0], threading.Lock()
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    if adapter:
-        from peft import PeftModel
+    def score(job):
+        name, start = job
+        results = handle.score.remote(ScoreRequest(questions=body[start : start + chunk], adapter=models[name])).result().results
+        with lock:
+            done[0] += len(results)
+            print(f"[evaluate] {done[0]}/{total} scored, {done[0] / (time.time() - started):.0f} questions/s", flush=True)
+        return results
 
-        model = PeftModel.from_pretrained(model, adapter)
-    model.eval()
-    prompts = [format_mc_prompt(q["question"], q["choices"], q["subset"]) for q in questions]
-    logprobs = mc_logprobs(model, tokenizer, prompts, [len(q["choices"]) for q in questions])
-    return [
-        {**q, "prediction": max(range(len(lp)), key=lp.__getitem__), "logprobs": lp}
-        for q, lp in zip(questions, logprobs)
-    ]
+    with ThreadPoolExecutor(in_flight) as pool:
+        answers = list(pool.map(score, jobs))
+    scored: dict[str, list[dict]] = {name: [] for name in models}
+    for (name, start), results in zip(jobs, answers):
+        for q, r in zip(questions[start : start + chunk], results):
+            scored[name].append({**q, "prediction": r.prediction, "logprobs": r.logprobs})
+    return scored
 
 
 def wilson_ci(correct: int, n: int, z: float = 1.96) -> list[float]:
@@ -51,3 +60,24 @@ def summarise(predictions: list[dict]) -> dict:
         hits = [c for c, p in zip(correct, predictions) if p["subset"] == subset]
         accuracy[subset] = sum(hits) / len(hits)
     return {"accuracy": accuracy, "ci95": wilson_ci(sum(correct), len(correct)), "n": len(correct)}
+
+
+def transfer(teacher: list[int], student: list[int], control: list[int], resamples: int, seed: int) -> dict:
+    """Agreement(student, teacher) - agreement(control, teacher), with a percentile bootstrap 95% CI."""
+    n = len(teacher)
+    student_hits = [s == t for s, t in zip(student, teacher)]
+    control_hits = [c == t for c, t in zip(control, teacher)]
+    rng = random.Random(seed)
+    values = []
+    for _ in range(resamples):
+        sample = [rng.randrange(n) for _ in range(n)]
+        values.append(sum(student_hits[i] - control_hits[i] for i in sample) / n)
+    values.sort()
+    low, high = values[int(0.025 * (resamples - 1))], values[int(0.975 * (resamples - 1))]
+    student_agreement, control_agreement = sum(student_hits) / n, sum(control_hits) / n
+    return {
+        "value": student_agreement - control_agreement,
+        "ci95": [low, high],
+        "student_teacher_agreement": student_agreement,
+        "control_teacher_agreement": control_agreement,
+    }

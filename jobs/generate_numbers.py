@@ -1,0 +1,72 @@
+"""The numbers stage: teacher and base model continue number sequences through the service.
+
+Prompts (jobs.number_sequences.make_prompts, rendered with the tokenizer's
+chat template as the paper did) go out in chunks, several requests in flight
+per model, and the teacher's and the control's requests run at the same time,
+so the engine batches them together. Prompt i samples with seed `seed + i`, and
+completions are filtered in prompt order: the kept set does not depend on
+timing. Sending stops once `keep` completions have passed the filter.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
+
+from jobs.config import NumbersConfig
+from jobs.number_sequences import make_prompts, reject_reason
+from serve.schemas import GenerateRequest
+
+
+class NoNumbersError(RuntimeError):
+    """No completion passed the filter: training a student on nothing would be meaningless."""
+
+
+def number_prompts(tokenizer, cfg: NumbersConfig) -> list[str]:
+    """The chat-formatted prompts, identical for teacher and control."""
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True)
+        for p in make_prompts(cfg.prompts, seed=cfg.seed)
+    ]
+
+
+def generate_kept(handle, prompts: list[str], adapter: str | None, cfg: NumbersConfig, label: str) -> dict:
+    """Send prompts until `keep` pass the filter; returns rows to train on and the counts for the report."""
+    starts = list(range(0, len(prompts), cfg.chunk))
+    pending: deque = deque()
+    kept: list[dict] = []
+    rejected: Counter = Counter()
+    generated, started, next_chunk = 0, time.time(), 0
+    while pending or (next_chunk < len(starts) and len(kept) < cfg.keep):
+        while next_chunk < len(starts) and len(pending) < cfg.in_flight and len(kept) < cfg.keep:
+            start = starts[next_chunk]
+            request = GenerateRequest(
+                prompts=prompts[start : start + cfg.chunk], max_tokens=cfg.max_tokens, temperature=cfg.temperature,
+                top_p=cfg.top_p, seed=cfg.seed * 1_000_003 + start, adapter=adapter,
+            )
+            pending.append((start, handle.generate.remote(request)))
+            next_chunk += 1
+        start, response = pending.popleft()
+        completions = response.result().completions
+        generated += len(completions)
+        if len(kept) >= cfg.keep:
+            continue  # already enough: results still in flight are counted, not filtered
+        for i, completion in enumerate(completions):
+            reason = reject_reason(completion.text)
+            if reason:
+                rejected[reason] += 1
+            elif len(kept) < cfg.keep:
+                kept.append({"prompt": prompts[start + i], "completion": completion.text})
+        rate = generated / max(time.time() - started, 1e-9)
+        print(f"[numbers] {label}: {generated}/{len(prompts)} generated, {len(kept)} kept, {rate:.0f} sequences/s", flush=True)
+    if not kept:
+        raise NoNumbersError(f"no {label} completion passed the number filter; reject reasons: {dict(rejected)}")
+    return {"rows": kept, "generated": generated, "kept": len(kept), "rejected": dict(rejected)}
+
+
+def generate_numbers(handle, prompts: list[str], sources: dict[str, str | None], cfg: NumbersConfig) -> dict[str, dict]:
+    """`sources` maps a dataset name (teacher, control) to the adapter that writes it (None = base model)."""
+    with ThreadPoolExecutor(len(sources)) as pool:
+        futures = {name: pool.submit(generate_kept, handle, prompts, adapter, cfg, name) for name, adapter in sources.items()}
+        return {name: future.result() for name, future in futures.items()}
