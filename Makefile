@@ -33,3 +33,5 @@ bench: install
 	$(PY) bench/train_throughput.py
 	$(PY) bench/serving.py
 	$(PY) bench/scoring_vs_lm_eval.py
+	$(PY) bench/eval_fanout.py
+	$(PY) ../shared/tools/treemem.py -- $(PY) jobs/pipeline.py --run-dir /tmp/bench-pipeline --fresh

@@ -155,10 +155,13 @@ class Pipeline:
             prompts = number_prompts(AutoTokenizer.from_pretrained(model_path), cfg.numbers)
             with running_service(self.app, model_path, {"teacher": teacher["adapter"]}, cfg, evaluation=False) as handle:
                 made = generate_numbers(handle, prompts, {"teacher": "teacher", "control": None}, cfg.numbers)
+            # Student and control train on equally many rows, so the comparison is about content alone.
+            used = min(result["kept"] for result in made.values())
             out = {}
             for name, result in made.items():
-                file_hash = write_jsonl(run_dir / "numbers" / f"{name}.jsonl", result.pop("rows"))
-                out[name] = {**result, "hash": file_hash}
+                file_hash = write_jsonl(run_dir / "numbers" / f"{name}.jsonl", result.pop("rows")[:used])
+                out[name] = {**result, "passed": result["kept"], "kept": used, "hash": file_hash}
+            print(f"[numbers] {used} sequences each for student and control", flush=True)
             return out
 
         made = self.stage("numbers", digest("numbers", teacher["hash"], cfg.numbers, cfg.service), numbers)

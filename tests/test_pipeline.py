@@ -71,9 +71,11 @@ def test_pipeline_end_to_end_stopped_and_resumed(tmp_path, tiny_model, cache_dir
         assert m["ci95"][0] <= m["accuracy"]["overall"] <= m["ci95"][1]
     # The target: a LoRA on the train split gains at least 15 points held out.
     assert report["models"]["teacher"]["accuracy"]["overall"] - report["models"]["base"]["accuracy"]["overall"] >= 0.15
+    assert 0 < report["numbers"]["teacher"]["kept"] == report["numbers"]["control"]["kept"] <= 192  # equal training sets
     for source in ("teacher", "control"):
         numbers = report["numbers"][source]
-        assert numbers["kept"] == 192 and numbers["generated"] >= numbers["kept"] + sum(numbers["rejected"].values())
+        assert numbers["generated"] >= numbers["kept"] + sum(numbers["rejected"].values())
+        assert len((run_dir / "numbers" / f"{source}.jsonl").read_text().splitlines()) == numbers["kept"]
     transfer = report["transfer"]
     assert transfer["ci95"][0] <= transfer["value"] <= transfer["ci95"][1]
     assert transfer["value"] == pytest.approx(transfer["student_teacher_agreement"] - transfer["control_teacher_agreement"])
