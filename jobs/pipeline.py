@@ -67,6 +67,20 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+RUNNING_APPS: set[str] = set()  # Serve apps this driver started and has not deleted yet
+
+
+def stop_on_sigterm(*_) -> None:
+    """`ray job stop` sends SIGTERM, then SIGKILL a few seconds later: ask Serve to delete this
+    run's apps at once (the controller finishes it after we are gone), then exit."""
+    from ray import serve
+
+    for app in list(RUNNING_APPS):
+        serve.delete(app, _blocking=False)
+        print(f"[serve] {app}: teardown requested (SIGTERM)", flush=True)
+    sys.exit(143)
+
+
 @contextlib.contextmanager
 def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentConfig, evaluation: bool):
     """The Serve application for one stage, deleted when the stage ends however it ends."""
@@ -84,10 +98,12 @@ def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentCo
         settings, adapters, name=app, route_prefix=f"/{app}", replicas=place.replicas,
         num_cpus=place.cpus_per_replica, num_gpus=place.gpus_per_replica,
     )  # fmt: skip
+    RUNNING_APPS.add(app)
     try:
         yield handle
     finally:
         stop_service(app)
+        RUNNING_APPS.discard(app)
         print(f"[serve] {app} torn down", flush=True)
 
 
@@ -139,6 +155,7 @@ class Pipeline:
         questions = load_wmdp(cfg.data.source, tuple(cfg.data.subsets), self.cache)
         if not ray.is_initialized():
             ray.init()
+        signal.signal(signal.SIGTERM, stop_on_sigterm)  # after ray.init, which installs its own
 
         def split():
             train_q, eval_q = split_questions(questions, cfg.data.eval_fraction, cfg.data.split_seed)
@@ -206,8 +223,6 @@ def main() -> int:
     from train.config import ConfigError
     from train.data import DataError
 
-    # `ray job stop` sends SIGTERM: turn it into an exit that runs the cleanup (Serve app teardown).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         cfg = load_experiment(args.config, args.overrides)
         run_dir = (args.run_dir or default_run_dir(cfg.name)).absolute()
