@@ -35,6 +35,9 @@ class HFEngine:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "left"
+        # Fast tokenizers are not thread-safe (padding state is set per call): the event loop
+        # counts prompt tokens with its own instance while the worker thread pads batches.
+        self.counting_tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.max_choices = scorable_choices(self.tokenizer)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype]).to(self.device).eval()
         self.peft = None  # the PeftModel wrapping self.model once an adapter is added
@@ -76,7 +79,7 @@ class HFEngine:
     # Work -----------------------------------------------------------------------------------
 
     def count_tokens(self, prompts: list[str]) -> list[int]:
-        return [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=True).input_ids]
+        return [len(ids) for ids in self.counting_tokenizer(prompts, add_special_tokens=True).input_ids]
 
     async def score(self, prompts: list[str], n_choices: list[int], adapter: str | None) -> list[list[float]]:
         return await self._run(self._score, prompts, n_choices, adapter)
