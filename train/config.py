@@ -54,7 +54,7 @@ class TrainConfig:
     too_long: Literal["truncate", "drop"] = "truncate"
 
     # Distribution and precision.
-    num_workers: int = 2
+    num_workers: int | Literal["auto"] = 2  # auto: one per GPU of the cluster (train/cluster.py auto_workers)
     use_gpu: bool = False
     strategy: Literal["ddp", "fsdp"] = "ddp"
     quantization: Literal["none", "4bit", "8bit"] = "none"  # bitsandbytes, GPU only
@@ -87,7 +87,11 @@ def _check_type(value: Any, hint: Any, key: str) -> Any:
                 return _check_type(value, arg, key)
             except ConfigError as err:
                 errors.append(str(err))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} matches none of {hint}")
+        if len(errors) == 1:
+            raise ConfigError(errors[0])
+        kinds = [repr(v) for a in args if typing.get_origin(a) is Literal for v in typing.get_args(a)]
+        kinds += [a.__name__ for a in args if isinstance(a, type) and a is not type(None)]
+        raise ConfigError(f"{key}: expected {' or '.join(kinds)}, got {value!r}")
     if origin is list:
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")

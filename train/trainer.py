@@ -9,28 +9,29 @@ so `output_dir` holds a finished adapter or nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import uuid
 from pathlib import Path
 
+from train.cluster import Capacity, auto_workers, cluster_capacity, describe
 from train.config import ConfigError, TrainConfig, to_dict
 from train.data import DataError, default_cache_dir, tokenize_to_cache
 from train.loop import train_loop
 from train.model import check_hardware, check_model_path
 
 
-def worker_resources(cfg: TrainConfig, cluster: dict) -> dict:
+def worker_resources(cfg: TrainConfig, cap: Capacity) -> dict:
     """Per-worker resources that leave a CPU free for Ray Data on small clusters.
 
     Two workers holding both CPUs of a 2-CPU machine starve Ray Data's read tasks
     and the run hangs without an error, so CPU workers take fractional CPUs.
     """
-    resources = {"CPU": min(1.0, max(0.1, (float(cluster.get("CPU", 1)) - 1) / cfg.num_workers))}
+    resources = {"CPU": min(1.0, max(0.1, (max(cap.cpus, 1) - 1) / cfg.num_workers))}
     if cfg.use_gpu:
-        gpus = float(cluster.get("GPU", 0))
-        if gpus < cfg.num_workers:
-            raise ConfigError(f"num_workers={cfg.num_workers} GPU workers need {cfg.num_workers} GPUs; the cluster has {gpus:g}")
+        if cap.max_gpus < cfg.num_workers:
+            raise ConfigError(f"num_workers={cfg.num_workers} GPU workers need {cfg.num_workers} GPUs; the cluster has {describe(cap)}")
         resources["GPU"] = 1
     return resources
 
@@ -78,8 +79,11 @@ def train_lora(
     check_model_path(model_path)
     if not ray.is_initialized():
         ray.init()
-    check_hardware(cfg, cfg.use_gpu and (torch.cuda.is_available() or ray.cluster_resources().get("GPU", 0) > 0))
-    resources = worker_resources(cfg, ray.cluster_resources())
+    cap = cluster_capacity()
+    if cfg.num_workers == "auto":
+        cfg = dataclasses.replace(cfg, num_workers=auto_workers(cfg.use_gpu, cap))
+    check_hardware(cfg, cfg.use_gpu and (torch.cuda.is_available() or cap.max_gpus > 0))
+    resources = worker_resources(cfg, cap)
 
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     tokens = tokenize_to_cache(data, model_path, cfg.max_length, cfg.too_long, cfg.seed, cache_dir)
