@@ -1,7 +1,7 @@
 """Memory arithmetic for a preset: per-GPU memory of its training stages and of its engine replicas.
 
     python -m jobs.memory_plan --config configs/llama-70b-qlora.yaml [--gpu-gib 80] [--gpus 8]
-    python -m jobs.memory_plan --config configs/llama-8b.yaml --model-config path/to/config.json
+    python -m jobs.memory_plan --config configs/llama-8b.yaml --model-config path/to/config.json [--set teacher.batch_size=16]
 
 Estimates from the model's shape (its `config.json`; the presets' hub models
 have their shapes below, so no download is needed), to adapt a preset to other
@@ -13,7 +13,8 @@ GPUs before renting them. docs/scaling.md explains each term. What is estimated:
   and AdamW moments in float32 (16 bytes per LoRA parameter), also sharded under
   FSDP; activations per token times the tokens of one micro-step (batch_size x
   max_length, packing's upper bound); a fixed allowance for the CUDA context,
-  NCCL buffers and allocator slack.
+  NCCL buffers and allocator slack. And the load peak: each worker loads the
+  whole base onto its GPU before FSDP shards it.
 - engine, per GPU of a replica: bf16 weights / tensor_parallel_size, then the
   KV cache gets what `gpu_memory_utilization` leaves after weights and an
   activation/CUDA-graph allowance; shown as the tokens of KV cache that fit.
@@ -102,13 +103,13 @@ class Shape:
 def training_gib(shape: Shape, train, workers: int) -> dict[str, float]:
     """Per-GPU memory of one training stage (a TrainConfig with a resolved worker count)."""
     shard = workers if train.strategy == "fsdp" else 1
-    weights = shape.linear_params() * BYTES_PER_PARAM[train.quantization] + (shape.params() - shape.linear_params()) * 2
-    weights /= shard
+    full_weights = (shape.linear_params() * BYTES_PER_PARAM[train.quantization] + (shape.params() - shape.linear_params()) * 2) / GIB
     lora = shape.lora_params(train.lora_rank, train.lora_targets) * 16 / shard
     tokens = train.batch_size * train.max_length
     activations = tokens * shape.activation_bytes_per_token(train.gradient_checkpointing)
-    parts = {"weights": weights / GIB, "lora + AdamW": lora / GIB, "activations": activations / GIB, "fixed": FIXED_OVERHEAD_GIB}
-    return {**parts, "total": sum(parts.values())}
+    parts = {"weights": full_weights / shard, "lora + AdamW": lora / GIB, "activations": activations / GIB, "fixed": FIXED_OVERHEAD_GIB}
+    # Each worker loads the whole base onto its GPU before FSDP shards it (train/model.py).
+    return {**parts, "total": sum(parts.values()), "load peak": full_weights + FIXED_OVERHEAD_GIB}
 
 
 def engine_gib(shape: Shape, tensor_parallel: int, gpu_gib: float, utilization: float) -> dict[str, float]:
@@ -138,18 +139,20 @@ def main() -> None:
     parser.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU (H100: 80)")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs that `num_workers: auto` stands for")
     parser.add_argument("--model-config", default=None, help="the model's config.json (default: its folder, or a known hub id)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     args = parser.parse_args()
-    cfg = load_experiment(args.config)
+    cfg = load_experiment(args.config, args.overrides)
     shape = load_shape(cfg.model.path, args.model_config)
     print(f"{cfg.model.path}: {shape.params() / 1e9:.2f}B parameters, KV cache {shape.kv_bytes_per_token() / 1024:.0f} KiB/token")
     for name, train in (("teacher", cfg.teacher), ("student", cfg.student)):
         workers = args.gpus if train.num_workers == "auto" else train.num_workers
         lora = shape.lora_params(train.lora_rank, train.lora_targets)
         parts = training_gib(shape, train, workers)
-        detail = ", ".join(f"{k} {v:.1f}" for k, v in parts.items() if k != "total")
-        fits = "fits" if parts["total"] <= args.gpu_gib else "DOES NOT FIT"
+        detail = ", ".join(f"{k} {v:.1f}" for k, v in parts.items() if k not in ("total", "load peak"))
+        fits = "fits" if max(parts["total"], parts["load peak"]) <= args.gpu_gib else "DOES NOT FIT"
         print(f"{name}: {workers} x {train.strategy}, {train.quantization}, LoRA {lora / 1e6:.0f}M params,"
-              f" {train.batch_size * train.max_length} tokens/micro-step: {parts['total']:.1f} GiB per GPU ({detail}): {fits} in {args.gpu_gib:g}")  # fmt: skip
+              f" {train.batch_size * train.max_length} tokens/micro-step: {parts['total']:.1f} GiB per GPU ({detail});"
+              f" {parts['load peak']:.1f} while loading: {fits} in {args.gpu_gib:g}")  # fmt: skip
     engine = engine_gib(shape, cfg.service.tensor_parallel_size, args.gpu_gib, cfg.service.gpu_memory_utilization)
     print(f"engine: tensor-parallel {cfg.service.tensor_parallel_size}, per GPU weights {engine['weights']:.1f} GiB,"
           f" reserve {engine['reserve']:.1f}, KV cache {engine['kv cache']:.1f} GiB = {engine['kv tokens']:,.0f} tokens per replica")  # fmt: skip
