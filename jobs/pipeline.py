@@ -14,7 +14,9 @@ on the Ray cluster it is submitted to, or on a local one it starts. Stages:
 5. evaluate  base/teacher/student/control scored on the held-out questions in parallel
 6. report    report.json, report.md, accuracy.png in the run directory
 
-Each stage records its inputs' hash in `manifest.json`; rerunning the same
+Before any stage, jobs/placement.py sizes training workers and Serve replicas
+for the cluster and refuses a preset that could never fit it. Each stage
+records its inputs' hash in `manifest.json`; rerunning the same
 command skips finished stages and resumes an interrupted one (training from its
 last checkpoint). The Serve application is named after the run and torn down
 when a stage ends, fails, or the job is stopped (`ray job stop`).
@@ -156,8 +158,7 @@ class Pipeline:
         placement = plan(self.cfg, cluster_capacity())  # before any work: a preset that cannot fit stops here
         print(f"[placement] {placement.summary(self.cfg)}", flush=True)
         self.manifest = Manifest(self.run_dir, as_dict(self.cfg), self.fresh)  # records the config as written
-        self.cfg = cfg = resolved(self.cfg, placement)
-        run_dir = self.run_dir
+        cfg, run_dir = resolved(self.cfg, placement), self.run_dir  # stages see numbers, not `auto`
         model_path = str(ensure_tiny_model(TinySpec(seed=cfg.model.tiny_seed), self.cache)) if cfg.model.path == "tiny" else cfg.model.path
         check_model_path(model_path)
         questions = load_wmdp(cfg.data.source, tuple(cfg.data.subsets), self.cache)

@@ -93,3 +93,10 @@ def test_capacity_of_a_real_ray_cluster(ray_cluster):
     with_launcher = cluster_capacity(launcher_config=LAUNCHER)
     assert with_launcher.autoscaler and with_launcher.max_gpus == 18 and with_launcher.max_gpus_per_node == 8
     assert counts(plan(preset("llama-70b-qlora"), with_launcher)) == (8, 8, 2, 2)
+
+
+def test_auto_workers_leave_a_cpu_to_ray_data_and_fill_gpus():
+    from train.cluster import auto_workers
+
+    assert auto_workers(False, fixed(2)) == 1 and auto_workers(False, fixed(16)) == 15
+    assert auto_workers(True, fixed(26, 4, 4)) == 8 and auto_workers(True, autoscaling()) == 8
