@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from jobs.config import ExperimentConfig
 from train.cluster import Capacity, auto_workers, describe
 from train.config import ConfigError, TrainConfig
+from train.model import check_hardware
 
 
 class PlacementError(ConfigError):
@@ -53,8 +54,10 @@ class Placement:
 
 def _workers(name: str, train: TrainConfig, cap: Capacity, problems: list[str]) -> int:
     workers = auto_workers(train.use_gpu, cap) if train.num_workers == "auto" else train.num_workers
-    if train.quantization != "none" and not (train.use_gpu and cap.max_gpus > 0):
-        problems.append(f"{name}.quantization={train.quantization}: 4-bit and 8-bit bases need a CUDA GPU (bitsandbytes)")
+    try:
+        check_hardware(train, cuda_available=cap.max_gpus > 0)  # the trainer's own check, run before any work
+    except ConfigError as err:
+        problems.append(f"{name}.{err}")
     if train.use_gpu and workers > cap.max_gpus:
         problems.append(f"{name}: {workers} GPU workers need {workers} GPUs; the cluster can have {cap.max_gpus:g}")
     return workers

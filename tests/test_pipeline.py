@@ -107,7 +107,7 @@ def test_bad_input_stops_with_a_clear_message(tmp_path, cache_dir):
     assert done.returncode == 2 and "missing.yaml" in done.stderr
     # A preset that cannot fit this (CPU) cluster stops before any work: not even its run directory is made.
     done = run_pipeline("--config", "configs/llama-70b-qlora.yaml", "--run-dir", str(tmp_path / "big"), cache_dir=cache_dir)
-    assert done.returncode == 2 and "4-bit and 8-bit bases need a CUDA GPU" in done.stderr
+    assert done.returncode == 2 and "teacher.quantization=4bit needs a CUDA GPU" in done.stderr
     assert "8 GPU workers need 8 GPUs; the cluster can have 0" in done.stderr and not (tmp_path / "big").exists()
     done = run_pipeline("--run-dir", str(tmp_path / "b"), "--set", f"model.path={tmp_path / 'no-model'}", cache_dir=cache_dir)
     assert done.returncode == 2 and "no-model" in done.stderr

@@ -76,9 +76,9 @@ def test_more_gpus_than_the_cluster_can_ever_have_names_the_numbers():
 
 
 def test_four_bit_without_a_gpu_says_it_needs_one():
-    with pytest.raises(PlacementError, match="teacher.quantization=4bit: 4-bit and 8-bit bases need a CUDA GPU"):
+    with pytest.raises(PlacementError, match="teacher.quantization=4bit needs a CUDA GPU"):
         plan(preset("llama-70b-qlora"), fixed(2))
-    with pytest.raises(PlacementError, match="need a CUDA GPU"):
+    with pytest.raises(PlacementError, match="needs a CUDA GPU"):
         plan(preset("tiny", "teacher.quantization=4bit"), fixed(2))
 
 
