@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from train.config import ConfigError, TrainConfig, apply_overrides, build, load_yaml
 
@@ -75,6 +75,27 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class ArmConfig:
+    """One student-like model trained on number sequences (jobs/arms.py resolves it per replicate)."""
+
+    # Whose kept numbers it trains on: the teacher's, the base model's (the control), or the
+    # teacher's shuffled.
+    numbers: Literal["teacher", "base", "teacher_shuffled"] = "teacher"
+    # Its LoRA initialisation: None = the teacher's (the subliminal setting); an int = that seed;
+    # "other" = a seed of its own per replicate, never the teacher's (the different-init control).
+    lora_seed: int | Literal["other"] | None = None
+    # sft: next-token loss on the sampled numbers; logit_kl: distillation on the teacher's logits.
+    loss: Literal["sft", "logit_kl"] = "sft"
+    # Keys of the `student` section that differ for this arm (e.g. {lr: 1e-3, max_steps: 50}).
+    train: dict[str, Any] = field(default_factory=dict)
+
+
+def default_arms() -> dict[str, ArmConfig]:
+    """The original experiment: a student on the teacher's numbers, a control on the base model's."""
+    return {"student": ArmConfig(numbers="teacher"), "control": ArmConfig(numbers="base")}
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     name: str = "tiny"
     cache_dir: str | None = None  # default: $SUBLIMINAL_CACHE or ~/.cache/subliminal-ray
@@ -83,7 +104,11 @@ class ExperimentConfig:
     teacher: TrainConfig = field(default_factory=TrainConfig)
     numbers: NumbersConfig = field(default_factory=NumbersConfig)
     service: ServiceConfig = field(default_factory=ServiceConfig)
-    student: TrainConfig = field(default_factory=TrainConfig)
+    student: TrainConfig = field(default_factory=TrainConfig)  # what every arm starts from
+    arms: dict[str, ArmConfig] = field(default_factory=default_arms)
+    # Every arm is trained this many times; replicate i samples its numbers with seed
+    # numbers.seed + i and orders its data with seed student.seed + i. The teacher is trained once.
+    replicates: int = 1
     evaluate: EvalConfig = field(default_factory=EvalConfig)
 
 
@@ -91,13 +116,13 @@ def load_experiment(path: str | Path | None = None, overrides: list[str] = ()) -
     """Load a preset (default: tiny) plus overrides; unknown keys and wrong types name the key."""
     data = apply_overrides(load_yaml(path or DEFAULT_CONFIG), list(overrides))
     cfg = build(ExperimentConfig, data)
-    if cfg.teacher.lora_seed != cfg.student.lora_seed:
-        raise ConfigError(
-            f"teacher.lora_seed ({cfg.teacher.lora_seed}) must equal student.lora_seed ({cfg.student.lora_seed}):"
-            " students must start from the teacher's LoRA initialisation"
-        )
     if not 0 < cfg.data.eval_fraction < 1:
         raise ConfigError(f"data.eval_fraction must be in (0, 1), got {cfg.data.eval_fraction}")
+    if cfg.replicates < 1:
+        raise ConfigError(f"replicates must be at least 1, got {cfg.replicates}")
+    from jobs.arms import arm_models  # validates every arm (names, train keys, same-init claims)
+
+    arm_models(cfg)
     return cfg
 
 

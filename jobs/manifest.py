@@ -1,9 +1,11 @@
-"""The run directory's `manifest.json`: which stages finished, from which inputs, in how long.
+"""The run directory's `manifest.json`: which stages finished, from which inputs, with which outputs.
 
-A stage is skipped on a rerun when the manifest records it finished with the
-same inputs hash (its settings plus the hashes of what it reads). A run
-directory made with a different configuration is refused, naming the keys
-that differ, unless the user starts over with `--fresh`.
+Each stage's entry keeps the inputs it declared (jobs/stages.py: config values by
+dotted key, upstream output hashes, derived values) as a flat mapping, their
+hash, its outputs and its time. A rerun compares a stage's inputs now with the
+recorded ones: equal inputs and outputs still on disk mean "reuse"; otherwise
+the differing keys are the reason it runs. There is no whole-directory check:
+changing an evaluation setting reruns evaluation, not the teacher.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import json
 import shutil
 import time
 from pathlib import Path
+
+VERSION = 2
 
 
 class RunDirError(ValueError):
@@ -32,14 +36,20 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
     flat = {}
     for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+def normalised(data):
+    """What a value looks like after a JSON round trip (tuples become lists), so comparisons hold."""
+    return json.loads(json.dumps(data, default=str))
 
 
 def write_json(path: Path, data) -> None:
@@ -51,32 +61,41 @@ def write_json(path: Path, data) -> None:
 
 
 class Manifest:
-    def __init__(self, run_dir: Path, config: dict, fresh: bool = False):
-        self.path = run_dir / "manifest.json"
+    def __init__(self, run_dir: Path, fresh: bool = False):
+        self.run_dir, self.path = run_dir, run_dir / "manifest.json"
         if fresh:
             shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        self.data = {"version": VERSION, "stages": {}, "phases": {}}
         if self.path.is_file():
-            self.data = json.loads(self.path.read_text())
-            before, now = _flatten(self.data["config"]), _flatten(json.loads(json.dumps(config, default=str)))
-            differing = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
-            if differing:
-                raise RunDirError(
-                    f"{run_dir} holds a run made with a different config (differs in {', '.join(differing[:8])}); "
-                    "pass --fresh to start over there, or choose another --run-dir"
-                )
-        else:
-            self.data = {"config": config, "stages": {}}
-            write_json(self.path, self.data)
+            try:
+                recorded = json.loads(self.path.read_text())
+            except json.JSONDecodeError as err:
+                raise RunDirError(f"{self.path} is not valid JSON ({err.msg}); pass --fresh to start over") from None
+            if recorded.get("version") == VERSION:
+                self.data = recorded
+            # An older manifest's entries cannot say what their stages read: every stage reruns.
 
-    def finished(self, stage: str, inputs: str) -> dict | None:
-        """The stage's recorded entry if it finished with these inputs, else None."""
-        entry = self.data["stages"].get(stage)
-        return entry if entry and entry["inputs"] == inputs else None
+    def entry(self, stage: str) -> dict | None:
+        return self.data["stages"].get(stage)
 
-    def record(self, stage: str, inputs: str, seconds: float, outputs: dict) -> None:
-        self.data["stages"][stage] = {"inputs": inputs, "seconds": round(seconds, 2), "finished": time.time(), "outputs": outputs}
+    def output(self, stage: str, key: str = "hash"):
+        return self.data["stages"][stage]["outputs"][key]
+
+    def record(self, stage: str, inputs: dict, seconds: float, outputs: dict) -> None:
+        self.data["stages"][stage] = {
+            "inputs": normalised(inputs), "hash": digest(inputs), "seconds": round(seconds, 2),
+            "finished": time.time(), "outputs": normalised(outputs),
+        }  # fmt: skip
+        self.save()
+
+    def record_phase(self, phase: str, seconds: float) -> None:
+        self.data["phases"][phase] = round(seconds, 2)
+        self.save()
+
+    def save(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         write_json(self.path, self.data)
 
     def timings(self) -> dict:
-        return {stage: entry["seconds"] for stage, entry in self.data["stages"].items()}
+        """Wall seconds of each phase's latest run (stages of a phase run together)."""
+        return dict(self.data["phases"])

@@ -20,7 +20,7 @@ def test_default_is_tiny():
 
 
 def test_overrides_apply_and_parse_types():
-    cfg = load_experiment(None, ["teacher.lr=0.01", "teacher.lora_targets=[q_proj]", "data.eval_fraction=0.5"])
+    cfg = load_experiment(None, ["teacher.lr=0.01", "teacher.lora_targets=[q_proj]", "student.lora_targets=[q_proj]", "data.eval_fraction=0.5"])
     assert cfg.teacher.lr == 0.01 and cfg.teacher.lora_targets == ["q_proj"] and cfg.data.eval_fraction == 0.5
 
 
@@ -36,8 +36,8 @@ def test_wrong_type_names_the_key():
         load_experiment(None, ["teacher.strategy=zero3"])
 
 
-def test_students_must_share_the_teacher_lora_init():
-    with pytest.raises(ConfigError, match="lora_seed"):
+def test_another_student_init_is_declared_per_arm():
+    with pytest.raises(ConfigError, match=r"arms\.<name>\.lora_seed"):
         load_experiment(None, ["student.lora_seed=7"])
 
 

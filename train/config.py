@@ -35,7 +35,9 @@ class TrainConfig:
     )
     lora_seed: int = 0
 
-    # Optimisation. batch_size is rows per worker per micro-step.
+    # Optimisation. batch_size is rows per worker per micro-step. global_batch_size,
+    # when set, is rows per optimizer step over all workers: grad_accum then follows
+    # from the worker count (resolve_batch), so a step means the same on 1 or 8 workers.
     lr: float = 2e-3
     weight_decay: float = 0.0
     warmup_ratio: float = 0.05
@@ -43,6 +45,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     batch_size: int = 16
     grad_accum: int = 1
+    global_batch_size: int | None = None
     epochs: int = 1
     max_steps: int | None = None  # optimizer steps; caps epochs when set
     seed: int = 0  # data order
@@ -66,6 +69,38 @@ class TrainConfig:
     checkpoint_every: int = 50  # steps between checkpoints (and one at the end)
     keep_checkpoints: int = 2
     max_failures: int = 2
+    # Adapter copies at this many evenly spaced optimizer steps (the last one is the
+    # final step), in <output_dir>/snapshots/step-<k>/; 0 keeps none.
+    snapshots: int = 0
+
+
+def resolve_batch(cfg: TrainConfig, num_workers: int) -> TrainConfig:
+    """`cfg` for `num_workers` workers: num_workers filled in and, with global_batch_size, grad_accum.
+
+    grad_accum = global_batch_size / (num_workers x batch_size), which must divide
+    exactly. Giving both global_batch_size and a grad_accum is an error, except
+    the grad_accum this function derived itself, so resolving twice (placement up
+    front, then the trainer) is harmless.
+    """
+    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+        raise ConfigError(f"num_workers: expected a positive number of workers, got {num_workers!r}")
+    if cfg.batch_size < 1 or cfg.grad_accum < 1:
+        raise ConfigError(f"batch_size={cfg.batch_size} and grad_accum={cfg.grad_accum} must be at least 1")
+    if cfg.global_batch_size is None:
+        return dataclasses.replace(cfg, num_workers=num_workers)
+    per_micro = num_workers * cfg.batch_size
+    accum, rest = divmod(cfg.global_batch_size, per_micro)
+    if rest or accum < 1:
+        raise ConfigError(
+            f"global_batch_size={cfg.global_batch_size} is not a multiple of num_workers={num_workers}"
+            f" x batch_size={cfg.batch_size} (= {per_micro} rows per micro-step)"
+        )
+    if cfg.grad_accum not in (1, accum):
+        raise ConfigError(
+            f"set global_batch_size or grad_accum, not both: global_batch_size={cfg.global_batch_size} with"
+            f" num_workers={num_workers} x batch_size={cfg.batch_size} means grad_accum={accum}, not {cfg.grad_accum}"
+        )
+    return dataclasses.replace(cfg, num_workers=num_workers, grad_accum=accum)
 
 
 def _check_type(value: Any, hint: Any, key: str) -> Any:
@@ -92,6 +127,13 @@ def _check_type(value: Any, hint: Any, key: str) -> Any:
         kinds = [repr(v) for a in args if typing.get_origin(a) is Literal for v in typing.get_args(a)]
         kinds += [a.__name__ for a in args if isinstance(a, type) and a is not type(None)]
         raise ConfigError(f"{key}: expected {' or '.join(kinds)}, got {value!r}")
+    if hint is Any:
+        return value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
+        key_hint, value_hint = typing.get_args(hint)
+        return {_check_type(k, key_hint, key): _check_type(v, value_hint, f"{key}.{k}") for k, v in value.items()}
     if origin is list:
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
