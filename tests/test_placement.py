@@ -79,7 +79,7 @@ def test_four_bit_without_a_gpu_says_it_needs_one():
     with pytest.raises(PlacementError, match="teacher.quantization=4bit needs a CUDA GPU"):
         plan(preset("llama-70b-qlora"), fixed(2))
     with pytest.raises(PlacementError, match="needs a CUDA GPU"):
-        plan(preset("tiny", "teacher.quantization=4bit"), fixed(2))
+        plan(preset("tiny", "teacher.quantization=4bit", "student.quantization=4bit"), fixed(2))
 
 
 def test_tensor_parallel_needs_as_many_gpus_per_replica():
