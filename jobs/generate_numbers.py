@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from jobs.config import NumbersConfig
 from jobs.number_sequences import make_prompts, reject_reason
@@ -65,8 +65,15 @@ def generate_kept(handle, prompts: list[str], adapter: str | None, cfg: NumbersC
     return {"rows": kept, "generated": generated, "kept": len(kept), "rejected": dict(rejected)}
 
 
-def generate_numbers(handle, prompts: list[str], sources: dict[str, str | None], cfg: NumbersConfig) -> dict[str, dict]:
-    """`sources` maps a dataset name (teacher, control) to the adapter that writes it (None = base model)."""
-    with ThreadPoolExecutor(len(sources)) as pool:
-        futures = {name: pool.submit(generate_kept, handle, prompts, adapter, cfg, name) for name, adapter in sources.items()}
-        return {name: future.result() for name, future in futures.items()}
+def generate_all(handle, requests: dict[str, tuple[list[str], str | None, NumbersConfig]]):
+    """Generate every named request at once through one service: name -> (prompts, adapter
+    (None = base model), settings with that request's seed). Yields (name, result) as each
+    finishes, so a caller can store it at once; a request whose completions all failed the
+    filter yields its NoNumbersError as the result, after which the others still finish."""
+    with ThreadPoolExecutor(len(requests)) as pool:
+        futures = {pool.submit(generate_kept, handle, prompts, adapter, cfg, name): name for name, (prompts, adapter, cfg) in requests.items()}
+        for future in as_completed(futures):
+            try:
+                yield futures[future], future.result()
+            except NoNumbersError as err:
+                yield futures[future], err
