@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import mc_questions, tiny_model
+from bench_common import mc_questions, tiny_model
 
 from jobs.evaluate import score_models
 from jobs.tiny_model import random_lora_adapter

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import mc_questions, tiny_model, write_rows
+from bench_common import mc_questions, tiny_model, write_rows
 
 VARIANTS = {  # name -> TrainConfig overrides
     "bf16, SDPA": {},

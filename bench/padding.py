@@ -10,7 +10,7 @@ trainer packs rows (train.data.pack_batch).
 
 import numpy as np
 
-from common import number_rows, tiny_model
+from bench_common import number_rows, tiny_model
 from train.data import Tokenize, pack_batch
 
 MAX_LENGTH, BATCH = 256, 32

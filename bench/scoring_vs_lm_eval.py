@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
-from common import mc_questions, tiny_model
+from bench_common import mc_questions, tiny_model
 from lm_eval_reference import run_lm_eval
 
 from jobs.tiny_model import random_lora_adapter

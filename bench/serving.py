@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
-from common import mc_questions, tiny_model
+from bench_common import mc_questions, tiny_model
 
 from jobs.number_sequences import make_prompts
 from jobs.tiny_model import chat_prompt

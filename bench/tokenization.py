@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import number_rows, tiny_model, write_rows
+from bench_common import number_rows, tiny_model, write_rows
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()

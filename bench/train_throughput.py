@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import number_rows, tiny_model, write_rows
+from bench_common import number_rows, tiny_model, write_rows
 
 
 def hf_trainer(model_path: str, path: Path, steps: int, out: str) -> tuple[float, float]:

@@ -14,47 +14,51 @@ the printed folder, or leave the hub id: with `HF_HOME` on that disk, as
 cluster.yaml sets it, the hub cache finds the staged files).
 
 One task runs on each alive node (GPU nodes only, unless there are none), pinned
-there. A source that is a local folder is copied (through a temporary folder and a
-rename, so a half-copied model never looks complete); anything else is a hub
-id fetched with `huggingface_hub.snapshot_download` into the node's hub cache.
+there. A source that is a saved model folder (it holds config.json) is copied
+(through a temporary folder and a rename, so a half-copied model never looks
+complete); a hub id (`name` or `org/name`) is fetched with
+`huggingface_hub.snapshot_download` into the node's hub cache. Anything else is
+refused on the driver, by the rule the trainer and the service share
+(`common.model_source`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import socket
 import sys
-import uuid
 from pathlib import Path
 
 if __package__ in (None, ""):  # `python jobs/prestage.py`: import from the repository root
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from common.atomic import atomic_dir  # noqa: E402
+from common.model_source import ModelSource, model_source  # noqa: E402
 
-def check_source(source: str, dest: str | None) -> None:
-    """Errors a user can fix, found on the driver before any node does work."""
-    folder = Path(source).expanduser()
-    looks_local = folder.exists() or source.startswith(("/", ".", "~")) or source.count("/") != 1
-    if looks_local and not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{source} is not a saved model folder (no config.json) nor a hub id (org/name)")
-    if looks_local and dest is None:
+
+def check_source(source: str, dest: str | None) -> ModelSource:
+    """Errors a user can fix, found on the driver before any node does work.
+
+    `source` is classified by the rule the trainer and the service share
+    (`common.model_source`): a saved model folder (holding config.json) or a hub id.
+    """
+    found = model_source(source, what="source")
+    if found.is_local and dest is None:
         raise ValueError("copying a folder needs --dest, a folder on each node's local disk")
+    return found
 
 
 def stage_here(source: str, dest: str | None) -> tuple[str, str]:
     """Stage `source` on this node; returns (hostname, local folder). Already staged: no work."""
-    folder = Path(source).expanduser()
-    if folder.is_dir():
-        target = Path(dest).expanduser() / folder.name
+    found = model_source(source, what="source")
+    if found.is_local:
+        name = Path(os.path.abspath(Path(source).expanduser())).name  # as given (a link keeps its name), never "" or ".."
+        target = Path(dest).expanduser() / name
         if not (target / "config.json").is_file():
-            tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
-            try:
-                shutil.copytree(folder, tmp)
-                shutil.rmtree(target, ignore_errors=True)
-                tmp.rename(target)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+            with atomic_dir(target, replace=True) as tmp:  # a half-copied model never looks complete
+                shutil.copytree(found.path, tmp, dirs_exist_ok=True)
         return socket.gethostname(), str(target)
     from huggingface_hub import snapshot_download
 

@@ -25,11 +25,11 @@ import json
 import math
 import os
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from common.atomic import atomic_dir, atomic_file
 from jobs.number_sequences import make_prompts
 from jobs.wmdp import synthetic_questions
 from train.data import default_cache_dir
@@ -181,12 +181,10 @@ def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
     texts = synthetic_corpus(spec)
     tokenizer = train_tokenizer(texts, spec)
     model = pretrain(texts, tokenizer, spec)
-    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
-    tmp.rename(out_dir)
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
     print(f"tiny model built in {time.time() - started:.0f}s: {out_dir}", flush=True)
     return out_dir
 
@@ -210,10 +208,8 @@ def _point_link(link: Path, target: Path) -> None:
     """`<cache>/tiny-llama` -> the default build: the stable path `serve/config.yaml` serves."""
     if link.is_symlink() and link.readlink() == Path(target.name):
         return
-    tmp = link.with_name(f".{link.name}.{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(target.name)
-    tmp.replace(link)
+    with atomic_file(link) as tmp:  # a new link replaces the old one in one step
+        tmp.symlink_to(target.name)
 
 
 def random_lora_adapter(model_path: str | Path, out_dir: Path, seed: int) -> Path:

@@ -12,12 +12,11 @@ Every question text is unique, so a split by question text is meaningful.
 
 from __future__ import annotations
 
-import json
 import numbers
-import os
 import random
 from pathlib import Path
 
+from common.atomic import write_jsonl
 from train.data import DataError, read_jsonl
 
 SUBSETS = ("bio", "chem", "cyber")
@@ -105,12 +104,8 @@ def write_synthetic(directory: Path, n_per_subset: int = 400, seed: int = 0) -> 
     directory.mkdir(parents=True, exist_ok=True)
     rows = synthetic_questions(n_per_subset, seed)
     for subset in SUBSETS:
-        tmp = directory / f".wmdp-{subset}.jsonl.{os.getpid()}.tmp"
-        with tmp.open("w") as f:
-            for row in rows:
-                if row["subset"] == subset:
-                    f.write(json.dumps({k: row[k] for k in ("question", "choices", "answer")}) + "\n")
-        tmp.replace(directory / f"wmdp-{subset}.jsonl")
+        keep = ("question", "choices", "answer")
+        write_jsonl(directory / f"wmdp-{subset}.jsonl", ({k: row[k] for k in keep} for row in rows if row["subset"] == subset))
     return directory
 
 

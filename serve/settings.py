@@ -16,6 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from common.model_source import ModelSourceError, model_source
+
 TINY_BUILD_COMMAND = "python -m jobs.tiny_model"
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -62,21 +64,17 @@ def default_cache_dir() -> Path:
 
 
 def resolve_model(model: str) -> str:
-    """A local model folder or a hub id; a local path that does not exist is a ServiceError."""
+    """A local model folder's absolute path or a hub id, by the rule the trainer shares
+    (`common.model_source`); "tiny" is the tiny preset's build. Anything else is a ServiceError."""
     if model == "tiny":
         path = default_cache_dir() / "tiny-llama"
         if not (path / "config.json").is_file():
             raise ServiceError(f"the tiny model is not built yet at {path}: build it with `{TINY_BUILD_COMMAND}`")
         return str(path.resolve())
-    path = Path(model).expanduser()
-    if (path / "config.json").is_file():
-        return str(path.resolve())
-    if path.exists() or model.startswith(("/", ".", "~")) or model.count("/") != 1:
-        raise ServiceError(
-            f"model path {model} has no config.json (does it exist?); "
-            f"the tiny preset's model is built with `{TINY_BUILD_COMMAND}`"
-        )
-    return model  # "org/name": a hub id, downloaded by the engine
+    try:
+        return model_source(model).path  # a hub id is downloaded by the engine
+    except ModelSourceError as err:
+        raise ServiceError(f"{err}; the tiny preset's model is built with `{TINY_BUILD_COMMAND}`") from err
 
 
 def model_id(settings: ServiceSettings) -> str:

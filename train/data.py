@@ -14,11 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import uuid
 from pathlib import Path
 
 import numpy as np
+
+from common.atomic import atomic_dir
 
 FORMAT_VERSION = 1  # bump when tokenization output changes
 OK, TRUNCATED, DROPPED = 0, 1, 2
@@ -192,26 +192,27 @@ def tokenize_to_cache(source, model_path: str, max_length: int, too_long: str, s
     if stats_file.is_file():
         return {**json.loads(stats_file.read_text()), "path": str(out), "cached": True}
 
-    tmp = out.with_name(f"{key}.tmp-{uuid.uuid4().hex[:8]}")
     tokenized = (
         ds.select_columns(["prompt", "completion"])
         .map_batches(Tokenize, fn_constructor_args=(model_path, max_length, too_long), batch_size=512, compute=ray.data.ActorPoolStrategy(size=1))
         .random_shuffle(seed=seed)
     )
     try:
-        tokenized.write_parquet(str(tmp))
-        status = ray.data.read_parquet(str(tmp), columns=["status"]).to_pandas()["status"]
-        stats = {
-            "rows": n_rows,
-            "truncated": int((status == TRUNCATED).sum()),
-            "dropped": int((status == DROPPED).sum()),
-        }
-        if stats["dropped"] == n_rows:
-            raise DataError(f"all {n_rows} rows are longer than max_length={max_length} and were dropped")
-        (tmp / "_stats.json").write_text(json.dumps(stats))
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_dir(out) as tmp:
+            tokenized.write_parquet(str(tmp))
+            status = ray.data.read_parquet(str(tmp), columns=["status"]).to_pandas()["status"]
+            stats = {
+                "rows": n_rows,
+                "truncated": int((status == TRUNCATED).sum()),
+                "dropped": int((status == DROPPED).sum()),
+            }
+            if stats["dropped"] == n_rows:
+                raise DataError(f"all {n_rows} rows are longer than max_length={max_length} and were dropped")
+            (tmp / "_stats.json").write_text(json.dumps(stats))  # inside the folder that is renamed in whole
+    except FileExistsError:
+        if not stats_file.is_file():
+            raise
+        # Another process wrote the same entry (same key: same content) first; use it.
     return {**stats, "path": str(out), "cached": False}
 
 

@@ -17,11 +17,14 @@ from train.config import ConfigError, TrainConfig
 
 
 def check_model_path(model_path: str) -> None:
-    """A clear error for a base model that is not there (local paths only; hub ids pass)."""
-    path = Path(model_path)
-    looks_local = path.is_absolute() or model_path.startswith((".", "~")) or path.exists()
-    if looks_local and not (path.expanduser() / "config.json").is_file():
-        raise FileNotFoundError(f"base model {model_path} does not exist (no config.json there)")
+    """A clear error (FileNotFoundError naming the path) for a base model that is not there.
+
+    The same rule as the inference service and pre-staging (`common.model_source`):
+    a folder holding config.json, or a hub id (`name` or `org/name`), which passes.
+    """
+    from common.model_source import model_source
+
+    model_source(model_path, what="base model")
 
 
 def check_hardware(cfg: TrainConfig, cuda_available: bool) -> None:
