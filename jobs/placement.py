@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from jobs.config import ExperimentConfig
 from train.cluster import Capacity, auto_workers, describe
-from train.config import ConfigError, TrainConfig
+from train.config import ConfigError, TrainConfig, resolve_batch
 from train.model import check_hardware
 
 
@@ -40,6 +40,7 @@ class Placement:
     student_workers: int
     service_replicas: int  # generation (numbers stage)
     eval_replicas: int  # scoring (evaluate stage)
+    arm_runs: int = 1  # training runs of arms at once, each training its share of the arms one after another
 
     def summary(self, cfg: ExperimentConfig) -> str:
         def replicas(n, place):
@@ -48,7 +49,8 @@ class Placement:
 
         return (
             f"teacher {self.teacher_workers} worker(s) ({cfg.teacher.strategy}), student/control {self.student_workers},"
-            f" generation {replicas(self.service_replicas, cfg.service)}, evaluation {replicas(self.eval_replicas, cfg.evaluate)}"
+            f" generation {replicas(self.service_replicas, cfg.service)}, evaluation {replicas(self.eval_replicas, cfg.evaluate)},"
+            f" arms in {self.arm_runs} training run(s) at once"
         )
 
 
@@ -60,6 +62,10 @@ def _workers(name: str, train: TrainConfig, cap: Capacity, problems: list[str]) 
         problems.append(f"{name}.{err}")
     if train.use_gpu and workers > cap.max_gpus:
         problems.append(f"{name}: {workers} GPU workers need {workers} GPUs; the cluster can have {cap.max_gpus:g}")
+    try:
+        resolve_batch(train, workers)  # a global batch these workers cannot divide stops here, not mid-run
+    except ConfigError as err:
+        problems.append(f"{name}: {err}")
     return workers
 
 
@@ -80,15 +86,26 @@ def _replicas(name: str, place, tensor_parallel: int, cap: Capacity, problems: l
     return max(replicas, 1)
 
 
+def _arm_runs(student: TrainConfig, workers: int, cap: Capacity) -> int:
+    """GPU: as many single-group runs as the GPUs hold side by side (8 GPUs, 1-GPU students: 8 at
+    once). CPU: one run that trains every arm over one copy of the base, since a CPU gains
+    nothing from two runs at once and each run pays the worker start-up again."""
+    if not student.use_gpu:
+        return 1
+    return max(1, int(sum(cap.auto_node_gpus) // workers))
+
+
 def plan(cfg: ExperimentConfig, cap: Capacity) -> Placement:
     """Resolve `auto` counts for this cluster; raise PlacementError listing every request that cannot fit."""
     problems: list[str] = []
     tp = cfg.service.tensor_parallel_size
+    student_workers = _workers("student", cfg.student, cap, problems)
     placement = Placement(
         teacher_workers=_workers("teacher", cfg.teacher, cap, problems),
-        student_workers=_workers("student", cfg.student, cap, problems),
+        student_workers=student_workers,
         service_replicas=_replicas("service", cfg.service, tp, cap, problems),
         eval_replicas=_replicas("evaluate", cfg.evaluate, tp, cap, problems),
+        arm_runs=_arm_runs(cfg.student, student_workers, cap),
     )
     if problems:
         raise PlacementError(f"config {cfg.name!r} does not fit this cluster ({describe(cap)}):\n  - " + "\n  - ".join(problems))
