@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.config import TrainConfig
+from train.config import ConfigError, TrainConfig, resolve_batch
 from train.data import DataError
-from train.trainer import train_lora
+from train.trainer import AdapterJob, check_jobs, snapshot_steps, train_lora, train_lora_many
 
 NAMES = ["Ada", "Bo", "Cy", "Di", "Ed", "Flo", "Gus", "Hal"]
 
@@ -105,6 +105,8 @@ def test_bad_input_fails_early_and_leaves_nothing(ray_cluster, tiny_model, toy_r
         train_lora(tiny_model, toy_rows, out, small_config(batch_size=512), cache_dir=cache_dir)
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
         train_lora(tiny_model, toy_rows, out, small_config(quantization="4bit"), cache_dir=cache_dir)
+    with pytest.raises(ConfigError, match=r"global_batch_size=40 .*num_workers=2 x batch_size=16"):
+        train_lora(tiny_model, toy_rows, out, small_config(global_batch_size=40), cache_dir=cache_dir)
     assert not out.exists()
     out.mkdir()
     (out / "keep.txt").write_text("mine")
@@ -124,3 +126,131 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path, toy_rows):
     done = subprocess.run(cmd[:3] + ["--set", "lora_rnak=4"] + cmd[3:], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "teacher.lora_rnak" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_global_batch_sets_grad_accum_from_the_workers():
+    cfg = TrainConfig(batch_size=8, global_batch_size=64)
+    assert [resolve_batch(cfg, n).grad_accum for n in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    resolved = resolve_batch(cfg, 2)
+    assert resolve_batch(resolved, 2) == resolved  # placement resolves first, the trainer again
+    assert resolve_batch(TrainConfig(grad_accum=3), 2) == TrainConfig(grad_accum=3, num_workers=2)
+    with pytest.raises(ConfigError, match=r"global_batch_size=64 .*num_workers=3 x batch_size=8"):
+        resolve_batch(cfg, 3)
+    with pytest.raises(ConfigError, match="not both"):
+        resolve_batch(TrainConfig(batch_size=8, global_batch_size=64, grad_accum=2), 2)
+    with pytest.raises(ConfigError, match="not both"):
+        resolve_batch(resolved, 1)  # resolved for 2 workers, then asked for 1
+
+
+def test_snapshot_steps_are_evenly_spaced_and_end_at_the_last_step():
+    assert snapshot_steps(30, 3) == [10, 20, 30]
+    assert snapshot_steps(10, 3) == [3, 6, 10]
+    assert snapshot_steps(2, 5) == [1, 2]
+    assert snapshot_steps(30, 0) == []
+
+
+def test_init_hash_depends_on_the_lora_seed_only(tiny_model):
+    from train.model import adapter_hash, load_lora_model
+
+    def init(**overrides):
+        return adapter_hash(load_lora_model(tiny_model, small_config(**overrides), torch.device("cpu")))
+
+    assert init() == init(lr=1.0, seed=5) != init(lora_seed=1)
+    assert init() != init(lora_rank=4)
+
+
+def test_jobs_must_share_the_worker_group(tmp_path):
+    def job(name, **overrides):
+        return AdapterJob(name, "rows.jsonl", tmp_path / name, small_config(**overrides))
+
+    check_jobs([job("a"), job("b", lr=1.0, lora_rank=4, lora_seed=3, global_batch_size=64, snapshots=2)])
+    with pytest.raises(ConfigError, match=r"^gradient_checkpointing: .*job a has False, job b has True"):
+        check_jobs([job("a"), job("b", gradient_checkpointing=True)])
+    with pytest.raises(ConfigError, match="^num_workers"):
+        train_lora_many("no-model", [job("a"), job("b", num_workers=1)], storage_path=tmp_path, run_name="r")
+    with pytest.raises(ConfigError, match="FSDP2 shards"):
+        check_jobs([job("a", strategy="fsdp"), job("b", strategy="fsdp")])
+    with pytest.raises(ConfigError, match="same name a"):
+        check_jobs([job("a"), job("a")])
+
+
+def many_jobs(tmp_path: Path, toy_rows: Path, **first) -> list[AdapterJob]:
+    """Two jobs that differ in everything a job may: LoRA shape and seed, schedule, batch, data order, length."""
+    a = small_config(epochs=1, checkpoint_every=4, keep_checkpoints=20, snapshots=2, **first)  # 8 steps
+    b = small_config(
+        epochs=1, checkpoint_every=4, keep_checkpoints=20, lora_rank=4, lora_alpha=8, lora_seed=1, lora_targets=["q_proj", "down_proj"],
+        lr=3e-3, schedule="linear", batch_size=8, global_batch_size=32, seed=1, max_length=64,
+    )  # 256 rows / (2 workers x 8 rows x 2 micro-steps) = 8 steps
+    return [AdapterJob("a", toy_rows, tmp_path / "a", a), AdapterJob("b", toy_rows, tmp_path / "b", b)]
+
+
+def adapter_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "adapter_model.safetensors"))
+
+
+def assert_same_adapter(x: Path, y: Path) -> None:
+    wx, wy = adapter_weights(x), adapter_weights(y)
+    assert set(wx) == set(wy)
+    for name in wx:
+        torch.testing.assert_close(wx[name], wy[name], atol=1e-6, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def many_run(ray_cluster, tiny_model, toy_rows, tmp_path_factory, cache_dir):
+    """One run training both jobs: (metrics by job, jobs)."""
+    root = tmp_path_factory.mktemp("many")
+    jobs = many_jobs(root, toy_rows)
+    return train_lora_many(tiny_model, jobs, storage_path=root / "ray_train", run_name="many", cache_dir=cache_dir), jobs
+
+
+@pytest.mark.timeout(400)
+def test_many_run_adapters_equal_single_runs(many_run, tiny_model, tmp_path, cache_dir):
+    metrics, jobs = many_run
+    from train.model import adapter_hash, load_lora_model
+
+    assert [metrics[j.name]["step"] for j in jobs] == [8, 8] and all(m["done"] for m in metrics.values())
+    assert metrics["b"]["train_config"]["grad_accum"] == 2 and metrics["b"]["global_batch_size"] == 32
+    for job in jobs:  # each adapter started from the init a run of its own would have
+        assert metrics[job.name]["init_hash"] == adapter_hash(load_lora_model(tiny_model, job.cfg, torch.device("cpu")))
+        assert json.loads((job.output_dir / "train_metrics.json").read_text())["init_hash"] == metrics[job.name]["init_hash"]
+    assert metrics["a"]["init_hash"] != metrics["b"]["init_hash"]
+    for job in jobs:  # the same job trained alone, after a first one or first
+        alone = train_lora(tiny_model, job.data, tmp_path / job.name, job.cfg, cache_dir=cache_dir)
+        assert alone["init_hash"] == metrics[job.name]["init_hash"] and alone["step"] == metrics[job.name]["step"]
+        assert_same_adapter(tmp_path / job.name, job.output_dir)
+
+
+@pytest.mark.timeout(200)
+def test_snapshots_are_kept_and_load(many_run, tiny_model):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    metrics, (a, b) = many_run
+    assert metrics["a"]["snapshot_steps"] == [4, 8] and metrics["b"]["snapshot_steps"] == []
+    assert sorted(p.name for p in (a.output_dir / "snapshots").iterdir()) == ["step-4", "step-8"]
+    assert not (b.output_dir / "snapshots").exists()
+    assert_same_adapter(a.output_dir / "snapshots" / "step-8", a.output_dir)
+    lora_b = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+    assert not torch.equal(*(adapter_weights(a.output_dir / "snapshots" / f"step-{k}")[lora_b] for k in (4, 8)))
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), str(a.output_dir / "snapshots" / "step-4"))
+    assert logits_of(model.eval(), tiny_model).isfinite().all()
+    assert not list(a.output_dir.parent.glob(".*.partial-*"))  # the staging folders were renamed into place
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_failure_in_second_job_resumes_it_without_retraining_the_first(many_run, tiny_model, toy_rows, tmp_path, cache_dir):
+    storage = tmp_path / "ray_train"
+    jobs = many_jobs(tmp_path, toy_rows)
+    metrics = train_lora_many(tiny_model, jobs, storage_path=storage, run_name="run", cache_dir=cache_dir, fail_at=("b", 6))
+    assert metrics["a"]["resumed_from_step"] is None and metrics["b"]["resumed_from_step"] == 4
+    assert [metrics[j.name]["step"] for j in jobs] == [8, 8]
+    assert metrics["a"]["snapshot_steps"] == [4, 8]
+    # Every checkpoint the run wrote, in order: job a's two, then job b's, none of a's again.
+    states = [json.loads(p.read_text()) for p in sorted(storage.glob("run/checkpoint_*/state.json"))]
+    assert [(s["job"], s["step"]) for s in states] == [("a", 4), ("a", 8), ("b", 4), ("b", 8)], states
+    assert states[-1]["done"] == ["a"]
+    for job in jobs:  # resuming mid-job lands on the adapter an uninterrupted run makes
+        assert_same_adapter(job.output_dir, many_run[1][jobs.index(job)].output_dir)

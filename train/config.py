@@ -62,6 +62,10 @@ class TrainConfig:
     strategy: Literal["ddp", "fsdp"] = "ddp"
     quantization: Literal["none", "4bit", "8bit"] = "none"  # bitsandbytes, GPU only
     gradient_checkpointing: bool = False
+    # CPUs each worker reserves. None: this run's workers share all CPUs but one (left
+    # to Ray Data). Set it when several runs share a cluster at once, so that all
+    # their workers together still leave Ray Data a CPU.
+    cpus_per_worker: float | None = None
     attention: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
 
     # Observability and fault tolerance.

@@ -1,19 +1,21 @@
-"""The training loop every Ray Train worker runs: one loop for DDP and FSDP.
+"""The training loop every Ray Train worker runs: one loop for DDP and FSDP, for one adapter or several.
 
-Each worker streams its shard of the tokenized cache, packs batches, and takes
-AdamW steps with gradient accumulation and clipping under a warmup + decay
-schedule. Every `log_every` steps all workers call `ray.train.report` with
-metrics averaged over the cluster; every `checkpoint_every` steps (and at the
-end) the report carries a checkpoint: the adapter, the full trainable weights,
-the optimizer and scheduler state and the step. A restarted or re-run worker
-group resumes from the latest checkpoint and skips the batches it already used.
+A worker loads the frozen base once, then trains the run's jobs one after
+another over it: attach a fresh LoRA adapter (seeded exactly as a run of that
+job alone would be), stream the job's own dataset shard, take AdamW steps with
+gradient accumulation and clipping under a warmup + decay schedule, save the
+adapter, remove its layers, go on to the next job. Every `log_every` steps all
+workers call `ray.train.report` with metrics averaged over the cluster and
+tagged with the job; every `checkpoint_every` steps (and at each job's end) the
+report carries a checkpoint (train/outputs.py). A restarted or re-run worker
+group skips the jobs the checkpoint lists as done and resumes the current one,
+skipping the batches it already used.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
 import tempfile
 import time
@@ -24,15 +26,20 @@ import torch
 from train.config import TrainConfig, build
 from train.data import pack_batch
 from train.model import (
+    adapter_hash,
+    attach_lora,
     count_parameters,
-    load_lora_model,
-    save_adapter,
+    detach_lora,
+    load_base,
     trainable_state,
+    unwrap,
     wrap_distributed,
 )
+from train.outputs import finalize, read_state, restore, staging_dir, write_checkpoint, write_snapshot
 
 # Dense bf16 peak FLOP/s per GPU, for the MFU estimate (None: unknown device, no MFU).
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+GAUGES = ("loss", "lr", "tokens_per_s", "padding_fraction", "step_time_s", "gpu_mem_gib", "mfu")
 
 
 def lr_factor(step: int, total: int, cfg: TrainConfig) -> float:
@@ -53,52 +60,69 @@ def peak_flops(device: torch.device) -> float | None:
     return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
-def _load_checkpoint(model, checkpoint) -> tuple[dict, dict | None, dict | None]:
-    """Restore trainable weights into the unwrapped model; return (state, optimizer, scheduler) dicts."""
-    if checkpoint is None:
-        return {"step": 0}, None, None
-    with checkpoint.as_directory() as d:
-        d = Path(d)
-        weights = torch.load(d / "trainable.pt", map_location="cpu", weights_only=True)
-        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-        if set(weights) != trainable:
-            raise RuntimeError(f"checkpoint {d} does not match the model's adapter: {sorted(set(weights) ^ trainable)[:3]}")
-        model.load_state_dict(weights, strict=False)
-        optim = torch.load(d / "optimizer.pt", map_location="cpu", weights_only=False)
-        state = json.loads((d / "state.json").read_text())
-    return state, optim["optimizer"], optim["scheduler"]
-
-
 def train_loop(config: dict) -> None:
-    """Ray Train entry point (train_loop_per_worker); `config` is built by trainer.train_lora."""
+    """Ray Train entry point (train_loop_per_worker); `config` is built by trainer.train_lora_many."""
     import ray.train
     import ray.train.torch
     from ray.util.metrics import Gauge
+
+    jobs = config["jobs"]
+    shared = build(TrainConfig, jobs[0]["train"], "train")  # jobs agree on what the worker group shares
+    device = ray.train.torch.get_device()
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    # Ray metrics (dashboard Metrics view / Prometheus), beside the reports in the Train view.
+    gauges = {key: Gauge(f"lora_train_{key}", description=f"LoRA training {key}", tag_keys=("run", "job")) for key in GAUGES}
+
+    base = load_base(config["model_path"], shared, device)
+    checkpoint = ray.train.get_checkpoint()
+    state = read_state(checkpoint, jobs[0]["name"])
+    done = list(state["done"])
+    for i, job in enumerate(jobs):
+        if job["name"] in done:
+            continue
+        resume = checkpoint if state["job"] == job["name"] else None
+        model = attach_lora(base, build(TrainConfig, job["train"], "train"))
+        train_job(model, job, config, resume, done, gauges)
+        done.append(job["name"])
+        if i < len(jobs) - 1:
+            base = detach_lora(model)
+
+
+def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauges: dict) -> None:
+    """Train one adapter (already attached to the base) to its last step and write its output folder.
+
+    `checkpoint` is the run's latest checkpoint when it belongs to this job, else None;
+    `done` lists the jobs finished before this one (recorded in every checkpoint).
+    """
+    import ray.train
+    import ray.train.torch
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
         set_optimizer_state_dict,
     )
 
-    cfg = build(TrainConfig, config["train"], "train")
+    cfg = build(TrainConfig, job["train"], "train")
+    name, total, micro_per_epoch = job["name"], job["total_steps"], job["micro_steps_per_epoch"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    torch.manual_seed(cfg.seed)
-
-    model = load_lora_model(config["model_path"], cfg, device)
-    checkpoint = ray.train.get_checkpoint()
-    state, optim_state, sched_state = _load_checkpoint(model, checkpoint)
-    resumed_from = state["step"] if checkpoint else None
+    init_hash = adapter_hash(model)  # before any restore: the init this adapter started from
+    optim_state = sched_state = None
+    if checkpoint is not None:
+        optim_state, sched_state = restore(model, checkpoint)
+    step = read_state(checkpoint, name)["step"]
+    resumed_from = step if checkpoint is not None else None
     n_params, _ = count_parameters(model)
     model = wrap_distributed(model, cfg, device)
+    torch.manual_seed(cfg.seed)  # dropout: the same stream alone or after other jobs
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=device.type == "cuda")
-    total = config["total_steps"]
     sched = torch.optim.lr_scheduler.LambdaLR(opt, functools.partial(lr_factor, total=total, cfg=cfg))
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     if optim_state is not None:
@@ -107,32 +131,19 @@ def train_loop(config: dict) -> None:
 
     fsdp = cfg.strategy == "fsdp" and hasattr(model, "set_requires_gradient_sync")
     ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    micro_per_epoch = config["micro_steps_per_epoch"]
-    step = state["step"]
     micro = step * cfg.grad_accum
-    shard = ray.train.get_dataset_shard("train")
+    shard = ray.train.get_dataset_shard(name)
     collate = functools.partial(pack_batch, max_length=cfg.max_length, pad_id=config["pad_id"])
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     flops_peak = peak_flops(device)
-    # Ray metrics (dashboard Metrics view / Prometheus), beside the reports in the Train view.
-    gauges = {
-        key: Gauge(f"lora_train_{key}", description=f"LoRA training {key}", tag_keys=("run",))
-        for key in ("loss", "lr", "tokens_per_s", "padding_fraction", "step_time_s", "gpu_mem_gib", "mfu")
-    }
+    staging = staging_dir(Path(job["output_dir"]), config["run_id"])
+    fail_at = tuple(config.get("fail_at") or ())  # test switch: (job name, step)
     # Kept on the device (no per-step host sync) and all-reduced at each report.
     window = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, micro-steps, real tokens, all tokens
     one = torch.ones((), dtype=torch.float64, device=device)
-    window_start, window_steps, first_loss = time.time(), 0, None
+    window_start, window_steps, first_loss, last = time.time(), 0, None, {}
 
-    def checkpoint_dir(tmp: str, weights: dict, optim: dict) -> "ray.train.Checkpoint":
-        d = Path(tmp)
-        save_adapter(model, weights, d / "adapter")
-        torch.save(weights, d / "trainable.pt")
-        torch.save({"optimizer": optim, "scheduler": sched.state_dict()}, d / "optimizer.pt")
-        (d / "state.json").write_text(json.dumps({"step": step}))
-        return ray.train.Checkpoint.from_directory(tmp)
-
-    def report(save: bool) -> None:
+    def report(save: bool) -> dict:
         nonlocal window, window_start, window_steps, first_loss
         if torch.distributed.is_initialized():
             torch.distributed.all_reduce(window)
@@ -141,6 +152,7 @@ def train_loop(config: dict) -> None:
         loss = loss_sum / n_micro if n_micro else None  # None: no steps since the last report
         first_loss = loss if first_loss is None else first_loss
         metrics = {
+            "job": name,
             "step": step,
             "epoch": micro // micro_per_epoch,
             "loss": loss,
@@ -150,6 +162,7 @@ def train_loop(config: dict) -> None:
             "step_time_s": elapsed / max(window_steps, 1),
             "first_loss": first_loss,
             "resumed_from_step": resumed_from,
+            "init_hash": init_hash,
             "done": step >= total,
         }
         if device.type == "cuda":
@@ -159,17 +172,20 @@ def train_loop(config: dict) -> None:
         if rank == 0:
             for key, gauge in gauges.items():
                 if metrics.get(key) is not None:
-                    gauge.set(metrics[key], tags={"run": ctx.get_experiment_name()})
+                    gauge.set(metrics[key], tags={"run": ctx.get_experiment_name(), "job": name})
         ckpt = None
         with tempfile.TemporaryDirectory() as tmp:
             if save:
                 weights = trainable_state(model)  # collective under FSDP
                 optim = get_optimizer_state_dict(model, opt, options=full)
                 if rank == 0:
-                    ckpt = checkpoint_dir(tmp, weights, optim)
+                    state = {"done": done, "job": name, "step": step}
+                    write_checkpoint(Path(tmp), model, weights, optim, sched.state_dict(), state)
+                    ckpt = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report(metrics, checkpoint=ckpt)
         window = torch.zeros_like(window)
         window_start, window_steps = time.time(), 0
+        return metrics
 
     model.train()
     reported_final = False
@@ -201,11 +217,20 @@ def train_loop(config: dict) -> None:
             opt.zero_grad(set_to_none=True)
             step += 1
             window_steps += 1
-            if config.get("fail_at_step") == step and resumed_from is None and rank == 0:
-                raise RuntimeError(f"injected failure at step {step} (test switch)")
+            if fail_at == (name, step) and resumed_from is None and rank == 0:
+                raise RuntimeError(f"injected failure in job {name} at step {step} (test switch)")
+            if step in job["snapshot_steps"] and step < total:  # the final one is written with the adapter
+                weights = trainable_state(model)  # collective under FSDP
+                if rank == 0:
+                    write_snapshot(staging, step, model, weights)
             save = step % cfg.checkpoint_every == 0 or step == total
             if save or step % cfg.log_every == 0:
-                report(save)
+                last = report(save)
                 reported_final = step == total
-    if not reported_final:  # e.g. resumed from the final checkpoint: report it again
-        report(save=True)
+    if not reported_final:  # e.g. resumed from the job's final checkpoint: report it again
+        last = report(save=True)
+
+    weights = trainable_state(model)  # collective under FSDP
+    if rank == 0:
+        metrics = {**last, **job["facts"]}
+        finalize(Path(job["output_dir"]), config["run_id"], unwrap(model), weights, metrics, bool(job["snapshot_steps"]))

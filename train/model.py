@@ -47,9 +47,12 @@ def compute_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def load_lora_model(model_path: str, cfg: TrainConfig, device: torch.device):
-    """The base model with a freshly initialised LoRA adapter (seeded by cfg.lora_seed)."""
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+def load_base(model_path: str, cfg: TrainConfig, device: torch.device):
+    """The frozen base model on `device`, ready for adapters (quantization, checkpointing, no KV cache).
+
+    Only the settings a worker group shares are read (quantization, attention,
+    gradient_checkpointing), so one base serves every adapter of a many-run.
+    """
     from transformers import AutoModelForCausalLM
 
     dtype = compute_dtype(device)
@@ -69,9 +72,25 @@ def load_lora_model(model_path: str, cfg: TrainConfig, device: torch.device):
     model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
     model.config.use_cache = False
     if cfg.quantization != "none":
+        from peft import prepare_model_for_kbit_training
+
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model if cfg.quantization != "none" else model.to(device)  # a bitsandbytes model is placed by device_map
+
+
+def attach_lora(base, cfg: TrainConfig):
+    """Wrap `base` in a PeftModel with a fresh LoRA adapter, initialised from cfg.lora_seed alone.
+
+    The init depends on the seed, rank, alpha, targets and base, never on what ran
+    before in the process, so an adapter attached to a base that already carried
+    (and dropped) others starts bit-identical to one attached to a fresh base.
+    """
+    from peft import LoraConfig, get_peft_model
+
     lora = LoraConfig(
         r=cfg.lora_rank,
         lora_alpha=cfg.lora_alpha,
@@ -79,13 +98,43 @@ def load_lora_model(model_path: str, cfg: TrainConfig, device: torch.device):
         target_modules=cfg.lora_targets,
         task_type="CAUSAL_LM",
     )
+    device = next(base.parameters()).device
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.lora_seed)  # the same adapter init for teacher and students
-        model = get_peft_model(model, lora)
+        model = get_peft_model(base, lora)
     for p in model.parameters():  # adapters train in float32 even over a bf16 base
         if p.requires_grad:
             p.data = p.data.float()
     return model.to(device)
+
+
+def detach_lora(model):
+    """Remove the adapter's layers without merging them; returns the untouched base for the next adapter."""
+    base = model.unload()
+    if hasattr(base, "disable_input_require_grads") and getattr(base, "_require_grads_hooks", None):
+        base.disable_input_require_grads()  # the next attach_lora registers its own
+    return base
+
+
+def load_lora_model(model_path: str, cfg: TrainConfig, device: torch.device):
+    """The base model with a freshly initialised LoRA adapter (seeded by cfg.lora_seed)."""
+    return attach_lora(load_base(model_path, cfg, device), cfg)
+
+
+def adapter_hash(model) -> str:
+    """Fingerprint of the trainable weights: sha256 over names and float32 bytes in name order, 16 hex chars.
+
+    Taken right after attach_lora, it records which init an adapter started from:
+    equal for equal lora_seed, rank, alpha, targets and base.
+    """
+    import hashlib
+
+    h = hashlib.sha256()
+    params = sorted(((n, p) for n, p in unwrap(model).named_parameters() if p.requires_grad), key=lambda item: item[0])
+    for name, p in params:
+        h.update(name.encode())
+        h.update(p.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def wrap_distributed(model, cfg: TrainConfig, device: torch.device):

@@ -1,34 +1,66 @@
-"""`train_lora`: the one function that turns `{prompt, completion}` rows into a LoRA adapter.
+"""`train_lora` and `train_lora_many`: `{prompt, completion}` rows in, LoRA adapters out.
 
-It validates everything that can be checked before Ray does any work (model
-path, hardware, data schema, output folder), tokenizes through the cache, sizes
-the Ray Train workers to the cluster, runs `TorchTrainer`, and copies the final
-checkpoint's adapter to `output_dir` through a temporary folder and a rename,
-so `output_dir` holds a finished adapter or nothing.
+`train_lora_many` trains several adapters in ONE Ray Train run over one copy of
+the base model per worker (train/loop.py): the base loads once, and every job
+after the first saves the load, the worker start and the process group. It
+validates everything that can be checked before Ray does any work (jobs agree
+on what the worker group shares, model path, hardware, global batch, data
+schema, output folders), tokenizes each job's rows through the cache, sizes the
+workers to the cluster, and runs `TorchTrainer` with one dataset per job. Rank
+0 writes each finished adapter straight into its `output_dir` through a staging
+folder and a rename (train/outputs.py), so an output folder holds a finished
+adapter or nothing. `train_lora` is the same run with one job.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shutil
-import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from train.cluster import Capacity, auto_workers, cluster_capacity, describe
-from train.config import ConfigError, TrainConfig, to_dict
+from train.config import ConfigError, TrainConfig, resolve_batch, to_dict
 from train.data import DataError, default_cache_dir, tokenize_to_cache
 from train.loop import train_loop
 from train.model import check_hardware, check_model_path
+from train.outputs import METRICS_FILE, finished_by, staging_dir
+
+# Settings of the worker group itself, which every job of a run must share.
+SHARED_KEYS = (
+    "num_workers", "use_gpu", "strategy", "quantization", "attention",
+    "gradient_checkpointing", "max_failures", "keep_checkpoints", "cpus_per_worker",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AdapterJob:
+    """One adapter of a `train_lora_many` run.
+
+    `name` keys its dataset, its checkpoints' state and its reported metrics;
+    `data` is a JSONL/parquet path or a Ray Dataset of `{prompt, completion}` rows.
+    """
+
+    name: str
+    data: Any
+    output_dir: Path
+    cfg: TrainConfig
 
 
 def worker_resources(cfg: TrainConfig, cap: Capacity) -> dict:
     """Per-worker resources that leave a CPU free for Ray Data on small clusters.
 
     Two workers holding both CPUs of a 2-CPU machine starve Ray Data's read tasks
-    and the run hangs without an error, so CPU workers take fractional CPUs.
+    and the run hangs without an error, so CPU workers take fractional CPUs
+    (cfg.cpus_per_worker when several runs share the cluster at once).
     """
-    resources = {"CPU": min(1.0, max(0.1, (max(cap.cpus, 1) - 1) / cfg.num_workers))}
+    if cfg.cpus_per_worker is not None:
+        resources = {"CPU": cfg.cpus_per_worker}
+    else:
+        resources = {"CPU": min(1.0, max(0.1, (max(cap.cpus, 1) - 1) / cfg.num_workers))}
     if cfg.use_gpu:
         if cap.max_gpus < cfg.num_workers:
             raise ConfigError(f"num_workers={cfg.num_workers} GPU workers need {cfg.num_workers} GPUs; the cluster has {describe(cap)}")
@@ -48,6 +80,144 @@ def plan_steps(rows: int, cfg: TrainConfig) -> tuple[int, int]:
     return micro_per_epoch, min(total, cfg.max_steps) if cfg.max_steps else total
 
 
+def snapshot_steps(total: int, snapshots: int) -> list[int]:
+    """`snapshots` evenly spaced optimizer steps ending at `total` (30, 3 -> [10, 20, 30]); fewer if total is small."""
+    return sorted({max(1, k * total // snapshots) for k in range(1, snapshots + 1)}) if snapshots > 0 else []
+
+
+def check_jobs(jobs: list[AdapterJob]) -> None:
+    """Jobs must be distinct and agree on the worker group; FSDP runs one job (ConfigError otherwise)."""
+    if not jobs:
+        raise ConfigError("train_lora_many needs at least one job")
+    for field in ("name", "output_dir"):
+        values = [str(Path(j.output_dir).absolute()) if field == "output_dir" else j.name for j in jobs]
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            raise ConfigError(f"two jobs have the same {field} {repeated[0]}")
+    first = jobs[0]
+    for job in jobs[1:]:
+        for key in SHARED_KEYS:
+            if getattr(job.cfg, key) != getattr(first.cfg, key):
+                raise ConfigError(
+                    f"{key}: jobs of one run share one worker group and must agree on it;"
+                    f" job {first.name} has {getattr(first.cfg, key)!r}, job {job.name} has {getattr(job.cfg, key)!r}"
+                )
+    if first.cfg.strategy == "fsdp" and len(jobs) > 1:
+        raise ConfigError(
+            f"strategy=fsdp trains one job per run ({len(jobs)} given): FSDP2 shards the model, adapter"
+            " included, once in place, so the adapter cannot be swapped for the next job's"
+        )
+
+
+def _check_output(output_dir: Path, run_id: str) -> None:
+    """Refuse a non-empty output folder, unless this very run finished it (a re-run continues)."""
+    if output_dir.exists() and any(output_dir.iterdir()) and not finished_by(output_dir, run_id):
+        raise FileExistsError(f"output folder {output_dir} already exists and is not empty")
+    mine = staging_dir(output_dir, run_id).name
+    for stale in output_dir.parent.glob(f".{output_dir.name}.partial-*"):
+        if stale.name != mine:  # left by an interrupted run with other inputs
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def train_lora_many(
+    model_path: str,
+    jobs: list[AdapterJob],
+    *,
+    storage_path: str | Path,
+    run_name: str,
+    cache_dir: str | Path | None = None,
+    fail_at: tuple[str, int] | None = None,
+) -> dict[str, dict]:
+    """Train every job's adapter in one Ray Train run; returns {job name: final metrics}.
+
+    `storage_path`/`run_name` name the run: calling again with the same pair
+    continues from its latest checkpoint, skipping finished jobs (their output
+    folders must still be there). `fail_at=(job name, step)` is a test switch
+    that makes rank 0 fail once at that step of that job. Each job's metrics are
+    also written to `<output_dir>/train_metrics.json`; the last job's carry the
+    run's final `checkpoint`.
+    """
+    import ray
+    import torch
+    from ray.data import ExecutionOptions
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from transformers import AutoTokenizer
+
+    check_jobs(jobs)
+    storage_path = Path(storage_path).absolute()
+    run_id = hashlib.sha256(f"{storage_path}/{run_name}".encode()).hexdigest()[:12]
+    jobs = [dataclasses.replace(j, output_dir=Path(j.output_dir).absolute()) for j in jobs]
+    for job in jobs:
+        _check_output(job.output_dir, run_id)
+    check_model_path(model_path)
+    if not ray.is_initialized():
+        ray.init()
+    cap = cluster_capacity()
+    shared = jobs[0].cfg
+    workers = auto_workers(shared.use_gpu, cap) if shared.num_workers == "auto" else shared.num_workers
+    jobs = [dataclasses.replace(j, cfg=resolve_batch(j.cfg, workers)) for j in jobs]
+    shared = jobs[0].cfg
+    check_hardware(shared, shared.use_gpu and (torch.cuda.is_available() or cap.max_gpus > 0))
+    resources = worker_resources(shared, cap)
+
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    datasets, plans = {}, []
+    for job in jobs:
+        cfg = job.cfg
+        tokens = tokenize_to_cache(job.data, model_path, cfg.max_length, cfg.too_long, cfg.seed, cache_dir)
+        micro_per_epoch, total_steps = plan_steps(tokens["rows"], cfg)
+        datasets[job.name] = ray.data.read_parquet(tokens["path"])
+        facts = {
+            "rows": tokens["rows"],
+            "rows_truncated": tokens["truncated"],
+            "rows_dropped": tokens["dropped"],
+            "total_steps": total_steps,
+            "global_batch_size": cfg.num_workers * cfg.batch_size * cfg.grad_accum,
+            "train_config": to_dict(cfg),
+        }
+        plans.append({
+            "name": job.name, "train": to_dict(cfg), "output_dir": str(job.output_dir),
+            "micro_steps_per_epoch": micro_per_epoch, "total_steps": total_steps,
+            "snapshot_steps": snapshot_steps(total_steps, cfg.snapshots), "facts": facts,
+        })  # fmt: skip
+        job.output_dir.parent.mkdir(parents=True, exist_ok=True)
+    pad_id = AutoTokenizer.from_pretrained(model_path).pad_token_id
+
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={
+            "jobs": plans,
+            "model_path": str(model_path),
+            "pad_id": pad_id if pad_id is not None else 0,
+            "run_id": run_id,
+            "fail_at": tuple(fail_at) if fail_at else None,
+        },
+        scaling_config=ScalingConfig(num_workers=shared.num_workers, use_gpu=shared.use_gpu, resources_per_worker=resources),
+        run_config=RunConfig(
+            name=run_name,
+            storage_path=str(storage_path),
+            failure_config=FailureConfig(max_failures=shared.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=shared.keep_checkpoints),
+        ),
+        datasets=datasets,
+        dataset_config=DataConfig(execution_options=ExecutionOptions(preserve_order=True)),
+    )
+    result = trainer.fit()
+    if result.checkpoint is None:
+        raise RuntimeError(f"training run {run_name} finished without a checkpoint")
+    out = {}
+    for job in jobs:
+        if not finished_by(job.output_dir, run_id):
+            raise RuntimeError(
+                f"job {job.name} finished earlier in run {run_name}, but {job.output_dir} no longer holds its adapter;"
+                " train it again under a new run_name"
+            )
+        out[job.name] = json.loads((job.output_dir / METRICS_FILE).read_text())
+    out[jobs[-1].name]["checkpoint"] = result.checkpoint.path
+    return out
+
+
 def train_lora(
     model_path: str,
     data,
@@ -61,77 +231,16 @@ def train_lora(
 ) -> dict:
     """Train a LoRA adapter on `data` (JSONL/parquet path or Ray Dataset) into `output_dir`.
 
-    `storage_path`/`run_name` name the Ray Train run: calling again with the same
-    pair continues from its latest checkpoint instead of starting over.
-    `fail_at_step` is a test switch that makes rank 0 fail once at that step.
-    Returns the final metrics (also written to `output_dir/train_metrics.json`).
+    A `train_lora_many` run with one job, named "train". `storage_path`/`run_name`
+    name the Ray Train run (default: `ray_train` beside `output_dir`, and its
+    folder name): calling again with the same pair continues from its latest
+    checkpoint instead of starting over. `fail_at_step` is a test switch that
+    makes rank 0 fail once at that step. Returns the final metrics (also
+    written to `output_dir/train_metrics.json`).
     """
-    import ray
-    import torch
-    from ray.data import ExecutionOptions
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-    from transformers import AutoTokenizer
-
     output_dir = Path(output_dir).absolute()
-    if output_dir.exists() and any(output_dir.iterdir()):
-        raise FileExistsError(f"output folder {output_dir} already exists and is not empty")
-    check_model_path(model_path)
-    if not ray.is_initialized():
-        ray.init()
-    cap = cluster_capacity()
-    if cfg.num_workers == "auto":
-        cfg = dataclasses.replace(cfg, num_workers=auto_workers(cfg.use_gpu, cap))
-    check_hardware(cfg, cfg.use_gpu and (torch.cuda.is_available() or cap.max_gpus > 0))
-    resources = worker_resources(cfg, cap)
-
-    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    tokens = tokenize_to_cache(data, model_path, cfg.max_length, cfg.too_long, cfg.seed, cache_dir)
-    micro_per_epoch, total_steps = plan_steps(tokens["rows"], cfg)
-    pad_id = AutoTokenizer.from_pretrained(model_path).pad_token_id
-    storage_path = Path(storage_path).absolute() if storage_path else output_dir.parent / "ray_train"
-    run_name = run_name or output_dir.name
-
-    trainer = TorchTrainer(
-        train_loop,
-        train_loop_config={
-            "train": to_dict(cfg),
-            "model_path": str(model_path),
-            "pad_id": pad_id if pad_id is not None else 0,
-            "micro_steps_per_epoch": micro_per_epoch,
-            "total_steps": total_steps,
-            "fail_at_step": fail_at_step,
-        },
-        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu, resources_per_worker=resources),
-        run_config=RunConfig(
-            name=run_name,
-            storage_path=str(storage_path),
-            failure_config=FailureConfig(max_failures=cfg.max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
-        ),
-        datasets={"train": ray.data.read_parquet(tokens["path"])},
-        dataset_config=DataConfig(execution_options=ExecutionOptions(preserve_order=True)),
-    )
-    result = trainer.fit()
-    if result.checkpoint is None:
-        raise RuntimeError(f"training run {run_name} finished without a checkpoint")
-    metrics = {
-        **result.metrics,
-        "rows": tokens["rows"],
-        "rows_truncated": tokens["truncated"],
-        "rows_dropped": tokens["dropped"],
-        "total_steps": total_steps,
-        "checkpoint": result.checkpoint.path,
-    }
-    tmp = output_dir.with_name(f".{output_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        with result.checkpoint.as_directory() as ckpt:
-            shutil.copytree(Path(ckpt) / "adapter", tmp)
-        (tmp / "train_metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
-        output_dir.parent.mkdir(parents=True, exist_ok=True)
-        if output_dir.exists():
-            output_dir.rmdir()  # empty (checked above)
-        tmp.rename(output_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return metrics
+    storage_path = storage_path or output_dir.parent / "ray_train"
+    fail_at = ("train", fail_at_step) if fail_at_step else None
+    job = AdapterJob("train", data, output_dir, cfg)
+    metrics = train_lora_many(model_path, [job], storage_path=storage_path, run_name=run_name or output_dir.name, cache_dir=cache_dir, fail_at=fail_at)
+    return metrics["train"]
