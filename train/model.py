@@ -1,9 +1,11 @@
-"""Model setup for LoRA training: load the base, add the adapter, shard or replicate.
+"""Model setup for LoRA training: load the base, attach (and later remove) an adapter, shard or replicate.
 
-The choices the seeds' audits ask for are made here, once, from the config and the
-hardware: attention implementation (flash-attn 2 when installed on CUDA, else
-SDPA), bf16 + TF32 on GPU and float32 on CPU, optional 4/8-bit base through
-bitsandbytes (GPU only), non-reentrant gradient checkpointing, and DDP or FSDP2.
+Loading the base and attaching a LoRA adapter are separate steps, so a worker
+that trains several adapters loads the base once (train/loop.py). The other
+choices are made here, once, from the config and the hardware: attention
+implementation (flash-attn 2 when installed on CUDA, else SDPA), bf16 + TF32 on
+GPU and float32 on CPU, optional 4/8-bit base through bitsandbytes (GPU only),
+non-reentrant gradient checkpointing, and DDP or FSDP2.
 """
 
 from __future__ import annotations
@@ -111,8 +113,11 @@ def attach_lora(base, cfg: TrainConfig):
 def detach_lora(model):
     """Remove the adapter's layers without merging them; returns the untouched base for the next adapter."""
     base = model.unload()
-    if hasattr(base, "disable_input_require_grads") and getattr(base, "_require_grads_hooks", None):
-        base.disable_input_require_grads()  # the next attach_lora registers its own
+    # PEFT hooks the input embeddings for gradient checkpointing on attach (not on a quantized
+    # base, whose hook prepare_model_for_kbit_training set once): drop it, the next attach adds its own.
+    quantized = getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False) or getattr(base, "is_quantized", False)
+    if not quantized and getattr(base, "_require_grads_hooks", None):
+        base.disable_input_require_grads()
     return base
 
 
