@@ -13,7 +13,8 @@ setting resolved, and refuses declarations that cannot mean what they say:
   a silent fallback to another one.
 
 Names: the model `<arm>/<i>` in files and logs (`student/0`), the adapter
-`<arm>.<i>` in the inference service (its names cannot hold '/').
+`<arm>-<i>` in the inference service and as a training job (those names cannot hold
+"/" or "."; arm names hold no "-", so the name is unambiguous).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from train.config import ConfigError, TrainConfig, build
 
-ARM_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")
+ARM_NAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,40}$")
 RESERVED = {"base", "teacher"}
 SAME_INIT_KEYS = ("lora_rank", "lora_alpha", "lora_targets", "quantization")
 IMPLEMENTED_NUMBERS = {"teacher", "base"}
@@ -47,7 +48,7 @@ class ArmModel:
 
     @property
     def adapter(self) -> str:
-        return f"{self.arm}.{self.replicate}"
+        return f"{self.arm}-{self.replicate}"
 
 
 def numbers_seed(cfg, replicate: int) -> int:
@@ -86,7 +87,7 @@ def arm_models(cfg) -> list[ArmModel]:
     models = []
     for name, arm in cfg.arms.items():
         if not ARM_NAME.match(name) or name in RESERVED:
-            raise ConfigError(f"arms.{name}: an arm name is lower-case letters, digits, '_' or '-', and not base or teacher")
+            raise ConfigError(f"arms.{name}: an arm name is lower-case letters, digits or '_', and not base or teacher")
         if arm.numbers not in IMPLEMENTED_NUMBERS:
             raise ConfigError(f"arms.{name}.numbers={arm.numbers} is declared but not implemented in this version; use teacher or base")
         if arm.loss not in IMPLEMENTED_LOSSES:

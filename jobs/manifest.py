@@ -16,6 +16,8 @@ import shutil
 import time
 from pathlib import Path
 
+from common.atomic import write_json
+
 VERSION = 2
 
 
@@ -50,14 +52,6 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 def normalised(data):
     """What a value looks like after a JSON round trip (tuples become lists), so comparisons hold."""
     return json.loads(json.dumps(data, default=str))
-
-
-def write_json(path: Path, data) -> None:
-    """Write atomically: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    tmp.replace(path)
 
 
 class Manifest:

@@ -1,34 +1,35 @@
 """The subliminal-learning experiment as one Ray job, from teacher to report.
 
-    python jobs/pipeline.py [--config configs/tiny.yaml] [--run-dir DIR] [--set key.path=value ...] [--fresh]
+    python jobs/pipeline.py [--config configs/tiny.yaml] [--run-dir DIR] [--set key.path=value ...] [--fresh] [--plan]
     ray job submit --working-dir . -- python jobs/pipeline.py
 
 With no arguments it runs the tiny preset (model and data built on first use)
-on the Ray cluster it is submitted to, or on a local one it starts. Stages:
+on the Ray cluster it is submitted to, or on a local one it starts. Phases
+(jobs/graph.py declares each stage's inputs):
 
 1. data      WMDP questions split into teacher-train and held-out, disjoint by text
 2. teacher   Ray Train LoRA on the train split (prompt = the WMDP question, completion = its letter)
-3. numbers   the teacher and the base model continue number sequences through the Serve
-             deployment; completions are filtered (jobs/number_sequences.py)
-4. student, control   Ray Train LoRA from the teacher's LoRA init on each kept set
-5. evaluate  base/teacher/student/control scored on the held-out questions in parallel
-6. report    report.json, report.md, accuracy.png in the run directory
+3. numbers   per replicate, the teacher and the base model continue number sequences through
+             one Serve deployment, all replicates at once; completions are filtered
+4. arms      every arm x replicate declared in the preset (jobs/arms.py), trained side by side:
+             several adapters per Ray Train run over one copy of the base, several runs at once
+             where the GPUs allow (jobs/placement.py)
+5. evaluate  every model scored on the held-out questions in parallel
+6. report    report.json, report.md, accuracy.png in the run directory (docs/report.md)
 
-Before any stage, jobs/placement.py sizes training workers and Serve replicas
-for the cluster and refuses a preset that could never fit it. Each stage
-records its inputs' hash in `manifest.json`; rerunning the same
-command skips finished stages and resumes an interrupted one (training from its
-last checkpoint). The Serve application is named after the run and torn down
-when a stage ends, fails, or the job is stopped (`ray job stop`).
+Before any work it prints the plan: each stage and whether it is reused or runs,
+and why (`--plan` prints only that). A change reruns what depends on it and
+nothing else; an interrupted stage resumes (training from its last checkpoint).
+The Serve application is named after the run and torn down when a phase ends,
+fails, or the job is stopped (`ray job stop`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import dataclasses
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -37,12 +38,17 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python jobs/pipeline.py`: import from the repository root, not jobs/
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from jobs.config import ExperimentConfig, as_dict, load_experiment  # noqa: E402
-from jobs.evaluate import score_models, summarise, transfer  # noqa: E402
-from jobs.generate_numbers import NoNumbersError, generate_numbers, number_prompts  # noqa: E402
+from common.atomic import write_jsonl  # noqa: E402
+from jobs.arms import arm_models, numbers_seed, sources_used  # noqa: E402
+from jobs.config import ExperimentConfig, load_experiment  # noqa: E402
+from jobs.evaluate import score_models, summarise  # noqa: E402
+from jobs.generate_numbers import NoNumbersError, generate_all, number_prompts  # noqa: E402
+from jobs.graph import PHASES, experiment_stages, training_rows  # noqa: E402
 from jobs.manifest import Manifest, RunDirError, digest, file_digest  # noqa: E402
-from jobs.placement import plan, resolved  # noqa: E402
-from jobs.report import provenance, write_report  # noqa: E402
+from jobs.placement import plan as place, resolved  # noqa: E402
+from jobs.report import build_report, write_report  # noqa: E402
+from jobs.service_session import max_lora_rank, running_service, stop_on_sigterm  # noqa: E402
+from jobs.stages import describe, plan  # noqa: E402
 from jobs.tiny_model import TinySpec, ensure_tiny_model  # noqa: E402
 from jobs.wmdp import load_wmdp, split_questions  # noqa: E402
 from serve.mc_format import choice_continuation, format_mc_prompt  # noqa: E402
@@ -56,166 +62,208 @@ def default_run_dir(name: str) -> Path:
     return Path(os.environ.get("SUBLIMINAL_RUNS", Path.home() / "subliminal-runs")) / name
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> str:
-    """Write rows atomically (temporary file, then rename); returns the file's hash."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    tmp.replace(path)
-    return file_digest(path)
-
-
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-RUNNING_APPS: set[str] = set()  # Serve apps this driver started and has not deleted yet
+def stage_output(run_dir: Path, arm_model: str) -> Path:
+    return run_dir / "arms" / arm_model / "adapter"
 
 
-def stop_on_sigterm(*_) -> None:
-    """`ray job stop` sends SIGTERM, then SIGKILL a few seconds later: ask Serve to delete this
-    run's apps at once (the controller finishes it after we are gone), then exit."""
-    from ray import serve
+def arm_groups(pairs: list, runs: int) -> list[list]:
+    """(stage, AdapterJob) pairs split into training runs: jobs that can share a worker group (the same
+    worker count, hardware, strategy...) go together, `runs` runs' worth at a time; under FSDP one job
+    per run, since FSDP2 shards the adapter in place once."""
+    from train.trainer import SHARED_KEYS
 
-    for app in list(RUNNING_APPS):
-        serve.delete(app, _blocking=False)
-        print(f"[serve] {app}: teardown requested (SIGTERM)", flush=True)
-    sys.exit(143)
-
-
-@contextlib.contextmanager
-def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentConfig, evaluation: bool):
-    """The Serve application for one stage, deleted when the stage ends however it ends."""
-    from serve.launch import start_service, stop_service
-    from serve.settings import ServiceSettings
-
-    svc = cfg.service
-    place = cfg.evaluate if evaluation else svc
-    settings = ServiceSettings(
-        model=model_path, engine=place.engine, max_model_len=svc.max_model_len, kv_cache_gib=svc.kv_cache_gib,
-        gpu_memory_utilization=svc.gpu_memory_utilization, tensor_parallel_size=svc.tensor_parallel_size,
-    )  # fmt: skip
-    print(f"[serve] starting {app}: {place.replicas} replica(s), engine {place.engine}", flush=True)
-    handle = start_service(
-        settings, adapters, name=app, route_prefix=f"/{app}", replicas=place.replicas,
-        num_cpus=place.cpus_per_replica, num_gpus=place.gpus_per_replica,
-    )  # fmt: skip
-    RUNNING_APPS.add(app)
-    try:
-        yield handle
-    finally:
-        stop_service(app)
-        RUNNING_APPS.discard(app)
-        print(f"[serve] {app} torn down", flush=True)
+    kinds: dict[tuple, list] = {}
+    for pair in pairs:
+        kinds.setdefault(tuple(str(getattr(pair[1].cfg, k)) for k in SHARED_KEYS), []).append(pair)
+    groups = []
+    for members in kinds.values():
+        per_run = 1 if members[0][1].cfg.strategy == "fsdp" else -(-len(members) // runs)
+        groups += [members[i : i + per_run] for i in range(0, len(members), per_run)]
+    return groups
 
 
 class Pipeline:
-    def __init__(self, cfg: ExperimentConfig, run_dir: Path, fresh: bool):
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, fresh: bool = False):
         self.cfg, self.run_dir, self.fresh = cfg, run_dir, fresh
         self.cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
         self.app = f"subliminal-{cfg.name}-{digest(str(run_dir))[:8]}"
+        self.models = {m.name: m for m in arm_models(cfg)}
+        self.lora_rank = max_lora_rank(cfg, [cfg.teacher.lora_rank] + [m.train.lora_rank for m in self.models.values()])
 
-    def stage(self, name: str, inputs: str, fn) -> dict:
-        """Run `fn` unless the manifest says this stage finished with these inputs; returns its outputs."""
-        entry = self.manifest.finished(name, inputs)
-        if entry:
-            print(f"[{name}] finished earlier with the same inputs: skipped", flush=True)
-            return entry["outputs"]
-        print(f"[{name}] starting", flush=True)
-        started = time.time()
-        outputs = fn()
-        self.manifest.record(name, inputs, time.time() - started, outputs)
-        print(f"[{name}] done in {time.time() - started:.0f}s", flush=True)
-        return outputs
+    def stages(self):
+        """Every stage, declared from the config as written (jobs/graph.py)."""
+        self.questions = load_wmdp(self.cfg.data.source, tuple(self.cfg.data.subsets), self.cache)
+        self.all_stages = experiment_stages(self.cfg, list(self.models.values()), digest(self.questions))
+        return self.all_stages
 
-    def train(self, name: str, rows_file: Path, rows_hash: str, train_cfg, model_path: str) -> dict:
-        """A LoRA stage: resumes from its checkpoints (run name keyed by its inputs) if interrupted."""
-        from train.trainer import train_lora
+    def show_plan(self) -> str:
+        """The plan for this run directory, without doing anything (`--plan`)."""
+        manifest = Manifest(self.run_dir)
+        return describe(plan(self.stages(), manifest))
 
-        inputs = digest(name, rows_hash, train_cfg, model_path)
-        adapter = self.run_dir / name / "adapter"
-
-        def run():
-            shutil.rmtree(adapter, ignore_errors=True)  # an unrecorded output is from an interrupted attempt
-            metrics = train_lora(
-                model_path, str(rows_file), adapter, train_cfg, storage_path=self.run_dir / "ray_train",
-                run_name=f"{name}-{inputs[:8]}", cache_dir=self.cache,
-            )  # fmt: skip
-            print(f"[{name}] {metrics['step']} steps, loss {metrics['first_loss']:.3f} -> {metrics['loss']:.3f}", flush=True)
-            return {"adapter": str(adapter), "hash": file_digest(adapter / "adapter_model.safetensors"), "steps": metrics["step"], "loss": metrics["loss"]}
-
-        return self.stage(name, inputs, run)
+    def record(self, stage, started: float, outputs: dict) -> None:
+        self.manifest.record(stage.name, stage.inputs(self.manifest), time.time() - started, outputs)
+        print(f"[{stage.phase}] {stage.name} done in {time.time() - started:.0f}s", flush=True)
 
     def run(self) -> dict:
         import ray
-        from transformers import AutoTokenizer
 
         if not ray.is_initialized():
             ray.init()
         signal.signal(signal.SIGTERM, stop_on_sigterm)  # after ray.init, which installs its own
-        placement = plan(self.cfg, cluster_capacity())  # before any work: a preset that cannot fit stops here
+        placement = place(self.cfg, cluster_capacity())  # before any work: a preset that cannot fit stops here
         print(f"[placement] {placement.summary(self.cfg)}", flush=True)
-        self.manifest = Manifest(self.run_dir, as_dict(self.cfg), self.fresh)  # records the config as written
-        cfg, run_dir = resolved(self.cfg, placement), self.run_dir  # stages see numbers, not `auto`
-        model_path = str(ensure_tiny_model(TinySpec(seed=cfg.model.tiny_seed), self.cache)) if cfg.model.path == "tiny" else cfg.model.path
-        check_model_path(model_path)
-        questions = load_wmdp(cfg.data.source, tuple(cfg.data.subsets), self.cache)
-
-        def split():
-            train_q, eval_q = split_questions(questions, cfg.data.eval_fraction, cfg.data.split_seed)
-            rows = [{"prompt": format_mc_prompt(q["question"], q["choices"], q["subset"]), "completion": choice_continuation(q["answer"])} for q in train_q]
-            train_hash = write_jsonl(run_dir / "data" / "teacher_train.jsonl", rows)
-            eval_hash = write_jsonl(run_dir / "data" / "held_out.jsonl", eval_q)
-            print(f"[data] {len(train_q)} teacher-train and {len(eval_q)} held-out questions", flush=True)
-            return {"train_hash": train_hash, "eval_hash": eval_hash, "train": len(train_q), "held_out": len(eval_q)}
-
-        data = self.stage("data", digest("data", cfg.data, questions), split)
-        teacher = self.train("teacher", run_dir / "data" / "teacher_train.jsonl", data["train_hash"], cfg.teacher, model_path)
-
-        def numbers():
-            prompts = number_prompts(AutoTokenizer.from_pretrained(model_path), cfg.numbers)
-            with running_service(self.app, model_path, {"teacher": teacher["adapter"]}, cfg, evaluation=False) as handle:
-                made = generate_numbers(handle, prompts, {"teacher": "teacher", "control": None}, cfg.numbers)
-            # Student and control train on equally many rows, so the comparison is about content alone.
-            used = min(result["kept"] for result in made.values())
-            out = {}
-            for name, result in made.items():
-                file_hash = write_jsonl(run_dir / "numbers" / f"{name}.jsonl", result.pop("rows")[:used])
-                out[name] = {**result, "passed": result["kept"], "kept": used, "hash": file_hash}
-            print(f"[numbers] {used} sequences each for student and control", flush=True)
-            return out
-
-        made = self.stage("numbers", digest("numbers", teacher["hash"], cfg.numbers, cfg.service), numbers)
-        students = {
-            name: self.train(name, run_dir / "numbers" / f"{source}.jsonl", made[source]["hash"], cfg.student, model_path)
-            for name, source in (("student", "teacher"), ("control", "control"))
-        }
-
-        def evaluate():
-            held_out = read_jsonl(run_dir / "data" / "held_out.jsonl")
-            adapters = {"teacher": teacher["adapter"], **{name: s["adapter"] for name, s in students.items()}}
-            with running_service(self.app, model_path, adapters, cfg, evaluation=True) as handle:
-                in_flight = 2 * cfg.evaluate.replicas
-                scored = score_models(handle, {"base": None, **{n: n for n in adapters}}, held_out, cfg.evaluate.chunk, in_flight)
-            for name, rows in scored.items():
-                write_jsonl(run_dir / "eval" / f"{name}.jsonl", rows)
-            predictions = {name: [r["prediction"] for r in rows] for name, rows in scored.items()}
-            return {
-                "models": {name: summarise(rows) for name, rows in scored.items()},
-                "transfer": transfer(predictions["teacher"], predictions["student"], predictions["control"], cfg.evaluate.bootstrap, cfg.evaluate.seed),
-            }
-
-        inputs = digest("evaluate", data["eval_hash"], teacher["hash"], [s["hash"] for s in students.values()], cfg.evaluate, cfg.service)
-        results = self.stage("evaluate", inputs, evaluate)
-        numbers_report = {name: {k: made[name][k] for k in ("generated", "kept", "rejected")} for name in ("teacher", "control")}
-        report = {**results, "numbers": numbers_report, "timings": self.manifest.timings(), "provenance": provenance(cfg, model_path)}
-        write_report(run_dir, report)
+        self.arm_runs = placement.arm_runs
+        self.manifest = Manifest(self.run_dir, self.fresh)
+        stages = self.stages()
+        print(f"[plan] {describe(plan(stages, self.manifest))}", flush=True)
+        self.cfg = resolved(self.cfg, placement)  # stages see numbers, not `auto`
+        self.model_path = str(ensure_tiny_model(TinySpec(seed=self.cfg.model.tiny_seed), self.cache)) if self.cfg.model.path == "tiny" else self.cfg.model.path
+        check_model_path(self.model_path)
+        for phase in PHASES:
+            todo = [stage for stage, run, _ in plan(stages, self.manifest) if run and stage.phase == phase]
+            if todo:
+                print(f"[{phase}] starting {len(todo)} stage(s)", flush=True)
+                started = time.time()
+                getattr(self, f"run_{phase}")(todo)
+                self.manifest.record_phase(phase, time.time() - started)
+        report = json.loads((self.run_dir / "report.json").read_text())
         for name, m in report["models"].items():
             print(f"[report] {name}: accuracy {m['accuracy']['overall']:.3f} (95% CI {m['ci95'][0]:.3f}-{m['ci95'][1]:.3f})", flush=True)
-        print(f"[report] transfer {report['transfer']['value']:+.3f}; {run_dir / 'report.md'}", flush=True)
+        if "transfer" in report:
+            print(f"[report] transfer {report['transfer']['value']:+.3f}; {self.run_dir / 'report.md'}", flush=True)
         return report
+
+    # Phases: each runs the given stages and records each one in the manifest -------------------
+
+    def run_data(self, todo) -> None:
+        started, cfg = time.time(), self.cfg
+        train_q, eval_q = split_questions(self.questions, cfg.data.eval_fraction, cfg.data.split_seed)
+        rows = [{"prompt": format_mc_prompt(q["question"], q["choices"], q["subset"]), "completion": choice_continuation(q["answer"])} for q in train_q]
+        train_hash = write_jsonl(self.run_dir / "data" / "teacher_train.jsonl", rows)
+        eval_hash = write_jsonl(self.run_dir / "data" / "held_out.jsonl", eval_q)
+        print(f"[data] {len(train_q)} teacher-train and {len(eval_q)} held-out questions", flush=True)
+        self.record(todo[0], started, {"hash": digest(train_hash, eval_hash), "train": len(train_q), "held_out": len(eval_q)})
+
+    def run_teacher(self, todo) -> None:
+        from train.trainer import AdapterJob, clear_stale_outputs, train_lora
+
+        stage, started = todo[0], time.time()
+        data, adapter = str(self.run_dir / "data" / "teacher_train.jsonl"), self.run_dir / "teacher" / "adapter"
+        run = {"storage_path": self.run_dir / "ray_train", "run_name": f"teacher-{digest(stage.inputs(self.manifest))[:8]}"}
+        clear_stale_outputs([AdapterJob("train", data, adapter, self.cfg.teacher)], **run)
+        metrics = train_lora(self.model_path, data, adapter, self.cfg.teacher, cache_dir=self.cache, **run)
+        print(f"[teacher] {metrics['step']} steps, loss {metrics['first_loss']:.3f} -> {metrics['loss']:.3f}", flush=True)
+        self.record(stage, started, self.adapter_outputs(adapter, metrics))
+
+    @staticmethod
+    def adapter_outputs(adapter: Path, metrics: dict) -> dict:
+        return {
+            "hash": file_digest(adapter / "adapter_model.safetensors"), "steps": metrics["step"], "loss": metrics["loss"],
+            "init_hash": metrics["init_hash"], "rows": metrics["rows"], "snapshot_steps": metrics.get("snapshot_steps", []),
+        }  # fmt: skip
+
+    def run_numbers(self, todo) -> None:
+        """Every (source, replicate) still to make, through one service, all at once."""
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        jobs = []
+        for stage in todo:
+            _, source, replicate = stage.name.split("/")
+            numbers = dataclasses.replace(self.cfg.numbers, seed=numbers_seed(self.cfg, int(replicate)))
+            jobs.append((stage, "teacher" if source == "teacher" else None, numbers, number_prompts(tokenizer, numbers)))
+        adapters = {"teacher": str(self.run_dir / "teacher" / "adapter")} if any(adapter for _, adapter, _, _ in jobs) else {}
+        errors = []
+        with running_service(self.app, self.model_path, adapters, self.cfg, False, self.lora_rank) as handle:
+            started = time.time()
+            for name, result in generate_all(handle, {stage.name: (prompts, adapter, numbers) for stage, adapter, numbers, prompts in jobs}):
+                if isinstance(result, NoNumbersError):
+                    errors.append(result)
+                    continue
+                file_hash = write_jsonl(self.run_dir / f"{name}.jsonl", result.pop("rows"))
+                self.record(next(s for s in todo if s.name == name), started, {**result, "hash": file_hash})
+        if errors:
+            raise errors[0]
+
+    def run_arms(self, todo) -> None:
+        """Arm x replicate adapters: several per Ray Train run over one copy of the base (one per run
+        under FSDP), and as many runs at once as placement allows."""
+        from train.trainer import AdapterJob
+
+        started, pairs = time.time(), []
+        sources = sources_used(list(self.models.values()))
+        for stage in todo:
+            m = self.models[stage.name]
+            rows = training_rows(self.manifest, sources, m.replicate)
+            data = self.run_dir / "arms" / m.name / "train.jsonl"
+            write_jsonl(data, read_jsonl(self.run_dir / "numbers" / m.source / f"{m.replicate}.jsonl")[:rows])
+            # Job names key Ray datasets, whose log files are named after them: no '/' (m.adapter is "<arm>-<i>").
+            pairs.append((stage, AdapterJob(m.adapter, str(data), self.run_dir / "arms" / m.name / "adapter", m.train)))
+        for stage, metrics in self.train_groups(arm_groups(pairs, self.arm_runs)):
+            print(f"[arms] {stage.name}: {metrics['step']} steps, loss {metrics['first_loss']:.3f} -> {metrics['loss']:.3f}", flush=True)
+            self.record(stage, started, self.adapter_outputs(Path(stage_output(self.run_dir, stage.name)), metrics))
+
+    def train_groups(self, groups):
+        """Yields (stage, metrics) for every job of every group: one train_lora_many call per group,
+        in this driver when runs go one at a time, else as Ray tasks, `arm_runs` at once. A group's
+        run name is keyed by its members' inputs, so an interrupted group resumes where it stopped."""
+        import ray
+
+        from train.trainer import clear_stale_outputs, train_lora_many
+
+        def call(group):
+            jobs = [job for _, job in group]
+            kwargs = {"storage_path": self.run_dir / "ray_train", "cache_dir": self.cache}
+            kwargs["run_name"] = "arms-" + digest([stage.inputs(self.manifest) for stage, _ in group])[:8]
+            clear_stale_outputs(jobs, **kwargs)
+            return jobs, kwargs
+
+        if self.arm_runs == 1:
+            for group in groups:
+                jobs, kwargs = call(group)
+                results = train_lora_many(self.model_path, jobs, **kwargs)
+                yield from ((stage, results[job.name]) for stage, job in group)
+            return
+        remote, pending = ray.remote(num_cpus=0)(train_lora_many), {}
+        for group in groups:
+            if len(pending) == self.arm_runs:
+                yield from self._finished_group(pending)
+            jobs, kwargs = call(group)
+            pending[remote.remote(self.model_path, jobs, **kwargs)] = group
+        while pending:
+            yield from self._finished_group(pending)
+
+    @staticmethod
+    def _finished_group(pending: dict):
+        import ray
+
+        (ref,), _ = ray.wait(list(pending), num_returns=1)
+        group, results = pending.pop(ref), ray.get(ref)
+        return [(stage, results[job.name]) for stage, job in group]
+
+    def run_evaluate(self, todo) -> None:
+        started = time.time()
+        names = [stage.name.split("/", 1)[1] for stage in todo]
+        adapters = {"teacher": str(self.run_dir / "teacher" / "adapter")} if "teacher" in names else {}
+        adapters.update({self.models[n].adapter: str(self.run_dir / "arms" / n / "adapter") for n in names if n in self.models})
+        targets = {n: None if n == "base" else ("teacher" if n == "teacher" else self.models[n].adapter) for n in names}
+        held_out = read_jsonl(self.run_dir / "data" / "held_out.jsonl")
+        with running_service(self.app, self.model_path, adapters, self.cfg, True, self.lora_rank) as handle:
+            scored = score_models(handle, targets, held_out, self.cfg.evaluate.chunk, 2 * self.cfg.evaluate.replicas)
+        for stage, name in zip(todo, names):
+            file_hash = write_jsonl(self.run_dir / "eval" / f"{name}.jsonl", scored[name])
+            self.record(stage, started, {"hash": file_hash, **summarise(scored[name])})
+
+    def run_report(self, todo) -> None:
+        started = time.time()
+        report = build_report(self.run_dir, self.cfg, list(self.models.values()), self.manifest, self.model_path)
+        write_report(self.run_dir, report)
+        self.record(todo[0], started, {"hash": file_digest(self.run_dir / "report.json")})
 
 
 def main() -> int:
@@ -224,6 +272,7 @@ def main() -> int:
     parser.add_argument("--run-dir", type=Path, default=None, help="default: ~/subliminal-runs/<config name> ($SUBLIMINAL_RUNS)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     parser.add_argument("--fresh", action="store_true", help="delete the run directory and start over")
+    parser.add_argument("--plan", action="store_true", help="print which stages would be reused or run, and why; run nothing")
     args = parser.parse_args()
     from serve.settings import ServiceError
     from train.config import ConfigError
@@ -232,7 +281,11 @@ def main() -> int:
     try:
         cfg = load_experiment(args.config, args.overrides)
         run_dir = (args.run_dir or default_run_dir(cfg.name)).absolute()
-        Pipeline(cfg, run_dir, args.fresh).run()
+        pipeline = Pipeline(cfg, run_dir, args.fresh)
+        if args.plan:
+            print(pipeline.show_plan() if not args.fresh else "--fresh: every stage runs")
+        else:
+            pipeline.run()
     except (ConfigError, DataError, RunDirError, NoNumbersError, ServiceError, FileNotFoundError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

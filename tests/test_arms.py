@@ -20,7 +20,7 @@ def test_replicates_get_their_own_data_order_and_numbers_seeds():
     cfg = load_experiment(None, ["replicates=3", "student.seed=5", "numbers.seed=11"])
     students = [m for m in arm_models(cfg) if m.arm == "student"]
     assert [m.name for m in students] == ["student/0", "student/1", "student/2"]
-    assert [m.adapter for m in students] == ["student.0", "student.1", "student.2"]
+    assert [m.adapter for m in students] == ["student-0", "student-1", "student-2"]
     assert [m.train.seed for m in students] == [5, 6, 7]
     assert [numbers_seed(cfg, i) for i in range(3)] == [11, 12, 13]
     assert {m.train.lora_seed for m in students} == {cfg.teacher.lora_seed}  # same init for every replicate

@@ -109,6 +109,21 @@ def check_jobs(jobs: list[AdapterJob]) -> None:
         )
 
 
+def run_id_of(storage_path: str | Path, run_name: str) -> str:
+    """The id a run stamps into the outputs it finishes (train_metrics.json `run_id`)."""
+    return hashlib.sha256(f"{Path(storage_path).absolute()}/{run_name}".encode()).hexdigest()[:12]
+
+
+def clear_stale_outputs(jobs: list[AdapterJob], *, storage_path: str | Path, run_name: str, **_) -> None:
+    """Remove output folders that another run left (a caller rerunning a stage with new inputs);
+    keep those this run finished, which a resumed run skips."""
+    run_id = run_id_of(storage_path, run_name)
+    for job in jobs:
+        output = Path(job.output_dir)
+        if output.exists() and not finished_by(output.absolute(), run_id):
+            shutil.rmtree(output)
+
+
 def _check_output(output_dir: Path, run_id: str) -> None:
     """Refuse a non-empty output folder, unless this very run finished it (a re-run continues)."""
     if output_dir.exists() and any(output_dir.iterdir()) and not finished_by(output_dir, run_id):
@@ -146,7 +161,7 @@ def train_lora_many(
 
     check_jobs(jobs)
     storage_path = Path(storage_path).absolute()
-    run_id = hashlib.sha256(f"{storage_path}/{run_name}".encode()).hexdigest()[:12]
+    run_id = run_id_of(storage_path, run_name)
     jobs = [dataclasses.replace(j, output_dir=Path(j.output_dir).absolute()) for j in jobs]
     for job in jobs:
         _check_output(job.output_dir, run_id)
