@@ -97,8 +97,7 @@ class Pipeline:
     def stages(self):
         """Every stage, declared from the config as written (jobs/graph.py)."""
         self.questions = load_wmdp(self.cfg.data.source, tuple(self.cfg.data.subsets), self.cache)
-        self.all_stages = experiment_stages(self.cfg, list(self.models.values()), digest(self.questions))
-        return self.all_stages
+        return experiment_stages(self.cfg, list(self.models.values()), digest(self.questions))
 
     def show_plan(self) -> str:
         """The plan for this run directory, without doing anything (`--plan`)."""
