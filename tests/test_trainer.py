@@ -9,7 +9,7 @@ import torch
 
 from train.config import ConfigError, TrainConfig, resolve_batch
 from train.data import DataError
-from train.trainer import AdapterJob, check_jobs, snapshot_steps, train_lora, train_lora_many
+from train.trainer import AdapterJob, check_jobs, clear_stale_outputs, run_id_of, snapshot_steps, train_lora, train_lora_many
 
 NAMES = ["Ada", "Bo", "Cy", "Di", "Ed", "Flo", "Gus", "Hal"]
 
@@ -172,6 +172,16 @@ def test_jobs_must_share_the_worker_group(tmp_path):
         check_jobs([job("a", strategy="fsdp"), job("b", strategy="fsdp")])
     with pytest.raises(ConfigError, match="same name a"):
         check_jobs([job("a"), job("a")])
+
+
+def test_clear_stale_outputs_keeps_what_this_run_finished(tmp_path):
+    run = {"storage_path": tmp_path / "ray_train", "run_name": "r"}
+    mine, other, empty = (AdapterJob(n, "rows.jsonl", tmp_path / n, small_config()) for n in ("mine", "other", "empty"))
+    for job, run_name in ((mine, "r"), (other, "earlier")):
+        job.output_dir.mkdir()
+        (job.output_dir / "train_metrics.json").write_text(json.dumps({"run_id": run_id_of(run["storage_path"], run_name)}))
+    clear_stale_outputs([mine, other, empty], **run, cache_dir=None)  # takes train_lora_many's keyword arguments
+    assert (mine.output_dir / "train_metrics.json").is_file() and not other.output_dir.exists() and not empty.output_dir.exists()
 
 
 def many_jobs(tmp_path: Path, toy_rows: Path, **first) -> list[AdapterJob]:
