@@ -34,4 +34,4 @@ bench: install
 	$(PY) bench/serving.py
 	$(PY) bench/scoring_vs_lm_eval.py
 	$(PY) bench/eval_fanout.py
-	$(PY) ../shared/tools/treemem.py -- $(PY) jobs/pipeline.py --run-dir /tmp/bench-pipeline --fresh
+	$(PY) bench/treemem.py -- $(PY) jobs/pipeline.py --run-dir /tmp/bench-pipeline --fresh

@@ -284,13 +284,14 @@ def table(runs: dict[str, list[dict]], all_configs: list[Config], header: str) -
 
     lines = [header]
     single, stage = [c for c in done if not c.stage], [c for c in done if c.stage]
+    def table(title: str, columns: list[str]) -> list[str]:
+        return ["", title, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
     if single:
-        lines += ["", "One source at a time:", ""]
-        lines.append(
-            "| row | start s | generate s: median (passes) | sequences/s | CPU s | pass rate +- 1 SE | kept rows word for word as unmerged "
-            "| vs today: wall | vs today: CPU | load 1-min before->after |"
-        )
-        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        lines += table("One source at a time:", [
+            "row", "start s", "generate s: median (passes)", "sequences/s", "CPU s", "pass rate +- 1 SE",
+            "kept rows word for word as unmerged", "vs today: wall", "vs today: CPU", "load 1-min before->after",
+        ])  # fmt: skip
     for c in single:
         ((source, result),) = first(c.name).items()
         today = "a" if source == "teacher" else "bv"
@@ -301,12 +302,11 @@ def table(runs: dict[str, list[dict]], all_configs: list[Config], header: str) -
             f"| {ratio(today, c.name, 'cpu_s')} | {loads(c.name)} |"
         )
     if stage:
-        lines += ["", "The stage's shape, teacher and base model at the same time:", ""]
-        lines.append(
-            "| row | start s | generate s: median (passes) | sequences/s, all | CPU s | PSS GiB | teacher pass rate | base pass rate "
-            "| teacher rows word for word as unmerged | vs today: start + generate | vs today: generate | vs today: CPU | load 1-min before->after |"
-        )
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        lines += table("The stage's shape, teacher and base model at the same time:", [
+            "row", "start s", "generate s: median (passes)", "sequences/s, all", "CPU s", "PSS GiB", "teacher pass rate",
+            "base pass rate", "teacher rows word for word as unmerged", "vs today: start + generate", "vs today: generate",
+            "vs today: CPU", "load 1-min before->after",
+        ])  # fmt: skip
     for c in stage:
         made = first(c.name)
         gen, start = med(c.name, "generate_s"), med(c.name, "start_s")

@@ -66,7 +66,8 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def stage_output(run_dir: Path, arm_model: str) -> Path:
+def arm_adapter(run_dir: Path, arm_model: str) -> Path:
+    """Where arm model `<arm>/<i>` keeps its adapter."""
     return run_dir / "arms" / arm_model / "adapter"
 
 
@@ -92,7 +93,7 @@ class Pipeline:
         self.cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
         self.app = f"subliminal-{cfg.name}-{digest(str(run_dir))[:8]}"
         self.models = {m.name: m for m in arm_models(cfg)}
-        self.lora_rank = max_lora_rank(cfg, [cfg.teacher.lora_rank] + [m.train.lora_rank for m in self.models.values()])
+        self.lora_rank = max_lora_rank([cfg.teacher.lora_rank] + [m.train.lora_rank for m in self.models.values()])
 
     def stages(self):
         """Every stage, declared from the config as written (jobs/graph.py)."""
@@ -202,10 +203,10 @@ class Pipeline:
             data = self.run_dir / "arms" / m.name / "train.jsonl"
             write_jsonl(data, read_jsonl(self.run_dir / "numbers" / m.source / f"{m.replicate}.jsonl")[:rows])
             # Job names key Ray datasets, whose log files are named after them: no '/' (m.adapter is "<arm>-<i>").
-            pairs.append((stage, AdapterJob(m.adapter, str(data), self.run_dir / "arms" / m.name / "adapter", m.train)))
+            pairs.append((stage, AdapterJob(m.adapter, str(data), arm_adapter(self.run_dir, m.name), m.train)))
         for stage, metrics in self.train_groups(arm_groups(pairs, self.arm_runs)):
             print(f"[arms] {stage.name}: {metrics['step']} steps, loss {metrics['first_loss']:.3f} -> {metrics['loss']:.3f}", flush=True)
-            self.record(stage, started, self.adapter_outputs(Path(stage_output(self.run_dir, stage.name)), metrics))
+            self.record(stage, started, self.adapter_outputs(arm_adapter(self.run_dir, stage.name), metrics))
 
     def train_groups(self, groups):
         """Yields (stage, metrics) for every job of every group: one train_lora_many call per group,
@@ -249,7 +250,7 @@ class Pipeline:
         started = time.time()
         names = [stage.name.split("/", 1)[1] for stage in todo]
         adapters = {"teacher": str(self.run_dir / "teacher" / "adapter")} if "teacher" in names else {}
-        adapters.update({self.models[n].adapter: str(self.run_dir / "arms" / n / "adapter") for n in names if n in self.models})
+        adapters.update({self.models[n].adapter: str(arm_adapter(self.run_dir, n)) for n in names if n in self.models})
         targets = {n: None if n == "base" else ("teacher" if n == "teacher" else self.models[n].adapter) for n in names}
         held_out = read_jsonl(self.run_dir / "data" / "held_out.jsonl")
         with running_service(self.app, self.model_path, adapters, self.cfg, True, self.lora_rank) as handle:

@@ -30,9 +30,9 @@ def stop_on_sigterm(*_) -> None:
     sys.exit(143)
 
 
-def max_lora_rank(cfg: ExperimentConfig, ranks: list[int]) -> int:
+def max_lora_rank(ranks: list[int]) -> int:
     """The smallest rank vLLM accepts that holds every adapter to be served."""
-    largest = max(ranks, default=cfg.teacher.lora_rank)
+    largest = max(ranks)
     return next((r for r in VLLM_LORA_RANKS if r >= largest), largest)
 
 
