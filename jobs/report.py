@@ -104,7 +104,7 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
         report["transfer"] = transfer(teacher_pred, pick("student"), pick("control"), cfg.evaluate.bootstrap, cfg.evaluate.seed)
     used = {m.source for m in models}
     report["numbers"] = {name: _numbers(manifest, source, cfg.replicates) for name, source in NUMBER_SOURCES.items() if source in used}
-    report["timings"] = manifest.timings()
+    report["timings"] = {phase: sec for phase, sec in manifest.timings().items() if phase != "report"}  # built before its own phase ends
     report["provenance"] = provenance(cfg, model_path)
     return report
 
