@@ -1,11 +1,11 @@
 """The numbers stage against a real Serve deployment (transformers engine, tiny model, a LoRA adapter)."""
 
+import dataclasses
+
 import pytest
 from transformers import AutoTokenizer
 
 from jobs.config import NumbersConfig
-import dataclasses
-
 from jobs.generate_numbers import NoNumbersError, generate_all, number_prompts
 from jobs.number_sequences import reject_reason
 from serve.launch import start_service, stop_service
