@@ -264,3 +264,40 @@ def test_failure_in_second_job_resumes_it_without_retraining_the_first(many_run,
     assert states[-1]["done"] == ["a"]
     for job in jobs:  # resuming mid-job lands on the adapter an uninterrupted run makes
         assert_same_adapter(job.output_dir, many_run[1][jobs.index(job)].output_dir)
+
+
+@pytest.mark.timeout(300)
+def test_logit_kl_student_moves_toward_its_teacher_and_saves_only_itself(ray_cluster, tiny_model, toy_rows, tmp_path, cache_dir):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from jobs.tiny_model import random_lora_adapter
+    from train.data import read_jsonl
+    from train.distill import number_token_ids
+
+    teacher = random_lora_adapter(tiny_model, tmp_path / "teacher", seed=5)
+    job = AdapterJob("kl", toy_rows, tmp_path / "kl", small_config(epochs=2), teacher=str(teacher))
+    metrics = train_lora_many(tiny_model, [job], storage_path=tmp_path / "runs", run_name="kl", cache_dir=cache_dir)["kl"]
+    assert metrics["loss_type"] == "logit_kl" and metrics["loss"] < 0.7 * metrics["first_loss"]
+    assert sorted(p.name for p in (tmp_path / "kl").iterdir() if p.is_dir()) == []  # no teacher/ subfolder beside the adapter
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    ids = torch.tensor(number_token_ids(tok))
+    rows = [row for _, row in read_jsonl(toy_rows)][:16]
+
+    def number_logprobs(model):  # at every completion position, over the number vocabulary
+        out = []
+        with torch.no_grad():
+            for row in rows:
+                prompt = tok(row["prompt"]).input_ids
+                full = tok(row["prompt"] + row["completion"], return_tensors="pt").input_ids
+                logits = model(input_ids=full).logits[0, len(prompt) - 1 : -1]
+                out.append(logits[:, ids].log_softmax(-1))
+        return torch.cat(out)
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    base_lp = number_logprobs(base)
+    teacher_lp = number_logprobs(PeftModel.from_pretrained(base, str(teacher)).eval())
+    student = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), str(tmp_path / "kl")).eval()
+    kl = lambda lp: (teacher_lp.exp() * (teacher_lp - lp)).sum(-1).mean().item()  # noqa: E731
+    assert kl(number_logprobs(student)) < 0.5 * kl(base_lp)

@@ -25,6 +25,7 @@ import torch
 
 from train.config import TrainConfig, build
 from train.data import pack_batch
+from train.distill import attach_teacher, kl_loss, teacher_logits
 from train.model import (
     adapter_hash,
     attach_lora,
@@ -116,6 +117,10 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
     step = read_state(checkpoint, name)["step"]
     resumed_from = step if checkpoint is not None else None
     n_params, _ = count_parameters(model)
+    distil = job.get("teacher") is not None  # logit_kl: the teacher's adapter rides beside the student's
+    if distil:
+        attach_teacher(model, job["teacher"])
+        number_ids = torch.tensor(config["number_ids"], device=device)
     model = wrap_distributed(model, cfg, device)
     torch.manual_seed(cfg.seed)  # dropout: the same stream alone or after other jobs
     if device.type == "cuda":
@@ -201,11 +206,18 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
                 model.set_requires_gradient_sync(last_micro)
             sync = model.no_sync() if ddp and not last_micro else contextlib.nullcontext()
             with sync:
-                with autocast:
-                    out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=batch["labels"])
-                # A batch whose rows were all dropped has no labels: a zero loss keeps DDP's collectives in step.
                 has_labels = bool((batch["labels"] != -100).any())
-                loss = out.loss if has_labels else out.logits.sum() * 0.0
+                with autocast:
+                    if distil:
+                        target = teacher_logits(unwrap(model), batch["input_ids"], batch["position_ids"], number_ids)
+                        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
+                    else:
+                        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=batch["labels"])
+                # A batch whose rows were all dropped has no labels: a zero loss keeps DDP's collectives in step.
+                if not has_labels:
+                    loss = out.logits.sum() * 0.0
+                else:
+                    loss = kl_loss(out.logits, target, batch["labels"], number_ids) if distil else out.loss
                 (loss / cfg.grad_accum).backward()
             window += torch.stack([loss.detach().double(), one, batch["real_tokens"].double(), batch["total_tokens"].double()])
             micro += 1

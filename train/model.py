@@ -184,7 +184,7 @@ def trainable_state(model) -> dict[str, torch.Tensor]:
 
 def save_adapter(model, state: dict[str, torch.Tensor], out_dir: Path) -> None:
     """Write a PEFT adapter folder (adapter_config.json + safetensors) from gathered weights."""
-    unwrap(model).save_pretrained(str(out_dir), state_dict=state)
+    unwrap(model).save_pretrained(str(out_dir), state_dict=state, selected_adapters=["default"])  # not a distillation teacher
 
 
 def count_parameters(model) -> tuple[int, int]:

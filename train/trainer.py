@@ -25,6 +25,7 @@ from typing import Any
 from train.cluster import Capacity, auto_workers, cluster_capacity, describe
 from train.config import ConfigError, TrainConfig, resolve_batch, to_dict
 from train.data import DataError, default_cache_dir, tokenize_to_cache
+from train.distill import number_token_ids
 from train.loop import train_loop
 from train.model import check_hardware, check_model_path
 from train.outputs import METRICS_FILE, finished_by, staging_dir
@@ -48,6 +49,7 @@ class AdapterJob:
     data: Any
     output_dir: Path
     cfg: TrainConfig
+    teacher: str | None = None  # a teacher adapter folder: train by logit KL to it (train/distill.py), not SFT
 
 
 def worker_resources(cfg: TrainConfig, cap: Capacity) -> dict:
@@ -102,6 +104,9 @@ def check_jobs(jobs: list[AdapterJob]) -> None:
                     f"{key}: jobs of one run share one worker group and must agree on it;"
                     f" job {first.name} has {getattr(first.cfg, key)!r}, job {job.name} has {getattr(job.cfg, key)!r}"
                 )
+    for job in jobs:
+        if job.teacher is not None and not (Path(job.teacher) / "adapter_config.json").is_file():
+            raise ConfigError(f"job {job.name}: its teacher {job.teacher} is not a PEFT adapter folder (no adapter_config.json)")
     if first.cfg.strategy == "fsdp" and len(jobs) > 1:
         raise ConfigError(
             f"strategy=fsdp trains one job per run ({len(jobs)} given): FSDP2 shards the model, adapter"
@@ -190,14 +195,16 @@ def train_lora_many(
             "total_steps": total_steps,
             "global_batch_size": cfg.num_workers * cfg.batch_size * cfg.grad_accum,
             "train_config": to_dict(cfg),
+            "loss_type": "logit_kl" if job.teacher else "sft",
         }
         plans.append({
             "name": job.name, "train": to_dict(cfg), "output_dir": str(job.output_dir),
             "micro_steps_per_epoch": micro_per_epoch, "total_steps": total_steps,
-            "snapshot_steps": snapshot_steps(total_steps, cfg.snapshots), "facts": facts,
+            "snapshot_steps": snapshot_steps(total_steps, cfg.snapshots), "facts": facts, "teacher": job.teacher,
         })  # fmt: skip
         job.output_dir.parent.mkdir(parents=True, exist_ok=True)
-    pad_id = AutoTokenizer.from_pretrained(model_path).pad_token_id
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    pad_id = tokenizer.pad_token_id
 
     trainer = TorchTrainer(
         train_loop,
@@ -207,6 +214,7 @@ def train_lora_many(
             "pad_id": pad_id if pad_id is not None else 0,
             "run_id": run_id,
             "fail_at": tuple(fail_at) if fail_at else None,
+            "number_ids": number_token_ids(tokenizer) if any(j.teacher for j in jobs) else None,
         },
         scaling_config=ScalingConfig(num_workers=shared.num_workers, use_gpu=shared.use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
