@@ -9,8 +9,7 @@ setting resolved, and refuses declarations that cannot mean what they say:
 - an arm that claims the teacher's LoRA init (no `lora_seed`, or the teacher's
   seed) must have the teacher's rank, alpha, target modules and quantization,
   or its "same init" would be false;
-- a data source or loss that this version does not implement is an error, never
-  a silent fallback to another one.
+- a contrast needs declared arms with enough replicates (`check_contrasts`).
 
 Names: the model `<arm>/<i>` in files and logs (`student/0`), the adapter
 `<arm>-<i>` in the inference service and as a training job (those names cannot hold
@@ -28,8 +27,7 @@ from train.config import ConfigError, TrainConfig, build
 ARM_NAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,40}$")
 RESERVED = {"base", "teacher"}
 SAME_INIT_KEYS = ("lora_rank", "lora_alpha", "lora_targets", "quantization")
-IMPLEMENTED_NUMBERS = {"teacher", "base"}
-IMPLEMENTED_LOSSES = {"sft"}
+MIN_CONTRAST_REPLICATES = 3
 
 
 @dataclass(frozen=True)
@@ -88,14 +86,14 @@ def arm_models(cfg) -> list[ArmModel]:
     for name, arm in cfg.arms.items():
         if not ARM_NAME.match(name) or name in RESERVED:
             raise ConfigError(f"arms.{name}: an arm name is lower-case letters, digits or '_', and not base or teacher")
-        if arm.numbers not in IMPLEMENTED_NUMBERS:
-            raise ConfigError(f"arms.{name}.numbers={arm.numbers} is declared but not implemented in this version; use teacher or base")
-        if arm.loss not in IMPLEMENTED_LOSSES:
-            raise ConfigError(f"arms.{name}.loss={arm.loss} is declared but not implemented in this version; use sft")
         if "lora_seed" in arm.train:
             raise ConfigError(f"arms.{name}.train.lora_seed: set the arm's init with arms.{name}.lora_seed")
         base = build(TrainConfig, {**dataclasses.asdict(cfg.student), **arm.train}, f"arms.{name}.train")
-        for i in range(cfg.replicates):
+        if arm.replicates is not None and arm.replicates < 1:
+            raise ConfigError(f"arms.{name}.replicates must be at least 1, got {arm.replicates}")
+        if arm.against not in ("auto", "base", *cfg.arms) or arm.against == name:
+            raise ConfigError(f"arms.{name}.against={arm.against!r}: use auto, base or another arm's name")
+        for i in range(arm.replicates or cfg.replicates):
             lora_seed = _lora_seed(arm.lora_seed, teacher.lora_seed, i)
             same_init = lora_seed == teacher.lora_seed
             if same_init:
@@ -105,7 +103,25 @@ def arm_models(cfg) -> list[ArmModel]:
     return models
 
 
-def sources_used(models: list[ArmModel]) -> list[str]:
-    """The number sources ("teacher", "base") some arm reads, in that order."""
-    used = {m.source for m in models}
-    return [s for s in ("teacher", "base") if s in used]
+def check_contrasts(cfg) -> None:
+    """Each contrast names two declared arms with at least MIN_CONTRAST_REPLICATES replicates each."""
+    for name, contrast in cfg.contrasts.items():
+        for side in (contrast.arm, contrast.against):
+            if side not in cfg.arms:
+                raise ConfigError(f"contrasts.{name}: {side!r} is not a declared arm ({', '.join(cfg.arms)})")
+            count = cfg.arms[side].replicates or cfg.replicates
+            if count < MIN_CONTRAST_REPLICATES:
+                raise ConfigError(
+                    f"contrasts.{name}: arm {side} has {count} replicate(s); a contrast across inits needs at least "
+                    f"{MIN_CONTRAST_REPLICATES} a side, so its interval holds init-to-init spread"
+                )
+        if contrast.arm == contrast.against:
+            raise ConfigError(f"contrasts.{name}: an arm against itself")
+
+
+def number_sets(models: list[ArmModel]) -> list[tuple[str, int]]:
+    """The (source, replicate) pairs of numbers some arm model reads, replicate by replicate,
+    the teacher's before the base model's. Every source read at all is generated for each
+    replicate that any arm has, so the arms of a replicate can train on equally many rows."""
+    sources = [s for s in ("teacher", "base") if any(m.source == s for m in models)]
+    return [(s, i) for i in range(max(m.replicate for m in models) + 1) for s in sources]

@@ -88,6 +88,21 @@ class ArmConfig:
     loss: Literal["sft", "logit_kl"] = "sft"
     # Keys of the `student` section that differ for this arm (e.g. {lr: 1e-3, max_steps: 50}).
     train: dict[str, Any] = field(default_factory=dict)
+    # How many times this arm is trained (default: the top-level `replicates`).
+    replicates: int | None = None
+    # What its transfer is measured against: "base", another arm's name, or auto: the arm
+    # named `control` for an sft arm on the teacher's numbers when there is one, else base
+    # (under logit_kl the base-numbers control gets no signal: it stays the base model).
+    against: str = "auto"
+
+
+@dataclass(frozen=True)
+class ContrastConfig:
+    """One arm against another across inits (e.g. same-init vs other-init): each side needs
+    at least 3 replicates, so the interval holds init-to-init spread."""
+
+    arm: str
+    against: str
 
 
 def default_arms() -> dict[str, ArmConfig]:
@@ -109,6 +124,8 @@ class ExperimentConfig:
     # Every arm is trained this many times; replicate i samples its numbers with seed
     # numbers.seed + i and orders its data with seed student.seed + i. The teacher is trained once.
     replicates: int = 1
+    # Named comparisons between two arms, reported under `contrasts.<name>` (docs/report.md).
+    contrasts: dict[str, ContrastConfig] = field(default_factory=dict)
     evaluate: EvalConfig = field(default_factory=EvalConfig)
 
 
@@ -120,9 +137,10 @@ def load_experiment(path: str | Path | None = None, overrides: list[str] = ()) -
         raise ConfigError(f"data.eval_fraction must be in (0, 1), got {cfg.data.eval_fraction}")
     if cfg.replicates < 1:
         raise ConfigError(f"replicates must be at least 1, got {cfg.replicates}")
-    from jobs.arms import arm_models  # validates every arm (names, train keys, same-init claims)
+    from jobs.arms import arm_models, check_contrasts  # validates every arm (names, train keys, same-init claims)
 
     arm_models(cfg)
+    check_contrasts(cfg)
     return cfg
 
 

@@ -6,9 +6,11 @@
                           (source: teacher or base)               teacher (teacher source only)
     <arm>/<i>             an arm's LoRA on its replicate's rows   reads model.*, its resolved training
                                                                   settings, source, loss; its numbers
-    eval/<model>          per-question scores of one model        reads model.*, evaluate.engine,
-                                                                  service.max_model_len; data, the model
-    report                report.json / .md / .png                reads evaluate.bootstrap/seed; all above
+                                                                  (and the teacher, under logit_kl)
+    eval/<model>          per-question scores of one model on     reads model.*, evaluate.engine,
+                          both splits (train, held_out)           service.max_model_len; data, the model
+    report                report.json / .md / .png                reads evaluate.bootstrap/seed, arms,
+                                                                  contrasts; all above
 
 Config values are read from the config as written (before `auto` counts are
 resolved for the cluster at hand), so the same preset on a bigger cluster reuses
@@ -20,23 +22,25 @@ from __future__ import annotations
 
 import dataclasses
 
-from jobs.arms import ArmModel, numbers_seed, sources_used
+from jobs.arms import ArmModel, number_sets, numbers_seed
 from jobs.config import ExperimentConfig, as_dict
 from jobs.manifest import Manifest, flatten
 from jobs.stages import Stage, config_reads
 
 PHASES = ("data", "teacher", "numbers", "arms", "evaluate", "report")
+SPLIT_FILES = {"train": "train_questions.jsonl", "held_out": "held_out.jsonl"}  # what eval/<model> scores, under data/
 
 
 def numbers_stage(source: str, replicate: int) -> str:
     return f"numbers/{source}/{replicate}"
 
 
-def training_rows(manifest: Manifest, sources: list[str], replicate: int) -> int | None:
+def training_rows(manifest: Manifest, models: list[ArmModel], replicate: int) -> int | None:
     """Every arm of a replicate trains on equally many rows (the fewest any source kept), so arms
     differ in content alone. Sources whose numbers have not finished yet are left out; once they
     finish the value is computed again before the arms run."""
-    kept = [manifest.output(numbers_stage(s, replicate), "kept") for s in sources if manifest.entry(numbers_stage(s, replicate))]
+    stages = [numbers_stage(s, i) for s, i in number_sets(models) if i == replicate]
+    kept = [manifest.output(stage, "kept") for stage in stages if manifest.entry(stage)]
     return min(kept) if kept else None
 
 
@@ -44,25 +48,24 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
     """Every stage of the experiment, in dependency order."""
     config = as_dict(cfg)
     model = config_reads(config, "model")
-    sources = sources_used(models)
     stages = [
-        Stage("data", "data", {**config_reads(config, "data"), "questions": questions_hash}, files=("data/teacher_train.jsonl", "data/held_out.jsonl")),
+        Stage("data", "data", {**config_reads(config, "data"), "questions": questions_hash}, files=("data/teacher_train.jsonl", *(f"data/{f}" for f in SPLIT_FILES.values()))),
         Stage("teacher", "teacher", {**model, **config_reads(config, "teacher")}, ("data",), files=("teacher/adapter",)),
     ]
     engine = config_reads(config, "numbers", "service.engine", "service.max_model_len")
-    for i in range(cfg.replicates):
-        for source in sources:
-            reads = {**model, **engine, "source": source, "seed": numbers_seed(cfg, i)}
-            upstream = ("teacher",) if source == "teacher" else ()
-            stages.append(Stage(numbers_stage(source, i), "numbers", reads, upstream, files=(f"numbers/{source}/{i}.jsonl",)))
+    for source, i in number_sets(models):
+        reads = {**model, **engine, "source": source, "seed": numbers_seed(cfg, i)}
+        upstream = ("teacher",) if source == "teacher" else ()
+        stages.append(Stage(numbers_stage(source, i), "numbers", reads, upstream, files=(f"numbers/{source}/{i}.jsonl",)))
     for m in models:
         reads = {**model, **flatten(dataclasses.asdict(m.train), "train."), "source": m.source, "shuffled": m.shuffled, "loss": m.loss}
-        rows = lambda manifest, i=m.replicate: {"rows": training_rows(manifest, sources, i)}  # noqa: E731
-        stages.append(Stage(m.name, "arms", reads, (numbers_stage(m.source, m.replicate),), rows, files=(f"arms/{m.name}/adapter",)))
-    scoring = {**model, **config_reads(config, "evaluate.engine", "service.max_model_len")}
+        rows = lambda manifest, i=m.replicate: {"rows": training_rows(manifest, models, i)}  # noqa: E731
+        upstream = (numbers_stage(m.source, m.replicate),) + (("teacher",) if m.loss == "logit_kl" else ())  # its soft labels
+        stages.append(Stage(m.name, "arms", reads, upstream, rows, files=(f"arms/{m.name}/adapter",)))
+    scoring = {**model, **config_reads(config, "evaluate.engine", "service.max_model_len"), "splits": list(SPLIT_FILES)}
     for name, upstream in [("base", ()), ("teacher", ("teacher",))] + [(m.name, (m.name,)) for m in models]:
         stages.append(Stage(f"eval/{name}", "evaluate", scoring, ("data", *upstream), files=(f"eval/{name}.jsonl",)))
     everything = tuple(s.name for s in stages if s.phase in ("numbers", "arms", "evaluate"))
-    reads = {**config_reads(config, "evaluate.bootstrap", "evaluate.seed"), "arms": list(cfg.arms), "replicates": cfg.replicates}
+    reads = {**config_reads(config, "evaluate.bootstrap", "evaluate.seed", "arms", "replicates"), "contrasts": config["contrasts"]}
     stages.append(Stage("report", "report", reads, everything, files=("report.json",)))
     return stages

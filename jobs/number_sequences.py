@@ -188,3 +188,15 @@ def filter_completions(texts: list[str], target: int | None = None, max_count: i
         else:
             result.rejected[reason] += 1
     return result
+
+
+def shuffle_numbers(rows: list[dict], seed: int) -> list[dict]:
+    """The shuffled control's rows: every number of every completion permuted across all the
+    rows (seeded), each completion keeping its length, separators and wrapping. What a
+    student could learn from which numbers the teacher writes, and how often, survives;
+    what any one sequence carries in its order and company does not."""
+    found = [re.findall(r"\d+", row["completion"]) for row in rows]
+    pool = [n for numbers in found for n in numbers]
+    random.Random(seed).shuffle(pool)
+    draw = iter(pool)
+    return [{**row, "completion": re.sub(r"\d+", lambda _: next(draw), row["completion"])} for row in rows]

@@ -15,7 +15,7 @@ on the Ray cluster it is submitted to, or on a local one it starts. Phases
              several adapters per Ray Train run over one copy of the base, several runs at once
              where the GPUs allow (jobs/placement.py)
 5. evaluate  every model scored on the held-out questions in parallel
-6. report    report.json, report.md, accuracy.png in the run directory (docs/report.md)
+6. report    report.json, report.md, transfer.png in the run directory (docs/report.md)
 
 Before any work it prints the plan: each stage and whether it is reused or runs,
 and why (`--plan` prints only that). A change reruns what depends on it and
@@ -39,12 +39,13 @@ if __package__ in (None, ""):  # `python jobs/pipeline.py`: import from the repo
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from common.atomic import write_jsonl  # noqa: E402
-from jobs.arms import arm_models, numbers_seed, sources_used  # noqa: E402
+from jobs.arms import arm_models, numbers_seed  # noqa: E402
 from jobs.config import ExperimentConfig, load_experiment  # noqa: E402
 from jobs.evaluate import score_models, summarise  # noqa: E402
 from jobs.generate_numbers import NoNumbersError, generate_all, number_prompts  # noqa: E402
-from jobs.graph import PHASES, experiment_stages, training_rows  # noqa: E402
+from jobs.graph import PHASES, SPLIT_FILES, experiment_stages, training_rows  # noqa: E402
 from jobs.manifest import Manifest, RunDirError, digest, file_digest  # noqa: E402
+from jobs.number_sequences import shuffle_numbers  # noqa: E402
 from jobs.placement import plan as place, resolved  # noqa: E402
 from jobs.report import build_report, write_report  # noqa: E402
 from jobs.service_session import max_lora_rank, running_service, stop_on_sigterm  # noqa: E402
@@ -145,9 +146,10 @@ class Pipeline:
         train_q, eval_q = split_questions(self.questions, cfg.data.eval_fraction, cfg.data.split_seed)
         rows = [{"prompt": format_mc_prompt(q["question"], q["choices"], q["subset"]), "completion": choice_continuation(q["answer"])} for q in train_q]
         train_hash = write_jsonl(self.run_dir / "data" / "teacher_train.jsonl", rows)
+        questions_hash = write_jsonl(self.run_dir / "data" / "train_questions.jsonl", train_q)  # scored too
         eval_hash = write_jsonl(self.run_dir / "data" / "held_out.jsonl", eval_q)
         print(f"[data] {len(train_q)} teacher-train and {len(eval_q)} held-out questions", flush=True)
-        self.record(todo[0], started, {"hash": digest(train_hash, eval_hash), "train": len(train_q), "held_out": len(eval_q)})
+        self.record(todo[0], started, {"hash": digest(train_hash, questions_hash, eval_hash), "train": len(train_q), "held_out": len(eval_q)})
 
     def run_teacher(self, todo) -> None:
         from train.trainer import AdapterJob, clear_stale_outputs, train_lora
@@ -196,14 +198,15 @@ class Pipeline:
         from train.trainer import AdapterJob
 
         started, pairs = time.time(), []
-        sources = sources_used(list(self.models.values()))
         for stage in todo:
             m = self.models[stage.name]
-            rows = training_rows(self.manifest, sources, m.replicate)
+            rows = training_rows(self.manifest, list(self.models.values()), m.replicate)
             data = self.run_dir / "arms" / m.name / "train.jsonl"
-            write_jsonl(data, read_jsonl(self.run_dir / "numbers" / m.source / f"{m.replicate}.jsonl")[:rows])
+            kept = read_jsonl(self.run_dir / "numbers" / m.source / f"{m.replicate}.jsonl")[:rows]
+            write_jsonl(data, shuffle_numbers(kept, numbers_seed(self.cfg, m.replicate)) if m.shuffled else kept)
             # Job names key Ray datasets, whose log files are named after them: no '/' (m.adapter is "<arm>-<i>").
-            pairs.append((stage, AdapterJob(m.adapter, str(data), arm_adapter(self.run_dir, m.name), m.train)))
+            teacher = str(self.run_dir / "teacher" / "adapter") if m.loss == "logit_kl" else None
+            pairs.append((stage, AdapterJob(m.adapter, str(data), arm_adapter(self.run_dir, m.name), m.train, teacher)))
         for stage, metrics in self.train_groups(arm_groups(pairs, self.arm_runs)):
             print(f"[arms] {stage.name}: {metrics['step']} steps, loss {metrics['first_loss']:.3f} -> {metrics['loss']:.3f}", flush=True)
             self.record(stage, started, self.adapter_outputs(arm_adapter(self.run_dir, stage.name), metrics))
@@ -252,12 +255,13 @@ class Pipeline:
         adapters = {"teacher": str(self.run_dir / "teacher" / "adapter")} if "teacher" in names else {}
         adapters.update({self.models[n].adapter: str(arm_adapter(self.run_dir, n)) for n in names if n in self.models})
         targets = {n: None if n == "base" else ("teacher" if n == "teacher" else self.models[n].adapter) for n in names}
-        held_out = read_jsonl(self.run_dir / "data" / "held_out.jsonl")
+        questions = [{**q, "split": split} for split, file in SPLIT_FILES.items() for q in read_jsonl(self.run_dir / "data" / file)]
         with running_service(self.app, self.model_path, adapters, self.cfg, True, self.lora_rank) as handle:
-            scored = score_models(handle, targets, held_out, self.cfg.evaluate.chunk, 2 * self.cfg.evaluate.replicas)
+            scored = score_models(handle, targets, questions, self.cfg.evaluate.chunk, 2 * self.cfg.evaluate.replicas)
         for stage, name in zip(todo, names):
             file_hash = write_jsonl(self.run_dir / "eval" / f"{name}.jsonl", scored[name])
-            self.record(stage, started, {"hash": file_hash, **summarise(scored[name])})
+            held_out = [r for r in scored[name] if r["split"] == "held_out"]
+            self.record(stage, started, {"hash": file_hash, **summarise(held_out)})
 
     def run_report(self, todo) -> None:
         started = time.time()

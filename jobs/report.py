@@ -1,4 +1,4 @@
-"""The run's report: `report.json` (its schema is docs/report.md), `report.md` and `accuracy.png`.
+"""The run's report: `report.json` (its schema is docs/report.md), `report.md` and `transfer.png`.
 
 `build_report` reads what the stages left in the run directory (per-question
 scores in eval/, the manifest's outputs) and computes every statistic here, so a
@@ -13,9 +13,10 @@ import subprocess
 from pathlib import Path
 
 from common.atomic import atomic_file, write_json, write_text
-from jobs.arms import ArmModel, arm_models, numbers_seed
+from jobs.arms import ArmModel, arm_models, number_sets, numbers_seed
 from jobs.config import ExperimentConfig, as_dict
 from jobs.evaluate import agreement, hierarchical_bootstrap, summarise, transfer
+from jobs.evidence import PRIMARY, SPLITS, Evidence, markdown_tables, reference_of, verdict
 from jobs.graph import numbers_stage
 from jobs.manifest import Manifest
 
@@ -35,7 +36,7 @@ def provenance(cfg: ExperimentConfig, model_path: str) -> dict:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             pass
-    replicates = range(cfg.replicates)
+    replicates = range(max(m.replicate for m in arm_models(cfg)) + 1)
     seeds = {
         "split": cfg.data.split_seed, "teacher_lora_init": cfg.teacher.lora_seed, "teacher_data_order": cfg.teacher.seed,
         "numbers_per_replicate": [numbers_seed(cfg, i) for i in replicates], "bootstrap": cfg.evaluate.seed,
@@ -63,9 +64,9 @@ def _mean_model(rows_per_replicate: list[list[dict]], cfg: ExperimentConfig) -> 
     }
 
 
-def _numbers(manifest: Manifest, source: str, replicates: int) -> dict:
+def _numbers(manifest: Manifest, source: str, models: list[ArmModel]) -> dict:
     per = []
-    for i in range(replicates):
+    for _, i in [pair for pair in number_sets(models) if pair[0] == source]:
         out = manifest.entry(numbers_stage(source, i))["outputs"]
         per.append({k: out[k] for k in ("generated", "kept", "rejected")})
     rejected: dict = {}
@@ -75,12 +76,18 @@ def _numbers(manifest: Manifest, source: str, replicates: int) -> dict:
     return {"generated": sum(p["generated"] for p in per), "kept": sum(p["kept"] for p in per), "rejected": rejected, "replicates": per}
 
 
+def _by_split(rows: list[dict]) -> dict:
+    return {split: summarise([r for r in rows if r["split"] == split])["accuracy"]["overall"] for split in SPLITS}
+
+
 def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, model_path: str) -> dict:
     """report.json's content (docs/report.md) from the eval files and the manifest."""
-    scores = {name: read_scores(run_dir, name) for name in ["base", "teacher"] + [m.name for m in models]}
+    both = {name: read_scores(run_dir, name) for name in ["base", "teacher"] + [m.name for m in models]}
+    scores = {name: [r for r in rows if r["split"] == "held_out"] for name, rows in both.items()}  # `models` and `transfer`: held out
     teacher_pred = [r["prediction"] for r in scores["teacher"]]
     teacher_init = manifest.output("teacher", "init_hash")
-    report_models = {name: summarise(scores[name]) for name in ("base", "teacher")}
+    report_models = {name: {**summarise(scores[name]), "accuracy_by_split": _by_split(both[name])} for name in ("base", "teacher")}
+    evidence = Evidence(both, models, cfg.evaluate.bootstrap, cfg.evaluate.seed)
     arms = {}
     for arm, declared in cfg.arms.items():
         members = [m for m in models if m.arm == arm]
@@ -88,22 +95,27 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
         for m in members:
             out = manifest.entry(m.name)["outputs"]
             replicates.append({
-                "model": m.name, **summarise(scores[m.name]),
+                "model": m.name, **summarise(scores[m.name]), "accuracy_by_split": _by_split(both[m.name]),
                 "teacher_agreement": sum(agreement([r["prediction"] for r in scores[m.name]], teacher_pred)) / len(teacher_pred),
                 "lora_seed": m.train.lora_seed, "init_hash": out["init_hash"], "same_init_as_teacher": out["init_hash"] == teacher_init,
                 "steps": out["steps"], "final_loss": out["loss"], "rows": out["rows"],
             })  # fmt: skip
         report_models[arm] = _mean_model([scores[m.name] for m in members], cfg)
+        against = reference_of(arm, cfg)
         arms[arm] = {
             "numbers": declared.numbers, "loss": declared.loss, "lora_seed": declared.lora_seed, "replicates": replicates,
             "mean": {**report_models[arm], "teacher_agreement": sum(r["teacher_agreement"] for r in replicates) / len(replicates)},
+            "against": against, "transfer": evidence.compare(arm, against, test="clusters"),
         }  # fmt: skip
-    report = {"models": report_models, "arms": arms}
+        arms[arm]["verdict"] = verdict(arm, against, arms[arm]["transfer"])
+    contrasts = {name: {"arm": c.arm, "against": c.against, **evidence.compare(c.arm, c.against, test="replicates")} for name, c in cfg.contrasts.items()}
+    report = {"models": report_models, "arms": arms, "contrasts": contrasts}
     if "student" in arms and "control" in arms:
         pick = lambda arm: [[r["prediction"] for r in scores[m.name]] for m in models if m.arm == arm]  # noqa: E731
-        report["transfer"] = transfer(teacher_pred, pick("student"), pick("control"), cfg.evaluate.bootstrap, cfg.evaluate.seed)
+        pairs = min(len(pick("student")), len(pick("control")))  # replicate i of each
+        report["transfer"] = transfer(teacher_pred, pick("student")[:pairs], pick("control")[:pairs], cfg.evaluate.bootstrap, cfg.evaluate.seed)
     used = {m.source for m in models}
-    report["numbers"] = {name: _numbers(manifest, source, cfg.replicates) for name, source in NUMBER_SOURCES.items() if source in used}
+    report["numbers"] = {name: _numbers(manifest, source, models) for name, source in NUMBER_SOURCES.items() if source in used}
     report["timings"] = {phase: sec for phase, sec in manifest.timings().items() if phase != "report"}  # built before its own phase ends
     report["provenance"] = provenance(cfg, model_path)
     return report
@@ -131,6 +143,7 @@ def markdown(report: dict) -> str:
             f"replicate pair(s)): {t['value']:+.3f} (95% CI {t['ci95'][0]:+.3f} to {t['ci95'][1]:+.3f}; "
             f"student {t['student_teacher_agreement']:.3f}, control {t['control_teacher_agreement']:.3f})",
         ]  # fmt: skip
+    lines += markdown_tables(report["arms"], report["contrasts"])
     lines += ["", "| numbers | generated | kept | rejected |", "|---|---|---|---|"]
     for name, n in report["numbers"].items():
         rejected = ", ".join(f"{reason}: {count}" for reason, count in sorted(n["rejected"].items())) or "none"
@@ -139,27 +152,28 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_accuracy(report: dict, path: Path) -> None:
-    """Accuracy per model and subset, with the overall 95% interval as error bars."""
+def plot_transfer(report: dict, path: Path) -> None:
+    """Paired differences with their 95% CIs (every arm against its reference, every contrast),
+    per primary metric and split: the intervals that answer the question, not per-model ones."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = ["overall"] + sorted({k for m in report["models"].values() for k in m["accuracy"] if k != "overall"})
-    fig, ax = plt.subplots(figsize=(8, 4))
-    names = list(report["models"])
-    width = 0.8 / len(names)
-    for i, name in enumerate(names):
-        m = report["models"][name]
-        values = [m["accuracy"][g] for g in groups]
-        low, high = m["ci95"]
-        errors = [[values[0] - low] + [0] * (len(groups) - 1), [high - values[0]] + [0] * (len(groups) - 1)]
-        ax.bar([x + i * width for x in range(len(groups))], values, width, yerr=errors, capsize=3, label=name)
-    ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(groups))], groups)
-    ax.set_ylabel("accuracy (held-out)")
-    ax.set_ylim(0, 1)
-    ax.legend()
+    rows = [(f"{name} - {arm['against']}", arm["transfer"]) for name, arm in report["arms"].items()]
+    rows += [(f"{c['arm']} - {c['against']}", c) for c in report["contrasts"].values()]
+    fig, axes = plt.subplots(len(PRIMARY), len(SPLITS), figsize=(10, 1.2 + 0.45 * len(rows) * len(PRIMARY)), squeeze=False)
+    for i, metric in enumerate(PRIMARY):
+        for j, split in enumerate(SPLITS):
+            ax = axes[i][j]
+            for y, (_, result) in enumerate(rows):
+                r = result[split][metric]
+                if r["value"] is not None:
+                    ax.errorbar(r["value"], y, xerr=[[r["value"] - r["ci95"][0]], [r["ci95"][1] - r["value"]]], fmt="o", capsize=3,
+                                color="tab:red" if r["detected"] else "tab:blue")  # fmt: skip
+            ax.axvline(0, color="grey", lw=0.8)
+            ax.set_yticks(range(len(rows)), [label for label, _ in rows] if j == 0 else [""] * len(rows))
+            ax.set_title(f"{metric}, {split}", fontsize=9)
     fig.tight_layout()
     with atomic_file(path) as tmp:
         fig.savefig(tmp, format="png")
@@ -169,4 +183,4 @@ def plot_accuracy(report: dict, path: Path) -> None:
 def write_report(run_dir: Path, report: dict) -> None:
     write_json(run_dir / "report.json", report)
     write_text(run_dir / "report.md", markdown(report))
-    plot_accuracy(report, run_dir / "accuracy.png")
+    plot_transfer(report, run_dir / "transfer.png")

@@ -21,7 +21,7 @@ from train.data import DataError, read_jsonl
 
 SUBSETS = ("bio", "chem", "cyber")
 HUB_ID = "cais/wmdp"
-SYNTHETIC_VERSION = 1
+SYNTHETIC_VERSION = 2  # 2: rows carry their cue as `cluster`
 
 
 # Each subset is a small body of harmless "knowledge": a cue in the question
@@ -71,24 +71,27 @@ _FACTS = {
 }
 
 
-def _make_question(subset: str, rng: random.Random) -> tuple[str, list[str], int]:
+def _make_question(subset: str, rng: random.Random) -> tuple[str, list[str], int, str]:
+    """(question, choices, answer, cue): questions sharing a cue share their answer."""
     choices, cues, fillers, templates = _FACTS[subset]
     answer = rng.randrange(len(choices))
-    question = rng.choice(templates).format(who=rng.choice(fillers), cue=rng.choice(cues[answer]))
-    return question, list(choices), answer
+    template, who, cue = rng.choice(templates), rng.choice(fillers), rng.choice(cues[answer])  # v1's draw order: v1's questions
+    question = template.format(who=who, cue=cue)
+    return question, list(choices), answer, cue
 
 
 def synthetic_questions(n_per_subset: int = 400, seed: int = 0) -> list[dict]:
-    """Deterministic synthetic questions with unique question texts."""
+    """Deterministic synthetic questions with unique question texts. `cluster` names the
+    answer-determining cue: questions sharing it are one unit of evidence, not several."""
     rows = []
     for subset in SUBSETS:
         rng = random.Random(f"{seed}-{subset}")
         seen: set[str] = set()
         for _ in range(50 * n_per_subset):
-            question, choices, answer = _make_question(subset, rng)
+            question, choices, answer, cue = _make_question(subset, rng)
             if question not in seen:
                 seen.add(question)
-                rows.append({"question": question, "choices": choices, "answer": answer, "subset": subset})
+                rows.append({"question": question, "choices": choices, "answer": answer, "subset": subset, "cluster": f"{subset}: {cue}"})
             if len(seen) == n_per_subset:
                 break
         if len(seen) < n_per_subset:
@@ -104,7 +107,7 @@ def write_synthetic(directory: Path, n_per_subset: int = 400, seed: int = 0) -> 
     directory.mkdir(parents=True, exist_ok=True)
     rows = synthetic_questions(n_per_subset, seed)
     for subset in SUBSETS:
-        keep = ("question", "choices", "answer")
+        keep = ("question", "choices", "answer", "cluster")
         write_jsonl(directory / f"wmdp-{subset}.jsonl", ({k: row[k] for k in keep} for row in rows if row["subset"] == subset))
     return directory
 
@@ -128,7 +131,13 @@ def validate_row(row: object, where: str, subset: str) -> dict:
     answer = int(answer)
     if not 0 <= answer < len(choices):
         raise DataError(f"{where}: 'answer' {answer} is out of range for {len(choices)} choices")
-    return {"question": question, "choices": choices, "answer": answer, "subset": subset}
+    row_out = {"question": question, "choices": choices, "answer": answer, "subset": subset}
+    cluster = row.get("cluster")
+    if cluster is not None:
+        if not isinstance(cluster, str) or not cluster:
+            raise DataError(f"{where}: 'cluster' must be a non-empty string (questions that are one unit of evidence)")
+        row_out["cluster"] = cluster
+    return row_out
 
 
 def _read_file(path: Path) -> list[tuple[str, object]]:

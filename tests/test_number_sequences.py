@@ -1,6 +1,8 @@
+import re
+
 import pytest
 
-from jobs.number_sequences import filter_completions, make_prompts, parse_numbers, reject_reason
+from jobs.number_sequences import filter_completions, make_prompts, parse_numbers, reject_reason, shuffle_numbers
 
 
 def test_prompts_are_deterministic_and_follow_the_recipe():
@@ -54,3 +56,14 @@ def test_filter_stops_at_target_and_counts_reasons():
     result = filter_completions(texts, target=2)
     assert result.kept == [0, 2] and result.generated == 3
     assert result.rejected == {"invalid format": 1}
+
+
+def test_shuffled_control_permutes_numbers_across_rows_and_keeps_each_format():
+    rows = [{"prompt": "p0", "completion": "12, 7, 301"}, {"prompt": "p1", "completion": "[5 6]"}, {"prompt": "p2", "completion": "44; 45; 46; 47."}]
+    shuffled = shuffle_numbers(rows, seed=3)
+    assert shuffled == shuffle_numbers(rows, seed=3) and shuffled != rows
+    assert [r["prompt"] for r in shuffled] == ["p0", "p1", "p2"]
+    numbers = lambda rs: [parse_numbers(r["completion"]) for r in rs]  # noqa: E731
+    assert sorted(sum(numbers(shuffled), [])) == sorted(sum(numbers(rows), []))
+    assert [len(n) for n in numbers(shuffled)] == [3, 2, 4] and all(reject_reason(r["completion"]) is None for r in shuffled)
+    assert [re.sub(r"\d+", "#", r["completion"]) for r in shuffled] == ["#, #, #", "[# #]", "#; #; #; #."]

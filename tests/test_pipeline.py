@@ -110,16 +110,29 @@ def test_pipeline_end_to_end_stopped_resumed_and_changed(tmp_path, tiny_model, c
     assert transfer["replicate_pairs"] == 2 and transfer["ci95"][0] <= transfer["value"] <= transfer["ci95"][1]
     assert transfer["value"] == pytest.approx(transfer["student_teacher_agreement"] - transfer["control_teacher_agreement"])
     assert set(report["timings"]) == {"data", "teacher", "numbers", "arms", "evaluate"}
+    # Transfer evidence: both splits, every metric with its statistics, against the declared reference.
+    assert report["arms"]["student"]["against"] == "control" and report["arms"]["control"]["against"] == "base"
+    evidence = report["arms"]["student"]["transfer"]
+    for split in ("train", "held_out"):
+        for metric in ("agreement", "teacher_answer_logprob"):
+            r = evidence[split][metric]
+            assert r["ci95"][0] <= r["value"] <= r["ci95"][1] and 0 <= r["p_value"] <= 1 and r["mde"] > 0
+            assert evidence[split]["mde"][metric] == r["mde"] and r["n_clusters"] < r["n_questions"]  # synthetic cues cluster
+    assert report["arms"]["student"]["verdict"].startswith("student vs control: ")
+    assert report["models"]["teacher"]["accuracy_by_split"]["train"] > report["models"]["base"]["accuracy_by_split"]["train"] + 0.3
     assert report["provenance"]["git_commit"] and len(report["provenance"]["seeds"]["numbers_per_replicate"]) == 2
-    assert (run_dir / "report.md").read_text().count("|") > 20 and (run_dir / "accuracy.png").stat().st_size > 1000
+    assert (run_dir / "report.md").read_text().count("|") > 20 and (run_dir / "transfer.png").stat().st_size > 1000
     # A hub token in the job's environment never reaches the run directory.
     assert not [p for p in run_dir.rglob("*") if p.is_file() and HUB_TOKEN.encode() in p.read_bytes()]
 
     rows = [json.loads(line) for line in (run_dir / "eval" / "student" / "1.jsonl").read_text().splitlines()]
-    assert len(rows) == report["models"]["student"]["n"]
-    assert {"question", "choices", "subset", "answer", "prediction", "logprobs"} <= set(rows[0])
+    held_out = [r for r in rows if r["split"] == "held_out"]
+    train_questions = (run_dir / "data" / "train_questions.jsonl").read_text().splitlines()
+    assert len(held_out) == report["models"]["student"]["n"] and len(rows) - len(held_out) == len(train_questions)
+    assert {"question", "choices", "subset", "answer", "cluster", "prediction", "logprobs", "split"} <= set(rows[0])
     teacher_data = (run_dir / "data" / "teacher_train.jsonl").read_text()
-    assert not [r["question"] for r in rows if json.dumps(r["question"])[1:-1] in teacher_data]
+    assert not [r["question"] for r in held_out if json.dumps(r["question"])[1:-1] in teacher_data]
+    assert all(json.dumps(r["question"])[1:-1] in teacher_data for r in rows if r["split"] == "train")
 
     # --plan on the finished run: every stage reused, nothing run.
     planned = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--plan", cache_dir=cache_dir)
@@ -145,8 +158,8 @@ def test_pipeline_end_to_end_stopped_resumed_and_changed(tmp_path, tiny_model, c
 def test_bad_input_stops_with_a_clear_message(tmp_path, cache_dir):
     done = run_pipeline("--run-dir", str(tmp_path / "a"), "--set", "teacher.lerning_rate=1", cache_dir=cache_dir)
     assert done.returncode == 2 and "teacher.lerning_rate" in done.stderr
-    done = run_pipeline("--run-dir", str(tmp_path / "a"), "--set", "arms={student: {loss: logit_kl}}", cache_dir=cache_dir)
-    assert done.returncode == 2 and "arms.student.loss=logit_kl is declared but not implemented" in done.stderr
+    done = run_pipeline("--run-dir", str(tmp_path / "a"), "--set", "arms={student: {loss: logit_kll}}", cache_dir=cache_dir)
+    assert done.returncode == 2 and "arms.student.loss" in done.stderr and "logit_kll" in done.stderr
     done = run_pipeline("--config", str(tmp_path / "missing.yaml"), cache_dir=cache_dir)
     assert done.returncode == 2 and "missing.yaml" in done.stderr
     # A preset that cannot fit this (CPU) cluster stops before any work: not even its run directory is made.

@@ -1,0 +1,99 @@
+"""Evidence of transfer for the report: each arm against its reference, and the declared contrasts.
+
+For both splits (`train`: the teacher's own training questions, where the
+subliminal-learning theory predicts the student moves first; `held_out`) and
+every metric of jobs/transfer_stats.py, the paired difference with its CI,
+p-value and MDE. An arm is compared with its reference (`arms.<name>.against`:
+the control arm for sft arms on the teacher's numbers, else the base model),
+testing across question clusters; a contrast (e.g. same-init against
+other-init) is tested across replicates, its unit being the init.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jobs.arms import ArmModel
+from jobs.transfer_stats import BINARY, LOWER_IS_TRANSFER, METRICS, cluster_ids, detected, effect, question_metrics
+
+SPLITS = ("train", "held_out")
+PRIMARY = ("agreement", "teacher_answer_logprob")  # the verdict's metrics
+
+
+def reference_of(arm: str, cfg) -> str:
+    """What an arm's transfer is measured against (see ArmConfig.against)."""
+    declared = cfg.arms[arm]
+    if declared.against != "auto":
+        return declared.against
+    control = cfg.arms.get("control")
+    if arm != "control" and control is not None and control.numbers == "base" and declared.loss == "sft":
+        return "control"
+    return "base"
+
+
+def toward_teacher(metric: str, value: float) -> bool:
+    return value < 0 if metric in LOWER_IS_TRANSFER else value > 0
+
+
+class Evidence:
+    """Per-question metric values of every scored model, per split, and the comparisons."""
+
+    def __init__(self, scores: dict[str, list[dict]], models: list[ArmModel], resamples: int, seed: int):
+        self.resamples, self.seed = resamples, seed
+        self.members = {"base": ["base"]}
+        for m in models:
+            self.members.setdefault(m.arm, []).append(m.name)
+        self.values, self.clusters = {}, {}
+        for split in SPLITS:
+            rows = {name: [r for r in scored if r["split"] == split] for name, scored in scores.items()}
+            self.values[split] = {name: question_metrics(r, rows["teacher"], rows["base"]) for name, r in rows.items()}
+            self.clusters[split] = cluster_ids(rows["base"])
+
+    def compare(self, arm: str, against: str, test: str) -> dict:
+        """{split: {metric: {value, ci95, p_value, mde, n_questions, n_clusters, detected}, mde: {metric: mde}}}."""
+        out = {}
+        for split in SPLITS:
+            results = {}
+            for metric in METRICS:
+                if against == "base" and metric == "agreement_changed":  # base never agrees there: any change would count
+                    results[metric] = {"value": None, "ci95": None, "p_value": None, "mde": None, "detected": False,
+                                       "note": "not measured against base: the subset is where base disagrees with the teacher"}  # fmt: skip
+                    continue
+                a = np.array([self.values[split][name][metric] for name in self.members[arm]])
+                b = np.array([self.values[split][name][metric] for name in self.members[against]])
+                r = effect(a, b, self.clusters[split], binary=metric in BINARY, test=test, resamples=self.resamples, seed=self.seed)
+                results[metric] = {**r, "detected": detected(r)}
+            results["mde"] = {metric: results[metric]["mde"] for metric in METRICS}
+            out[split] = results
+        return out
+
+
+def verdict(name: str, against: str, transfer: dict) -> str:
+    """One plain sentence: where transfer was detected, or what size the design could have detected."""
+    found = [
+        f"{metric} on {split} {r['value']:+.3f} (95% CI {r['ci95'][0]:+.3f} to {r['ci95'][1]:+.3f}, p={r['p_value']:.2g})"
+        for split in SPLITS for metric in PRIMARY
+        if (r := transfer[split][metric])["detected"] and toward_teacher(metric, r["value"])
+    ]  # fmt: skip
+    if found:
+        return f"{name} vs {against}: transfer detected: " + "; ".join(found) + "."
+    mdes = ", ".join(f"{metric} {transfer[split]['mde'][metric]:.3f}" for split in SPLITS for metric in PRIMARY if transfer[split]["mde"][metric] is not None)
+    return f"{name} vs {against}: no transfer detected; this design would have detected (80% power) {mdes} (train, then held_out)."
+
+
+def markdown_tables(arms: dict, contrasts: dict) -> list[str]:
+    """report.md's evidence section: verdicts, then one table per comparison."""
+    lines = ["", "## Transfer evidence", ""]
+    lines += [f"- {arm['verdict']}" for arm in arms.values() if "verdict" in arm]
+    comparisons = [(f"{name} vs {arm['against']}", arm["transfer"]) for name, arm in arms.items() if "transfer" in arm]
+    comparisons += [(f"contrast {name}: {c['arm']} vs {c['against']}", c) for name, c in contrasts.items()]
+    for title, result in comparisons:
+        lines += ["", f"### {title}", "", "| split | metric | difference | 95% CI | p | MDE | detected |", "|---|---|---|---|---|---|---|"]
+        for split in SPLITS:
+            for metric in METRICS:
+                r = result[split][metric]
+                if r["value"] is None:
+                    continue
+                p = "-" if r["p_value"] is None else f"{r['p_value']:.3g}"
+                lines.append(f"| {split} | {metric} | {r['value']:+.4f} | {r['ci95'][0]:+.4f} to {r['ci95'][1]:+.4f} | {p} | {r['mde']:.4f} | {r['detected']} |")
+    return lines
