@@ -1,11 +1,9 @@
-"""The evaluation stage: every model scored on the held-out questions, in parallel, and the statistics.
+"""The evaluation stage: every model scored on both splits' questions, in parallel; accuracy.
 
 Work is split by (model, chunk of questions) and sent concurrently to the
 service, whose replicas share it (one per GPU on GPU clusters). Scoring is the
 service's one-pass `/score`. Accuracy comes with a Wilson 95% interval; the
-transfer measure (does the student pick up the teacher's answers?) is the
-student's agreement with the teacher minus the control's, averaged over
-replicate pairs, with a hierarchical bootstrap CI (replicates, then questions).
+transfer statistics are jobs/transfer_stats.py's.
 """
 
 from __future__ import annotations
@@ -61,39 +59,6 @@ def summarise(predictions: list[dict]) -> dict:
     return {"accuracy": accuracy, "ci95": wilson_ci(sum(correct), len(correct)), "n": len(correct)}
 
 
-def hierarchical_bootstrap(values, resamples: int, seed: int) -> list[float]:
-    """95% percentile interval of the mean of `values` [replicates x questions], resampling
-    replicates and then questions, so the interval holds replicate-to-replicate spread as well
-    as question sampling (with one replicate it is the usual bootstrap over questions)."""
-    import numpy as np
-
-    values = np.asarray(values, dtype=np.float64)
-    reps, n = values.shape
-    rng = np.random.default_rng(seed)
-    means = np.empty(resamples)
-    for b in range(resamples):  # one resample at a time: memory stays O(replicates x questions)
-        rows = values[rng.integers(0, reps, reps)]
-        means[b] = rows[:, rng.integers(0, n, n)].mean()
-    low, high = np.percentile(means, [2.5, 97.5])
-    return [float(low), float(high)]
-
-
 def agreement(predictions: list[int], reference: list[int]) -> list[float]:
     """Per question: 1.0 where the two models pick the same choice."""
     return [float(p == r) for p, r in zip(predictions, reference)]
-
-
-def transfer(teacher: list[int], students: list[list[int]], controls: list[list[int]], resamples: int, seed: int) -> dict:
-    """Agreement with the teacher of each student replicate minus that of its control replicate,
-    averaged over replicate pairs, with a hierarchical bootstrap 95% CI (pairs, then questions)."""
-    import numpy as np
-
-    s = np.array([agreement(p, teacher) for p in students])
-    c = np.array([agreement(p, teacher) for p in controls])
-    return {
-        "value": float((s - c).mean()),
-        "ci95": hierarchical_bootstrap(s - c, resamples, seed),
-        "student_teacher_agreement": float(s.mean()),
-        "control_teacher_agreement": float(c.mean()),
-        "replicate_pairs": len(students),
-    }

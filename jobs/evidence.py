@@ -4,9 +4,9 @@ For both splits (`train`: the teacher's own training questions, where the
 subliminal-learning theory predicts the student moves first; `held_out`) and
 every metric of jobs/transfer_stats.py, the paired difference with its CI,
 p-value and MDE. An arm is compared with its reference (`arms.<name>.against`:
-the control arm for sft arms on the teacher's numbers, else the base model),
-testing across question clusters; a contrast (e.g. same-init against
-other-init) is tested across replicates, its unit being the init.
+the control arm for sft arms on the teacher's numbers, else the base model); a
+contrast compares two arms (e.g. same-init against other-init). Both hold the
+replicates' spread (jobs/transfer_stats.py).
 """
 
 from __future__ import annotations
@@ -49,36 +49,43 @@ class Evidence:
             self.values[split] = {name: question_metrics(r, rows["teacher"], rows["base"]) for name, r in rows.items()}
             self.clusters[split] = cluster_ids(rows["base"])
 
-    def compare(self, arm: str, against: str, test: str) -> dict:
-        """{split: {metric: {value, ci95, p_value, mde, n_questions, n_clusters, detected}, mde: {metric: mde}}}."""
+    def compare(self, arm: str, against: str, splits: tuple[str, ...] = SPLITS) -> dict:
+        """{split: {metric: {value, ci95, p_value, mde, p_fixed_models, n_questions, n_clusters, detected}, mde: {metric: mde}}}."""
         out = {}
-        for split in SPLITS:
+        for split in splits:
             results = {}
             for metric in METRICS:
                 if against == "base" and metric == "agreement_changed":  # base never agrees there: any change would count
-                    results[metric] = {"value": None, "ci95": None, "p_value": None, "mde": None, "detected": False,
+                    results[metric] = {"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "detected": False,
                                        "note": "not measured against base: the subset is where base disagrees with the teacher"}  # fmt: skip
                     continue
                 a = np.array([self.values[split][name][metric] for name in self.members[arm]])
                 b = np.array([self.values[split][name][metric] for name in self.members[against]])
-                r = effect(a, b, self.clusters[split], binary=metric in BINARY, test=test, resamples=self.resamples, seed=self.seed)
+                r = effect(a, b, self.clusters[split], binary=metric in BINARY, b_fixed=against == "base", resamples=self.resamples, seed=self.seed)
                 results[metric] = {**r, "detected": detected(r)}
             results["mde"] = {metric: results[metric]["mde"] for metric in METRICS}
             out[split] = results
         return out
 
 
+def interval(ci) -> str:
+    return "-" if ci is None else f"{ci[0]:+.4f} to {ci[1]:+.4f}"
+
+
 def verdict(name: str, against: str, transfer: dict) -> str:
     """One plain sentence: where transfer was detected, or what size the design could have detected."""
     found = [
-        f"{metric} on {split} {r['value']:+.3f} (95% CI {r['ci95'][0]:+.3f} to {r['ci95'][1]:+.3f}, p={r['p_value']:.2g})"
+        f"{metric} on {split} {r['value']:+.4f} (95% CI {interval(r['ci95'])}, p={r['p_value']:.2g})"
         for split in SPLITS for metric in PRIMARY
         if (r := transfer[split][metric])["detected"] and toward_teacher(metric, r["value"])
     ]  # fmt: skip
     if found:
         return f"{name} vs {against}: transfer detected: " + "; ".join(found) + "."
-    mdes = ", ".join(f"{metric} {transfer[split]['mde'][metric]:.3f}" for split in SPLITS for metric in PRIMARY if transfer[split]["mde"][metric] is not None)
-    return f"{name} vs {against}: no transfer detected; this design would have detected (80% power) {mdes} (train, then held_out)."
+    mdes = [(split, metric, transfer[split]["mde"][metric]) for split in SPLITS for metric in PRIMARY]
+    if any(mde is None for _, _, mde in mdes):
+        return f"{name} vs {against}: no transfer detected; with one replicate the spread across seeds is unknown, so no effect size can be promised."
+    sizes = "; ".join(f"{split}: " + ", ".join(f"{metric} {mde:.4f}" for s, metric, mde in mdes if s == split) for split in SPLITS)
+    return f"{name} vs {against}: no transfer detected; this design would have detected, with 80% power, differences of {sizes}."
 
 
 def markdown_tables(arms: dict, contrasts: dict) -> list[str]:
@@ -94,6 +101,6 @@ def markdown_tables(arms: dict, contrasts: dict) -> list[str]:
                 r = result[split][metric]
                 if r["value"] is None:
                     continue
-                p = "-" if r["p_value"] is None else f"{r['p_value']:.3g}"
-                lines.append(f"| {split} | {metric} | {r['value']:+.4f} | {r['ci95'][0]:+.4f} to {r['ci95'][1]:+.4f} | {p} | {r['mde']:.4f} | {r['detected']} |")
+                p, mde = ("-", "-") if r["p_value"] is None else (f"{r['p_value']:.3g}", f"{r['mde']:.4f}")
+                lines.append(f"| {split} | {metric} | {r['value']:+.4f} | {interval(r['ci95'])} | {p} | {mde} | {r['detected']} |")
     return lines

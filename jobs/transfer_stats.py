@@ -1,38 +1,48 @@
-"""Paired evidence of transfer: per-question metrics, a cluster-aware bootstrap, tests and the MDE.
+"""Paired evidence of transfer: per-question metrics, an interval that holds replicate spread, tests, MDE.
 
 Every metric is a number per (model, question), computed from the stored
 per-choice log-probabilities (`question_metrics`). An effect compares two
-groups of models on the same questions: an arm's replicates against its
-reference (the control arm's replicates, or the base model), or the same-init
-arm's replicates against the other-init arm's (`effect`).
+groups of models on the same questions (`effect`): an arm's replicates against
+its reference (the control arm's replicates, or the fixed base model), or one
+arm's replicates against another's (the same-init vs other-init contrast).
 
-Questions are not independent: synthetic questions share answer-determining
-cues, so each row carries a `cluster` key (real WMDP: the question itself).
-- value: the mean over the groups' replicates and the questions of
-  group A minus group B.
-- ci95: hierarchical percentile bootstrap, each group's replicates resampled,
-  then clusters (a drawn cluster brings all its questions), so the interval
-  holds init-to-init spread as well as question sampling.
-- p_value: by `test`. "clusters": the difference per cluster (averaged over
-  replicates and the cluster's questions) tested across clusters: an exact sign
-  test for agreement (with one replicate and one question per cluster it is
-  exactly McNemar's exact test on the discordant pairs), a paired t-test for
-  continuous metrics. "replicates": Welch's t-test on the per-replicate means
-  (the init-specific contrast, whose unit is the init); None with fewer than
-  two replicates a side.
+Two sources of chance: which questions were asked (synthetic questions share
+answer-determining cues, so each row carries a `cluster` key; on real WMDP each
+question is its own cluster), and which seeds trained the replicates (one
+LoRA init and data order is one draw: a model's quirks move its answers on many
+questions at once).
+- value: mean over a group's replicates and the questions, a minus b.
+- ci95 and p_value: for other seeds and other questions. The variance of the
+  difference is the variance over a bootstrap of question clusters (`resamples`
+  draws of clusters with replacement, a drawn cluster bringing all its
+  questions) plus, for each group of trained replicates, the variance of its
+  replicate means over its replicate count; a t interval and test with
+  Welch-Satterthwaite degrees of freedom. With 3 replicates the replicate term has 2 degrees of freedom,
+  and the interval is as wide as that honestly makes it. A group of trained
+  replicates with only one member has no estimate of its spread: no ci95,
+  p_value or mde then.
+- p_fixed_models: for these very models, questions the only chance: the
+  per-cluster difference tested across clusters, an exact sign test for the
+  agreement metrics (one replicate, one question per cluster: exactly McNemar's
+  exact test on the discordant pairs), a paired t-test otherwise. A small value
+  here with a large p_value says the models differ but seeds differ as much.
 - mde: the smallest true difference the design detects with 80% power in a
-  two-sided 5% test, (z_0.975 + z_0.8) x the bootstrap standard error, which
-  reflects the observed discordance, the number of clusters and the replicate
-  spread.
-A difference is *detected* when its ci95 excludes 0 and p_value < 0.05.
-"""
+  two-sided 5% t-test: (t_0.975 + t_0.8) x the standard error, at the same
+  degrees of freedom; it reflects the observed discordance, the number of
+  clusters and the replicate spread.
+A difference is *detected* when p_value < 0.05 (its ci95 then excludes 0).
+
+A percentile bootstrap over replicates, then clusters, was the first design and
+was dropped for the replicate level: with 3 replicates a side it covered 0 in
+70% of control-vs-control nulls on a real model (the setting of
+tests/test_transfer_calibration.py), since resampling 3 values cannot show
+their spread; the t term above does, at 2 degrees of freedom per side."""
 
 from __future__ import annotations
 
 import numpy as np
 from scipy import stats
 
-Z_80_POWER = 1.959964 + 0.841621  # two-sided alpha = 0.05, power 0.8
 BINARY = {"agreement", "agreement_changed", "agreement_teacher_right", "agreement_teacher_wrong"}
 LOWER_IS_TRANSFER = {"label_nll"}  # every other metric rises when the student moves toward the teacher
 
@@ -88,53 +98,54 @@ def _cluster_sums(values: np.ndarray, clusters: np.ndarray, n_clusters: int) -> 
     return sums, counts
 
 
-def effect(a: np.ndarray, b: np.ndarray, clusters: np.ndarray, *, binary: bool, test: str, resamples: int, seed: int) -> dict:
-    """Group a minus group b on one metric. a, b: [replicates x questions]; see the module docstring."""
+def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, resamples: int = 1000, seed: int = 0) -> dict:
+    """Group a minus group b on one metric. a, b: [replicates x questions] (NaN: not in the
+    metric's subset). b_fixed: b is one fixed model (base), not a sample of trained replicates.
+    resamples, seed: the cluster bootstrap. See the module docstring for each field."""
     a, b = np.atleast_2d(np.asarray(a, float)), np.atleast_2d(np.asarray(b, float))
     n_clusters = int(clusters.max()) + 1
     sums_a, counts = _cluster_sums(a, clusters, n_clusters)
     sums_b, _ = _cluster_sums(b, clusters, n_clusters)
     keep = counts > 0
     sums_a, sums_b, counts = sums_a[:, keep], sums_b[:, keep], counts[keep]
-    n_q = counts.sum()
-    if n_q == 0:
-        return {"value": None, "ci95": None, "p_value": None, "mde": None, "n_questions": 0, "n_clusters": 0}
+    n_q, c = counts.sum(), len(counts)
+    empty = {"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "n_questions": int(n_q), "n_clusters": c}
+    if c < 2:
+        return empty
     value = sums_a.mean(0).sum() / n_q - sums_b.mean(0).sum() / n_q
+    per_cluster = (sums_a.mean(0) - sums_b.mean(0)) / counts
 
-    rng = np.random.default_rng(seed)
-    c = len(counts)
-    weights = rng.multinomial(c, np.full(c, 1 / c), size=resamples).astype(float)  # cluster multiplicities
-
-    def drawn_means(sums):  # per resample: replicates drawn with replacement, averaged, per cluster
-        k = len(sums)
-        picks = rng.multinomial(k, np.full(k, 1 / k), size=resamples) / k
-        return picks @ sums
-
-    diffs = (weights * (drawn_means(sums_a) - drawn_means(sums_b))).sum(1) / np.maximum(weights @ counts, 1e-12)
-    low, high = np.percentile(diffs, [2.5, 97.5])
-
-    if test == "clusters":
-        per_cluster = (sums_a.mean(0) - sums_b.mean(0)) / counts
-        if binary:
-            up, down = int((per_cluster > 0).sum()), int((per_cluster < 0).sum())
-            p = stats.binomtest(up, up + down, 0.5).pvalue if up + down else 1.0
-        else:
-            p = stats.ttest_1samp(per_cluster, 0.0).pvalue if np.ptp(per_cluster) > 0 else (1.0 if value == 0 else 0.0)
-    elif test == "replicates":
-        means_a, means_b = sums_a.sum(1) / n_q, sums_b.sum(1) / n_q
-        p = stats.ttest_ind(means_a, means_b, equal_var=False).pvalue if min(len(means_a), len(means_b)) >= 2 else None
+    # These very models, questions the only randomness: exact sign test (McNemar) or paired t across clusters.
+    if binary:
+        up, down = int((per_cluster > 0).sum()), int((per_cluster < 0).sum())
+        p_fixed = stats.binomtest(up, up + down, 0.5).pvalue if up + down else 1.0
     else:
-        raise ValueError(f"test must be 'clusters' or 'replicates', not {test!r}")
-    p = None if p is None or np.isnan(p) else float(p)
+        p_fixed = stats.ttest_1samp(per_cluster, 0.0).pvalue if np.ptp(per_cluster) > 0 else (1.0 if value == 0 else 0.0)
+    result = {**empty, "value": float(value), "p_fixed_models": float(p_fixed)}
+
+    # Other seeds and other questions: variance from the replicates' spread plus the clusters'.
+    draws = np.random.default_rng(seed).multinomial(c, np.full(c, 1 / c), size=resamples)  # cluster multiplicities
+    resampled = draws @ (per_cluster * counts) / np.maximum(draws @ counts, 1e-12)
+    components = [(resampled.var(ddof=1), c - 1)]
+    for sums, fixed in ((sums_a, False), (sums_b, b_fixed)):
+        if fixed:
+            continue
+        if len(sums) < 2:
+            return result  # one replicate: its init-to-init spread is unknown, so no interval for other seeds
+        means = sums.sum(1) / n_q
+        components.append((means.var(ddof=1) / len(means), len(means) - 1))
+    variance = sum(v for v, _ in components)
+    if variance == 0:
+        return {**result, "ci95": [float(value)] * 2, "p_value": (1.0 if value == 0 else 0.0), "mde": 0.0}
+    df = variance**2 / sum(v**2 / d for v, d in components)  # Welch-Satterthwaite
+    se = np.sqrt(variance)
+    half = stats.t.ppf(0.975, df) * se
     return {
-        "value": float(value), "ci95": [float(low), float(high)], "p_value": p,
-        "mde": float(Z_80_POWER * diffs.std(ddof=1)), "n_questions": int(n_q), "n_clusters": int(c),
+        **result, "ci95": [float(value - half), float(value + half)], "p_value": float(2 * stats.t.sf(abs(value) / se, df)),
+        "mde": float((stats.t.ppf(0.975, df) + stats.t.ppf(0.8, df)) * se), "df": float(df),
     }  # fmt: skip
 
 
 def detected(result: dict) -> bool:
-    """The CI excludes 0 and the test rejects at 5%."""
-    if result["ci95"] is None or result["p_value"] is None:
-        return False
-    low, high = result["ci95"]
-    return (low > 0 or high < 0) and result["p_value"] < 0.05
+    """The test for other seeds and questions rejects at 5% (its ci95 then excludes 0)."""
+    return result["p_value"] is not None and result["p_value"] < 0.05
