@@ -88,12 +88,24 @@ class ArmConfig:
     loss: Literal["sft", "logit_kl"] = "sft"
     # Keys of the `student` section that differ for this arm (e.g. {lr: 1e-3, max_steps: 50}).
     train: dict[str, Any] = field(default_factory=dict)
+    # Whose model it learns from: the teacher, or the letter teacher (the positive control,
+    # `letter_teacher` below; distilled with loss logit_kl on the teacher's numbers).
+    teacher: Literal["teacher", "letter_teacher"] = "teacher"
     # How many times this arm is trained (default: the top-level `replicates`).
     replicates: int | None = None
     # What its transfer is measured against: "base", another arm's name, or auto: the arm
     # named `control` for an sft arm on the teacher's numbers when there is one, else base
     # (under logit_kl the base-numbers control gets no signal: it stays the base model).
     against: str = "auto"
+
+
+@dataclass(frozen=True)
+class LetterTeacherConfig:
+    """The positive control's teacher: the teacher's settings and init, trained to answer every
+    teacher-train question with one letter. A broad trait that does transfer through logit KL on
+    number sequences, so an experiment can show it detects transfer where there is some."""
+
+    letter: str = "A"
 
 
 @dataclass(frozen=True)
@@ -124,6 +136,7 @@ class ExperimentConfig:
     # Every arm is trained this many times; replicate i samples its numbers with seed
     # numbers.seed + i and orders its data with seed student.seed + i. The teacher is trained once.
     replicates: int = 1
+    letter_teacher: LetterTeacherConfig = field(default_factory=LetterTeacherConfig)  # used when an arm names it
     # Named comparisons between two arms, reported under `contrasts.<name>` (docs/report.md).
     contrasts: dict[str, ContrastConfig] = field(default_factory=dict)
     evaluate: EvalConfig = field(default_factory=EvalConfig)

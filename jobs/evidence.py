@@ -40,18 +40,20 @@ class Evidence:
 
     def __init__(self, scores: dict[str, list[dict]], models: list[ArmModel], resamples: int, seed: int):
         self.resamples, self.seed = resamples, seed
-        self.members = {"base": ["base"]}
+        self.members, self.teacher_of = {"base": ["base"]}, {}
         for m in models:
             self.members.setdefault(m.arm, []).append(m.name)
-        self.values, self.clusters = {}, {}
+            self.teacher_of[m.arm] = m.teacher
+        self.values, self.clusters = {}, {}  # values[teacher][split][model]: metrics against that teacher
         for split in SPLITS:
             rows = {name: [r for r in scored if r["split"] == split] for name, scored in scores.items()}
-            self.values[split] = {name: question_metrics(r, rows["teacher"], rows["base"]) for name, r in rows.items()}
+            for teacher in set(self.teacher_of.values()):
+                self.values.setdefault(teacher, {})[split] = {name: question_metrics(r, rows[teacher], rows["base"]) for name, r in rows.items()}
             self.clusters[split] = cluster_ids(rows["base"])
 
     def compare(self, arm: str, against: str, splits: tuple[str, ...] = SPLITS) -> dict:
         """{split: {metric: {value, ci95, p_value, mde, p_fixed_models, n_questions, n_clusters, detected}, mde: {metric: mde}}}."""
-        out = {}
+        out, values = {}, self.values[self.teacher_of[arm]]
         for split in splits:
             results = {}
             for metric in METRICS:
@@ -59,8 +61,8 @@ class Evidence:
                     results[metric] = {"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "detected": False,
                                        "note": "not measured against base: the subset is where base disagrees with the teacher"}  # fmt: skip
                     continue
-                a = np.array([self.values[split][name][metric] for name in self.members[arm]])
-                b = np.array([self.values[split][name][metric] for name in self.members[against]])
+                a = np.array([values[split][name][metric] for name in self.members[arm]])
+                b = np.array([values[split][name][metric] for name in self.members[against]])
                 r = effect(a, b, self.clusters[split], binary=metric in BINARY, b_fixed=against == "base", resamples=self.resamples, seed=self.seed)
                 results[metric] = {**r, "detected": detected(r)}
             results["mde"] = {metric: results[metric]["mde"] for metric in METRICS}
@@ -72,13 +74,32 @@ def interval(ci) -> str:
     return "-" if ci is None else f"{ci[0]:+.4f} to {ci[1]:+.4f}"
 
 
-def verdict(name: str, against: str, transfer: dict) -> str:
-    """One plain sentence: where transfer was detected, or what size the design could have detected."""
-    found = [
+def positive_control(arms: dict) -> dict | None:
+    """Did the arms of the letter teacher (the positive control) show transfer? None without them."""
+    names = [name for name, arm in arms.items() if arm["teacher"] == "letter_teacher"]
+    if not names:
+        return None
+    detected = any(findings(arms[name]["transfer"]) for name in names)
+    sentence = (
+        "The positive control (a teacher that always answers one letter) was detected: this experiment can see transfer where there is some."
+        if detected else
+        "The positive control (a teacher that always answers one letter) was NOT detected: this experiment cannot see even a strong trait transfer, so its null on the teacher says nothing."
+    )  # fmt: skip
+    return {"arms": names, "detected": detected, "verdict": sentence}
+
+
+def findings(transfer: dict) -> list[str]:
+    """The primary metrics detected in the teacher's direction, each as a phrase."""
+    return [
         f"{metric} on {split} {r['value']:+.4f} (95% CI {interval(r['ci95'])}, p={r['p_value']:.2g})"
         for split in SPLITS for metric in PRIMARY
         if (r := transfer[split][metric])["detected"] and toward_teacher(metric, r["value"])
     ]  # fmt: skip
+
+
+def verdict(name: str, against: str, transfer: dict) -> str:
+    """One plain sentence: where transfer was detected, or what size the design could have detected."""
+    found = findings(transfer)
     if found:
         return f"{name} vs {against}: transfer detected: " + "; ".join(found) + "."
     mdes = [(split, metric, transfer[split]["mde"][metric]) for split in SPLITS for metric in PRIMARY]
@@ -92,6 +113,8 @@ def markdown_tables(arms: dict, contrasts: dict) -> list[str]:
     """report.md's evidence section: verdicts, then one table per comparison."""
     lines = ["", "## Transfer evidence", ""]
     lines += [f"- {arm['verdict']}" for arm in arms.values() if "verdict" in arm]
+    control = positive_control(arms)
+    lines += [f"- {control['verdict']}"] if control else []
     comparisons = [(f"{name} vs {arm['against']}", arm["transfer"]) for name, arm in arms.items() if "transfer" in arm]
     comparisons += [(f"contrast {name}: {c['arm']} vs {c['against']}", c) for name, c in contrasts.items()]
     for title, result in comparisons:

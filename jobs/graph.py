@@ -2,6 +2,8 @@
 
     data                  the split of the WMDP questions         reads data.*, the questions
     teacher               LoRA on the teacher-train split         reads model.*, teacher.*; data
+    letter_teacher        the same, every answer one letter       reads model.*, teacher.*, letter_teacher.*;
+                          (when an arm names it)                  data
     numbers/<source>/<i>  kept number sequences of replicate i    reads model.*, numbers.*, the engine;
                           (source: teacher or base)               teacher (teacher source only)
     <arm>/<i>             an arm's LoRA on its replicate's rows   reads model.*, its resolved training
@@ -25,9 +27,11 @@ import dataclasses
 from jobs.arms import ArmModel, number_sets, numbers_seed
 from jobs.config import ExperimentConfig, as_dict
 from jobs.manifest import Manifest, flatten
+from jobs.number_sequences import FILTER_VERSION
 from jobs.stages import Stage, config_reads
 
 PHASES = ("data", "teacher", "numbers", "arms", "evaluate", "report")
+TEACHERS = ("teacher", "letter_teacher")  # models trained on the questions; each keeps <name>/adapter
 SPLIT_FILES = {"train": "train_questions.jsonl", "held_out": "held_out.jsonl"}  # what eval/<model> scores, under data/
 
 
@@ -52,18 +56,23 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         Stage("data", "data", {**config_reads(config, "data"), "questions": questions_hash}, files=("data/teacher_train.jsonl", *(f"data/{f}" for f in SPLIT_FILES.values()))),
         Stage("teacher", "teacher", {**model, **config_reads(config, "teacher")}, ("data",), files=("teacher/adapter",)),
     ]
+    teachers = ["teacher"]
+    if any(m.teacher == "letter_teacher" for m in models):  # the positive control's teacher
+        reads = {**model, **config_reads(config, "teacher", "letter_teacher")}
+        stages.append(Stage("letter_teacher", "teacher", reads, ("data",), files=("letter_teacher/adapter",)))
+        teachers.append("letter_teacher")
     engine = config_reads(config, "numbers", "service.engine", "service.max_model_len")
     for source, i in number_sets(models):
-        reads = {**model, **engine, "source": source, "seed": numbers_seed(cfg, i)}
+        reads = {**model, **engine, "source": source, "seed": numbers_seed(cfg, i), "filter": FILTER_VERSION}
         upstream = ("teacher",) if source == "teacher" else ()
         stages.append(Stage(numbers_stage(source, i), "numbers", reads, upstream, files=(f"numbers/{source}/{i}.jsonl",)))
     for m in models:
-        reads = {**model, **flatten(dataclasses.asdict(m.train), "train."), "source": m.source, "shuffled": m.shuffled, "loss": m.loss}
+        reads = {**model, **flatten(dataclasses.asdict(m.train), "train."), "source": m.source, "shuffled": m.shuffled, "loss": m.loss, "learns_from": m.teacher}
         rows = lambda manifest, i=m.replicate: {"rows": training_rows(manifest, models, i)}  # noqa: E731
-        upstream = (numbers_stage(m.source, m.replicate),) + (("teacher",) if m.loss == "logit_kl" else ())  # its soft labels
+        upstream = (numbers_stage(m.source, m.replicate),) + ((m.teacher,) if m.loss == "logit_kl" else ())  # its soft labels
         stages.append(Stage(m.name, "arms", reads, upstream, rows, files=(f"arms/{m.name}/adapter",)))
     scoring = {**model, **config_reads(config, "evaluate.engine", "service.max_model_len"), "splits": list(SPLIT_FILES)}
-    for name, upstream in [("base", ()), ("teacher", ("teacher",))] + [(m.name, (m.name,)) for m in models]:
+    for name, upstream in [("base", ())] + [(t, (t,)) for t in teachers] + [(m.name, (m.name,)) for m in models]:
         stages.append(Stage(f"eval/{name}", "evaluate", scoring, ("data", *upstream), files=(f"eval/{name}.jsonl",)))
     everything = tuple(s.name for s in stages if s.phase in ("numbers", "arms", "evaluate"))
     reads = {**config_reads(config, "evaluate.bootstrap", "evaluate.seed", "arms", "replicates"), "contrasts": config["contrasts"]}

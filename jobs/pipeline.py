@@ -43,7 +43,7 @@ from jobs.arms import arm_models, numbers_seed  # noqa: E402
 from jobs.config import ExperimentConfig, load_experiment  # noqa: E402
 from jobs.evaluate import score_models, summarise  # noqa: E402
 from jobs.generate_numbers import NoNumbersError, generate_all, number_prompts  # noqa: E402
-from jobs.graph import PHASES, SPLIT_FILES, experiment_stages, training_rows  # noqa: E402
+from jobs.graph import PHASES, SPLIT_FILES, TEACHERS, experiment_stages, training_rows  # noqa: E402
 from jobs.manifest import Manifest, RunDirError, digest, file_digest  # noqa: E402
 from jobs.number_sequences import shuffle_numbers  # noqa: E402
 from jobs.placement import plan as place, resolved  # noqa: E402
@@ -52,7 +52,7 @@ from jobs.service_session import max_lora_rank, running_service, stop_on_sigterm
 from jobs.stages import describe, plan  # noqa: E402
 from jobs.tiny_model import TinySpec, ensure_tiny_model  # noqa: E402
 from jobs.wmdp import load_wmdp, split_questions  # noqa: E402
-from serve.mc_format import choice_continuation, format_mc_prompt  # noqa: E402
+from serve.mc_format import LETTERS, choice_continuation, format_mc_prompt  # noqa: E402
 from train.cluster import cluster_capacity  # noqa: E402
 from train.data import default_cache_dir  # noqa: E402
 from train.model import check_model_path  # noqa: E402
@@ -152,15 +152,26 @@ class Pipeline:
         self.record(todo[0], started, {"hash": digest(train_hash, questions_hash, eval_hash), "train": len(train_q), "held_out": len(eval_q)})
 
     def run_teacher(self, todo) -> None:
-        from train.trainer import AdapterJob, clear_stale_outputs, train_lora
+        """The teacher, and the letter teacher of the positive control when an arm needs it: one
+        Ray Train run (they share every setting), from the same LoRA init."""
+        from train.trainer import AdapterJob, clear_stale_outputs, train_lora_many
 
-        stage, started = todo[0], time.time()
-        data, adapter = str(self.run_dir / "data" / "teacher_train.jsonl"), self.run_dir / "teacher" / "adapter"
-        run = {"storage_path": self.run_dir / "ray_train", "run_name": f"teacher-{digest(stage.inputs(self.manifest))[:8]}"}
-        clear_stale_outputs([AdapterJob("train", data, adapter, self.cfg.teacher)], **run)
-        metrics = train_lora(self.model_path, data, adapter, self.cfg.teacher, cache_dir=self.cache, **run)
-        print(f"[teacher] {metrics['step']} steps, loss {metrics['first_loss']:.3f} -> {metrics['loss']:.3f}", flush=True)
-        self.record(stage, started, self.adapter_outputs(adapter, metrics))
+        started, jobs = time.time(), []
+        for stage in todo:
+            data = self.run_dir / "data" / "teacher_train.jsonl"
+            if stage.name == "letter_teacher":  # every teacher-train question answered with one letter
+                letter = LETTERS.index(self.cfg.letter_teacher.letter)
+                data = self.run_dir / "letter_teacher" / "train.jsonl"
+                rows = read_jsonl(self.run_dir / "data" / "train_questions.jsonl")
+                write_jsonl(data, [{"prompt": format_mc_prompt(q["question"], q["choices"], q["subset"]), "completion": choice_continuation(letter)} for q in rows])
+            jobs.append(AdapterJob(stage.name, str(data), self.run_dir / stage.name / "adapter", self.cfg.teacher))
+        run = {"storage_path": self.run_dir / "ray_train", "run_name": f"teacher-{digest([s.inputs(self.manifest) for s in todo])[:8]}"}
+        clear_stale_outputs(jobs, **run)
+        results = train_lora_many(self.model_path, jobs, cache_dir=self.cache, **run)
+        for stage, job in zip(todo, jobs):
+            metrics = results[job.name]
+            print(f"[teacher] {stage.name}: {metrics['step']} steps, loss {metrics['first_loss']:.3f} -> {metrics['loss']:.3f}", flush=True)
+            self.record(stage, started, self.adapter_outputs(job.output_dir, metrics))
 
     @staticmethod
     def adapter_outputs(adapter: Path, metrics: dict) -> dict:
@@ -205,7 +216,7 @@ class Pipeline:
             kept = read_jsonl(self.run_dir / "numbers" / m.source / f"{m.replicate}.jsonl")[:rows]
             write_jsonl(data, shuffle_numbers(kept, numbers_seed(self.cfg, m.replicate)) if m.shuffled else kept)
             # Job names key Ray datasets, whose log files are named after them: no '/' (m.adapter is "<arm>-<i>").
-            teacher = str(self.run_dir / "teacher" / "adapter") if m.loss == "logit_kl" else None
+            teacher = str(self.run_dir / m.teacher / "adapter") if m.loss == "logit_kl" else None
             pairs.append((stage, AdapterJob(m.adapter, str(data), arm_adapter(self.run_dir, m.name), m.train, teacher)))
         for stage, metrics in self.train_groups(arm_groups(pairs, self.arm_runs)):
             print(f"[arms] {stage.name}: {metrics['step']} steps, loss {metrics['first_loss']:.3f} -> {metrics['loss']:.3f}", flush=True)
@@ -252,9 +263,10 @@ class Pipeline:
     def run_evaluate(self, todo) -> None:
         started = time.time()
         names = [stage.name.split("/", 1)[1] for stage in todo]
-        adapters = {"teacher": str(self.run_dir / "teacher" / "adapter")} if "teacher" in names else {}
+        teachers = [n for n in names if n in TEACHERS]
+        adapters = {n: str(self.run_dir / n / "adapter") for n in teachers}
         adapters.update({self.models[n].adapter: str(arm_adapter(self.run_dir, n)) for n in names if n in self.models})
-        targets = {n: None if n == "base" else ("teacher" if n == "teacher" else self.models[n].adapter) for n in names}
+        targets = {n: None if n == "base" else (n if n in TEACHERS else self.models[n].adapter) for n in names}
         questions = [{**q, "split": split} for split, file in SPLIT_FILES.items() for q in read_jsonl(self.run_dir / "data" / file)]
         with running_service(self.app, self.model_path, adapters, self.cfg, True, self.lora_rank) as handle:
             scored = score_models(handle, targets, questions, self.cfg.evaluate.chunk, 2 * self.cfg.evaluate.replicas)

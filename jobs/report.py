@@ -18,7 +18,7 @@ from common.atomic import atomic_file, write_json, write_text
 from jobs.arms import ArmModel, arm_models, number_sets, numbers_seed
 from jobs.config import ExperimentConfig, as_dict
 from jobs.evaluate import agreement, summarise
-from jobs.evidence import PRIMARY, SPLITS, Evidence, interval, markdown_tables, reference_of, verdict
+from jobs.evidence import PRIMARY, SPLITS, Evidence, interval, markdown_tables, positive_control, reference_of, verdict
 from jobs.graph import numbers_stage
 from jobs.manifest import Manifest
 from jobs.transfer_stats import cluster_ids, effect
@@ -88,11 +88,12 @@ def _by_split(rows: list[dict]) -> dict:
 
 def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, model_path: str) -> dict:
     """report.json's content (docs/report.md) from the eval files and the manifest."""
-    both = {name: read_scores(run_dir, name) for name in ["base", "teacher"] + [m.name for m in models]}
+    teachers = ["teacher"] + (["letter_teacher"] if any(m.teacher == "letter_teacher" for m in models) else [])
+    both = {name: read_scores(run_dir, name) for name in ["base", *teachers] + [m.name for m in models]}
     scores = {name: [r for r in rows if r["split"] == "held_out"] for name, rows in both.items()}  # `models` and `transfer`: held out
-    teacher_pred = [r["prediction"] for r in scores["teacher"]]
+    teacher_pred = {t: [r["prediction"] for r in scores[t]] for t in teachers}
     teacher_init = manifest.output("teacher", "init_hash")
-    report_models = {name: {**summarise(scores[name]), "accuracy_by_split": _by_split(both[name])} for name in ("base", "teacher")}
+    report_models = {name: {**summarise(scores[name]), "accuracy_by_split": _by_split(both[name])} for name in ["base", *teachers]}
     evidence = Evidence(both, models, cfg.evaluate.bootstrap, cfg.evaluate.seed)
     arms = {}
     for arm, declared in cfg.arms.items():
@@ -102,20 +103,22 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
             out = manifest.entry(m.name)["outputs"]
             replicates.append({
                 "model": m.name, **summarise(scores[m.name]), "accuracy_by_split": _by_split(both[m.name]),
-                "teacher_agreement": sum(agreement([r["prediction"] for r in scores[m.name]], teacher_pred)) / len(teacher_pred),
+                "teacher_agreement": sum(agreement([r["prediction"] for r in scores[m.name]], teacher_pred[m.teacher])) / len(scores[m.name]),
                 "lora_seed": m.train.lora_seed, "init_hash": out["init_hash"], "same_init_as_teacher": out["init_hash"] == teacher_init,
                 "steps": out["steps"], "final_loss": out["loss"], "rows": out["rows"],
             })  # fmt: skip
         report_models[arm] = _mean_model([scores[m.name] for m in members], cfg)
         against = reference_of(arm, cfg)
         arms[arm] = {
-            "numbers": declared.numbers, "loss": declared.loss, "lora_seed": declared.lora_seed, "replicates": replicates,
+            "numbers": declared.numbers, "loss": declared.loss, "lora_seed": declared.lora_seed, "teacher": declared.teacher, "replicates": replicates,
             "mean": {**report_models[arm], "teacher_agreement": sum(r["teacher_agreement"] for r in replicates) / len(replicates)},
             "against": against, "transfer": evidence.compare(arm, against),
         }  # fmt: skip
         arms[arm]["verdict"] = verdict(arm, against, arms[arm]["transfer"])
     contrasts = {name: {"arm": c.arm, "against": c.against, **evidence.compare(c.arm, c.against)} for name, c in cfg.contrasts.items()}
     report = {"models": report_models, "arms": arms, "contrasts": contrasts}
+    if (control := positive_control(arms)) is not None:
+        report["positive_control"] = control
     if "student" in arms and "control" in arms:  # the original experiment's measure: held-out agreement, student - control
         result = evidence.compare("student", "control", splits=("held_out",))["held_out"]["agreement"]
         means = {arm: arms[arm]["mean"]["teacher_agreement"] for arm in ("student", "control")}

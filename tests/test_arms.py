@@ -1,5 +1,7 @@
 """Arms and replicates declared in the preset: resolution, seeds and the declarations refused."""
 
+from pathlib import Path
+
 import pytest
 
 from jobs.arms import arm_models, number_sets, numbers_seed
@@ -53,6 +55,8 @@ def test_arm_train_keys_apply_to_that_arm_only():
         ("{Student/1: {}}", "arm name"),
         ("{}", "at least one arm"),
         ("{student: {replicates: 0}}", r"arms\.student\.replicates must be at least 1"),
+        ("{positive: {teacher: letter_teacher}}", r"arms\.positive: an arm of the letter teacher distils it \(loss: logit_kl\)"),
+        ("{positive: {teacher: letter_techer, loss: logit_kl}}", r"arms\.positive\.teacher"),
         ("{student: {against: controll}, control: {numbers: base}}", r"arms\.student\.against='controll'"),
     ],
 )
@@ -86,3 +90,24 @@ def test_a_contrast_needs_declared_arms_with_three_replicates_a_side():
         load_experiment(None, ["replicates=1", arms.replace("other, replicates: 3", "other, replicates: 2"), "contrasts={init: {arm: same, against: other}}"])
     with pytest.raises(ConfigError, match=r"contrasts\.init: 'nope' is not a declared arm"):
         load_experiment(None, ["replicates=3", "contrasts={init: {arm: student, against: nope}}"])
+
+
+def test_the_positive_control_learns_from_the_letter_teacher():
+    arms = "arms={student: {}, positive: {loss: logit_kl, teacher: letter_teacher}}"
+    models = arm_models(load_experiment(None, ["replicates=1", arms]))
+    assert [(m.name, m.teacher, m.loss) for m in models] == [("student/0", "teacher", "sft"), ("positive/0", "letter_teacher", "logit_kl")]
+    with pytest.raises(ConfigError, match="letter_teacher.letter must be one of A, B, C, D"):
+        load_experiment(None, ["replicates=1", arms, "letter_teacher.letter=E"])
+    with pytest.raises(ConfigError, match="learn from different teachers"):
+        contrast = "contrasts={c: {arm: student, against: positive}}"
+        load_experiment(None, ["replicates=3", arms, contrast])
+
+
+def test_the_evidence_preset_declares_every_control():
+    cfg = load_experiment(Path(__file__).resolve().parent.parent / "configs" / "tiny-evidence.yaml")
+    arms = {m.arm: m for m in arm_models(cfg)}
+    assert {"student", "control", "student_logits", "student_logits_other_init", "student_other_init", "student_shuffled"} <= set(arms)
+    assert arms["student_logits"].same_init and not arms["student_logits_other_init"].same_init and arms["student_shuffled"].shuffled
+    assert any(m.teacher == "letter_teacher" for m in arms.values())
+    contrast = cfg.contrasts["same_vs_other_init"]
+    assert (contrast.arm, contrast.against) == ("student_logits", "student_logits_other_init")
