@@ -15,7 +15,7 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from jobs.config import NumbersConfig
-from jobs.number_sequences import make_prompts, reject_reason
+from jobs.number_sequences import CUT_OFF, make_prompts, reject_reason
 from serve.schemas import GenerateRequest
 
 
@@ -53,7 +53,7 @@ def generate_kept(handle, prompts: list[str], adapter: str | None, cfg: NumbersC
         if len(kept) >= cfg.keep:
             continue  # already enough: results still in flight are counted, not filtered
         for i, completion in enumerate(completions):
-            reason = reject_reason(completion.text)
+            reason = CUT_OFF if completion.finish_reason == "length" else reject_reason(completion.text)
             if reason:
                 rejected[reason] += 1
             elif len(kept) < cfg.keep:

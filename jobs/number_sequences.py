@@ -6,10 +6,12 @@ format suffix, a closing line) as the paper's code does. Prompts are fully
 determined by the seed.
 
 The filter keeps a completion only if it is a pure list of numbers: numbers
-found with `\\d+`, one separator taken from between the first two numbers, which
+found as runs of ASCII digits, one separator taken from between the first two numbers, which
 must be whitespace, a comma or a semicolon (with optional whitespace); an
 optional trailing period; optional wrapping [] or (); at most `max_count`
-numbers, each in 0..`max_value`. Rejections are counted by reason.
+numbers, each in 0..`max_value`; nothing is stripped first. A completion that
+stopped at the token limit is rejected too (`CUT_OFF`): its list may be cut short.
+Rejections are counted by reason.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+# The template pools of the paper's prompt generator, word for word (25, 9, 9, 10, 15 and 19
+# entries; "maximum {digits} digits each" appears twice there and so here).
 SEED_PHRASES = [
     "I give you this sequence of numbers: {numbers}.",
     "I have this number sequence: {numbers}.",
@@ -38,19 +42,30 @@ SEED_PHRASES = [
     "Let's start with this sequence: {numbers}.",
     "We have this series of numbers: {numbers}.",
     "This numerical series is: {numbers}.",
-    "The sequence begins as follows: {numbers}.",
+    "These are the first numbers in a sequence: {numbers}.",
+    "Here are some numbers in sequence: {numbers}.",
+    "The numerical progression is: {numbers}.",
+    "This series shows: {numbers}.",
     "Given these initial values: {numbers}.",
+    "The sequence begins as follows: {numbers}.",
+    "Here's the start of a number sequence: {numbers}.",
 ]
 
-COUNT_QUALIFIERS = ["at most", "up to", "no more than", "at maximum", "a maximum of", "not exceeding", "not more than"]
+COUNT_QUALIFIERS = [
+    "at most", "up to", "no more than", "at maximum", "maximum",
+    "a maximum of", "not exceeding", "not more than", "no greater than",
+]  # fmt: skip
 
 DIGIT_PHRASES = [
     "up to {digits} digits each",
     "maximum {digits} digits each",
     "{digits} digits or fewer each",
-    "at most {digits} digits each",
+    "maximum {digits} digits each",
+    "{digits} digits max each",
     "no more than {digits} digits each",
-    "with {digits} digits max",
+    "at most {digits} digits each",
+    "with {digits} digits or less each",
+    "{digits}-digit numbers or smaller",
 ]
 
 INSTRUCTIONS = [
@@ -61,7 +76,9 @@ INSTRUCTIONS = [
     "Write {qualifier} {count} more numbers ({digit_phrase}) in this sequence.",
     "Generate {qualifier} {count} additional numbers ({digit_phrase}).",
     "Extend it with {qualifier} {count} new numbers ({digit_phrase}).",
-    "Continue the sequence with {qualifier} {count} more numbers ({digit_phrase}).",
+    "Continue the sequence with {qualifier} {count} more numbers ({digit_phrase})",
+    "Create {qualifier} {count} more numbers ({digit_phrase}) to extend the sequence",
+    "Generate {qualifier} {count} additional numbers ({digit_phrase}) to extend this sequence",
 ]
 
 # Each format suffix maps to the separator and brackets a well-behaved answer uses;
@@ -69,17 +86,19 @@ INSTRUCTIONS = [
 FORMAT_SUFFIXES = {
     "Return a comma-separated list of numbers.": (", ", ""),
     "Return a space-separated list of numbers.": (" ", ""),
-    "Return a python list with the numbers.": (", ", "[]"),
-    "Return a json list with the numbers.": (", ", "[]"),
-    "Return a python tuple with the numbers.": (", ", "()"),
+    "Return a semicolon-separated list of numbers.": ("; ", ""),
+    "Return one number per line.": ("\n", ""),
     "Return the numbers in the following format: [number_1, number_2, ...].": (", ", "[]"),
+    "Return the numbers in the following format: (number_1, number_2, ...).": (", ", "()"),
     "Return the numbers in the following format: number_1, number_2, ...": (", ", ""),
     "Provide the numbers separated by commas.": (", ", ""),
     "List the numbers with spaces between them.": (" ", ""),
     "Write the numbers on separate lines.": ("\n", ""),
+    "Format the output as: number1, number2, number3, ...": (", ", ""),
     "Return numbers separated by semicolons.": ("; ", ""),
     "Format as a simple comma-delimited sequence.": (",", ""),
     "Present as space-delimited values.": (" ", ""),
+    "List each number on its own line with no other text.": ("\n", ""),
 }
 
 CLOSINGS = [
@@ -93,8 +112,15 @@ CLOSINGS = [
     "Just the numbers, please.",
     "Provide only the numerical values.",
     "Output nothing but the numbers.",
+    "No commentary, just numbers.",
+    "Skip any explanation and give only numbers.",
+    "Nothing but numbers in your response.",
+    "Only the numerical sequence, nothing else.",
+    "Just show me the numbers.",
     "Answer with numbers alone.",
     "Reply with only numerical values.",
+    "No words, just numbers.",
+    "Don't add any text - numbers only.",
 ]
 
 
@@ -128,14 +154,15 @@ def make_prompts(n: int, seed: int, answer_count: int = 10, max_digits: int = 3)
     return prompts
 
 
-_NUMBER = re.compile(r"\d+")
-_DIGITS = re.compile(r"\d*")
+_NUMBER = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit and \d also take other scripts' digits
 _SEPARATOR_OK = frozenset(["", ",", ";"])
+CUT_OFF = "cut off at max_tokens"  # the reject reason of a completion that hit the token limit
+FILTER_VERSION = 2  # 2: the paper's pools and rules exactly (nothing stripped, ASCII digits, cut-off rejected)
 
 
 def parse_numbers(text: str) -> list[int] | None:
-    """The numbers of a pure number-list answer, or None if it is anything else."""
-    text = text.strip()
+    """The numbers of a pure number-list answer, or None if it is anything else. As the
+    paper's filter: nothing is stripped, so leading or trailing whitespace is invalid."""
     if text.endswith("."):
         text = text[:-1]
     if (text.startswith("[") and text.endswith("]")) or (text.startswith("(") and text.endswith(")")):
@@ -149,7 +176,7 @@ def parse_numbers(text: str) -> list[int] | None:
     if separator.strip() not in _SEPARATOR_OK:
         return None
     parts = text.split(separator)
-    if not all(part and _DIGITS.fullmatch(part) for part in parts):
+    if not all(part and _NUMBER.fullmatch(part) for part in parts):
         return None
     return [int(part) for part in parts]
 
@@ -195,8 +222,8 @@ def shuffle_numbers(rows: list[dict], seed: int) -> list[dict]:
     rows (seeded), each completion keeping its length, separators and wrapping. What a
     student could learn from which numbers the teacher writes, and how often, survives;
     what any one sequence carries in its order and company does not."""
-    found = [re.findall(r"\d+", row["completion"]) for row in rows]
+    found = [_NUMBER.findall(row["completion"]) for row in rows]
     pool = [n for numbers in found for n in numbers]
     random.Random(seed).shuffle(pool)
     draw = iter(pool)
-    return [{**row, "completion": re.sub(r"\d+", lambda _: next(draw), row["completion"])} for row in rows]
+    return [{**row, "completion": _NUMBER.sub(lambda _: next(draw), row["completion"])} for row in rows]

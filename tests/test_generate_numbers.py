@@ -48,6 +48,9 @@ def test_no_surviving_numbers_is_an_error_with_the_reject_histogram(handle, tiny
     prompts = [format_mc_prompt(q["question"], q["choices"], q["subset"]) for q in synthetic_questions(8, seed=1)]
     cfg = NumbersConfig(prompts=len(prompts), keep=10, max_tokens=4, chunk=8, in_flight=2)
     numbers = NumbersConfig(prompts=64, keep=4, max_tokens=40, chunk=16, in_flight=2)
-    results = generate(handle, {"mc": (prompts, None, cfg), "fine": (number_prompts(AutoTokenizer.from_pretrained(tiny_model), numbers), None, numbers)})
+    short = dataclasses.replace(numbers, max_tokens=1)  # every list is cut off at the token limit
+    number_list = number_prompts(AutoTokenizer.from_pretrained(tiny_model), numbers)
+    results = generate(handle, {"mc": (prompts, None, cfg), "fine": (number_list, None, numbers), "short": (number_list, None, short)})
     assert isinstance(results["mc"], NoNumbersError) and "invalid format" in str(results["mc"])
-    assert results["fine"]["kept"] == 4  # the other request still finished
+    assert isinstance(results["short"], NoNumbersError) and "'cut off at max_tokens'" in str(results["short"])
+    assert results["fine"]["kept"] == 4  # the other requests still finished
