@@ -34,9 +34,10 @@ A difference is *detected* when p_value < 0.05 (its ci95 then excludes 0).
 
 A percentile bootstrap over replicates, then clusters, was the first design and
 was dropped for the replicate level: with 3 replicates a side it covered 0 in
-70% of control-vs-control nulls on a real model (the setting of
-tests/test_transfer_calibration.py), since resampling 3 values cannot show
-their spread; the t term above does, at 2 degrees of freedom per side."""
+70% of control-vs-control nulls on the tiny model (a LoRA teacher, replicates
+with their own noise, as in tests/test_transfer_calibration.py), since
+resampling 3 values cannot show their spread; the t term above does, at 2
+degrees of freedom per side."""
 
 from __future__ import annotations
 

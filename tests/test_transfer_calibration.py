@@ -18,14 +18,15 @@ repetitions would give):
 - a test over questions alone (`p_fixed_models`) calls most of those nulls
   significant: why the interval must hold the replicates' spread.
 
-ALPHA_DETECTED was stated from one look at this setting's power curve (draws
-of 3 planted students against 3 controls, teacher_answer_logprob: alpha 0.05
-detected in 58%, 0.1 in 100%, 0.2 in 100%); the statistics were not changed
-after it. That first look used a bank of 24 controls and 100 draws, and its
-nulls came out at 6% detected (both metrics), coverage 94%; a bank of 60
-controls and 1000 draws, the measurement this test makes, gives 4.4%
-(teacher_answer_logprob) and 3.7% (agreement), coverage 96%: near nominal,
-with 3 replicates a side. The test over questions alone called 91% and 49%.
+ALPHA_DETECTED was stated from one look at this setting's power curve on the
+tiny model v2 (draws of 3 planted students against 3 controls,
+teacher_answer_logprob: alpha 0.1 detected in 52%, 0.2 and 0.3 in 100%); the
+statistics were not changed after it. On that look the nulls came out at 3.2%
+(teacher_answer_logprob) and 1.9% (agreement) detected, coverage 97-98%, and the
+test over questions alone called 55% and 13% of them significant.
+(History: on tiny model v1 a first look with a bank of 24 controls and 100 draws
+gave 6% on the nulls; the bank of 60 and 1000 draws gave 4.4% and 3.7%, and
+alpha 0.1 was detected in every draw. A new model needs a new look.)
 """
 
 import numpy as np
@@ -43,7 +44,7 @@ from train.trainer import train_lora
 pytestmark = pytest.mark.slow
 
 REPLICATES, CONTROLS, STUDENTS, DRAWS, NOISE = 3, 60, 12, 1000, 0.5
-ALPHA_DETECTED = 0.1
+ALPHA_DETECTED = 0.2
 PRIMARY = ("teacher_answer_logprob", "agreement")
 
 
