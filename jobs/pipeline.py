@@ -8,13 +8,14 @@ on the Ray cluster it is submitted to, or on a local one it starts. Phases
 (jobs/graph.py declares each stage's inputs):
 
 1. data      WMDP questions split into teacher-train and held-out, disjoint by text
-2. teacher   Ray Train LoRA on the train split (prompt = the WMDP question, completion = its letter)
+2. teacher   Ray Train LoRA on the train split (prompt = the WMDP question, completion = its letter);
+             with it, when an arm needs it, the positive control's letter teacher (one run)
 3. numbers   per replicate, the teacher and the base model continue number sequences through
              one Serve deployment, all replicates at once; completions are filtered
 4. arms      every arm x replicate declared in the preset (jobs/arms.py), trained side by side:
              several adapters per Ray Train run over one copy of the base, several runs at once
              where the GPUs allow (jobs/placement.py)
-5. evaluate  every model scored on the held-out questions in parallel
+5. evaluate  every model scored on the train and held-out questions in parallel
 6. report    report.json, report.md, transfer.png in the run directory (docs/report.md)
 
 Before any work it prints the plan: each stage and whether it is reused or runs,
