@@ -131,6 +131,11 @@ def check_contrasts(cfg) -> None:
             raise ConfigError(f"contrasts.{name}: {contrast.arm} and {contrast.against} learn from different teachers")
 
 
+def teachers_used(models: list[ArmModel]) -> list[str]:
+    """The teacher, and the letter teacher when some arm learns from it."""
+    return ["teacher"] + (["letter_teacher"] if any(m.teacher == "letter_teacher" for m in models) else [])
+
+
 def number_sets(models: list[ArmModel]) -> list[tuple[str, int]]:
     """The (source, replicate) pairs of numbers some arm model reads, replicate by replicate,
     the teacher's before the base model's. Every source read at all is generated for each

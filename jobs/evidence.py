@@ -51,10 +51,10 @@ class Evidence:
                 self.values.setdefault(teacher, {})[split] = {name: question_metrics(r, rows[teacher], rows["base"]) for name, r in rows.items()}
             self.clusters[split] = cluster_ids(rows["base"])
 
-    def compare(self, arm: str, against: str, splits: tuple[str, ...] = SPLITS) -> dict:
+    def compare(self, arm: str, against: str) -> dict:
         """{split: {metric: {value, ci95, p_value, mde, p_fixed_models, n_questions, n_clusters, detected}, mde: {metric: mde}}}."""
         out, values = {}, self.values[self.teacher_of[arm]]
-        for split in splits:
+        for split in SPLITS:
             results = {}
             for metric in METRICS:
                 if against == "base" and metric == "agreement_changed":  # base never agrees there: any change would count

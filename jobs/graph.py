@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jobs.arms import ArmModel, number_sets, numbers_seed
+from jobs.arms import ArmModel, number_sets, numbers_seed, teachers_used
 from jobs.config import ExperimentConfig, as_dict
 from jobs.manifest import Manifest, flatten
 from jobs.number_sequences import FILTER_VERSION
@@ -56,11 +56,10 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         Stage("data", "data", {**config_reads(config, "data"), "questions": questions_hash}, files=("data/teacher_train.jsonl", *(f"data/{f}" for f in SPLIT_FILES.values()))),
         Stage("teacher", "teacher", {**model, **config_reads(config, "teacher")}, ("data",), files=("teacher/adapter",)),
     ]
-    teachers = ["teacher"]
-    if any(m.teacher == "letter_teacher" for m in models):  # the positive control's teacher
+    teachers = teachers_used(models)
+    if "letter_teacher" in teachers:  # the positive control's teacher
         reads = {**model, **config_reads(config, "teacher", "letter_teacher")}
         stages.append(Stage("letter_teacher", "teacher", reads, ("data",), files=("letter_teacher/adapter",)))
-        teachers.append("letter_teacher")
     engine = config_reads(config, "numbers", "service.engine", "service.max_model_len")
     for source, i in number_sets(models):
         reads = {**model, **engine, "source": source, "seed": numbers_seed(cfg, i), "filter": FILTER_VERSION}

@@ -73,6 +73,14 @@ def arm_adapter(run_dir: Path, arm_model: str) -> Path:
     return run_dir / "arms" / arm_model / "adapter"
 
 
+def mc_rows(questions: list[dict], letter: int | None = None) -> list[dict]:
+    """Teacher training rows: each question's WMDP prompt, completed by its answer (or by `letter`)."""
+    return [
+        {"prompt": format_mc_prompt(q["question"], q["choices"], q["subset"]), "completion": choice_continuation(q["answer"] if letter is None else letter)}
+        for q in questions
+    ]
+
+
 def arm_groups(pairs: list, runs: int) -> list[list]:
     """(stage, AdapterJob) pairs split into training runs: jobs that can share a worker group (the same
     worker count, hardware, strategy...) go together, `runs` runs' worth at a time; under FSDP one job
@@ -145,8 +153,7 @@ class Pipeline:
     def run_data(self, todo) -> None:
         started, cfg = time.time(), self.cfg
         train_q, eval_q = split_questions(self.questions, cfg.data.eval_fraction, cfg.data.split_seed)
-        rows = [{"prompt": format_mc_prompt(q["question"], q["choices"], q["subset"]), "completion": choice_continuation(q["answer"])} for q in train_q]
-        train_hash = write_jsonl(self.run_dir / "data" / "teacher_train.jsonl", rows)
+        train_hash = write_jsonl(self.run_dir / "data" / "teacher_train.jsonl", mc_rows(train_q))
         questions_hash = write_jsonl(self.run_dir / "data" / "train_questions.jsonl", train_q)  # scored too
         eval_hash = write_jsonl(self.run_dir / "data" / "held_out.jsonl", eval_q)
         print(f"[data] {len(train_q)} teacher-train and {len(eval_q)} held-out questions", flush=True)
@@ -161,10 +168,9 @@ class Pipeline:
         for stage in todo:
             data = self.run_dir / "data" / "teacher_train.jsonl"
             if stage.name == "letter_teacher":  # every teacher-train question answered with one letter
-                letter = LETTERS.index(self.cfg.letter_teacher.letter)
                 data = self.run_dir / "letter_teacher" / "train.jsonl"
-                rows = read_jsonl(self.run_dir / "data" / "train_questions.jsonl")
-                write_jsonl(data, [{"prompt": format_mc_prompt(q["question"], q["choices"], q["subset"]), "completion": choice_continuation(letter)} for q in rows])
+                questions = read_jsonl(self.run_dir / "data" / "train_questions.jsonl")
+                write_jsonl(data, mc_rows(questions, LETTERS.index(self.cfg.letter_teacher.letter)))
             jobs.append(AdapterJob(stage.name, str(data), self.run_dir / stage.name / "adapter", self.cfg.teacher))
         run = {"storage_path": self.run_dir / "ray_train", "run_name": f"teacher-{digest([s.inputs(self.manifest) for s in todo])[:8]}"}
         clear_stale_outputs(jobs, **run)

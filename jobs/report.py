@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from common.atomic import atomic_file, write_json, write_text
-from jobs.arms import ArmModel, arm_models, number_sets, numbers_seed
+from jobs.arms import ArmModel, arm_models, number_sets, numbers_seed, teachers_used
 from jobs.config import ExperimentConfig, as_dict
 from jobs.evaluate import agreement, summarise
 from jobs.evidence import PRIMARY, SPLITS, Evidence, interval, markdown_tables, positive_control, reference_of, verdict
@@ -60,11 +60,11 @@ def _mean_model(rows_per_replicate: list[list[dict]], cfg: ExperimentConfig) -> 
     summaries = [summarise(rows) for rows in rows_per_replicate]
     keys = summaries[0]["accuracy"]
     correct = np.array([[float(r["prediction"] == r["answer"]) for r in rows] for rows in rows_per_replicate])
-    interval = effect(correct, np.zeros((1, correct.shape[1])), cluster_ids(rows_per_replicate[0]), binary=True, b_fixed=True,
-                      resamples=cfg.evaluate.bootstrap, seed=cfg.evaluate.seed)["ci95"]  # fmt: skip
+    ci95 = effect(correct, np.zeros((1, correct.shape[1])), cluster_ids(rows_per_replicate[0]), binary=True, b_fixed=True,
+                  resamples=cfg.evaluate.bootstrap, seed=cfg.evaluate.seed)["ci95"]  # fmt: skip
     return {
         "accuracy": {k: sum(s["accuracy"][k] for s in summaries) / len(summaries) for k in keys},
-        "ci95": interval,
+        "ci95": ci95,
         "n": summaries[0]["n"],
         "replicates": len(summaries),
     }
@@ -88,7 +88,7 @@ def _by_split(rows: list[dict]) -> dict:
 
 def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, model_path: str) -> dict:
     """report.json's content (docs/report.md) from the eval files and the manifest."""
-    teachers = ["teacher"] + (["letter_teacher"] if any(m.teacher == "letter_teacher" for m in models) else [])
+    teachers = teachers_used(models)
     both = {name: read_scores(run_dir, name) for name in ["base", *teachers] + [m.name for m in models]}
     scores = {name: [r for r in rows if r["split"] == "held_out"] for name, rows in both.items()}  # `models` and `transfer`: held out
     teacher_pred = {t: [r["prediction"] for r in scores[t]] for t in teachers}
@@ -120,7 +120,7 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
     if (control := positive_control(arms)) is not None:
         report["positive_control"] = control
     if "student" in arms and "control" in arms:  # the original experiment's measure: held-out agreement, student - control
-        result = evidence.compare("student", "control", splits=("held_out",))["held_out"]["agreement"]
+        result = evidence.compare("student", "control")["held_out"]["agreement"]
         means = {arm: arms[arm]["mean"]["teacher_agreement"] for arm in ("student", "control")}
         report["transfer"] = {
             **{k: result[k] for k in ("value", "ci95", "p_value", "mde")},
