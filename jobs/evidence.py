@@ -36,10 +36,14 @@ def toward_teacher(metric: str, value: float) -> bool:
 
 
 class Evidence:
-    """Per-question metric values of every scored model, per split, and the comparisons."""
+    """Per-question metric values of every scored model, per split, and the comparisons.
 
-    def __init__(self, scores: dict[str, list[dict]], models: list[ArmModel], resamples: int, seed: int):
-        self.resamples, self.seed = resamples, seed
+    `scores` holds every scored name: base, the teachers, the arm models and their snapshots;
+    `points[model]` lists an arm model's (step, scored name) snapshots (jobs/graph.snapshot_points).
+    """
+
+    def __init__(self, scores: dict[str, list[dict]], models: list[ArmModel], resamples: int, seed: int, points: dict | None = None):
+        self.resamples, self.seed, self.points = resamples, seed, points or {}
         self.members, self.teacher_of = {"base": ["base"]}, {}
         for m in models:
             self.members.setdefault(m.arm, []).append(m.name)
@@ -51,23 +55,44 @@ class Evidence:
                 self.values.setdefault(teacher, {})[split] = {name: question_metrics(r, rows[teacher], rows["base"]) for name, r in rows.items()}
             self.clusters[split] = cluster_ids(rows["base"])
 
-    def compare(self, arm: str, against: str) -> dict:
-        """{split: {metric: {value, ci95, p_value, mde, p_fixed_models, n_questions, n_clusters, detected}, mde: {metric: mde}}}."""
+    def _scored(self, side: str, snapshot: int | None) -> list[str]:
+        if snapshot is None or side == "base":
+            return self.members[side]
+        return [self.points[name][snapshot][1] for name in self.members[side]]
+
+    def compare(self, arm: str, against: str, snapshot: int | None = None, metrics=METRICS) -> dict:
+        """{split: {metric: {value, ci95, p_value, mde, p_fixed_models, n_questions, n_clusters, detected}, mde: {metric: mde}}},
+        for the final models, or for every trained side's `snapshot`-th snapshot."""
         out, values = {}, self.values[self.teacher_of[arm]]
         for split in SPLITS:
             results = {}
-            for metric in METRICS:
+            for metric in metrics:
                 if against == "base" and metric == "agreement_changed":  # base never agrees there: any change would count
                     results[metric] = {"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "detected": False,
                                        "note": "not measured against base: the subset is where base disagrees with the teacher"}  # fmt: skip
                     continue
-                a = np.array([values[split][name][metric] for name in self.members[arm]])
-                b = np.array([values[split][name][metric] for name in self.members[against]])
+                a = np.array([values[split][name][metric] for name in self._scored(arm, snapshot)])
+                b = np.array([values[split][name][metric] for name in self._scored(against, snapshot)])
                 r = effect(a, b, self.clusters[split], binary=metric in BINARY, b_fixed=against == "base", resamples=self.resamples, seed=self.seed)
                 results[metric] = {**r, "detected": detected(r)}
-            results["mde"] = {metric: results[metric]["mde"] for metric in METRICS}
+            results["mde"] = {metric: results[metric]["mde"] for metric in metrics}
             out[split] = results
         return out
+
+    def by_step(self, arm: str, against: str) -> dict | None:
+        """Transfer against training steps: the primary metrics at each snapshot, every trained side
+        taken at its k-th snapshot (so sides trained alike are compared at the same step). None when
+        the arm kept no snapshots; {"note": why} when the sides' snapshots do not line up."""
+        sides = [side for side in (arm, against) if side != "base"]
+        counts = {side: {len(self.points.get(name, [])) for name in self.members[side]} for side in sides}
+        if counts[arm] == {0}:
+            return None
+        if len(set().union(*counts.values())) != 1:
+            return {"note": f"no series: {' and '.join(sides)} kept different numbers of snapshots ({counts}); give both the same train.snapshots"}
+        return {"points": [
+            {"steps": [self.points[name][k][0] for name in self.members[arm]], **self.compare(arm, against, k, PRIMARY)}
+            for k in range(counts[arm].pop())
+        ]}  # fmt: skip
 
 
 def interval(ci) -> str:
@@ -115,15 +140,22 @@ def markdown_tables(arms: dict, contrasts: dict) -> list[str]:
     lines += [f"- {arm['verdict']}" for arm in arms.values() if "verdict" in arm]
     control = positive_control(arms)
     lines += [f"- {control['verdict']}"] if control else []
-    comparisons = [(f"{name} vs {arm['against']}", arm["transfer"]) for name, arm in arms.items() if "transfer" in arm]
-    comparisons += [(f"contrast {name}: {c['arm']} vs {c['against']}", c) for name, c in contrasts.items()]
-    for title, result in comparisons:
+    comparisons = [(f"{name} vs {arm['against']}", arm["transfer"], arm.get("by_step")) for name, arm in arms.items()]
+    comparisons += [(f"contrast {name}: {c['arm']} vs {c['against']}", c, c.get("by_step")) for name, c in contrasts.items()]
+    for title, result, series in comparisons:
         lines += ["", f"### {title}", "", "| split | metric | difference | 95% CI | p | MDE | detected |", "|---|---|---|---|---|---|---|"]
-        for split in SPLITS:
-            for metric in METRICS:
-                r = result[split][metric]
-                if r["value"] is None:
-                    continue
-                p, mde = ("-", "-") if r["p_value"] is None else (f"{r['p_value']:.3g}", f"{r['mde']:.4f}")
-                lines.append(f"| {split} | {metric} | {r['value']:+.4f} | {interval(r['ci95'])} | {p} | {mde} | {r['detected']} |")
+        lines += [f"| {split} | {metric} | {_cells(result[split][metric])} |" for split in SPLITS for metric in METRICS if result[split][metric]["value"] is not None]
+        if series and "points" in series:
+            lines += ["", "Against training steps (each side at the same snapshot):", "",
+                      "| steps | split | metric | difference | 95% CI | p | MDE | detected |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            for point in series["points"]:
+                steps = ", ".join(str(s) for s in sorted(set(point["steps"])))
+                lines += [f"| {steps} | {split} | {metric} | {_cells(point[split][metric])} |" for split in SPLITS for metric in PRIMARY]
+        elif series:
+            lines += ["", f"Against training steps: {series['note']}"]
     return lines
+
+
+def _cells(r: dict) -> str:
+    p, mde = ("-", "-") if r["p_value"] is None else (f"{r['p_value']:.3g}", f"{r['mde']:.4f}")
+    return f"{r['value']:+.4f} | {interval(r['ci95'])} | {p} | {mde} | {r['detected']}"

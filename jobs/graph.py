@@ -10,7 +10,8 @@
                                                                   settings, source, loss; its numbers
                                                                   (and the teacher, under logit_kl)
     eval/<model>          per-question scores of one model on     reads model.*, evaluate.engine,
-                          both splits (train, held_out)           service.max_model_len; data, the model
+                          both splits (train, held_out), and of   service.max_model_len; data, the model
+                          each of its snapshots (`train.snapshots`)
     report                report.json / .md / .png                reads evaluate.bootstrap/seed, arms,
                                                                   contrasts; all above
 
@@ -37,6 +38,13 @@ SPLIT_FILES = {"train": "train_questions.jsonl", "held_out": "held_out.jsonl"}  
 
 def numbers_stage(source: str, replicate: int) -> str:
     return f"numbers/{source}/{replicate}"
+
+
+def snapshot_points(manifest: Manifest, model: str) -> list[tuple[int, str]]:
+    """(step, scored name) of each snapshot an arm model's training kept (`train.snapshots`), in
+    step order: `<model>@<step>` (eval/<model>@<step>.jsonl), and the model itself at its last step."""
+    out = manifest.entry(model)["outputs"]
+    return [(step, model if step == out["steps"] else f"{model}@{step}") for step in out.get("snapshot_steps", [])]
 
 
 def training_rows(manifest: Manifest, models: list[ArmModel], replicate: int) -> int | None:

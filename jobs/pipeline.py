@@ -15,7 +15,8 @@ on the Ray cluster it is submitted to, or on a local one it starts. Phases
 4. arms      every arm x replicate declared in the preset (jobs/arms.py), trained side by side:
              several adapters per Ray Train run over one copy of the base, several runs at once
              where the GPUs allow (jobs/placement.py)
-5. evaluate  every model scored on the train and held-out questions in parallel
+5. evaluate  every model scored on the train and held-out questions in parallel (and the
+             snapshots of arms that keep them: transfer against training steps)
 6. report    report.json, report.md, transfer.png in the run directory (docs/report.md)
 
 Before any work it prints the plan: each stage and whether it is reused or runs,
@@ -44,7 +45,7 @@ from jobs.arms import arm_models, numbers_seed  # noqa: E402
 from jobs.config import ExperimentConfig, load_experiment  # noqa: E402
 from jobs.evaluate import score_models, summarise  # noqa: E402
 from jobs.generate_numbers import NoNumbersError, generate_all, number_prompts  # noqa: E402
-from jobs.graph import PHASES, SPLIT_FILES, TEACHERS, experiment_stages, training_rows  # noqa: E402
+from jobs.graph import PHASES, SPLIT_FILES, TEACHERS, experiment_stages, snapshot_points, training_rows  # noqa: E402
 from jobs.manifest import Manifest, RunDirError, digest, file_digest  # noqa: E402
 from jobs.number_sequences import shuffle_numbers  # noqa: E402
 from jobs.placement import plan as place, resolved  # noqa: E402
@@ -143,7 +144,8 @@ class Pipeline:
                 self.manifest.record_phase(phase, time.time() - started)
         report = json.loads((self.run_dir / "report.json").read_text())
         for name, m in report["models"].items():
-            print(f"[report] {name}: accuracy {m['accuracy']['overall']:.3f} (95% CI {m['ci95'][0]:.3f}-{m['ci95'][1]:.3f})", flush=True)
+            ci = f"95% CI {m['ci95'][0]:.3f}-{m['ci95'][1]:.3f}" if m["ci95"] else "no CI with one replicate"
+            print(f"[report] {name}: accuracy {m['accuracy']['overall']:.3f} ({ci})", flush=True)
         if "transfer" in report:
             print(f"[report] transfer {report['transfer']['value']:+.3f}; {self.run_dir / 'report.md'}", flush=True)
         return report
@@ -274,13 +276,19 @@ class Pipeline:
         adapters = {n: str(self.run_dir / n / "adapter") for n in teachers}
         adapters.update({self.models[n].adapter: str(arm_adapter(self.run_dir, n)) for n in names if n in self.models})
         targets = {n: None if n == "base" else (n if n in TEACHERS else self.models[n].adapter) for n in names}
+        snapshots = {n: [point for point in snapshot_points(self.manifest, n) if point[1] != n] for n in names if n in self.models}
+        for n, points in snapshots.items():  # earlier snapshots, for transfer against training steps
+            for step, scored_name in points:
+                targets[scored_name] = f"{self.models[n].adapter}-step{step}"
+                adapters[targets[scored_name]] = str(arm_adapter(self.run_dir, n) / "snapshots" / f"step-{step}")
         questions = [{**q, "split": split} for split, file in SPLIT_FILES.items() for q in read_jsonl(self.run_dir / "data" / file)]
         with running_service(self.app, self.model_path, adapters, self.cfg, True, self.lora_rank) as handle:
             scored = score_models(handle, targets, questions, self.cfg.evaluate.chunk, 2 * self.cfg.evaluate.replicas)
         for stage, name in zip(todo, names):
+            hashes = [write_jsonl(self.run_dir / "eval" / f"{scored_name}.jsonl", scored[scored_name]) for _, scored_name in snapshots.get(name, [])]
             file_hash = write_jsonl(self.run_dir / "eval" / f"{name}.jsonl", scored[name])
             held_out = [r for r in scored[name] if r["split"] == "held_out"]
-            self.record(stage, started, {"hash": file_hash, **summarise(held_out)})
+            self.record(stage, started, {"hash": digest(file_hash, *hashes) if hashes else file_hash, **summarise(held_out)})
 
     def run_report(self, todo) -> None:
         started = time.time()

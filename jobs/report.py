@@ -19,7 +19,7 @@ from jobs.arms import ArmModel, arm_models, number_sets, numbers_seed, teachers_
 from jobs.config import ExperimentConfig, as_dict
 from jobs.evaluate import agreement, summarise
 from jobs.evidence import PRIMARY, SPLITS, Evidence, interval, markdown_tables, positive_control, reference_of, verdict
-from jobs.graph import numbers_stage
+from jobs.graph import numbers_stage, snapshot_points
 from jobs.manifest import Manifest
 from jobs.transfer_stats import cluster_ids, effect
 
@@ -89,12 +89,14 @@ def _by_split(rows: list[dict]) -> dict:
 def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, model_path: str) -> dict:
     """report.json's content (docs/report.md) from the eval files and the manifest."""
     teachers = teachers_used(models)
-    both = {name: read_scores(run_dir, name) for name in ["base", *teachers] + [m.name for m in models]}
+    points = {m.name: snapshot_points(manifest, m.name) for m in models}
+    scored_names = ["base", *teachers] + [m.name for m in models] + [name for p in points.values() for _, name in p if "@" in name]
+    both = {name: read_scores(run_dir, name) for name in scored_names}
     scores = {name: [r for r in rows if r["split"] == "held_out"] for name, rows in both.items()}  # `models` and `transfer`: held out
     teacher_pred = {t: [r["prediction"] for r in scores[t]] for t in teachers}
     teacher_init = manifest.output("teacher", "init_hash")
     report_models = {name: {**summarise(scores[name]), "accuracy_by_split": _by_split(both[name])} for name in ["base", *teachers]}
-    evidence = Evidence(both, models, cfg.evaluate.bootstrap, cfg.evaluate.seed)
+    evidence = Evidence(both, models, cfg.evaluate.bootstrap, cfg.evaluate.seed, points)
     arms = {}
     for arm, declared in cfg.arms.items():
         members = [m for m in models if m.arm == arm]
@@ -115,7 +117,13 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
             "against": against, "transfer": evidence.compare(arm, against),
         }  # fmt: skip
         arms[arm]["verdict"] = verdict(arm, against, arms[arm]["transfer"])
-    contrasts = {name: {"arm": c.arm, "against": c.against, **evidence.compare(c.arm, c.against)} for name, c in cfg.contrasts.items()}
+        if (series := evidence.by_step(arm, against)) is not None:
+            arms[arm]["by_step"] = series
+    contrasts = {}
+    for name, c in cfg.contrasts.items():
+        contrasts[name] = {"arm": c.arm, "against": c.against, **evidence.compare(c.arm, c.against)}
+        if (series := evidence.by_step(c.arm, c.against)) is not None:
+            contrasts[name]["by_step"] = series
     report = {"models": report_models, "arms": arms, "contrasts": contrasts}
     if (control := positive_control(arms)) is not None:
         report["positive_control"] = control
@@ -165,25 +173,54 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _error_bar(ax, x, r, y=None, **style) -> None:
+    """One result at x (or at value x, row y): a point with its 95% CI (none with one replicate)."""
+    lo, hi = r["ci95"] or (r["value"], r["value"])
+    err = [[r["value"] - lo], [hi - r["value"]]]
+    color = "tab:red" if r["detected"] else "tab:blue"
+    if y is None:
+        ax.errorbar(x, r["value"], yerr=err, fmt="o", capsize=3, color=color, **style)
+    else:
+        ax.errorbar(r["value"], y, xerr=err, fmt="o", capsize=3, color=color, **style)
+
+
+def comparisons(report: dict) -> list[tuple[str, dict]]:
+    """(label, result) of every arm against its reference, then every contrast."""
+    rows = [(f"{name} - {arm['against']}", {**arm["transfer"], "by_step": arm.get("by_step")}) for name, arm in report["arms"].items()]
+    return rows + [(f"{c['arm']} - {c['against']}", c) for c in report["contrasts"].values()]
+
+
 def plot_transfer(report: dict, path: Path) -> None:
     """Paired differences with their 95% CIs (every arm against its reference, every contrast),
-    per primary metric and split: the intervals that answer the question, not per-model ones."""
+    per primary metric and split: the intervals that answer the question, not per-model ones.
+    With snapshots, a second row of panels per metric shows each series against training steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [(f"{name} - {arm['against']}", arm["transfer"]) for name, arm in report["arms"].items()]
-    rows += [(f"{c['arm']} - {c['against']}", c) for c in report["contrasts"].values()]
-    fig, axes = plt.subplots(len(PRIMARY), len(SPLITS), figsize=(10, 1.2 + 0.45 * len(rows) * len(PRIMARY)), squeeze=False)
-    for i, metric in enumerate(PRIMARY):
+    rows = comparisons(report)
+    series = [(label, r["by_step"]["points"]) for label, r in rows if r.get("by_step") and "points" in r["by_step"]]
+    panels = [(metric, False) for metric in PRIMARY] + ([(metric, True) for metric in PRIMARY] if series else [])
+    fig, axes = plt.subplots(len(panels), len(SPLITS), figsize=(10, 1.2 + 0.45 * len(rows) * len(PRIMARY) + 3 * bool(series) * len(PRIMARY)), squeeze=False)
+    for i, (metric, steps) in enumerate(panels):
         for j, split in enumerate(SPLITS):
             ax = axes[i][j]
+            if steps:
+                for label, points in series:
+                    xs = [float(np.mean(p["steps"])) for p in points]
+                    ax.plot(xs, [p[split][metric]["value"] for p in points], label=label)
+                    for x, p in zip(xs, points):
+                        _error_bar(ax, x, p[split][metric])
+                ax.axhline(0, color="grey", lw=0.8)
+                ax.set_xlabel("optimizer step", fontsize=8)
+                if j == 0:
+                    ax.legend(fontsize=6)
+                ax.set_title(f"{metric}, {split}, against training steps", fontsize=9)
+                continue
             for y, (_, result) in enumerate(rows):
-                r = result[split][metric]
-                if r["value"] is not None:
-                    ax.errorbar(r["value"], y, xerr=[[r["value"] - r["ci95"][0]], [r["ci95"][1] - r["value"]]], fmt="o", capsize=3,
-                                color="tab:red" if r["detected"] else "tab:blue")  # fmt: skip
+                if result[split][metric]["value"] is not None:
+                    _error_bar(ax, None, result[split][metric], y)
             ax.axvline(0, color="grey", lw=0.8)
             ax.set_yticks(range(len(rows)), [label for label, _ in rows] if j == 0 else [""] * len(rows))
             ax.set_title(f"{metric}, {split}", fontsize=9)

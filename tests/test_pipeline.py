@@ -145,14 +145,21 @@ def test_pipeline_end_to_end_stopped_resumed_and_changed(tmp_path, tiny_model, c
     assert "evaluate.bootstrap: 1000 -> 500" in changed.stdout
     assert {k for k, v in stamps(run_dir).items() if v != stamped[k]} == {"report"} and adapter_bytes(run_dir) == made
 
-    # An added arm trains only that arm (and scores it); the others are reused as they are.
-    arms = "arms={student: {numbers: teacher}, control: {numbers: base}, other: {lora_seed: other}}"
+    # An added arm trains only that arm (and scores it and its snapshots); the others are reused as they are.
+    arms = "arms={student: {numbers: teacher}, control: {numbers: base}, other: {lora_seed: other, against: base, train: {snapshots: 2}}}"
     added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", "evaluate.bootstrap=500", "--set", arms, cache_dir=cache_dir)
     assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
     ran = {k for k, v in stamps(run_dir).items() if v != stamped.get(k)} - {"report"}
     assert ran == {"other/0", "other/1", "eval/other/0", "eval/other/1"} and adapter_bytes(run_dir).items() >= made.items()
-    other = json.loads((run_dir / "report.json").read_text())["arms"]["other"]["replicates"]
-    assert [r["same_init_as_teacher"] for r in other] == [False, False] and other[0]["lora_seed"] != other[1]["lora_seed"]
+    other = json.loads((run_dir / "report.json").read_text())["arms"]["other"]
+    replicates = other["replicates"]
+    assert [r["same_init_as_teacher"] for r in replicates] == [False, False] and replicates[0]["lora_seed"] != replicates[1]["lora_seed"]
+    # Transfer against training steps: the first snapshot scored from its own adapter, the last is the final model.
+    points, final_step = other["by_step"]["points"], replicates[0]["steps"]
+    assert [p["steps"] for p in points] == [[1, 1], [final_step, final_step]] and final_step > 1
+    assert (run_dir / "eval" / "other" / "0@1.jsonl").exists() and not (run_dir / "eval" / "other" / f"0@{final_step}.jsonl").exists()
+    assert points[-1]["train"]["teacher_answer_logprob"]["value"] == pytest.approx(other["transfer"]["train"]["teacher_answer_logprob"]["value"])
+    assert points[0]["train"]["teacher_answer_logprob"]["value"] != points[-1]["train"]["teacher_answer_logprob"]["value"]
 
 
 def test_bad_input_stops_with_a_clear_message(tmp_path, cache_dir):

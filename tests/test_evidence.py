@@ -1,0 +1,80 @@
+"""Transfer against training steps (jobs/evidence.py): each snapshot compared at the same step.
+
+Scored rows are simulated here (the statistics are tests/test_transfer_stats.py's; the
+real pipeline writes such rows in tests/test_pipeline.py): a teacher that prefers
+one answer per cluster, and students whose log p(teacher's answer) grows with the
+step by a known amount, so the series must rise and end at the final comparison.
+"""
+
+import numpy as np
+import pytest
+
+from jobs.arms import ArmModel
+from jobs.evidence import Evidence
+from train.config import TrainConfig
+
+N_CLUSTERS, PER_CLUSTER, STEPS = 30, 4, (10, 20, 30)
+
+
+def questions() -> list[dict]:
+    rng = np.random.default_rng(0)
+    return [
+        {"question": f"q{c}-{k}", "cluster": c, "split": split, "answer": int(rng.integers(4))}
+        for split in ("train", "held_out") for c in range(N_CLUSTERS) for k in range(PER_CLUSTER)
+    ]  # fmt: skip
+
+
+def scored(qs, rng, pull: float) -> list[dict]:
+    """Each question's choice log-probabilities: noise, with `pull` nats more on choice (cluster % 4)."""
+    rows = []
+    for q in qs:
+        logits = rng.normal(0, 0.3, 4)
+        logits[q["cluster"] % 4] += pull
+        logprobs = logits - np.log(np.exp(logits).sum())
+        rows.append({**q, "prediction": int(np.argmax(logprobs)), "logprobs": logprobs.tolist()})
+    return rows
+
+
+def arm(name: str, replicates: int) -> list[ArmModel]:
+    return [ArmModel(name, i, "teacher", False, "logit_kl", "teacher", TrainConfig(), True) for i in range(replicates)]
+
+
+@pytest.fixture(scope="module")
+def experiment():
+    """base, teacher; `learner` (3 replicates, 3 snapshots, each step pulls 0.01 nats more toward the
+    teacher), `still` (3 replicates, 3 snapshots, no pull), `final_only` (no snapshots)."""
+    rng, qs = np.random.default_rng(1), questions()
+    scores = {"base": scored(qs, rng, 0.0), "teacher": scored(qs, rng, 3.0)}
+    models = arm("learner", 3) + arm("still", 3) + arm("final_only", 3)
+    points = {}
+    for m in models:
+        per_step = 0.01 if m.arm == "learner" else 0.0
+        if m.arm == "final_only":
+            scores[m.name] = scored(qs, rng, 0.0)
+            continue
+        points[m.name] = [(s, m.name if s == STEPS[-1] else f"{m.name}@{s}") for s in STEPS]
+        for step, name in points[m.name]:
+            scores[name] = scored(qs, np.random.default_rng([models.index(m), step]), per_step * step)
+    return Evidence(scores, models, resamples=200, seed=0, points=points)
+
+
+def test_the_series_rises_with_the_pull_and_ends_at_the_final_comparison(experiment):
+    series = experiment.by_step("learner", "base")
+    assert [p["steps"] for p in series["points"]] == [[s] * 3 for s in STEPS]
+    values = [p["train"]["teacher_answer_logprob"]["value"] for p in series["points"]]
+    assert values[0] < values[1] < values[2]
+    final = experiment.compare("learner", "base")["train"]["teacher_answer_logprob"]
+    assert series["points"][-1]["train"]["teacher_answer_logprob"]["value"] == pytest.approx(final["value"])
+    assert set(series["points"][0]["held_out"]) == {"agreement", "teacher_answer_logprob", "mde"}
+
+
+def test_two_arms_with_snapshots_are_compared_step_by_step(experiment):
+    series = experiment.by_step("learner", "still")
+    first, last = (p["train"]["teacher_answer_logprob"] for p in (series["points"][0], series["points"][-1]))
+    assert last["value"] > first["value"] and last["ci95"] is not None
+
+
+def test_an_arm_without_snapshots_has_no_series_and_a_mismatch_says_why(experiment):
+    assert experiment.by_step("final_only", "base") is None
+    mismatch = experiment.by_step("learner", "final_only")
+    assert "points" not in mismatch and "train.snapshots" in mismatch["note"]
