@@ -1,6 +1,6 @@
 """Training six student-like adapters: one after another, side by side, or in one many-adapter run.
 
-    python bench/arms_training.py [--adapters 6] [--rows 1000] [--workers 1 2] [--out /tmp/arms_training.md]
+    python bench/arms_training.py [--adapters 6] [--rows 1000] [--workers 1 2] [--modes a b c d] [--out /tmp/arms_training.md]
 
 Each adapter is a student of the tiny preset: its own 1,000 number-sequence
 rows (bench_common.number_rows, a different seed per adapter), LoRA r=8 on all
@@ -11,7 +11,9 @@ steps on 1 or 2 workers), 1 epoch, lr 2e-3. For each worker count:
   (b) concurrent: every `train_lora` run at once, each inside a
       `ray.remote(num_cpus=0)` task, with cpus_per_worker sized so the workers
       of all runs together leave one CPU free for Ray Data;
-  (c) many: one `train_lora_many` run with the six adapters as jobs.
+  (c) many: one `train_lora_many` run with the six adapters as jobs;
+  (d) as (c), each job's rows streamed from their parquet files instead of read
+      into the object store before the workers start (train.trainer.job_dataset).
 
 The rows are tokenized into the cache before timing, so every mode measures
 training: worker start, base model load, steps, checkpoints and adapter
@@ -75,11 +77,26 @@ def many(model: str, files: list[Path], workers: int, out: Path, cache: Path) ->
     return time.time() - started
 
 
+def many_streamed(model: str, files: list[Path], workers: int, out: Path, cache: Path) -> float:
+    import train.trainer
+
+    saved, train.trainer.MATERIALIZE_BYTES = train.trainer.MATERIALIZE_BYTES, -1  # every dataset streams
+    try:
+        return many(model, files, workers, out, cache)
+    finally:
+        train.trainer.MATERIALIZE_BYTES = saved
+
+
+MODES = {"a": ("(a) one after another", sequential), "b": ("(b) side by side", concurrent),
+         "c": ("(c) one many-run", many), "d": ("(d) one many-run, streamed from parquet", many_streamed)}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--adapters", type=int, default=6)
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--modes", nargs="+", choices=sorted(MODES), default=sorted(MODES), help="ratios are to the first")
     parser.add_argument("--out", default="/tmp/arms_training.md")
     args = parser.parse_args()
 
@@ -101,12 +118,12 @@ def main() -> None:
     try:
         for workers in args.workers:
             base = None
-            for label, fn in (("(a) one after another", sequential), ("(b) side by side", concurrent), ("(c) one many-run", many)):
+            for label, fn in (MODES[m] for m in args.modes):
                 out = tmp / f"w{workers}-{fn.__name__}"
                 seconds = fn(model, files, workers, out, cache)
                 base = base or seconds
                 rows.append((workers, label, seconds, seconds / base))
-                print(f"workers={workers} {label}: {seconds:.1f} s ({seconds / base:.2f} x (a))", flush=True)
+                print(f"workers={workers} {label}: {seconds:.1f} s ({seconds / base:.2f} x the first)", flush=True)
                 shutil.rmtree(out, ignore_errors=True)
     finally:
         load_after = os.getloadavg()
@@ -118,7 +135,7 @@ def main() -> None:
         f"{args.adapters} adapters x {args.rows} rows, tiny model, global batch 32, 1 epoch; {cpus} CPUs;"
         f" 1-minute load average {load_before[0]:.1f} before, {load_after[0]:.1f} after",
         "",
-        "| workers per run | mode | wall s | vs (a) |",
+        "| workers per run | mode | wall s | vs the first |",
         "|---|---|---|---|",
         *(f"| {w} | {label} | {s:.1f} | {r:.2f} |" for w, label, s, r in rows),
     ]
