@@ -173,15 +173,16 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _error_bar(ax, x, r, y=None, **style) -> None:
-    """One result at x (or at value x, row y): a point with its 95% CI (none with one replicate)."""
+def _error_bar(ax, x, r, y=None, color=None) -> None:
+    """One result at x (or at value x, row y): a point with its 95% CI (none with one replicate);
+    detected results are red (or, with a series' color, filled)."""
     lo, hi = r["ci95"] or (r["value"], r["value"])
     err = [[r["value"] - lo], [hi - r["value"]]]
-    color = "tab:red" if r["detected"] else "tab:blue"
+    style = {"color": color, "mfc": color if r["detected"] else "white"} if color else {"color": "tab:red" if r["detected"] else "tab:blue"}
     if y is None:
-        ax.errorbar(x, r["value"], yerr=err, fmt="o", capsize=3, color=color, **style)
+        ax.errorbar(x, r["value"], yerr=err, fmt="o", capsize=3, **style)
     else:
-        ax.errorbar(r["value"], y, xerr=err, fmt="o", capsize=3, color=color, **style)
+        ax.errorbar(r["value"], y, xerr=err, fmt="o", capsize=3, **style)
 
 
 def comparisons(report: dict) -> list[tuple[str, dict]]:
@@ -207,16 +208,17 @@ def plot_transfer(report: dict, path: Path) -> None:
         for j, split in enumerate(SPLITS):
             ax = axes[i][j]
             if steps:
-                for label, points in series:
-                    xs = [float(np.mean(p["steps"])) for p in points]
-                    ax.plot(xs, [p[split][metric]["value"] for p in points], label=label)
+                for k, (label, points) in enumerate(series):
+                    shift = (k - (len(series) - 1) / 2) * 0.01 * max(max(p["steps"]) for p in points)  # bars side by side
+                    xs = [float(np.mean(p["steps"])) + shift for p in points]
+                    (line,) = ax.plot(xs, [p[split][metric]["value"] for p in points], label=label)
                     for x, p in zip(xs, points):
-                        _error_bar(ax, x, p[split][metric])
+                        _error_bar(ax, x, p[split][metric], color=line.get_color())
                 ax.axhline(0, color="grey", lw=0.8)
-                ax.set_xlabel("optimizer step", fontsize=8)
+                ax.set_xlabel("optimizer step (filled: detected)", fontsize=8)
                 if j == 0:
                     ax.legend(fontsize=6)
-                ax.set_title(f"{metric}, {split}, against training steps", fontsize=9)
+                ax.set_title(f"{metric}, {split}, by step", fontsize=9)
                 continue
             for y, (_, result) in enumerate(rows):
                 if result[split][metric]["value"] is not None:
