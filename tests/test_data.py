@@ -41,33 +41,56 @@ def test_too_long_rows_are_truncated_from_the_left_or_dropped(tiny_model):
     assert out["status"] == DROPPED and out["input_ids"] == []
 
 
-def test_packing_keeps_rows_apart(tiny_model):
-    """Each packed row's logits equal the logits of that row run alone.
+def flash_attention_available() -> bool:
+    import importlib.util
 
-    transformers builds the block-diagonal mask from position_ids only without a
-    KV cache (use_cache=False, as in training).
+    return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+
+
+def example_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token next-token loss (0 where the label is masked), aligned with `labels[..., 1:]`."""
+    return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2).float(), labels[:, 1:], ignore_index=-100, reduction="none")
+
+
+@pytest.mark.parametrize(
+    "attention, one_row",
+    [("eager", False), ("sdpa", False), ("eager", True), ("sdpa", True),
+     pytest.param("flash_attention_2", None, marks=[pytest.mark.gpu, pytest.mark.skipif(not flash_attention_available(), reason="needs CUDA and flash_attn")])],
+)  # fmt: skip
+def test_each_example_loses_the_same_packed_as_alone(tiny_model, attention, one_row):
+    """Each example's loss inside a packed micro-batch equals its loss run alone, for each attention
+    implementation, in the layout the training loop picks for it (`one_row=None`) or the one given.
+
+    transformers keeps packed examples apart from their restarting position ids (without a KV
+    cache, as in training): eager and SDPA at any batch size, flash attention in one row only.
     """
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    from train.model import packs_into_one_row
+
+    device = torch.device("cuda" if attention.startswith("flash") else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=dtype, attn_implementation=attention).to(device).eval()
+    one_row = packs_into_one_row(model) if one_row is None else one_row
     rows = tokenize(tiny_model, ROWS * 3)
     batch = {"input_ids": np.array([np.array(r["input_ids"]) for r in rows], dtype=object),
-             "labels": np.array([np.array(r["labels"]) for r in rows], dtype=object)}
-    packed = pack_batch(batch, max_length=200, pad_id=0)
-    assert packed["input_ids"].shape[0] < len(rows)  # rows really share sequences
+             "labels": np.array([np.array(r["labels"]) for r in rows], dtype=object)}  # fmt: skip
+    packed = {k: v.to(device) for k, v in pack_batch(batch, max_length=64, pad_id=0, one_row=one_row).items()}
+    assert packed["input_ids"].shape[0] == (1 if one_row else 3)  # rows of 26 and 29 tokens, two to a row of 64
     assert packed["real_tokens"] == sum(len(r["input_ids"]) for r in rows)
+    tolerance = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-4, "rtol": 1e-4}
     with torch.no_grad():
-        logits = model(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False).logits
+        losses = example_losses(model(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False).logits, packed["labels"])
         checked = 0
         for b in range(packed["input_ids"].shape[0]):
-            starts = (packed["position_ids"][b] == 0).nonzero().flatten().tolist()
-            for start in starts:
-                ids = packed["input_ids"][b, start:]
-                n = int((packed["position_ids"][b, start:] == torch.arange(ids.numel())).cumprod(0).sum())
-                if packed["labels"][b, start : start + n].eq(-100).all():
+            for start in (packed["position_ids"][b] == 0).nonzero().flatten().tolist():
+                positions = packed["position_ids"][b, start:]
+                n = int((positions == torch.arange(positions.numel(), device=device)).cumprod(0).sum())
+                labels = packed["labels"][b, start : start + n]
+                if labels.eq(-100).all():
                     continue  # padding tail
-                alone = model(input_ids=ids[:n].unsqueeze(0)).logits[0]
-                torch.testing.assert_close(logits[b, start : start + n], alone, atol=1e-4, rtol=1e-4)
+                alone = example_losses(model(input_ids=packed["input_ids"][b, start : start + n][None]).logits, labels[None])[0]
+                torch.testing.assert_close(losses[b, start : start + n - 1].sum(), alone.sum(), **tolerance)
                 checked += 1
     assert checked == len(rows)
 

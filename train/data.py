@@ -216,11 +216,14 @@ def tokenize_to_cache(source, model_path: str, max_length: int, too_long: str, s
     return {**stats, "path": str(out), "cached": False}
 
 
-def pack_batch(batch: dict, max_length: int, pad_id: int) -> dict:
-    """Pack a batch of token rows into [n, L] tensors, L <= max_length.
+def pack_batch(batch: dict, max_length: int, pad_id: int, one_row: bool = False) -> dict:
+    """Pack a batch of token rows into [n, L] tensors, L <= max_length (or, with `one_row`,
+    into a single padding-free row of every token).
 
     position_ids restart at 0 for every row (and for the padding tail), which is
-    how transformers' attention masks keep packed rows from attending to each other.
+    how transformers keeps packed rows from attending to each other: SDPA and eager
+    build a block-diagonal mask from them at any batch size, flash attention turns
+    them into sequence boundaries only in a batch of one row (train.model.packs_into_one_row).
     Returns input_ids, labels, position_ids and the real/total token counts.
     """
     import torch
@@ -228,6 +231,8 @@ def pack_batch(batch: dict, max_length: int, pad_id: int) -> dict:
     rows = [(ids, labels) for ids, labels in zip(batch["input_ids"], batch["labels"]) if len(ids)]
     rows.sort(key=lambda r: -len(r[0]))
     real = sum(len(r[0]) for r in rows)
+    if one_row:
+        max_length = max(real, 1)
     # As many sequences as the tokens need; each row (longest first) goes to the
     # least-filled sequence it fits in, so sequences end up nearly equally long.
     n_bins = max(1, -(-real // max_length))

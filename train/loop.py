@@ -32,6 +32,7 @@ from train.model import (
     count_parameters,
     detach_lora,
     load_base,
+    packs_into_one_row,
     trainable_state,
     unwrap,
     wrap_distributed,
@@ -139,7 +140,7 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
     ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
     micro = step * cfg.grad_accum
     shard = ray.train.get_dataset_shard(name)
-    collate = functools.partial(pack_batch, max_length=cfg.max_length, pad_id=config["pad_id"])
+    collate = functools.partial(pack_batch, max_length=cfg.max_length, pad_id=config["pad_id"], one_row=packs_into_one_row(unwrap(model)))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     flops_peak = peak_flops(device)
     staging = staging_dir(Path(job["output_dir"]), config["run_id"])

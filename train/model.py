@@ -45,6 +45,13 @@ def attention_impl(cfg: TrainConfig, device: torch.device) -> str:
     return "sdpa"
 
 
+def packs_into_one_row(model) -> bool:
+    """Whether packed micro-batches must be one row for `model`'s attention: flash attention reads
+    restarting position ids as example boundaries only at batch size 1; with several rows it would
+    attend across the examples packed into each row, silently."""
+    return "flash" in str(getattr(model.config, "_attn_implementation", ""))
+
+
 def compute_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
