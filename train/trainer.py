@@ -91,8 +91,8 @@ def snapshot_steps(total: int, snapshots: int) -> list[int]:
 def job_dataset(parquet_dir: str):
     """A job's tokenized rows as a Ray Dataset. Up to MATERIALIZE_BYTES (number sequences, WMDP
     questions) they are read into the object store here, before the workers start: each job's
-    stream then starts without read tasks, which on a small CPU cluster saved about 3 s of each
-    job's start (bench in BENCHMARKS.md). Larger data streams from its parquet files."""
+    stream then starts without read tasks: on 2 CPUs, six jobs in one run took 0.93x the time
+    (BENCHMARKS.md). Larger data streams from its parquet files."""
     import ray
 
     size = sum(f.stat().st_size for f in Path(parquet_dir).glob("*.parquet"))
