@@ -8,8 +8,10 @@ have their shapes below, so no download is needed), to adapt a preset to other
 GPUs before renting them. docs/scaling.md explains each term. What is estimated:
 
 - training, per GPU: base weights (bf16 2 bytes/parameter, 8-bit 1, 4-bit NF4
-  with double quantisation about 0.52; bitsandbytes leaves the embeddings and
-  lm_head in bf16), divided by the workers under FSDP; LoRA weights, gradients
+  with double quantisation about 0.52; bitsandbytes leaves the embeddings,
+  lm_head and norms unquantized, and PEFT's prepare_model_for_kbit_training
+  upcasts those to float32, 4 bytes), divided by the workers under FSDP (bf16
+  only: FSDP over a quantized base is refused); LoRA weights, gradients
   and AdamW moments in float32 (16 bytes per LoRA parameter), also sharded under
   FSDP; activations per token times the tokens of one micro-step (batch_size x
   max_length, packing's upper bound); a fixed allowance for the CUDA context,
@@ -103,7 +105,8 @@ class Shape:
 def training_gib(shape: Shape, train, workers: int) -> dict[str, float]:
     """Per-GPU memory of one training stage (a TrainConfig with a resolved worker count)."""
     shard = workers if train.strategy == "fsdp" else 1
-    full_weights = (shape.linear_params() * BYTES_PER_PARAM[train.quantization] + (shape.params() - shape.linear_params()) * 2) / GIB
+    unquantized = 4 if train.quantization != "none" else 2  # embeddings, lm_head, norms: upcast to float32 under k-bit training
+    full_weights = (shape.linear_params() * BYTES_PER_PARAM[train.quantization] + (shape.params() - shape.linear_params()) * unquantized) / GIB
     lora = shape.lora_params(train.lora_rank, train.lora_targets) * 16 / shard
     tokens = train.batch_size * train.max_length
     activations = tokens * shape.activation_bytes_per_token(train.gradient_checkpointing)

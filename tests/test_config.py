@@ -51,3 +51,12 @@ def test_train_section_loads_alone(tmp_path):
     path.write_text("teacher:\n  lr: 0.5\n")
     cfg = load(TrainConfig, path, ["epochs=3"], section="teacher")
     assert (cfg.lr, cfg.epochs, cfg.batch_size) == (0.5, 3, TrainConfig().batch_size)
+
+
+@pytest.mark.parametrize("quantization", ["4bit", "8bit"])
+def test_fsdp_over_a_quantized_base_is_refused_with_the_route_that_works(quantization):
+    preset = CONFIGS[0].parent / "llama-70b-qlora.yaml"
+    with pytest.raises(ConfigError, match=f"strategy=fsdp with quantization={quantization} is refused.*strategy=ddp"):
+        load_experiment(preset, ["student.strategy=fsdp", f"student.quantization={quantization}"])
+    bf16_fsdp = [f"{side}.{key}" for side in ("teacher", "student") for key in ("strategy=fsdp", "quantization=none")]
+    assert load_experiment(preset, bf16_fsdp).student.strategy == "fsdp"

@@ -44,7 +44,7 @@ def test_seventy_b_needs_sharding_or_quantisation_and_tensor_parallel_serving():
     assert training_gib(shape, cfg.teacher, 8)["total"] < 80
     bf16_one_gpu = replace(cfg.teacher, quantization="none", strategy="ddp")
     assert training_gib(shape, bf16_one_gpu, 1)["weights"] > 130  # 70B in bf16 fits no single GPU
-    bf16_fsdp = training_gib(shape, replace(cfg.teacher, quantization="none"), 8)
+    bf16_fsdp = training_gib(shape, replace(cfg.teacher, quantization="none", strategy="fsdp"), 8)
     assert bf16_fsdp["total"] < 80 < bf16_fsdp["load peak"]  # sharded it would fit; loading whole per GPU does not
     assert engine_gib(shape, 1, 80, 0.9)["kv tokens"] == 0  # one GPU cannot even hold the weights
     assert engine_gib(shape, 4, 80, 0.9)["kv tokens"] > 100_000

@@ -49,7 +49,7 @@ def test_llama_8b_one_worker_and_one_replica_per_gpu(cap, expected):
     assert counts(plan(preset("llama-8b"), cap)) == expected
 
 
-def test_llama_70b_fsdp_on_8_gpus_and_tensor_parallel_replicas():
+def test_llama_70b_on_8_gpus_and_tensor_parallel_replicas():
     cfg = preset("llama-70b-qlora")
     assert counts(plan(cfg, fixed(192, 8))) == (8, 8, 2, 2)  # 2 replicas of 4 GPUs per node
     assert counts(plan(cfg, autoscaling())) == (8, 8, 2, 2)

@@ -77,6 +77,15 @@ class TrainConfig:
     # final step), in <output_dir>/snapshots/step-<k>/; 0 keeps none.
     snapshots: int = 0
 
+    def __post_init__(self) -> None:
+        if self.strategy == "fsdp" and self.quantization != "none":
+            raise ConfigError(
+                f"strategy=fsdp with quantization={self.quantization} is refused: FSDP2 turns bitsandbytes' packed "
+                "4/8-bit weights into plain parameters (wrong outputs and crashes are reported for it); use "
+                "strategy=ddp with the quantized base on every GPU (a 70B 4-bit base fits an 80 GB GPU: "
+                "python -m jobs.memory_plan), or quantization=none with fsdp"
+            )
+
 
 def resolve_batch(cfg: TrainConfig, num_workers: int) -> TrainConfig:
     """`cfg` for `num_workers` workers: num_workers filled in and, with global_batch_size, grad_accum.

@@ -11,6 +11,7 @@ non-reentrant gradient checkpointing, and DDP or FSDP2.
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 
 import torch
@@ -194,7 +195,16 @@ def save_adapter(model, state: dict[str, torch.Tensor], out_dir: Path) -> None:
     unwrap(model).save_pretrained(str(out_dir), state_dict=state, selected_adapters=["default"])  # not a distillation teacher
 
 
+def logical_numel(param) -> int:
+    """Weights a parameter stands for. A bitsandbytes 4-bit parameter stores its values packed
+    (two per byte, in its quant_storage dtype: a quarter of the elements in bf16 storage), so its
+    numel undercounts; its quant_state keeps the real shape."""
+    shape = getattr(getattr(param, "quant_state", None), "shape", None)
+    return math.prod(shape) if shape is not None else param.numel()
+
+
 def count_parameters(model) -> tuple[int, int]:
-    """(all parameters, trainable parameters); call before sharding."""
+    """(all parameters, trainable parameters), 4-bit weights counted unpacked (MFU reads them);
+    call before sharding."""
     params = list(unwrap(model).parameters())
-    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+    return sum(logical_numel(p) for p in params), sum(p.numel() for p in params if p.requires_grad)
