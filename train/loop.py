@@ -63,6 +63,23 @@ def peak_flops(device: torch.device) -> float | None:
     return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
+def forward_loss(model, batch: dict, autocast, number_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """One packed micro-batch's loss: next-token cross-entropy on its labels, or, with
+    `number_ids` (logit_kl), the KL to the teacher adapter's distribution over them. A batch
+    whose rows were all dropped has no labels: its zero loss still touches the graph, which
+    keeps DDP's collectives in step."""
+    has_labels = bool((batch["labels"] != -100).any())
+    with autocast:
+        if number_ids is not None:
+            target = teacher_logits(unwrap(model), batch["input_ids"], batch["position_ids"], number_ids)
+            out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
+        else:
+            out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=batch["labels"])
+    if not has_labels:
+        return out.logits.sum() * 0.0
+    return kl_loss(out.logits, target, batch["labels"], number_ids) if number_ids is not None else out.loss
+
+
 def train_loop(config: dict) -> None:
     """Ray Train entry point (train_loop_per_worker); `config` is built by trainer.train_lora_many."""
     import ray.train
@@ -218,18 +235,7 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
                 model.set_requires_gradient_sync(last_micro)
             sync = model.no_sync() if ddp and not last_micro else contextlib.nullcontext()
             with sync:
-                has_labels = bool((batch["labels"] != -100).any())
-                with autocast:
-                    if distil:
-                        target = teacher_logits(unwrap(model), batch["input_ids"], batch["position_ids"], number_ids)
-                        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
-                    else:
-                        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=batch["labels"])
-                # A batch whose rows were all dropped has no labels: a zero loss keeps DDP's collectives in step.
-                if not has_labels:
-                    loss = out.logits.sum() * 0.0
-                else:
-                    loss = kl_loss(out.logits, target, batch["labels"], number_ids) if distil else out.loss
+                loss = forward_loss(model, batch, autocast, number_ids if distil else None)
                 (loss / cfg.grad_accum).backward()
             window += torch.stack([loss.detach().double(), one, batch["real_tokens"].double(), batch["total_tokens"].double()])
             micro += 1
