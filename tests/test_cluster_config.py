@@ -39,3 +39,24 @@ def test_gpu_bounds(config):
     # Two 8 x H100 nodes and two 1 x L40S nodes at most: what jobs/placement.py checks presets against.
     assert launcher_node_gpus(config) == (8.0, 8.0, 1.0, 1.0)
     assert config["idle_timeout_minutes"] > 0
+
+
+def test_every_node_type_names_its_image_with_a_new_enough_driver(config):
+    images = {name: node["node_config"].get("ImageId") for name, node in config["available_node_types"].items()}
+    assert all(images.values()), images  # none falls back to the launcher's default image (an old driver)
+    assert {image.split("/")[-3] for image in images.values()} == {"base-oss-nvidia-driver-gpu-ubuntu-22.04"}
+    assert any("/opt/dlami/nvme:" in option for option in config["docker"]["run_options"])  # where that image mounts NVMe
+
+
+@pytest.mark.parametrize("driver, fails", [("470.57.02", True), ("575.51.03", True), ("580.95.05", False), ("595.91.07", False)])
+def test_gpu_nodes_stop_at_setup_on_an_old_driver(config, tmp_path, driver, fails):
+    import os
+    import subprocess
+
+    fake = tmp_path / "nvidia-smi"  # answers the driver query as the real one does
+    fake.write_text(f"#!/bin/sh\necho {driver}\n")
+    fake.chmod(0o755)
+    (check,) = [c for c in config["worker_setup_commands"] if "nvidia-smi" in c]
+    done = subprocess.run(["bash", "-c", check], env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}, capture_output=True, text=True)
+    assert (done.returncode != 0) == fails and (f"NVIDIA driver {driver} is older than 580" in done.stdout) == fails
+    assert any("torch.cuda.device_count()" in c and "sys.exit" in c for c in config["worker_setup_commands"])
