@@ -17,14 +17,16 @@ from serve.schemas import Question, ScoreRequest
 
 
 def score_models(handle, models: dict[str, str | None], questions: list[dict], chunk: int, in_flight: int) -> dict[str, list[dict]]:
-    """Per model (name -> adapter, None = base), the questions with `prediction` and `logprobs` added."""
+    """Per model (name -> adapter, None = base), the questions with `prediction`, `logprobs` and
+    `truncated_tokens` (prompt tokens cut from the left to fit the context, lm-evaluation-harness's rule) added."""
     body = [Question(question=q["question"], choices=q["choices"], answer=q["answer"], subject=q["subset"]) for q in questions]
     jobs = [(name, start) for name in models for start in range(0, len(questions), chunk)]
     total, started, done, lock = len(questions) * len(models), time.time(), [0], threading.Lock()
 
     def score(job):
         name, start = job
-        results = handle.score.remote(ScoreRequest(questions=body[start : start + chunk], adapter=models[name])).result().results
+        request = ScoreRequest(questions=body[start : start + chunk], adapter=models[name], truncate=True)  # a long question never fails the stage
+        results = handle.score.remote(request).result().results
         with lock:
             done[0] += len(results)
             print(f"[evaluate] {done[0]}/{total} scored, {done[0] / (time.time() - started):.0f} questions/s", flush=True)
@@ -35,8 +37,24 @@ def score_models(handle, models: dict[str, str | None], questions: list[dict], c
     scored: dict[str, list[dict]] = {name: [] for name in models}
     for (name, start), results in zip(jobs, answers):
         for q, r in zip(questions[start : start + chunk], results):
-            scored[name].append({**q, "prediction": r.prediction, "logprobs": r.logprobs})
+            scored[name].append({**q, "prediction": r.prediction, "logprobs": r.logprobs, "truncated_tokens": r.truncated_tokens})
     return scored
+
+
+def context_check(model_path: str, questions: list[dict], max_model_len: int) -> str:
+    """One line on whether every question's prompt fits the scoring context, measured with the
+    model's tokenizer before any model is loaded: prompts that do not fit are scored
+    left-truncated (`truncated_tokens` in the eval rows), never failing the stage."""
+    from transformers import AutoTokenizer
+
+    from serve.mc_format import format_mc_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    prompts = [format_mc_prompt(q["question"], q["choices"], q["subset"]) for q in questions]
+    lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=True).input_ids]
+    over = sum(n > max_model_len - 1 for n in lengths)  # one token of room for the answer letter
+    line = f"longest question prompt {max(lengths)} tokens (service.max_model_len {max_model_len})"
+    return line + (f": {over} of {len(lengths)} questions will be scored left-truncated, as lm-evaluation-harness does" if over else ": all fit")
 
 
 def wilson_ci(correct: int, n: int, z: float = 1.96) -> list[float]:

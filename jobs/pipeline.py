@@ -43,7 +43,7 @@ if __package__ in (None, ""):  # `python jobs/pipeline.py`: import from the repo
 from common.atomic import write_jsonl  # noqa: E402
 from jobs.arms import arm_models, numbers_seed  # noqa: E402
 from jobs.config import ExperimentConfig, load_experiment  # noqa: E402
-from jobs.evaluate import score_models, summarise  # noqa: E402
+from jobs.evaluate import context_check, score_models, summarise  # noqa: E402
 from jobs.generate_numbers import NoNumbersError, generate_all, number_prompts  # noqa: E402
 from jobs.graph import PHASES, SPLIT_FILES, TEACHERS, experiment_stages, snapshot_points, training_rows  # noqa: E402
 from jobs.manifest import Manifest, RunDirError, digest, file_digest  # noqa: E402
@@ -135,6 +135,7 @@ class Pipeline:
         self.cfg = resolved(self.cfg, placement)  # stages see numbers, not `auto`
         self.model_path = str(ensure_tiny_model(TinySpec(seed=self.cfg.model.tiny_seed), self.cache)) if self.cfg.model.path == "tiny" else self.cfg.model.path
         check_model_path(self.model_path)
+        print(f"[evaluate] {context_check(self.model_path, self.questions, self.cfg.service.max_model_len)}", flush=True)
         for phase in PHASES:
             todo = [stage for stage, run, _ in plan(stages, self.manifest) if run and stage.phase == phase]
             if todo:

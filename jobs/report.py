@@ -135,6 +135,8 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
             "student_teacher_agreement": means["student"], "control_teacher_agreement": means["control"],
             "replicate_pairs": min(len(arms[arm]["replicates"]) for arm in ("student", "control")),
         }  # fmt: skip
+    # Questions whose prompt was cut from the left to fit the context (the same for every model).
+    report["truncated_questions"] = {split: sum(r.get("truncated_tokens", 0) > 0 for r in both["base"] if r["split"] == split) for split in SPLITS}
     used = {m.source for m in models}
     report["numbers"] = {name: _numbers(manifest, source, models) for name, source in NUMBER_SOURCES.items() if source in used}
     report["timings"] = {phase: sec for phase, sec in manifest.timings().items() if phase != "report"}  # built before its own phase ends
@@ -164,6 +166,9 @@ def markdown(report: dict) -> str:
             f"replicate(s) each): {t['value']:+.3f} (95% CI {interval(t['ci95'])}; "
             f"student {t['student_teacher_agreement']:.3f}, control {t['control_teacher_agreement']:.3f})",
         ]  # fmt: skip
+    cut = report.get("truncated_questions", {})
+    if any(cut.values()):
+        lines += ["", "Questions longer than the context, scored on their end (cut from the left): " + ", ".join(f"{split} {n}" for split, n in cut.items())]
     lines += markdown_tables(report["arms"], report["contrasts"])
     lines += ["", "| numbers | generated | kept | rejected |", "|---|---|---|---|"]
     for name, n in report["numbers"].items():

@@ -23,7 +23,7 @@ from ray import serve
 
 from serve.engine import Sampling, build_engines
 from serve.http_api import build_http_api, invalid
-from serve.mc_format import format_mc_prompt
+from serve.mc_format import format_mc_prompt, left_truncate
 from serve.metrics import ServiceMetrics
 from serve.schemas import CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
 from serve.settings import ServiceSettings, check_adapter, model_id, resolve_model
@@ -158,6 +158,10 @@ class InferenceService:
             if len(q.choices) > self.scorer.max_choices:
                 raise invalid(("questions", i, "choices"), f"{len(q.choices)} choices; this model's tokenizer scores at most {self.scorer.max_choices} in one pass")
         prompts = [format_mc_prompt(q.question, q.choices, q.subject) for q in body.questions]
+        cut = [0] * len(prompts)
+        if body.truncate:  # room for the one answer token
+            prompts, cut = zip(*(left_truncate(self.engine.counting_tokenizer, p, self.settings.max_model_len - 1) for p in prompts))
+            prompts = list(prompts)
         lengths = self._check_lengths(prompts, 1, "questions")
         n_choices = [len(q.choices) for q in body.questions]
         if self.scorer.name == "hf":
@@ -168,7 +172,8 @@ class InferenceService:
         predictions = [max(range(len(lp)), key=lp.__getitem__) for lp in logprobs]
         answers = [q.answer for q in body.questions]
         accuracy = None if None in answers else sum(p == a for p, a in zip(predictions, answers)) / len(answers)
-        return ScoreResponse(results=[{"prediction": p, "logprobs": lp} for p, lp in zip(predictions, logprobs)], accuracy=accuracy)
+        results = [{"prediction": p, "logprobs": lp, "truncated_tokens": c} for p, lp, c in zip(predictions, logprobs, cut)]
+        return ScoreResponse(results=results, accuracy=accuracy)
 
     async def health(self) -> dict:
         try:

@@ -6,7 +6,8 @@ is how many choices one-pass scoring handles with its tokenizer; the methods are
 `generate(prompts, Sampling, adapter) -> [Completion]`,
 `score(prompts, n_choices, adapter) -> [[logprob per choice]]`,
 `add_adapter(name, path)`, `remove_adapter(name)`, `count_tokens(prompts)`,
-`check_health()`, `shutdown()`.
+`check_health()`, `shutdown()`; `counting_tokenizer` is the model's tokenizer
+for use on the event loop (counting and truncating prompts).
 """
 
 from __future__ import annotations

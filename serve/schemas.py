@@ -63,11 +63,17 @@ class Question(Strict):
 class ScoreRequest(Strict):
     questions: list[Question] = Field(min_length=1)
     adapter: str | None = None
+    truncate: bool = Field(
+        False,
+        description="a prompt longer than the context is cut from the left (the question's start goes; its end, "
+        "the choices and 'Answer:' stay), as lm-evaluation-harness does, instead of answering 422",
+    )
 
 
 class ScoreResult(BaseModel):
     prediction: int
     logprobs: list[float]
+    truncated_tokens: int = 0  # prompt tokens cut from the left (`truncate`)
 
 
 class ScoreResponse(BaseModel):

@@ -59,6 +59,7 @@ class VLLMEngine:
         )
         self.engine = AsyncLLM.from_engine_args(args)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.counting_tokenizer = self.tokenizer  # the event loop's only user: vLLM tokenizes in its own process
         self.max_choices = scorable_choices(self.tokenizer)
         self.letters = letter_token_ids(self.tokenizer, self.max_choices)
         self.loras: dict[str, LoRARequest] = {}
@@ -79,7 +80,7 @@ class VLLMEngine:
     # Work -----------------------------------------------------------------------------------
 
     def count_tokens(self, prompts: list[str]) -> list[int]:
-        return [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=True).input_ids]
+        return [len(ids) for ids in self.counting_tokenizer(prompts, add_special_tokens=True).input_ids]
 
     async def _final(self, prompt: str, params: SamplingParams, adapter: str | None):
         lora = self.loras[adapter] if adapter else None

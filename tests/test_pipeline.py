@@ -85,8 +85,10 @@ def test_pipeline_end_to_end_stopped_resumed_and_changed(tmp_path, tiny_model, c
     assert {stage: plan[stage] for stage in finished} == {stage: "reuse" for stage in finished}
     assert plan["student/0"] == plan["control/1"] == plan["eval/base"] == "run"
     assert {path: path.stat().st_mtime_ns for path in kept_files} == before
+    assert "longest question prompt" in done.stdout and ": all fit" in done.stdout  # measured before any work
 
     report = json.loads((run_dir / "report.json").read_text())
+    assert report["truncated_questions"] == {"train": 0, "held_out": 0}
     assert set(report["models"]) == MODELS
     for m in report["models"].values():
         assert set(m["accuracy"]) == {"overall", "bio", "chem", "cyber"} and m["n"] > 300
@@ -129,7 +131,7 @@ def test_pipeline_end_to_end_stopped_resumed_and_changed(tmp_path, tiny_model, c
     held_out = [r for r in rows if r["split"] == "held_out"]
     train_questions = (run_dir / "data" / "train_questions.jsonl").read_text().splitlines()
     assert len(held_out) == report["models"]["student"]["n"] and len(rows) - len(held_out) == len(train_questions)
-    assert {"question", "choices", "subset", "answer", "cluster", "prediction", "logprobs", "split"} <= set(rows[0])
+    assert {"question", "choices", "subset", "answer", "cluster", "prediction", "logprobs", "split", "truncated_tokens"} <= set(rows[0])
     teacher_data = (run_dir / "data" / "teacher_train.jsonl").read_text()
     assert not [r["question"] for r in held_out if json.dumps(r["question"])[1:-1] in teacher_data]
     assert all(json.dumps(r["question"])[1:-1] in teacher_data for r in rows if r["split"] == "train")
@@ -180,3 +182,12 @@ def test_bad_input_stops_with_a_clear_message(tmp_path, cache_dir):
     (bad_data / "wmdp-bio.jsonl").write_text(json.dumps({"question": "q?", "choices": "not a list", "answer": 0}) + "\n")
     done = run_pipeline("--run-dir", str(tmp_path / "c"), "--set", f"data.source={bad_data}", "--set", "data.subsets=[bio]", cache_dir=cache_dir)
     assert done.returncode == 2 and "choices" in done.stderr and "wmdp-bio.jsonl" in done.stderr
+
+
+def test_prompts_longer_than_the_context_are_counted_before_any_work(tiny_model):
+    from jobs.evaluate import context_check
+
+    short = {"question": "Which organ pumps blood?", "choices": ["heart", "lung", "liver", "skin"], "subset": "bio"}
+    long = {**short, "question": "Background: " + "0x3f 0xa1 " * 300 + short["question"]}
+    assert context_check(tiny_model, [short, long], 256).endswith(": 1 of 2 questions will be scored left-truncated, as lm-evaluation-harness does")
+    assert context_check(tiny_model, [short], 256).endswith(": all fit")

@@ -118,6 +118,28 @@ def test_score_matches_transformers(services, questions, tiny_model, lora_adapte
     assert "accuracy" not in without_answers.json() or without_answers.json()["accuracy"] is None
 
 
+@pytest.mark.parametrize("engine", ["vllm", "hf"])
+def test_a_question_longer_than_the_context_is_left_truncated_when_asked(services, questions, tiny_model, engine):
+    """Refused (422) by default; with `truncate`, scored on the prompt's end as lm-evaluation-harness
+    would, the lost tokens counted, the other questions of the request untouched."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from serve.hf_scoring import mc_logprobs
+    from serve.mc_format import format_mc_prompt, left_truncate
+
+    long = {**questions[0], "question": "Background: " + "0x3f 0xa1 " * 300 + questions[0]["question"]}
+    refused = post(services[engine], "/score", {"questions": [long]})
+    assert refused.status_code == 422 and "context of 256" in refused.text
+    cut, short = post(services[engine], "/score", {"questions": [long, questions[1]], "truncate": True}).json()["results"]
+    assert short == post(services[engine], "/score", {"questions": [questions[1]]}).json()["results"][0]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    prompt, lost = left_truncate(tokenizer, format_mc_prompt(long["question"], long["choices"], long["subject"]), 255)
+    assert cut["truncated_tokens"] == lost > 300 and prompt.endswith("Answer:")
+    (expected,) = mc_logprobs(AutoModelForCausalLM.from_pretrained(tiny_model).eval(), tokenizer, [prompt], [4])
+    assert max(abs(a - b) for a, b in zip(cut["logprobs"], expected)) < 1e-4
+
+
 def test_deployment_handle_answers_like_http(services, questions):
     """The pipeline's way in: the same methods through a deployment handle, no HTTP."""
     from ray import serve
