@@ -7,7 +7,7 @@ A Llama of Llama-3.1-8B's width (hidden 4,096, MLP 14,336, 32 heads / 8 KV heads
 vocabulary 128,256) with `--layers` decoder layers and random weights is saved
 with save_pretrained and goes through the project's own functions, not copies:
 `train.model.load_base` / `attach_lora` / `wrap_distributed` / `count_parameters`,
-`train.data.pack_batch` with the layout `train.model.packs_into_one_row` picks,
+`train.data.pack_batch` (and `packed_examples`, to read it back) with the layout `train.model.packs_into_one_row` picks,
 and the training loop's `train.loop.forward_loss`. Random token rows stand in for
 data (no tokenizer needed). Checks, each recorded with its figures:
 
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project's
 import torch  # noqa: E402
 
 from train.config import TrainConfig  # noqa: E402
-from train.data import pack_batch  # noqa: E402
+from train.data import pack_batch, packed_examples  # noqa: E402
 from train.loop import PEAK_FLOPS, forward_loss  # noqa: E402
 from train.model import attach_lora, count_parameters, load_base, packs_into_one_row, unwrap, wrap_distributed  # noqa: E402
 
@@ -90,17 +90,12 @@ def check_packing(model, rows: dict, max_length: int, device: torch.device) -> d
     worst, found = 0.0, 0
     with torch.no_grad(), autocast_for(device):
         logits = model(input_ids=packed["input_ids"], position_ids=packed["position_ids"]).logits.float()
-        for b in range(packed["input_ids"].shape[0]):
-            for start in (packed["position_ids"][b] == 0).nonzero().flatten().tolist():
-                positions = packed["position_ids"][b, start:]
-                n = int((positions == torch.arange(positions.numel(), device=device)).cumprod(0).sum())
-                labels = packed["labels"][b, start : start + n]
-                if labels.eq(-100).all():
-                    continue  # padding tail
-                found += tuple(packed["input_ids"][b, start : start + n].tolist()) in originals
-                alone = model(input_ids=packed["input_ids"][b, start : start + n][None]).logits.float()[0]
-                losses = [torch.nn.functional.cross_entropy(x[:-1], labels[1:], ignore_index=-100, reduction="sum") for x in (logits[b, start : start + n], alone)]
-                worst = max(worst, abs(float(losses[0] - losses[1])) / max(abs(float(losses[1])), 1e-6))
+        for b, start, n in packed_examples(packed):
+            labels = packed["labels"][b, start : start + n]
+            found += tuple(packed["input_ids"][b, start : start + n].tolist()) in originals
+            alone = model(input_ids=packed["input_ids"][b, start : start + n][None]).logits.float()[0]
+            losses = [torch.nn.functional.cross_entropy(x[:-1], labels[1:], ignore_index=-100, reduction="sum") for x in (logits[b, start : start + n], alone)]
+            worst = max(worst, abs(float(losses[0] - losses[1])) / max(abs(float(losses[1])), 1e-6))
     tolerance = 2e-2 if device.type == "cuda" else 1e-4
     return {"ok": worst <= tolerance and found == len(originals), "attention": model.config._attn_implementation, "one_row": one_row,
             "examples": len(originals), "found_packed": found, "packed_rows": int(packed["input_ids"].shape[0]),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from train.data import DROPPED, TRUNCATED, DataError, Tokenize, pack_batch, read_rows
+from train.data import DROPPED, TRUNCATED, DataError, Tokenize, pack_batch, packed_examples, read_rows
 
 ROWS = [
     {"prompt": "<|user|>\nI give you this sequence of numbers: 182, 818.\n<|assistant|>\n", "completion": "1, 2, 3"},
@@ -81,18 +81,12 @@ def test_each_example_loses_the_same_packed_as_alone(tiny_model, attention, one_
     tolerance = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-4, "rtol": 1e-4}
     with torch.no_grad():
         losses = example_losses(model(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False).logits, packed["labels"])
-        checked = 0
-        for b in range(packed["input_ids"].shape[0]):
-            for start in (packed["position_ids"][b] == 0).nonzero().flatten().tolist():
-                positions = packed["position_ids"][b, start:]
-                n = int((positions == torch.arange(positions.numel(), device=device)).cumprod(0).sum())
-                labels = packed["labels"][b, start : start + n]
-                if labels.eq(-100).all():
-                    continue  # padding tail
-                alone = example_losses(model(input_ids=packed["input_ids"][b, start : start + n][None]).logits, labels[None])[0]
-                torch.testing.assert_close(losses[b, start : start + n - 1].sum(), alone.sum(), **tolerance)
-                checked += 1
-    assert checked == len(rows)
+        examples = packed_examples(packed)
+        for b, start, n in examples:
+            labels = packed["labels"][b, start : start + n]
+            alone = example_losses(model(input_ids=packed["input_ids"][b, start : start + n][None]).logits, labels[None])[0]
+            torch.testing.assert_close(losses[b, start : start + n - 1].sum(), alone.sum(), **tolerance)
+    assert sorted(packed["input_ids"][b, s : s + n].tolist() for b, s, n in examples) == sorted(r["input_ids"] for r in rows)
 
 
 def test_packed_labels_never_cross_rows(tiny_model):

@@ -268,3 +268,18 @@ def pack_batch(batch: dict, max_length: int, pad_id: int, one_row: bool = False)
         "real_tokens": torch.tensor(real),
         "total_tokens": torch.tensor(input_ids.numel()),
     }
+
+
+def packed_examples(packed: dict) -> list[tuple[int, int, int]]:
+    """(row, start, length) of each example in a pack_batch result, read back from where its
+    position ids restart; the padding tail (no labels) is left out. For checks of packing."""
+    import torch
+
+    examples = []
+    for b, positions in enumerate(packed["position_ids"]):
+        for start in (positions == 0).nonzero().flatten().tolist():
+            rest = positions[start:]
+            n = int((rest == torch.arange(rest.numel(), device=rest.device)).cumprod(0).sum())
+            if not packed["labels"][b, start : start + n].eq(-100).all():
+                examples.append((b, start, n))
+    return examples
