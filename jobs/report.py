@@ -190,10 +190,35 @@ def _error_bar(ax, x, r, y=None, color=None) -> None:
         ax.errorbar(r["value"], y, xerr=err, fmt="o", capsize=3, **style)
 
 
-def comparisons(report: dict) -> list[tuple[str, dict]]:
+def _comparisons(report: dict) -> list[tuple[str, dict]]:
     """(label, result) of every arm against its reference, then every contrast."""
     rows = [(f"{name} - {arm['against']}", {**arm["transfer"], "by_step": arm.get("by_step")}) for name, arm in report["arms"].items()]
     return rows + [(f"{c['arm']} - {c['against']}", c) for c in report["contrasts"].values()]
+
+
+def _forest(ax, rows: list, metric: str, split: str, labels: bool) -> None:
+    """One row per comparison: its difference with the 95% CI."""
+    for y, (_, result) in enumerate(rows):
+        if result[split][metric]["value"] is not None:
+            _error_bar(ax, None, result[split][metric], y)
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_yticks(range(len(rows)), [label for label, _ in rows] if labels else [""] * len(rows))
+    ax.set_title(f"{metric}, {split}", fontsize=9)
+
+
+def _series(ax, series: list, metric: str, split: str, legend: bool) -> None:
+    """One line per comparison with snapshots: its difference at each step, with the 95% CIs."""
+    for k, (label, points) in enumerate(series):
+        shift = (k - (len(series) - 1) / 2) * 0.01 * max(max(p["steps"]) for p in points)  # bars side by side
+        xs = [float(np.mean(p["steps"])) + shift for p in points]
+        (line,) = ax.plot(xs, [p[split][metric]["value"] for p in points], label=label)
+        for x, p in zip(xs, points):
+            _error_bar(ax, x, p[split][metric], color=line.get_color())
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xlabel("optimizer step (filled: detected)", fontsize=8)
+    if legend:
+        ax.legend(fontsize=6)
+    ax.set_title(f"{metric}, {split}, by step", fontsize=9)
 
 
 def plot_transfer(report: dict, path: Path) -> None:
@@ -205,32 +230,17 @@ def plot_transfer(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = comparisons(report)
+    rows = _comparisons(report)
     series = [(label, r["by_step"]["points"]) for label, r in rows if r.get("by_step") and "points" in r["by_step"]]
     panels = [(metric, False) for metric in PRIMARY] + ([(metric, True) for metric in PRIMARY] if series else [])
-    fig, axes = plt.subplots(len(panels), len(SPLITS), figsize=(10, 1.2 + 0.45 * len(rows) * len(PRIMARY) + 3 * bool(series) * len(PRIMARY)), squeeze=False)
-    for i, (metric, steps) in enumerate(panels):
+    height = 1.2 + 0.45 * len(rows) * len(PRIMARY) + (3 * len(PRIMARY) if series else 0)
+    fig, axes = plt.subplots(len(panels), len(SPLITS), figsize=(10, height), squeeze=False)
+    for i, (metric, by_step) in enumerate(panels):
         for j, split in enumerate(SPLITS):
-            ax = axes[i][j]
-            if steps:
-                for k, (label, points) in enumerate(series):
-                    shift = (k - (len(series) - 1) / 2) * 0.01 * max(max(p["steps"]) for p in points)  # bars side by side
-                    xs = [float(np.mean(p["steps"])) + shift for p in points]
-                    (line,) = ax.plot(xs, [p[split][metric]["value"] for p in points], label=label)
-                    for x, p in zip(xs, points):
-                        _error_bar(ax, x, p[split][metric], color=line.get_color())
-                ax.axhline(0, color="grey", lw=0.8)
-                ax.set_xlabel("optimizer step (filled: detected)", fontsize=8)
-                if j == 0:
-                    ax.legend(fontsize=6)
-                ax.set_title(f"{metric}, {split}, by step", fontsize=9)
-                continue
-            for y, (_, result) in enumerate(rows):
-                if result[split][metric]["value"] is not None:
-                    _error_bar(ax, None, result[split][metric], y)
-            ax.axvline(0, color="grey", lw=0.8)
-            ax.set_yticks(range(len(rows)), [label for label, _ in rows] if j == 0 else [""] * len(rows))
-            ax.set_title(f"{metric}, {split}", fontsize=9)
+            if by_step:
+                _series(axes[i][j], series, metric, split, legend=j == 0)
+            else:
+                _forest(axes[i][j], rows, metric, split, labels=j == 0)
     fig.tight_layout()
     with atomic_file(path) as tmp:
         fig.savefig(tmp, format="png")
