@@ -1,4 +1,4 @@
-"""LoRA training and batched scoring on one GPU at a realistic width (issue 5's GPU verification).
+"""LoRA training and batched scoring on one GPU at a realistic width, through Ray Train.
 
     python bench/gpu_lora.py [--layers 4] [--steps 40]     # on a CUDA machine (H100/H200)
     python bench/gpu_lora.py --smoke                        # on CPU: a narrow model, to check the script runs
