@@ -160,7 +160,10 @@ class InferenceService:
         prompts = [format_mc_prompt(q.question, q.choices, q.subject) for q in body.questions]
         cut = [0] * len(prompts)
         if body.truncate:  # room for the one answer token
-            prompts, cut = zip(*(left_truncate(self.engine.counting_tokenizer, p, self.settings.max_model_len - 1) for p in prompts))
+            try:
+                prompts, cut = zip(*(left_truncate(self.engine.counting_tokenizer, p, self.settings.max_model_len - 1) for p in prompts))
+            except ValueError as error:  # a context too small to hold any of a prompt
+                raise invalid(("truncate",), str(error)) from error
             prompts = list(prompts)
         lengths = self._check_lengths(prompts, 1, "questions")
         n_choices = [len(q.choices) for q in body.questions]
