@@ -28,7 +28,6 @@ failed. On an H100 the default run takes a few minutes.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -42,8 +41,8 @@ import torch  # noqa: E402
 
 from train.config import TrainConfig  # noqa: E402
 from train.data import pack_batch, packed_examples  # noqa: E402
-from train.loop import PEAK_FLOPS, forward_loss  # noqa: E402
-from train.model import attach_lora, count_parameters, load_base, packs_into_one_row, unwrap, wrap_distributed  # noqa: E402
+from train.loop import forward_loss, peak_flops  # noqa: E402
+from train.model import attach_lora, autocast_for, count_parameters, load_base, packs_into_one_row, unwrap, wrap_distributed  # noqa: E402
 
 WIDTH_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)
 WIDTH_SMOKE = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
@@ -71,10 +70,6 @@ def random_rows(n: int, length: int, vocab: int, seed: int) -> dict:
         ids.append(row)
         labels.append(np.where(np.arange(len(row)) < len(row) // 4, -100, row))
     return {"input_ids": np.array(ids, dtype=object), "labels": np.array(labels, dtype=object)}
-
-
-def autocast_for(device: torch.device):
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -116,7 +111,7 @@ def train_steps(model, batch: dict, cfg: TrainConfig, device: torch.device, step
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             started = time.time()
-        loss = forward_loss(model, batch, autocast_for(device))
+        loss = forward_loss(model, batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         opt.step()
@@ -126,7 +121,7 @@ def train_steps(model, batch: dict, cfg: TrainConfig, device: torch.device, step
         torch.cuda.synchronize(device)
     elapsed = time.time() - started if started else float("nan")
     tokens_per_s = int(batch["real_tokens"]) * (steps - 1) / elapsed
-    peak = next((v for k, v in PEAK_FLOPS.items() if device.type == "cuda" and k in torch.cuda.get_device_name(device)), None)
+    peak = peak_flops(device)
     out = {"ok": losses[-1] < losses[0], "first_loss": losses[0], "last_loss": losses[-1], "parameters": n_params,
            "tokens_per_s": tokens_per_s, "mfu": 4 * n_params * tokens_per_s / peak if peak else None}  # fmt: skip
     if device.type == "cuda":
@@ -135,7 +130,7 @@ def train_steps(model, batch: dict, cfg: TrainConfig, device: torch.device, step
 
 
 def lora_gradients(model, batch: dict, device: torch.device) -> tuple[float, dict]:
-    loss = forward_loss(model, batch, autocast_for(device))
+    loss = forward_loss(model, batch)
     loss.backward()
     grads = {n: p.grad.detach().float().clone() for n, p in unwrap(model).named_parameters() if p.requires_grad}
     unwrap(model).zero_grad(set_to_none=True)
@@ -200,9 +195,9 @@ def check_fsdp(model_path: str, cfg: TrainConfig, batch: dict, device: torch.dev
     try:
         model = fresh(model_path, cfg, device)
         with torch.no_grad():
-            plain = float(forward_loss(model, batch, autocast_for(device)))
+            plain = float(forward_loss(model, batch))
             sharded = wrap_distributed(model, cfg, device)
-            loss = float(forward_loss(sharded, batch, autocast_for(device)))
+            loss = float(forward_loss(sharded, batch))
         tolerance = 2e-2 if device.type == "cuda" else 1e-5
         return {"ok": abs(loss - plain) <= tolerance * abs(plain), "loss": loss, "unwrapped_loss": plain, "tolerance": tolerance}
     finally:

@@ -90,7 +90,8 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
     """report.json's content (docs/report.md) from the eval files and the manifest."""
     teachers = teachers_used(models)
     points = {m.name: snapshot_points(manifest, m.name) for m in models}
-    scored_names = ["base", *teachers] + [m.name for m in models] + [name for p in points.values() for _, name in p if "@" in name]
+    earlier = [name for model, p in points.items() for _, name in p if name != model]  # snapshots before the last
+    scored_names = ["base", *teachers] + [m.name for m in models] + earlier
     both = {name: read_scores(run_dir, name) for name in scored_names}
     scores = {name: [r for r in rows if r["split"] == "held_out"] for name, rows in both.items()}  # `models` and `transfer`: held out
     teacher_pred = {t: [r["prediction"] for r in scores[t]] for t in teachers}

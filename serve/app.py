@@ -158,14 +158,14 @@ class InferenceService:
             if len(q.choices) > self.scorer.max_choices:
                 raise invalid(("questions", i, "choices"), f"{len(q.choices)} choices; this model's tokenizer scores at most {self.scorer.max_choices} in one pass")
         prompts = [format_mc_prompt(q.question, q.choices, q.subject) for q in body.questions]
-        cut = [0] * len(prompts)
-        if body.truncate:  # room for the one answer token
+        if body.truncate:  # cut to leave room for the one answer token: every prompt then fits
             try:
-                prompts, cut = zip(*(left_truncate(self.engine.counting_tokenizer, p, self.settings.max_model_len - 1) for p in prompts))
+                fitted = [left_truncate(self.engine.counting_tokenizer, p, self.settings.max_model_len - 1) for p in prompts]
             except ValueError as error:  # a context too small to hold any of a prompt
                 raise invalid(("truncate",), str(error)) from error
-            prompts = list(prompts)
-        lengths = self._check_lengths(prompts, 1, "questions")
+            prompts, cut, lengths = (list(column) for column in zip(*fitted))
+        else:
+            cut, lengths = [0] * len(prompts), self._check_lengths(prompts, 1, "questions")
         n_choices = [len(q.choices) for q in body.questions]
         if self.scorer.name == "hf":
             logprobs = await self._batched(("score", adapter), list(zip(prompts, n_choices)))

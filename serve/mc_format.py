@@ -29,19 +29,19 @@ def choice_continuation(index: int) -> str:
     return " " + LETTERS[index]
 
 
-def left_truncate(tokenizer, prompt: str, room: int) -> tuple[str, int]:
-    """`prompt` cut from the left to at most `room` tokens (special tokens included), and how
-    many tokens it lost: lm-evaluation-harness's rule for a context longer than the model's, so
-    the question's end, its choices and "Answer:" stay. The cut falls on a token boundary of the
-    original text; if the cut text tokenizes longer (a merge at the new edge), one more token goes."""
-    full = len(tokenizer(prompt, add_special_tokens=True).input_ids)
-    if full <= room:
-        return prompt, 0
+def left_truncate(tokenizer, prompt: str, room: int) -> tuple[str, int, int]:
+    """`prompt` cut from the left to at most `room` tokens (special tokens included), the tokens it
+    lost, and the tokens it keeps: lm-evaluation-harness's rule for a context longer than the
+    model's, so the question's end, its choices and "Answer:" stay. The cut falls on a token
+    boundary of the original text; if the cut text tokenizes longer (a merge at the new edge),
+    one more token goes."""
+    full = n = len(tokenizer(prompt, add_special_tokens=True).input_ids)
     cut = prompt
-    while (n := len(tokenizer(cut, add_special_tokens=True).input_ids)) > room:
+    while n > room:
         offsets = tokenizer(cut, add_special_tokens=False, return_offsets_mapping=True).offset_mapping
         drop = max(1, n - room)
         if drop >= len(offsets):
             raise ValueError(f"a context of {room} tokens cannot hold any of this prompt")
         cut = cut[offsets[drop][0] :]
-    return cut, full - n
+        n = len(tokenizer(cut, add_special_tokens=True).input_ids)
+    return cut, full - n, n

@@ -136,8 +136,8 @@ def test_a_question_longer_than_the_context_is_left_truncated_when_asked(service
     assert max(abs(a - b) for a, b in zip(short["logprobs"], alone["logprobs"])) < 1e-4  # batch-mates move float noise only
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    prompt, lost = left_truncate(tokenizer, format_mc_prompt(long["question"], long["choices"], long["subject"]), 255)
-    assert cut["truncated_tokens"] == lost > 300 and prompt.endswith("Answer:")
+    prompt, lost, kept = left_truncate(tokenizer, format_mc_prompt(long["question"], long["choices"], long["subject"]), 255)
+    assert cut["truncated_tokens"] == lost > 300 and prompt.endswith("Answer:") and kept == len(tokenizer(prompt).input_ids) <= 255
     (expected,) = mc_logprobs(AutoModelForCausalLM.from_pretrained(tiny_model).eval(), tokenizer, [prompt], [4])
     assert max(abs(a - b) for a, b in zip(cut["logprobs"], expected)) < 1e-4
 

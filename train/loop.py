@@ -29,6 +29,7 @@ from train.distill import attach_teacher, kl_loss, teacher_logits
 from train.model import (
     adapter_hash,
     attach_lora,
+    autocast_for,
     count_parameters,
     detach_lora,
     load_base,
@@ -63,13 +64,13 @@ def peak_flops(device: torch.device) -> float | None:
     return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
-def forward_loss(model, batch: dict, autocast, number_ids: torch.Tensor | None = None) -> torch.Tensor:
+def forward_loss(model, batch: dict, number_ids: torch.Tensor | None = None) -> torch.Tensor:
     """One packed micro-batch's loss: next-token cross-entropy on its labels, or, with
     `number_ids` (logit_kl), the KL to the teacher adapter's distribution over them. A batch
     whose rows were all dropped has no labels: its zero loss still touches the graph, which
     keeps DDP's collectives in step."""
     has_labels = bool((batch["labels"] != -100).any())
-    with autocast:
+    with autocast_for(next(unwrap(model).parameters()).device):
         if number_ids is not None:
             target = teacher_logits(unwrap(model), batch["input_ids"], batch["position_ids"], number_ids)
             out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
@@ -158,7 +159,6 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
     micro = step * cfg.grad_accum
     shard = ray.train.get_dataset_shard(name)
     collate = functools.partial(pack_batch, max_length=cfg.max_length, pad_id=config["pad_id"], one_row=packs_into_one_row(unwrap(model)))
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     flops_peak = peak_flops(device)
     staging = staging_dir(Path(job["output_dir"]), config["run_id"])
     fail_at = tuple(config.get("fail_at") or ())  # test switch: (job name, step)
@@ -235,7 +235,7 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
                 model.set_requires_gradient_sync(last_micro)
             sync = model.no_sync() if ddp and not last_micro else contextlib.nullcontext()
             with sync:
-                loss = forward_loss(model, batch, autocast, number_ids if distil else None)
+                loss = forward_loss(model, batch, number_ids if distil else None)
                 (loss / cfg.grad_accum).backward()
             window += torch.stack([loss.detach().double(), one, batch["real_tokens"].double(), batch["total_tokens"].double()])
             micro += 1

@@ -10,6 +10,7 @@ non-reentrant gradient checkpointing, and DDP or FSDP2.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 from pathlib import Path
@@ -55,6 +56,11 @@ def packs_into_one_row(model) -> bool:
 
 def compute_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def autocast_for(device: torch.device):
+    """bf16 autocast on GPU (a bf16 base under float32 adapters); nothing on CPU, where all is float32."""
+    return torch.autocast("cuda", dtype=compute_dtype(device)) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def load_base(model_path: str, cfg: TrainConfig, device: torch.device):
