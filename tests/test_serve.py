@@ -259,10 +259,25 @@ def test_a_dead_engine_fails_health_and_serve_replaces_the_replica(services):
     import psutil
 
     def title(p):
-        return " ".join(p.cmdline()) or p.name()
+        try:
+            return " ".join(p.cmdline()) or p.name()
+        except psutil.Error:  # exited while we looked
+            return ""
 
-    replicas = [p for p in psutil.process_iter() if "ServeReplica:t-vllm" in title(p)]
-    cores = [c for r in replicas for c in r.children(recursive=True) if "EngineCore" in title(c)]
+    def engine_cores():
+        replicas = [p for p in psutil.process_iter() if "ServeReplica:t-vllm" in title(p)]
+        try:
+            children = [c for r in replicas for c in r.children(recursive=True)]
+        except psutil.Error:
+            children = []
+        return replicas, [c for c in children if "EngineCore" in title(c)]
+
+    # A replica replaced by an earlier test may still be starting its engine: wait until it has one.
+    deadline = time.time() + 120
+    replicas, cores = engine_cores()
+    while len(cores) != 1 and time.time() < deadline:
+        time.sleep(1)
+        replicas, cores = engine_cores()
     assert len(cores) == 1, [title(p) for p in replicas]
     cores[0].kill()
     deadline = time.time() + 60
