@@ -1,9 +1,9 @@
 """The evaluation stage: every model scored on both splits' questions, in parallel; accuracy.
 
 Work is split by (model, chunk of questions) and sent concurrently to the
-service, whose replicas share it (one per GPU on GPU clusters). Scoring is the
-service's one-pass `/score`. Accuracy comes with a Wilson 95% interval; the
-transfer statistics are jobs/transfer_stats.py's.
+service, whose replicas share it (one per GPU on GPU clusters); a chunk whose
+replica died is resent. Scoring is the service's one-pass `/score`. Accuracy
+comes with a Wilson 95% interval; the transfer statistics are jobs/transfer_stats.py's.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from jobs.service_session import result_or_resend
 from serve.schemas import Question, ScoreRequest
 
 
@@ -26,7 +27,7 @@ def score_models(handle, models: dict[str, str | None], questions: list[dict], c
     def score(job):
         name, start = job
         request = ScoreRequest(questions=body[start : start + chunk], adapter=models[name], truncate=True)  # a long question never fails the stage
-        results = handle.score.remote(request).result().results
+        results = result_or_resend(handle.score, request, handle.score.remote(request), f"{name} questions {start}+").results
         with lock:
             done[0] += len(results)
             print(f"[evaluate] {done[0]}/{total} scored, {done[0] / (time.time() - started):.0f} questions/s", flush=True)

@@ -5,7 +5,9 @@ chat template as the paper did) go out in chunks, several requests in flight
 per model, and the teacher's and the control's requests run at the same time,
 so the engine batches them together. Prompt i samples with seed `seed + i`, and
 completions are filtered in prompt order: the kept set does not depend on
-timing. Sending stops once `keep` completions have passed the filter.
+timing. Sending stops once `keep` completions have passed the filter. A chunk
+whose replica died is resent (same seeds) and waited for in its place, so a
+lost replica changes neither the kept set nor the counts.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from jobs.config import NumbersConfig
 from jobs.number_sequences import CUT_OFF, make_prompts, reject_reason
+from jobs.service_session import result_or_resend
 from serve.schemas import GenerateRequest
 
 
@@ -45,10 +48,10 @@ def generate_kept(handle, prompts: list[str], adapter: str | None, cfg: NumbersC
                 prompts=prompts[start : start + cfg.chunk], max_tokens=cfg.max_tokens, temperature=cfg.temperature,
                 top_p=cfg.top_p, seed=cfg.seed * 1_000_003 + start, adapter=adapter,
             )
-            pending.append((start, handle.generate.remote(request)))
+            pending.append((start, request, handle.generate.remote(request)))
             next_chunk += 1
-        start, response = pending.popleft()
-        completions = response.result().completions
+        start, request, response = pending.popleft()
+        completions = result_or_resend(handle.generate, request, response, f"{label} prompts {start}+").completions
         generated += len(completions)
         if len(kept) >= cfg.keep:
             continue  # already enough: results still in flight are counted, not filtered

@@ -12,9 +12,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+import time
 
 from jobs.config import ExperimentConfig
 
+REPLICA_LOSS_PATIENCE_S = 1800  # how long a request keeps being resent after its replica died (a 70B
+# replica reloads its weights before it answers again)
 RUNNING_APPS: set[str] = set()  # Serve apps this driver started and has not deleted yet
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's max_lora_rank accepts
 
@@ -28,6 +31,32 @@ def stop_on_sigterm(*_) -> None:
         serve.delete(app, _blocking=False)
         print(f"[serve] {app}: teardown requested (SIGTERM)", flush=True)
     sys.exit(143)
+
+
+def result_or_resend(method, request, response, label: str):
+    """`response.result()`; when the replica serving it died (killed, out of memory, its engine
+    process gone), the same request is sent again until Serve's replacement answers it.
+
+    Requests carry their seeds, so a resent chunk yields what the lost one would have. Errors
+    about the request itself (a 4xx, a bug) are raised at once: resending would not change them.
+    """
+    from ray.exceptions import RayActorError
+
+    from serve.engine import EngineUnavailable
+
+    attempt, deadline = 0, None
+    while True:
+        try:
+            return response.result()
+        except (RayActorError, EngineUnavailable) as error:
+            deadline = deadline or time.time() + REPLICA_LOSS_PATIENCE_S
+            if time.time() > deadline:
+                raise
+            wait = min(2**attempt, 30)
+            attempt += 1
+            print(f"[serve] {label}: replica lost ({type(error).__name__}); resending in {wait}s (attempt {attempt + 1})", flush=True)
+            time.sleep(wait)
+            response = method.remote(request)
 
 
 def max_lora_rank(ranks: list[int]) -> int:

@@ -18,6 +18,11 @@ from dataclasses import dataclass
 from serve.settings import ServiceSettings, resolve_model
 
 
+class EngineUnavailable(RuntimeError):
+    """The engine died under a request (vLLM's engine-core process was killed, say). The replica
+    fails its health check and Serve replaces it: the request may be sent again (HTTP: 503)."""
+
+
 @dataclass(frozen=True)
 class Sampling:
     max_tokens: int = 16

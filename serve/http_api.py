@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from serve.engine import EngineUnavailable
 from serve.schemas import CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
 
 OPEN_PATHS = {"/health"}  # answered without the bearer token (load balancers probe it)
@@ -41,6 +42,11 @@ def build_http_api(service) -> FastAPI:
             response = await call_next(request)
         service.metrics.request(path, response.status_code, time.perf_counter() - started)
         return response
+
+    @api.exception_handler(EngineUnavailable)
+    async def engine_unavailable(request: Request, error: EngineUnavailable):
+        """The engine died under the request: Serve replaces this replica, so the client may retry."""
+        return JSONResponse({"detail": f"{error}; the replica is being replaced, retry shortly"}, 503, headers={"Retry-After": "30"})
 
     @api.post("/generate")
     async def generate(body: GenerateRequest) -> GenerateResponse:

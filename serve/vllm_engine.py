@@ -21,8 +21,9 @@ from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.lora.request import LoRARequest
 from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError
 
-from serve.engine import Completion, Sampling, cuda_available
+from serve.engine import Completion, EngineUnavailable, Sampling, cuda_available
 from serve.hf_scoring import letter_token_ids, scorable_choices
 from serve.mc_format import LETTERS
 from serve.settings import ServiceSettings
@@ -85,8 +86,11 @@ class VLLMEngine:
     async def _final(self, prompt: str, params: SamplingParams, adapter: str | None):
         lora = self.loras[adapter] if adapter else None
         final = None
-        async for output in self.engine.generate(prompt, params, request_id=uuid.uuid4().hex, lora_request=lora):
-            final = output
+        try:
+            async for output in self.engine.generate(prompt, params, request_id=uuid.uuid4().hex, lora_request=lora):
+                final = output
+        except EngineDeadError as error:
+            raise EngineUnavailable(f"vLLM engine died: {error}") from None
         return final
 
     async def generate(self, prompts: list[str], s: Sampling, adapter: str | None) -> list[Completion]:
