@@ -47,6 +47,19 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="session")
+def actor_pids(ray_cluster):
+    """pids of the live actors whose class name starts with a prefix, from Ray's actor table: tests
+    kill real processes by their own pid, never by name."""
+    from ray._private.state import actors
+
+    def pids(class_prefix: str) -> list[int]:
+        table = actors(actor_state_name="ALIVE").values()
+        return sorted(a["Pid"] for a in table if a["ActorClassName"].startswith(class_prefix))
+
+    return pids
+
+
+@pytest.fixture(scope="session")
 def lora_adapters(tiny_model, tmp_path_factory) -> dict[str, str]:
     """Two LoRA adapters for the tiny model with random (non-zero) weights, saved with save_pretrained."""
     from jobs.tiny_model import random_lora_adapter

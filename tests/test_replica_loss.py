@@ -31,13 +31,16 @@ def handle(ray_cluster, tiny_model, lora_adapters):
     stop_service(APP)
 
 
-def replica_pid() -> int:
-    """The pid of the app's one replica, asked of the replica actor itself."""
-    import ray
+@pytest.fixture
+def replica_pid(actor_pids):
+    """The pid of the app's one live replica."""
 
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(f"SERVE_REPLICA::{APP}#")]
-    assert len(names) == 1, names
-    return ray.get(ray.get_actor(names[0], namespace="serve").__ray_call__.remote(lambda _: os.getpid()))
+    def pid() -> int:
+        pids = actor_pids(f"ServeReplica:{APP}:")
+        assert len(pids) == 1, pids
+        return pids[0]
+
+    return pid
 
 
 class KillingHandle:
@@ -62,7 +65,7 @@ class KillingHandle:
 
 
 @pytest.mark.timeout(600)
-def test_a_killed_replica_loses_no_chunk_and_counts_none_twice(handle, tiny_model, capsys):
+def test_a_killed_replica_loses_no_chunk_and_counts_none_twice(handle, replica_pid, tiny_model, capsys):
     from transformers import AutoTokenizer
 
     cfg = NumbersConfig(prompts=96, keep=48, max_tokens=24, seed=3, chunk=16, in_flight=3)

@@ -69,12 +69,48 @@ def test_ddp_workers_learn_and_adapter_reloads(ray_cluster, tiny_model, toy_rows
     assert not torch.allclose(reloaded, logits_of(AutoModelForCausalLM.from_pretrained(tiny_model), tiny_model), atol=1e-3)
 
 
+def kill_a_worker_after(storage: Path, job: str, step: int, actor_pids) -> list[int]:
+    """Watch the run from a thread; once `job`'s checkpoint at `step` is committed (Ray Train's
+    checkpoint manager lists it: a checkpoint written but not yet committed is not resumed from),
+    SIGKILL one training worker by its pid. Returns the list the killed pid is put in."""
+    import os
+    import signal
+    import threading
+    import time
+
+    killed: list[int] = []
+
+    def committed(checkpoint: Path) -> bool:
+        snapshot = checkpoint.parent / "checkpoint_manager_snapshot.json"
+        return snapshot.is_file() and checkpoint.name in snapshot.read_text()
+
+    def watch():
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            for path in storage.glob("*/checkpoint_*/state.json"):
+                try:
+                    state = json.loads(path.read_text())
+                except ValueError:  # still being written
+                    continue
+                if (state["job"], state["step"]) == (job, step) and committed(path.parent):
+                    killed.append(actor_pids("RayTrainWorker")[-1])
+                    os.kill(killed[0], signal.SIGKILL)
+                    return
+            time.sleep(0.05)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return killed
+
+
 @pytest.mark.timeout(400)
-def test_worker_failure_resumes_from_checkpoint(ray_cluster, tiny_model, toy_rows, tmp_path, cache_dir):
+def test_a_killed_worker_resumes_from_checkpoint(ray_cluster, actor_pids, tiny_model, toy_rows, tmp_path, cache_dir):
     cfg = small_config(epochs=2, checkpoint_every=4)  # 16 steps, checkpoints at 4, 8, 12, 16
     storage = tmp_path / "ray_train"
-    metrics = train_lora(tiny_model, toy_rows, tmp_path / "a1", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir, fail_at_step=6)
-    assert metrics["resumed_from_step"] == 4 and metrics["step"] == 16 and metrics["done"]
+    killed = kill_a_worker_after(storage, "train", 4, actor_pids)
+    metrics = train_lora(tiny_model, toy_rows, tmp_path / "a1", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir)
+    assert killed, "no worker was killed"
+    # The run lost a worker some steps after step 4: it resumed from a checkpoint before its end.
+    assert metrics["resumed_from_step"] in (4, 8, 12) and metrics["step"] == 16 and metrics["done"]
     # The same storage path and run name continue the finished run rather than training again.
     again = train_lora(tiny_model, toy_rows, tmp_path / "a2", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir)
     assert again["resumed_from_step"] == 16 and again["step"] == 16
@@ -251,11 +287,12 @@ def test_snapshots_are_kept_and_load(many_run, tiny_model):
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_failure_in_second_job_resumes_it_without_retraining_the_first(many_run, tiny_model, toy_rows, tmp_path, cache_dir):
+def test_a_worker_killed_in_the_second_job_resumes_it_without_retraining_the_first(many_run, actor_pids, tiny_model, toy_rows, tmp_path, cache_dir):
     storage = tmp_path / "ray_train"
     jobs = many_jobs(tmp_path, toy_rows)
-    metrics = train_lora_many(tiny_model, jobs, storage_path=storage, run_name="run", cache_dir=cache_dir, fail_at=("b", 6))
-    assert metrics["a"]["resumed_from_step"] is None and metrics["b"]["resumed_from_step"] == 4
+    killed = kill_a_worker_after(storage, "b", 4, actor_pids)
+    metrics = train_lora_many(tiny_model, jobs, storage_path=storage, run_name="run", cache_dir=cache_dir)
+    assert killed and metrics["a"]["resumed_from_step"] is None and metrics["b"]["resumed_from_step"] == 4
     assert [metrics[j.name]["step"] for j in jobs] == [8, 8]
     assert metrics["a"]["snapshot_steps"] == [4, 8]
     # Every checkpoint the run wrote, in order: job a's two, then job b's, none of a's again.

@@ -161,7 +161,6 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
     collate = functools.partial(pack_batch, max_length=cfg.max_length, pad_id=config["pad_id"], one_row=packs_into_one_row(unwrap(model)))
     flops_peak = peak_flops(device)
     staging = staging_dir(Path(job["output_dir"]), config["run_id"])
-    fail_at = tuple(config.get("fail_at") or ())  # test switch: (job name, step)
     # Kept on the device (no per-step host sync) and all-reduced at each report.
     window = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, micro-steps, real tokens, all tokens
     one = torch.ones((), dtype=torch.float64, device=device)
@@ -247,8 +246,6 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
             opt.zero_grad(set_to_none=True)
             step += 1
             window_steps += 1
-            if fail_at == (name, step) and resumed_from is None and rank == 0:
-                raise RuntimeError(f"injected failure in job {name} at step {step} (test switch)")
             if step in job["snapshot_steps"] and step < total:  # the final one is written with the adapter
                 weights = trainable_state(model)  # collective under FSDP
                 if rank == 0:

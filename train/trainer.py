@@ -159,14 +159,13 @@ def train_lora_many(
     storage_path: str | Path,
     run_name: str,
     cache_dir: str | Path | None = None,
-    fail_at: tuple[str, int] | None = None,
 ) -> dict[str, dict]:
     """Train every job's adapter in one Ray Train run; returns {job name: final metrics}.
 
     `storage_path`/`run_name` name the run: calling again with the same pair
     continues from its latest checkpoint, skipping finished jobs (their output
-    folders must still be there). `fail_at=(job name, step)` is a test switch
-    that makes rank 0 fail once at that step of that job. Each job's metrics are
+    folders must still be there); a worker lost mid-run restarts the worker group
+    from the latest checkpoint (`max_failures` times). Each job's metrics are
     also written to `<output_dir>/train_metrics.json`; the last job's carry the
     run's final `checkpoint`.
     """
@@ -226,7 +225,6 @@ def train_lora_many(
             "model_path": str(model_path),
             "pad_id": pad_id if pad_id is not None else 0,
             "run_id": run_id,
-            "fail_at": tuple(fail_at) if fail_at else None,
             "number_ids": number_token_ids(tokenizer) if any(j.teacher for j in jobs) else None,
         },
         scaling_config=ScalingConfig(num_workers=shared.num_workers, use_gpu=shared.use_gpu, resources_per_worker=resources),
@@ -263,20 +261,17 @@ def train_lora(
     storage_path: str | Path | None = None,
     run_name: str | None = None,
     cache_dir: str | Path | None = None,
-    fail_at_step: int | None = None,
 ) -> dict:
     """Train a LoRA adapter on `data` (JSONL/parquet path or Ray Dataset) into `output_dir`.
 
     A `train_lora_many` run with one job, named "train". `storage_path`/`run_name`
     name the Ray Train run (default: `ray_train` beside `output_dir`, and its
     folder name): calling again with the same pair continues from its latest
-    checkpoint instead of starting over. `fail_at_step` is a test switch that
-    makes rank 0 fail once at that step. Returns the final metrics (also
+    checkpoint instead of starting over. Returns the final metrics (also
     written to `output_dir/train_metrics.json`).
     """
     output_dir = Path(output_dir).absolute()
     storage_path = storage_path or output_dir.parent / "ray_train"
-    fail_at = ("train", fail_at_step) if fail_at_step else None
     job = AdapterJob("train", data, output_dir, cfg)
-    metrics = train_lora_many(model_path, [job], storage_path=storage_path, run_name=run_name or output_dir.name, cache_dir=cache_dir, fail_at=fail_at)
+    metrics = train_lora_many(model_path, [job], storage_path=storage_path, run_name=run_name or output_dir.name, cache_dir=cache_dir)
     return metrics["train"]
