@@ -23,7 +23,8 @@ Before any work it prints the plan: each stage and whether it is reused or runs,
 and why (`--plan` prints only that). A change reruns what depends on it and
 nothing else; an interrupted stage resumes (training from its last checkpoint).
 The Serve application is named after the run and torn down when a phase ends,
-fails, or the job is stopped (`ray job stop`).
+fails, or the job is stopped (`ray job stop`); one left behind by a driver
+killed outright is deleted by the next run of the same command.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from jobs.manifest import Manifest, RunDirError, digest, file_digest  # noqa: E4
 from jobs.number_sequences import shuffle_numbers  # noqa: E402
 from jobs.placement import plan as place, resolved  # noqa: E402
 from jobs.report import build_report, write_report  # noqa: E402
-from jobs.service_session import max_lora_rank, running_service, stop_on_sigterm  # noqa: E402
+from jobs.service_session import delete_leftover_app, max_lora_rank, running_service, stop_on_sigterm  # noqa: E402
 from jobs.stages import describe, plan  # noqa: E402
 from jobs.tiny_model import TinySpec, ensure_tiny_model  # noqa: E402
 from jobs.wmdp import load_wmdp, split_questions  # noqa: E402
@@ -130,6 +131,7 @@ class Pipeline:
         print(f"[placement] {placement.summary(self.cfg)}", flush=True)
         self.arm_runs = placement.arm_runs
         self.manifest = Manifest(self.run_dir, self.fresh)
+        delete_leftover_app(self.app)  # before any work: a killed driver's replicas may hold GPUs
         stages = self.stages()
         print(f"[plan] {describe(plan(stages, self.manifest))}", flush=True)
         self.cfg = resolved(self.cfg, placement)  # stages see numbers, not `auto`

@@ -33,6 +33,21 @@ def stop_on_sigterm(*_) -> None:
     sys.exit(143)
 
 
+def delete_leftover_app(app: str) -> None:
+    """Delete this run's Serve application if an earlier driver left it running.
+
+    A driver killed without warning (SIGKILL, its node lost) cannot tear its
+    application down, and on a long-lived cluster the replicas keep their GPUs
+    and would starve the next training stage. The caller holds the run
+    directory's lock, so no live pipeline is using an application of this name.
+    """
+    from ray import serve
+
+    if app in serve.status().applications:  # never starts Serve where it is not running
+        print(f"[serve] {app}: left running by an earlier driver of this run; deleting it", flush=True)
+        serve.delete(app)
+
+
 def result_or_resend(method, request, response, label: str):
     """`response.result()`; when the replica serving it died (killed, out of memory, its engine
     process gone), the same request is sent again until Serve's replacement answers it.

@@ -47,6 +47,36 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="session")
+def ray_head():
+    """A real head node (`ray start --head`) outliving its drivers, as on a cluster: its address.
+
+    Its own temp dir keeps other drivers on this machine from joining it by accident, and
+    teardown stops only its processes (found by that dir), never another cluster's.
+    """
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+
+    import psutil
+
+    temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths live under it
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    ray = str(Path(sys.executable).parent / "ray")
+    subprocess.run(
+        [ray, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false", f"--temp-dir={temp_dir}", "--disable-usage-stats"],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    yield f"127.0.0.1:{port}"
+    mine = [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or ())]
+    for process in mine:
+        process.kill()
+    psutil.wait_procs(mine, timeout=30)
+
+
+@pytest.fixture(scope="session")
 def actor_pids(ray_cluster):
     """pids of the live actors whose class name starts with a prefix, from Ray's actor table: tests
     kill real processes by their own pid, never by name."""

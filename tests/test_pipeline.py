@@ -1,10 +1,13 @@
-"""The main job, run as a user runs it: `python jobs/pipeline.py` in a subprocess (its own local Ray).
+"""The main job, run as a user runs it: `python jobs/pipeline.py` in a subprocess.
 
-One reduced tiny run with two replicates is stopped (SIGTERM, what `ray job
-stop` sends) while its arms train, then rerun: the rerun reuses the finished
-stages, leaves their outputs untouched, and completes the report. Then, on the
-finished run: `--plan` reuses everything; a new bootstrap size reruns the
-report alone; an added arm trains only that arm.
+One reduced tiny run with two replicates, on a head node that outlives its
+drivers as a cluster's does: its driver is SIGKILLed while the numbers are
+generated (its Serve application is left running), rerun and stopped (SIGTERM,
+what `ray job stop` sends) while its arms train, then rerun: each rerun deletes
+what a killed driver left, reuses the finished stages, leaves their outputs
+untouched, and the last completes the report. Then, on the finished run:
+`--plan` reuses everything; a new bootstrap size reruns the report alone; an
+added arm trains only that arm.
 """
 
 import json
@@ -26,23 +29,27 @@ def command(*args) -> list[str]:
     return [sys.executable, "jobs/pipeline.py", *args]
 
 
-def run_pipeline(*args, cache_dir) -> subprocess.CompletedProcess:
+def run_pipeline(*args, cache_dir, ray_address: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "SUBLIMINAL_CACHE": str(cache_dir)}
+    if ray_address:
+        env.update(RAY_ADDRESS=ray_address, RAY_AUTH_MODE="token")
     return subprocess.run(command(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
 HUB_TOKEN = "hf_never_written_anywhere_0123456789"
 
 
-def stop_while_arms_train(run_dir: Path, cache_dir) -> str:
-    env = {**os.environ, "SUBLIMINAL_CACHE": str(cache_dir), "HF_TOKEN": HUB_TOKEN}
+def stop_when(run_dir: Path, cache_dir, ray_address: str, started, sig: int, wait_s: float = 0) -> str:
+    """Run the pipeline on the head node; `wait_s` after the first output line for which
+    `started(line)` holds, send `sig` to the driver (by its pid). Returns the output."""
+    env = {**os.environ, "SUBLIMINAL_CACHE": str(cache_dir), "HF_TOKEN": HUB_TOKEN, "RAY_ADDRESS": ray_address, "RAY_AUTH_MODE": "token"}
     proc = subprocess.Popen(command("--run-dir", str(run_dir), *REDUCED), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = []
     for line in proc.stdout:
         log.append(line)
-        if line.startswith("[arms] starting"):
-            time.sleep(8)  # let the arms' Ray Train run get going
-            proc.send_signal(signal.SIGTERM)
+        if started(line):
+            time.sleep(wait_s)
+            os.kill(proc.pid, sig)
             break
     try:
         proc.wait(timeout=120)
@@ -50,7 +57,15 @@ def stop_while_arms_train(run_dir: Path, cache_dir) -> str:
         proc.kill()
         proc.wait()
     assert proc.returncode != 0, "".join(log[-40:])
-    return "".join(log)
+    return "".join(log + proc.stdout.readlines())
+
+
+def serve_apps(ray_address: str) -> list[str]:
+    """The Serve applications running on the head node, asked by a driver of its own."""
+    query = "import json, ray; from ray import serve; ray.init(); print(json.dumps(sorted(serve.status().applications)))"
+    env = {**os.environ, "RAY_ADDRESS": ray_address, "RAY_AUTH_MODE": "token"}
+    done = subprocess.run([sys.executable, "-c", query], env=env, capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def plan_lines(log: str) -> dict[str, str]:
@@ -70,16 +85,23 @@ def adapter_bytes(run_dir: Path) -> dict[Path, bytes]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_pipeline_end_to_end_stopped_resumed_and_changed(tmp_path, tiny_model, cache_dir):
+def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_model, cache_dir, ray_head):
     run_dir = tmp_path / "run"
-    first_log = stop_while_arms_train(run_dir, cache_dir)
+    # The driver SIGKILLed once the service answers: no teardown, its Serve application stays.
+    killed_log = stop_when(run_dir, cache_dir, ray_head, lambda line: line.startswith("[numbers]") and " generated, " in line, signal.SIGKILL)
+    apps = serve_apps(ray_head)
+    assert len(apps) == 1 and apps[0].startswith("subliminal-tiny-"), killed_log[-3000:]
+
+    first_log = stop_when(run_dir, cache_dir, ray_head, lambda line: line.startswith("[arms] starting"), signal.SIGTERM, wait_s=8)
+    assert f"[serve] {apps[0]}: left running by an earlier driver of this run; deleting it" in first_log, first_log[-3000:]
+    assert first_log.index("deleting it") < first_log.index("[numbers] starting") and serve_apps(ray_head) == []
     finished = set(json.loads((run_dir / "manifest.json").read_text())["stages"])
     assert finished == {"data", "teacher", "numbers/teacher/0", "numbers/base/0", "numbers/teacher/1", "numbers/base/1"}, first_log[-3000:]
     kept_files = [run_dir / "teacher" / "adapter" / "adapter_model.safetensors", run_dir / "numbers" / "teacher" / "1.jsonl",
                   run_dir / "numbers" / "base" / "0.jsonl", run_dir / "data" / "held_out.jsonl"]  # fmt: skip
     before = {path: path.stat().st_mtime_ns for path in kept_files}
 
-    done = run_pipeline("--run-dir", str(run_dir), *REDUCED, cache_dir=cache_dir)
+    done = run_pipeline("--run-dir", str(run_dir), *REDUCED, cache_dir=cache_dir, ray_address=ray_head)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     plan = plan_lines(done.stdout)
     assert {stage: plan[stage] for stage in finished} == {stage: "reuse" for stage in finished}
@@ -142,14 +164,14 @@ def test_pipeline_end_to_end_stopped_resumed_and_changed(tmp_path, tiny_model, c
 
     # Another bootstrap size reruns the report alone: every other output stays byte-identical.
     stamped, made = stamps(run_dir), adapter_bytes(run_dir)
-    changed = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", "evaluate.bootstrap=500", cache_dir=cache_dir)
+    changed = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", "evaluate.bootstrap=500", cache_dir=cache_dir, ray_address=ray_head)
     assert changed.returncode == 0, changed.stdout[-3000:] + changed.stderr[-3000:]
     assert "evaluate.bootstrap: 1000 -> 500" in changed.stdout
     assert {k for k, v in stamps(run_dir).items() if v != stamped[k]} == {"report"} and adapter_bytes(run_dir) == made
 
     # An added arm trains only that arm (and scores it and its snapshots); the others are reused as they are.
     arms = "arms={student: {numbers: teacher}, control: {numbers: base}, other: {lora_seed: other, against: base, train: {snapshots: 2}}}"
-    added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", "evaluate.bootstrap=500", "--set", arms, cache_dir=cache_dir)
+    added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", "evaluate.bootstrap=500", "--set", arms, cache_dir=cache_dir, ray_address=ray_head)
     assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
     ran = {k for k, v in stamps(run_dir).items() if v != stamped.get(k)} - {"report"}
     assert ran == {"other/0", "other/1", "eval/other/0", "eval/other/1"} and adapter_bytes(run_dir).items() >= made.items()
