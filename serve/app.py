@@ -116,7 +116,7 @@ class InferenceService:
         self._check_count(len(prompts), self.settings.max_prompts_per_request, "prompts")
         self._check_lengths(prompts, sampling.max_tokens, "prompts")
         if self.engine.name == "hf":
-            # A seeded request runs alone so that its seed reproduces it.
+            # A seeded request is a group of its own: flattened after another, its prompts would take other seeds (seed + i).
             key = ("generate", sampling, adapter, uuid.uuid4().hex if sampling.seed is not None else None)
             completions = await self._batched(key, prompts)
         else:

@@ -6,7 +6,9 @@ same arithmetic as lm-evaluation-harness's HF backend with `peft=`. All model
 work runs on one worker thread: calls are serialised (the active adapter is
 model state) and the replica's event loop stays free for health checks.
 Batching across requests happens in the deployment (`@serve.batch`); here a
-call's prompts go through in chunks of `hf_batch_size`, left-padded.
+call's prompts go through in chunks of `hf_batch_size`, left-padded, except
+seeded ones, which go one by one so that prompt i's sample depends on seed + i
+alone (the engines' seed contract, serve/engine.py).
 """
 
 from __future__ import annotations
@@ -94,19 +96,24 @@ class HFEngine:
 
     @torch.inference_mode()
     def _generate(self, prompts: list[str], s: Sampling, adapter: str | None) -> list[Completion]:
-        if s.seed is not None:
-            torch.manual_seed(s.seed)  # the deployment never batches a seeded request with others
         sample = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": 0} if s.temperature > 0 else {"do_sample": False}
-        eos = self.tokenizer.eos_token_id
         context, model = self._selected(adapter)
-        results = []
         with context:
-            for start in range(0, len(prompts), self.batch_size):
-                enc = self.tokenizer(prompts[start : start + self.batch_size], return_tensors="pt", padding=True).to(self.device)
-                out = model.generate(**enc, max_new_tokens=s.max_tokens, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=eos, **sample)
-                for row_mask, new in zip(enc.attention_mask, out[:, enc.input_ids.shape[1] :].tolist()):
-                    results.append(self._completion(new, int(row_mask.sum()), s, eos))
-        return results
+            if s.seed is None:
+                return [c for start in range(0, len(prompts), self.batch_size) for c in self._generate_batch(model, prompts[start : start + self.batch_size], s, sample)]
+            # The seed contract: prompt i samples from seed + i whatever else is in the request, as
+            # on vLLM. transformers samples a batch from one generator, so seeded prompts go one by one.
+            completions = []
+            for i, prompt in enumerate(prompts):
+                torch.manual_seed(s.seed + i)
+                completions += self._generate_batch(model, [prompt], s, sample)
+            return completions
+
+    def _generate_batch(self, model, prompts: list[str], s: Sampling, sample: dict) -> list[Completion]:
+        eos = self.tokenizer.eos_token_id
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True).to(self.device)
+        out = model.generate(**enc, max_new_tokens=s.max_tokens, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=eos, **sample)
+        return [self._completion(new, int(mask.sum()), s, eos) for mask, new in zip(enc.attention_mask, out[:, enc.input_ids.shape[1] :].tolist())]
 
     def _completion(self, new: list[int], prompt_tokens: int, s: Sampling, eos: int) -> Completion:
         ended = eos in new
