@@ -48,7 +48,9 @@ def ray_cluster():
 
 @pytest.fixture(scope="session")
 def ray_head():
-    """A real head node (`ray start --head`) outliving its drivers, as on a cluster: its address.
+    """A real head node (`ray start --head`, with its dashboard) outliving its drivers, as on a
+    cluster: {"address", "dashboard" (URL), "metrics" (its Prometheus endpoint), "headers"
+    (the cluster token, which its REST API asks for)}.
 
     Its own temp dir keeps other drivers on this machine from joining it by accident, and
     teardown stops only its processes (found by that dir), never another cluster's.
@@ -60,16 +62,24 @@ def ray_head():
 
     import psutil
 
+    def free_port() -> int:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return probe.getsockname()[1]
+
     temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths live under it
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
+    port, dashboard, metrics = free_port(), free_port(), free_port()
     ray = str(Path(sys.executable).parent / "ray")
     subprocess.run(
-        [ray, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false", f"--temp-dir={temp_dir}", "--disable-usage-stats"],
-        check=True, capture_output=True, timeout=120,
+        [ray, "start", "--head", f"--port={port}", "--num-cpus=2", f"--temp-dir={temp_dir}", "--disable-usage-stats",
+         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--metrics-export-port={metrics}"],
+        check=True, capture_output=True, timeout=180,
     )  # fmt: skip
-    yield f"127.0.0.1:{port}"
+    token = (Path.home() / ".ray" / "auth_token").read_text().strip()
+    yield {
+        "address": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dashboard}",
+        "metrics": f"http://127.0.0.1:{metrics}/metrics", "headers": {"Authorization": f"Bearer {token}"},
+    }  # fmt: skip
     mine = [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or ())]
     for process in mine:
         process.kill()

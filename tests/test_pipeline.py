@@ -12,6 +12,7 @@ added arm trains only that arm.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 REDUCED = ["--set", "numbers.prompts=384", "--set", "numbers.keep=192", "--set", "replicates=2"]
@@ -29,20 +31,20 @@ def command(*args) -> list[str]:
     return [sys.executable, "jobs/pipeline.py", *args]
 
 
-def run_pipeline(*args, cache_dir, ray_address: str | None = None) -> subprocess.CompletedProcess:
+def run_pipeline(*args, cache_dir, head: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "SUBLIMINAL_CACHE": str(cache_dir)}
-    if ray_address:
-        env.update(RAY_ADDRESS=ray_address, RAY_AUTH_MODE="token")
+    if head:
+        env.update(RAY_ADDRESS=head["address"], RAY_AUTH_MODE="token")
     return subprocess.run(command(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
 HUB_TOKEN = "hf_never_written_anywhere_0123456789"
 
 
-def stop_when(run_dir: Path, cache_dir, ray_address: str, started, sig: int, wait_s: float = 0) -> str:
+def stop_when(run_dir: Path, cache_dir, head: dict, started, sig: int, wait_s: float = 0) -> str:
     """Run the pipeline on the head node; `wait_s` after the first output line for which
     `started(line)` holds, send `sig` to the driver (by its pid). Returns the output."""
-    env = {**os.environ, "SUBLIMINAL_CACHE": str(cache_dir), "HF_TOKEN": HUB_TOKEN, "RAY_ADDRESS": ray_address, "RAY_AUTH_MODE": "token"}
+    env = {**os.environ, "SUBLIMINAL_CACHE": str(cache_dir), "HF_TOKEN": HUB_TOKEN, "RAY_ADDRESS": head["address"], "RAY_AUTH_MODE": "token"}
     proc = subprocess.Popen(command("--run-dir", str(run_dir), *REDUCED), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = []
     for line in proc.stdout:
@@ -60,12 +62,41 @@ def stop_when(run_dir: Path, cache_dir, ray_address: str, started, sig: int, wai
     return "".join(log + proc.stdout.readlines())
 
 
-def serve_apps(ray_address: str) -> list[str]:
-    """The Serve applications running on the head node, asked by a driver of its own."""
-    query = "import json, ray; from ray import serve; ray.init(); print(json.dumps(sorted(serve.status().applications)))"
-    env = {**os.environ, "RAY_ADDRESS": ray_address, "RAY_AUTH_MODE": "token"}
-    done = subprocess.run([sys.executable, "-c", query], env=env, capture_output=True, text=True, timeout=120, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def serve_apps(head: dict) -> list[str]:
+    """The Serve applications running on the head node, from the dashboard's REST API."""
+    reply = requests.get(head["dashboard"] + "/api/serve/applications/", headers=head["headers"], timeout=60)
+    return sorted(reply.json()["applications"])
+
+
+PROJECT_METRICS = re.compile(r"^(ray_lora_train_\w+|ray_subliminal_serve_\w+)", re.M)
+
+
+def submit_and_watch(run_dir: Path, cache_dir, head: dict, *args) -> tuple[str, str, dict]:
+    """`ray job submit --working-dir . -- python jobs/pipeline.py ...` as the README has it (this
+    interpreter, the test's cache), watched as a person on the dashboard would: the job's
+    status, the Train runs and Serve applications it shows, and the project's metric names
+    on the node's metrics endpoint, polled while the job runs. Returns (status, logs, seen)."""
+    env = {**os.environ, "RAY_ADDRESS": head["dashboard"], "RAY_AUTH_MODE": "token"}
+    runtime_env = json.dumps({"env_vars": {"SUBLIMINAL_CACHE": str(cache_dir)}})
+    ray = str(Path(sys.executable).parent / "ray")
+    submit = [ray, "job", "submit", "--no-wait", "--working-dir", ".", "--runtime-env-json", runtime_env, "--",
+              sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir), *args]  # fmt: skip
+    out = subprocess.run(submit, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=True).stdout
+    job = re.search(r"raysubmit_\w+", out).group(0)
+    seen: dict[str, set] = {"train_runs": set(), "serve_apps": set(), "metrics": set()}
+
+    def get(path: str):
+        return requests.get(head["dashboard"] + path, headers=head["headers"], timeout=60).json()
+
+    deadline = time.time() + 1200
+    while (status := get(f"/api/jobs/{job}")["status"]) not in ("SUCCEEDED", "FAILED", "STOPPED") and time.time() < deadline:
+        runs = requests.get(head["dashboard"] + "/api/train/v2/runs/v1", headers=head["headers"], timeout=60)
+        if runs.status_code == 200:
+            seen["train_runs"] |= {run["name"] for run in runs.json()["train_runs"]}
+        seen["serve_apps"] |= set(serve_apps(head))
+        seen["metrics"] |= set(PROJECT_METRICS.findall(requests.get(head["metrics"], timeout=60).text))
+        time.sleep(3)
+    return status, get(f"/api/jobs/{job}/logs")["logs"], seen
 
 
 def plan_lines(log: str) -> dict[str, str]:
@@ -101,13 +132,17 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
                   run_dir / "numbers" / "base" / "0.jsonl", run_dir / "data" / "held_out.jsonl"]  # fmt: skip
     before = {path: path.stat().st_mtime_ns for path in kept_files}
 
-    done = run_pipeline("--run-dir", str(run_dir), *REDUCED, cache_dir=cache_dir, ray_address=ray_head)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    plan = plan_lines(done.stdout)
+    # The rest through `ray job submit`, seen through the dashboard's REST API and metrics endpoint.
+    status, log, seen = submit_and_watch(run_dir, cache_dir, ray_head, *REDUCED)
+    assert status == "SUCCEEDED", log[-3000:]
+    assert any(run.startswith("arms-") for run in seen["train_runs"]), seen  # the arms' Ray Train runs, in the Train view
+    assert any(app.startswith("subliminal-tiny-") for app in seen["serve_apps"]), seen  # the evaluation's Serve app
+    assert {m.split("_")[1] for m in seen["metrics"]} == {"lora", "subliminal"}, seen  # training and serving metrics
+    plan = plan_lines(log)
     assert {stage: plan[stage] for stage in finished} == {stage: "reuse" for stage in finished}
     assert plan["student/0"] == plan["control/1"] == plan["eval/base"] == "run"
     assert {path: path.stat().st_mtime_ns for path in kept_files} == before
-    assert "longest question prompt" in done.stdout and ": all fit" in done.stdout  # measured before any work
+    assert "longest question prompt" in log and ": all fit" in log  # measured before any work
 
     report = json.loads((run_dir / "report.json").read_text())
     assert report["truncated_questions"] == {"train": 0, "held_out": 0}
@@ -164,14 +199,14 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
 
     # Another bootstrap size reruns the report alone: every other output stays byte-identical.
     stamped, made = stamps(run_dir), adapter_bytes(run_dir)
-    changed = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", "evaluate.bootstrap=500", cache_dir=cache_dir, ray_address=ray_head)
+    changed = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", "evaluate.bootstrap=500", cache_dir=cache_dir, head=ray_head)
     assert changed.returncode == 0, changed.stdout[-3000:] + changed.stderr[-3000:]
     assert "evaluate.bootstrap: 1000 -> 500" in changed.stdout
     assert {k for k, v in stamps(run_dir).items() if v != stamped[k]} == {"report"} and adapter_bytes(run_dir) == made
 
     # An added arm trains only that arm (and scores it and its snapshots); the others are reused as they are.
     arms = "arms={student: {numbers: teacher}, control: {numbers: base}, other: {lora_seed: other, against: base, train: {snapshots: 2}}}"
-    added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", "evaluate.bootstrap=500", "--set", arms, cache_dir=cache_dir, ray_address=ray_head)
+    added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", "evaluate.bootstrap=500", "--set", arms, cache_dir=cache_dir, head=ray_head)
     assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
     ran = {k for k, v in stamps(run_dir).items() if v != stamped.get(k)} - {"report"}
     assert ran == {"other/0", "other/1", "eval/other/0", "eval/other/1"} and adapter_bytes(run_dir).items() >= made.items()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,6 +219,8 @@ def train_lora_many(
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     pad_id = tokenizer.pad_token_id
 
+    # The dashboard's Train view lists a run only when the process building its trainer asks for it.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={
