@@ -21,7 +21,7 @@ import uuid
 from fastapi import HTTPException
 from ray import serve
 
-from serve.engine import Sampling, build_engines
+from serve.engine import BatchKey, Sampling, build_engines
 from serve.http_api import build_http_api, invalid
 from serve.mc_format import format_mc_prompt, left_truncate
 from serve.metrics import ServiceMetrics
@@ -115,9 +115,9 @@ class InferenceService:
             raise invalid(("max_tokens",), f"max_tokens {sampling.max_tokens} is above this service's cap of {self.settings.max_tokens_cap}")
         self._check_count(len(prompts), self.settings.max_prompts_per_request, "prompts")
         self._check_lengths(prompts, sampling.max_tokens, "prompts")
-        if self.engine.name == "hf":
+        if not self.engine.continuous_batching:
             # A seeded request is a group of its own: flattened after another, its prompts would take other seeds (seed + i).
-            key = ("generate", sampling, adapter, uuid.uuid4().hex if sampling.seed is not None else None)
+            key = BatchKey("generate", sampling, adapter, uuid.uuid4().hex if sampling.seed is not None else None)
             completions = await self._batched(key, prompts)
         else:
             completions = await self.engine.generate(prompts, sampling, adapter)
@@ -125,18 +125,18 @@ class InferenceService:
         return completions
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
-    async def _batched(self, keys: list[tuple], items: list[list]) -> list[list]:
-        """transformers engine: one engine call per group of requests with the same kind, settings and adapter."""
-        groups: dict[tuple, list[int]] = {}
+    async def _batched(self, keys: list[BatchKey], items: list[list]) -> list[list]:
+        """Engines without continuous batching: one engine call per group of requests with one BatchKey."""
+        groups: dict[BatchKey, list[int]] = {}
         for i, key in enumerate(keys):
             groups.setdefault(key, []).append(i)
         results: list[list] = [[] for _ in keys]
         for key, members in groups.items():
             flat = [x for i in members for x in items[i]]
-            if key[0] == "score":
-                out = await self.scorer.score([p for p, _ in flat], [n for _, n in flat], key[1])
+            if key.kind == "score":
+                out = await self.scorer.score([p for p, _ in flat], [n for _, n in flat], key.adapter)
             else:
-                out = await self.engine.generate(flat, key[1], key[2])
+                out = await self.engine.generate(flat, key.sampling, key.adapter)
             for i in members:
                 results[i], out = out[: len(items[i])], out[len(items[i]) :]
         return results
@@ -167,8 +167,8 @@ class InferenceService:
         else:
             cut, lengths = [0] * len(prompts), self._check_lengths(prompts, 1, "questions")
         n_choices = [len(q.choices) for q in body.questions]
-        if self.scorer.name == "hf":
-            logprobs = await self._batched(("score", adapter), list(zip(prompts, n_choices)))
+        if not self.scorer.continuous_batching:
+            logprobs = await self._batched(BatchKey("score", None, adapter), list(zip(prompts, n_choices)))
         else:
             logprobs = await self.scorer.score(prompts, n_choices, adapter)
         self.metrics.tokens(sum(lengths), 0)

@@ -1,19 +1,15 @@
 """What both engines (vLLM, transformers + PEFT) take and return, and how a replica picks them.
 
-An engine serves one base model and any number of LoRA adapters addressed by
-name (`adapter=None` is the base model). `name` is "vllm" or "hf"; `max_choices`
-is how many choices one-pass scoring handles with its tokenizer; the methods are async:
-`generate(prompts, Sampling, adapter) -> [Completion]`,
-`score(prompts, n_choices, adapter) -> [[logprob per choice]]`,
-`add_adapter(name, path)`, `remove_adapter(name)`, `count_tokens(prompts)`,
-`check_health()`, `shutdown()`; `counting_tokenizer` is the model's tokenizer
-for use on the event loop (counting and truncating prompts).
+`Engine` is the contract, `build_engines` the factory; serve/vllm_engine.py and
+serve/hf_engine.py implement it. An engine serves one base model and any number
+of LoRA adapters addressed by name (`adapter=None` is the base model).
 """
 
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
 from serve.settings import ServiceSettings, resolve_model
 
@@ -40,6 +36,40 @@ class Completion:
     prompt_tokens: int
 
 
+class Engine(Protocol):
+    """The engine contract the deployment (serve/app.py) relies on."""
+
+    name: str  # "vllm" or "hf", reported by /health
+    continuous_batching: bool  # True: the engine batches concurrent calls itself; False: the deployment gathers them
+    max_choices: int  # how many choices one-pass scoring handles with this tokenizer
+    counting_tokenizer: Any  # the model's tokenizer, for the event loop (counting and truncating prompts)
+
+    async def generate(self, prompts: list[str], sampling: Sampling, adapter: str | None) -> list[Completion]: ...
+
+    async def score(self, prompts: list[str], n_choices: list[int], adapter: str | None) -> list[list[float]]:
+        """Per prompt, the log-probability of each choice letter, renormalised over the letters."""
+
+    async def add_adapter(self, name: str, path: str) -> None: ...
+
+    async def remove_adapter(self, name: str) -> None: ...
+
+    def count_tokens(self, prompts: list[str]) -> list[int]: ...
+
+    async def check_health(self) -> None:
+        """Raises once the engine cannot serve (vLLM: its engine-core process died)."""
+
+    def shutdown(self) -> None: ...
+
+
+class BatchKey(NamedTuple):
+    """What requests must share to go through one engine call when the deployment gathers them."""
+
+    kind: str  # "generate" or "score"
+    sampling: Sampling | None
+    adapter: str | None
+    alone: str | None = None  # a unique id keeps a request out of everyone else's batch (a seeded one)
+
+
 def cut_at_stop(text: str, stop: tuple[str, ...]) -> str | None:
     """`text` up to the earliest stop string, or None when none occurs."""
     hits = [text.index(s) for s in stop if s and s in text]
@@ -56,7 +86,7 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def build_engines(settings: ServiceSettings):
+def build_engines(settings: ServiceSettings) -> tuple[Engine, Engine]:
     """(generation engine, scoring engine) for this replica; the two are one object unless
     scoring goes through transformers beside a vLLM engine (the CPU default, see ServiceSettings.scoring)."""
     path = resolve_model(settings.model)

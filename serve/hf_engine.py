@@ -29,6 +29,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 class HFEngine:
     name = "hf"
+    continuous_batching = False  # one call at a time: the deployment gathers concurrent requests (@serve.batch)
 
     def __init__(self, model_path: str, settings: ServiceSettings):
         self.device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -31,6 +31,7 @@ from serve.settings import ServiceSettings
 
 class VLLMEngine:
     name = "vllm"
+    continuous_batching = True  # every prompt is its own engine request, scheduled with all others
 
     def __init__(self, model_path: str, settings: ServiceSettings):
         on_gpu = cuda_available()
