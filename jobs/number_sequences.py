@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # The template pools of the paper's prompt generator, word for word (25, 9, 9, 10, 15 and 19
 # entries; "maximum {digits} digits each" appears twice there and so here).
@@ -191,30 +190,6 @@ def reject_reason(text: str, max_count: int = 10, max_value: int = 999) -> str |
     if any(n > max_value for n in numbers):
         return "numbers too large"
     return None
-
-
-@dataclass
-class FilterResult:
-    """Kept completions (in input order) and the histogram of reject reasons."""
-
-    kept: list[int] = field(default_factory=list)  # indices into the input
-    rejected: Counter = field(default_factory=Counter)
-    generated: int = 0
-
-
-def filter_completions(texts: list[str], target: int | None = None, max_count: int = 10, max_value: int = 999) -> FilterResult:
-    """Indices of completions that pass, stopping once `target` are kept."""
-    result = FilterResult()
-    for i, text in enumerate(texts):
-        if target is not None and len(result.kept) >= target:
-            break
-        result.generated += 1
-        reason = reject_reason(text, max_count, max_value)
-        if reason is None:
-            result.kept.append(i)
-        else:
-            result.rejected[reason] += 1
-    return result
 
 
 def shuffle_numbers(rows: list[dict], seed: int) -> list[dict]:
