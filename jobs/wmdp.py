@@ -4,6 +4,13 @@ All sources end in the same reader: `load_wmdp(source)` turns the hub dataset, a
 folder of local parquet/JSONL files, or the shipped synthetic sample (written to
 JSONL first) into validated rows `{question, choices, answer, subset}`.
 
+The hub dataset `cais/wmdp` has one config per subset, `wmdp-<subset>`, each a
+`test` split in one parquet file (`wmdp-bio/test-00000-of-00001.parquet`, with
+columns `question`, `choices`, `answer`). Those files are fetched with
+huggingface_hub into its cache (`$HF_HOME/hub`) and read from there, so a node
+with `HF_HUB_OFFLINE=1` and a cache filled beforehand (`hf download cais/wmdp
+--repo-type dataset`) reads them without the network.
+
 The synthetic sample is harmless and learnable: each subset is a small body of
 facts (bio: which organ does what; chem: states of matter; cyber: which
 protocol serves a purpose) that a tiny model can pick up from a train split.
@@ -143,9 +150,7 @@ def validate_row(row: object, where: str, subset: str) -> dict:
 def _read_file(path: Path) -> list[tuple[str, object]]:
     """(where, row) pairs of a parquet or JSONL file; `where` names the file and row for errors."""
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return [(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
+        return [(f"{path} row {i}", r) for i, r in enumerate(_parquet_rows(path))]
     return [(f"{path} line {n}", r) for n, r in read_jsonl(path)]
 
 
@@ -158,20 +163,52 @@ def _local_files(directory: Path, subset: str) -> list[Path]:
     return found
 
 
+def hub_patterns(subsets: tuple[str, ...]) -> list[str]:
+    """The files of `cais/wmdp` holding the `test` split of each subset's config (`wmdp-<subset>`)."""
+    return [f"wmdp-{subset}/test-*.parquet" for subset in subsets]
+
+
+def hub_snapshot(subsets: tuple[str, ...]) -> Path:
+    """The local snapshot folder of `cais/wmdp` holding `subsets`' test files: downloaded into the
+    hub cache when the hub is reachable, else the cached snapshot of its main branch (offline)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(HUB_ID, repo_type="dataset", allow_patterns=hub_patterns(subsets)))
+    except (HfHubHTTPError, LocalEntryNotFoundError) as err:
+        raise DataError(
+            f"{HUB_ID} could not be downloaded and is not in the hub cache ({type(err).__name__}: {err}); "
+            f"fill the cache with `hf download {HUB_ID} --repo-type dataset`, or set data.source to a folder"
+        ) from err
+
+
+def _hub_items(snapshot: Path, subset: str) -> list[tuple[str, object]]:
+    """(where, row) pairs of one subset's test split in a `cais/wmdp` snapshot folder."""
+    (pattern,) = hub_patterns((subset,))
+    files = sorted(snapshot.glob(pattern))
+    if not files:
+        raise DataError(f"{HUB_ID}: no {pattern} in {snapshot} (a cache filled with other subsets?)")
+    return [(f"{HUB_ID} {path.relative_to(snapshot)} row {i}", row) for path in files for i, row in enumerate(_parquet_rows(path))]
+
+
+def _parquet_rows(path: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
 def load_wmdp(source: str, subsets: tuple[str, ...] = SUBSETS, cache_dir: Path | None = None) -> list[dict]:
     """Validated questions from `source`: "synthetic", "hub", or a folder of local files."""
     if source == "synthetic":
         if cache_dir is None:
             raise DataError("the synthetic sample needs a cache_dir to be written to")
         source = str(write_synthetic(Path(cache_dir) / f"synthetic-wmdp-v{SYNTHETIC_VERSION}"))
+    snapshot = hub_snapshot(tuple(subsets)) if source == "hub" else None
     rows: list[dict] = []
     for subset in subsets:
-        if source == "hub":
-            import datasets
-
-            raw = datasets.load_dataset(HUB_ID, f"wmdp-{subset}", split="test").to_list()
-            origin = f"{HUB_ID}/wmdp-{subset}"
-            items = [(f"{origin} row {i}", r) for i, r in enumerate(raw)]
+        if snapshot is not None:
+            items = _hub_items(snapshot, subset)
         else:
             directory = Path(source)
             if not directory.is_dir():
