@@ -12,8 +12,8 @@ wrong type). Reports:
 - 5xx responses (target 0) and bad requests that did not get a 4xx (target 0);
 - p50/p99 latency per route for the good requests;
 - the service's memory: PSS summed over its processes (the replica, its
-  engine-core child, Serve's proxy and controller) at the start (after a
-  warm-up) and at the end (target: growth under 10%), sampled every 30 s.
+  engine-core child, Serve's proxy and controller; also by part) at the start
+  (after a warm-up) and at the end (target: growth under 10%), sampled every 30 s.
 """
 
 from __future__ import annotations
@@ -35,19 +35,25 @@ from bench_common import mc_questions, number_rows, tiny_model
 URL = "http://127.0.0.1:8000/soak"
 
 
-def service_pss() -> int:
-    """PSS bytes of the service's processes: Serve's replicas, proxy and controller, with their children."""
+SERVICE_ACTORS = {"replica": "ServeReplica:soak:", "proxy": "ProxyActor", "controller": "ServeController"}
+
+
+def service_pss() -> dict[str, int]:
+    """PSS bytes of the service's processes by part: Serve's replica (its engine-core child counted
+    apart as "engine"), proxy and controller."""
     from ray._private.state import actors
 
-    roots = [a["Pid"] for a in actors(actor_state_name="ALIVE").values() if a["ActorClassName"].startswith(("ServeReplica:soak:", "ProxyActor", "ServeController"))]
-    total = 0
-    for pid in roots:
+    parts = dict.fromkeys([*SERVICE_ACTORS, "engine"], 0)
+    for actor in actors(actor_state_name="ALIVE").values():
+        part = next((p for p, prefix in SERVICE_ACTORS.items() if actor["ActorClassName"].startswith(prefix)), None)
+        if part is None:
+            continue
         with contextlib.suppress(psutil.Error):
-            root = psutil.Process(pid)
+            root = psutil.Process(actor["Pid"])
             for proc in [root, *root.children(recursive=True)]:
                 with contextlib.suppress(psutil.Error):
-                    total += proc.memory_full_info().pss
-    return total
+                    parts["engine" if proc.pid != root.pid and part == "replica" else part] += proc.memory_full_info().pss
+    return parts
 
 
 def requests_mix(rng: random.Random, prompts: list[str], questions: list[dict], body_limit: int, base: str):
@@ -92,6 +98,14 @@ def client(seed: int, until: float, mix: dict, log: list, lock: threading.Lock) 
             status = f"connection: {type(error).__name__}"
         with lock:
             log.append((route, bad, status, time.perf_counter() - started))
+
+
+def total(parts: dict[str, int]) -> int:
+    return sum(parts.values())
+
+
+def gib(parts: dict[str, int]) -> dict[str, float]:
+    return {"total": round(total(parts) / 2**30, 3)} | {part: round(pss / 2**30, 3) for part, pss in parts.items()}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -152,8 +166,8 @@ def main() -> None:
         "latency_s": {r: {"p50": round(percentile([t for rr, _, s, t in good if rr == r and s == 200], 50), 3),
                           "p99": round(percentile([t for rr, _, s, t in good if rr == r and s == 200], 99), 3)} for r in routes},
         "requests_per_s": round(len(log) / (args.minutes * 60), 1),
-        "service_pss_gib": {"start": round(memory[0][1] / 2**30, 3), "end": round(memory[-1][1] / 2**30, 3),
-                            "growth": round(memory[-1][1] / memory[0][1] - 1, 4), "series": [(t, round(m / 2**30, 3)) for t, m in memory]},
+        "service_pss_gib": {"start": gib(memory[0][1]), "end": gib(memory[-1][1]), "growth": round(total(memory[-1][1]) / total(memory[0][1]) - 1, 4),
+                            "series": [(t, round(total(m) / 2**30, 3)) for t, m in memory]},
         "health_after": healthy,
     }  # fmt: skip
     print(json.dumps(result, indent=1))
