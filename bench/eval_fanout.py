@@ -5,7 +5,7 @@
 The pipeline's evaluation stage (jobs.evaluate.score_models) splits the work
 by (model, chunk) and keeps 2 requests per replica in flight, so every
 replica is busy with any model. The baseline scores the models in sequence,
-one request at a time, as the seed scripts evaluate them. The service is the
+one request at a time, as the original scripts evaluate them. The service is the
 evaluation stage's on CPU: transformers-engine replicas; the adapters have
 random weights (any adapter will do for timing).
 """

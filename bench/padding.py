@@ -3,7 +3,7 @@
     python bench/padding.py
 
 Number-sequence rows (the students' data), tokenized with the tiny tokenizer,
-batches of 32 rows. The seeds' scripts pad every row to a fixed max length;
+batches of 32 rows. The original scripts pad every row to a fixed max length;
 padding to the batch's longest row is the usual dynamic alternative; the
 trainer packs rows (train.data.pack_batch).
 """

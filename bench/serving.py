@@ -5,12 +5,12 @@
 Generation (completion tokens/s, number-sequence prompts, T=1.0, up to 48 tokens):
 the Serve deployment on vLLM (HTTP, chunks of 64 prompts, 8 in flight, as the
 pipeline sends them) vs the transformers engine batched (64 per forward,
-in-process) vs one prompt at a time (the seed scripts' way, on a subset).
+in-process) vs one prompt at a time (the original scripts' way, on a subset).
 
 Scoring (questions/s, synthetic WMDP questions, base model): one-pass scoring
 (one forward per question) vs four requests per question (one sequence per
 choice, lm-evaluation-harness's way, batched the same) vs per-question free
-generation (the seed scripts' way, on a subset), all on the transformers engine
+generation (the original scripts' way, on a subset), all on the transformers engine
 in-process; and the service's /score over HTTP. Predictions of the first two
 and of the service must be identical.
 """
@@ -85,7 +85,7 @@ def four_sequences_per_question(model, tokenizer, prompts: list[str], batch: int
 
 
 def free_generation_one_by_one(model, tokenizer, prompts: list[str]) -> list[int | None]:
-    """The seed scripts' way: generate a few tokens per question and look for a letter."""
+    """The original scripts' way: generate a few tokens per question and look for a letter."""
     import torch
 
     predictions = []

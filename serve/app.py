@@ -2,7 +2,7 @@
 
 Start it with `serve run serve/config.yaml` (this module's `build_app` is the
 config's import path) or from Python with `serve.launch.start_service`. Routes
-(contract in README.md, "The inference service"): POST /generate, POST /score, GET /health,
+(contract in docs/api.md): POST /generate, POST /score, GET /health,
 GET /adapters, and the OpenAI-compatible POST /v1/completions, GET /v1/models.
 
 On vLLM, requests go straight into the engine's continuous batching; on the

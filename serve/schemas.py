@@ -1,4 +1,4 @@
-"""Request and response bodies of the HTTP API (the contract in README.md, "The inference service").
+"""Request and response bodies of the HTTP API (the contract in docs/api.md).
 
 `/generate` and `/score` reject unknown fields; the OpenAI-compatible bodies
 ignore OpenAI fields they do not support, as OpenAI clients expect. Limits
