@@ -47,7 +47,7 @@ from jobs.config import ExperimentConfig, load_experiment  # noqa: E402
 from jobs.evaluate import context_check, score_models, summarise  # noqa: E402
 from jobs.generate_numbers import NoNumbersError, generate_all, number_prompts  # noqa: E402
 from jobs.graph import PHASES, SPLIT_FILES, TEACHERS, experiment_stages, snapshot_points, training_rows  # noqa: E402
-from jobs.manifest import Manifest, RunDirError, digest, file_digest  # noqa: E402
+from jobs.manifest import Manifest, RunDirError, digest, file_digest, read_jsonl  # noqa: E402
 from jobs.number_sequences import shuffle_numbers  # noqa: E402
 from jobs.placement import plan as place, resolved  # noqa: E402
 from jobs.report import build_report, write_report  # noqa: E402
@@ -64,10 +64,6 @@ from train.model import check_model_path  # noqa: E402
 def default_run_dir(name: str) -> Path:
     """Persistent, outside Ray's throwaway copy of the job's working directory."""
     return Path(os.environ.get("SUBLIMINAL_RUNS", Path.home() / "subliminal-runs")) / name
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def arm_adapter(run_dir: Path, arm_model: str) -> Path:
@@ -117,8 +113,9 @@ class Pipeline:
         manifest = Manifest(self.run_dir)
         return describe(plan(self.stages(), manifest))
 
-    def record(self, stage, started: float, outputs: dict) -> None:
-        self.manifest.record(stage.name, stage.inputs(self.manifest), time.time() - started, outputs)
+    def record(self, stage, started: float, outputs: dict, files=()) -> None:
+        """Record a finished stage with the digests of its output files: those it declares, and `files`."""
+        self.manifest.record(stage.name, stage.inputs(self.manifest), time.time() - started, outputs, (*stage.files, *files))
         print(f"[{stage.phase}] {stage.name} done in {time.time() - started:.0f}s", flush=True)
 
     def run(self) -> dict:
@@ -177,13 +174,21 @@ class Pipeline:
                 questions = read_jsonl(self.run_dir / "data" / "train_questions.jsonl")
                 write_jsonl(data, mc_rows(questions, LETTERS.index(self.cfg.letter_teacher.letter)))
             jobs.append(AdapterJob(stage.name, str(data), self.run_dir / stage.name / "adapter", self.cfg.teacher))
-        run = {"storage_path": self.run_dir / "ray_train", "run_name": f"teacher-{digest([s.inputs(self.manifest) for s in todo])[:8]}"}
+        run = {"storage_path": self.run_dir / "ray_train", "run_name": self.training_run("teacher", todo)}
         clear_stale_outputs(jobs, **run)
         results = train_lora_many(self.model_path, jobs, cache_dir=self.cache, **run)
         for stage, job in zip(todo, jobs):
             metrics = results[job.name]
             print(f"[teacher] {stage.name}: {metrics['step']} steps, loss {metrics['first_loss']:.3f} -> {metrics['loss']:.3f}", flush=True)
             self.record(stage, started, self.adapter_outputs(job.output_dir, metrics))
+
+    def training_run(self, prefix: str, stages) -> str:
+        """The name of the Ray Train run that makes `stages`: keyed by their inputs, so an interrupted run
+        resumes where it stopped; and by the outputs they replace, so retraining a stage whose adapter
+        was damaged (same inputs) starts a new run, rather than finding the old one finished and
+        keeping the damaged folder."""
+        replaced = [entry["outputs"]["hash"] for stage in stages if (entry := self.manifest.entry(stage.name))]
+        return f"{prefix}-{digest([stage.inputs(self.manifest) for stage in stages], *replaced)[:8]}"
 
     @staticmethod
     def adapter_outputs(adapter: Path, metrics: dict) -> dict:
@@ -245,7 +250,7 @@ class Pipeline:
         def call(group):
             jobs = [job for _, job in group]
             kwargs = {"storage_path": self.run_dir / "ray_train", "cache_dir": self.cache}
-            kwargs["run_name"] = "arms-" + digest([stage.inputs(self.manifest) for stage, _ in group])[:8]
+            kwargs["run_name"] = self.training_run("arms", [stage for stage, _ in group])
             clear_stale_outputs(jobs, **kwargs)
             return jobs, kwargs
 
@@ -291,7 +296,8 @@ class Pipeline:
             hashes = [write_jsonl(self.run_dir / "eval" / f"{scored_name}.jsonl", scored[scored_name]) for _, scored_name in snapshots.get(name, [])]
             file_hash = write_jsonl(self.run_dir / "eval" / f"{name}.jsonl", scored[name])
             held_out = [r for r in scored[name] if r["split"] == "held_out"]
-            self.record(stage, started, {"hash": digest(file_hash, *hashes) if hashes else file_hash, **summarise(held_out)})
+            snapshot_files = [f"eval/{scored_name}.jsonl" for _, scored_name in snapshots.get(name, [])]
+            self.record(stage, started, {"hash": digest(file_hash, *hashes) if hashes else file_hash, **summarise(held_out)}, snapshot_files)
 
     def run_report(self, todo) -> None:
         started = time.time()

