@@ -34,6 +34,7 @@ from pathlib import Path
 from common.atomic import TMP_MARK, write_json
 
 VERSION = 2
+LOCK_FILE = ".lock"  # jobs/run_lock.py holds it while a pipeline uses the run directory; --fresh keeps it
 
 
 class RunDirError(ValueError):
@@ -71,6 +72,20 @@ def read_jsonl(path: Path) -> list:
                 damaged = f"{path} line {number} is not valid JSON ({reason}): the file is damaged"
                 raise RunDirError(f"{damaged}; delete it to rerun the stage that wrote it, or pass --fresh") from None
     return rows
+
+
+def clear(run_dir: Path) -> None:
+    """Delete everything in `run_dir` but its lock file (--fresh): the pipeline holding the lock keeps it,
+    so a second pipeline still finds the directory taken."""
+    if not run_dir.is_dir():
+        return
+    for child in run_dir.iterdir():
+        if child.name == LOCK_FILE:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def shape_problem(data) -> str | None:
@@ -115,7 +130,7 @@ class Manifest:
     def __init__(self, run_dir: Path, fresh: bool = False):
         self.run_dir, self.path = run_dir, run_dir / "manifest.json"
         if fresh:
-            shutil.rmtree(run_dir, ignore_errors=True)
+            clear(run_dir)
         self.data = {"version": VERSION, "stages": {}, "phases": {}}
         self._digests: dict[Path, tuple[tuple, str]] = {}  # path -> (its stat when hashed, digest)
         if self.path.is_file():

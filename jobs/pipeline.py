@@ -24,7 +24,9 @@ and why (`--plan` prints only that). A change reruns what depends on it and
 nothing else; an interrupted stage resumes (training from its last checkpoint).
 The Serve application is named after the run and torn down when a phase ends,
 fails, or the job is stopped (`ray job stop`); one left behind by a driver
-killed outright is deleted by the next run of the same command.
+killed outright is deleted by the next run of the same command. One pipeline
+at a time uses a run directory: a second one stops at once naming the holder
+(jobs/run_lock.py).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from jobs.manifest import Manifest, RunDirError, digest, file_digest, read_jsonl
 from jobs.number_sequences import shuffle_numbers  # noqa: E402
 from jobs.placement import plan as place, resolved  # noqa: E402
 from jobs.report import build_report, write_report  # noqa: E402
+from jobs.run_lock import check_free, hold_run_dir  # noqa: E402
 from jobs.service_session import delete_leftover_app, max_lora_rank, running_service, stop_on_sigterm  # noqa: E402
 from jobs.stages import describe, plan  # noqa: E402
 from jobs.tiny_model import TinySpec, ensure_tiny_model  # noqa: E402
@@ -121,12 +124,18 @@ class Pipeline:
     def run(self) -> dict:
         import ray
 
+        check_free(self.run_dir)  # a run directory another pipeline holds stops here, before Ray starts
         if not ray.is_initialized():
             ray.init()
         signal.signal(signal.SIGTERM, stop_on_sigterm)  # after ray.init, which installs its own
         placement = place(self.cfg, cluster_capacity())  # before any work: a preset that cannot fit stops here
         print(f"[placement] {placement.summary(self.cfg)}", flush=True)
         self.arm_runs = placement.arm_runs
+        with hold_run_dir(self.run_dir):  # one pipeline per run directory, from here until the run ends
+            return self.run_held(placement)
+
+    def run_held(self, placement) -> dict:
+        """The rest of `run`, with the run directory held: --fresh clears it, the plan, every phase with work."""
         self.manifest = Manifest(self.run_dir, self.fresh)
         delete_leftover_app(self.app)  # before any work: a killed driver's replicas may hold GPUs
         stages = self.stages()
