@@ -64,8 +64,8 @@ def train_variant(model_path: str, rows: Path, overrides: dict, steps: int, use_
 
 
 def scoring_rate(model_path: str, questions: list[dict]) -> float:
-    from serve.hf_scoring import mc_logprobs
     from serve.hf_engine import HFEngine
+    from serve.hf_scoring import mc_logprobs
     from serve.mc_format import format_mc_prompt
     from serve.settings import ServiceSettings
 

@@ -137,10 +137,13 @@ def start_apps(config: Config) -> dict:
     targets = [
         serve.RunTarget(
             service_app(
-                settings(app), app.adapters, num_replicas=app.replicas,
+                settings(app),
+                app.adapters,
+                num_replicas=app.replicas,
                 ray_actor_options={"num_cpus": app.cpus, "runtime_env": {"env_vars": app.env}},
             ),
-            name=app_name(app), route_prefix=f"/{app_name(app)}",
+            name=app_name(app),
+            route_prefix=f"/{app_name(app)}",
         )  # fmt: skip
         for app in config.apps
     ]
@@ -202,8 +205,7 @@ def run_config(config: Config, work: list[tuple[list[str], NumbersConfig]]) -> d
         jobs = [(name, i, app_key, adapter) for name, (app_key, adapter) in config.sources.items() for i in range(len(work))]
         with contextlib.redirect_stdout(quiet), ThreadPoolExecutor(len(jobs)) as pool:
             futures = [
-                (name, i, pool.submit(generate_kept, handles[app_key], work[i][0], adapter, work[i][1], f"{name}/{i}"))
-                for name, i, app_key, adapter in jobs
+                (name, i, pool.submit(generate_kept, handles[app_key], work[i][0], adapter, work[i][1], f"{name}/{i}")) for name, i, app_key, adapter in jobs
             ]
             made: dict[str, dict] = {}
             for name, i, future in futures:
@@ -244,16 +246,38 @@ def configs(base: str, adapter: str, merged: str) -> list[Config]:
         Config("bv", "bv: base, vLLM (row a's app, as today)", [vl], {"control": ("vl", None)}),
         Config("bh", "bh: base, transformers", [hb], {"control": ("hb", None)}),
         Config("s0", "s0: today, 1 vLLM app (base + adapter)", [vl], {"teacher": ("vl", "teacher"), "control": ("vl", None)}),
-        Config("s1", "s1: 2 vLLM apps (merged, base), start_service each, auto binding", [vm, vb], {"teacher": ("vm", None), "control": ("vb", None)}, twin="s0"),
         Config(
-            "s1x", "s1x: 2 vLLM apps (merged, base), deployed together, nobind",
-            [vm_free, vb_free], {"teacher": ("vm", None), "control": ("vb", None)}, together=True, twin="s0",
+            "s1", "s1: 2 vLLM apps (merged, base), start_service each, auto binding", [vm, vb], {"teacher": ("vm", None), "control": ("vb", None)}, twin="s0"
         ),
-        Config("s2", "s2: 2 transformers apps (merged, base), deployed together", [hm, hb], {"teacher": ("hm", None), "control": ("hb", None)}, together=True, twin="s3"),
-        Config("s3", "s3: 2 transformers apps (base + adapter, base), deployed together", [hl, hb], {"teacher": ("hl", "teacher"), "control": ("hb", None)}, together=True),
         Config(
-            "s4", "s4: 1 transformers app (base + adapter), 2 replicas", [replace(hl, replicas=2)],
-            {"teacher": ("hl", "teacher"), "control": ("hl", None)}, twin="s3",
+            "s1x",
+            "s1x: 2 vLLM apps (merged, base), deployed together, nobind",
+            [vm_free, vb_free],
+            {"teacher": ("vm", None), "control": ("vb", None)},
+            together=True,
+            twin="s0",
+        ),
+        Config(
+            "s2",
+            "s2: 2 transformers apps (merged, base), deployed together",
+            [hm, hb],
+            {"teacher": ("hm", None), "control": ("hb", None)},
+            together=True,
+            twin="s3",
+        ),
+        Config(
+            "s3",
+            "s3: 2 transformers apps (base + adapter, base), deployed together",
+            [hl, hb],
+            {"teacher": ("hl", "teacher"), "control": ("hb", None)},
+            together=True,
+        ),
+        Config(
+            "s4",
+            "s4: 1 transformers app (base + adapter), 2 replicas",
+            [replace(hl, replicas=2)],
+            {"teacher": ("hl", "teacher"), "control": ("hl", None)},
+            twin="s3",
         ),
     ]
 
@@ -284,6 +308,7 @@ def table(runs: dict[str, list[dict]], all_configs: list[Config], header: str) -
 
     lines = [header]
     single, stage = [c for c in done if not c.stage], [c for c in done if c.stage]
+
     def table(title: str, columns: list[str]) -> list[str]:
         return ["", title, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
 

@@ -9,8 +9,8 @@ trainer packs rows (train.data.pack_batch).
 """
 
 import numpy as np
-
 from bench_common import number_rows, tiny_model
+
 from train.data import Tokenize, pack_batch
 
 MAX_LENGTH, BATCH = 256, 32

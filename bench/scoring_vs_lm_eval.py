@@ -77,11 +77,21 @@ def main() -> None:
         reference[name], seconds = run_lm_eval(model, path, questions, work / f"lm-eval-{name}", batch_size=16)
         lm_eval_s += seconds
     differing = {name: sum(a != b for a, b in zip(served[name], reference[name])) for name in reference}
-    print(json.dumps({
-        "questions": len(questions), "models": len(reference), **settings, "replicas": args.replicas,
-        "service_s": round(service_s, 1), "lm_eval_s": round(lm_eval_s, 1), "speedup": round(lm_eval_s / service_s, 2),
-        "differing_predictions": differing,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "questions": len(questions),
+                "models": len(reference),
+                **settings,
+                "replicas": args.replicas,
+                "service_s": round(service_s, 1),
+                "lm_eval_s": round(lm_eval_s, 1),
+                "speedup": round(lm_eval_s / service_s, 2),
+                "differing_predictions": differing,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

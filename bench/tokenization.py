@@ -35,7 +35,7 @@ if __name__ == "__main__":
 
         def tokenize(r):
             ids = tok(r["text"]).input_ids + [tok.eos_token_id]
-            return {"input_ids": ids, "labels": [-100] * r["n_prompt"] + ids[r["n_prompt"]:]}
+            return {"input_ids": ids, "labels": [-100] * r["n_prompt"] + ids[r["n_prompt"] :]}
 
         ds = ds.map(tokenize, remove_columns=["text", "n_prompt"])
         hf_s = time.time() - started

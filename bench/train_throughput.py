@@ -29,14 +29,22 @@ def hf_trainer(model_path: str, path: Path, steps: int, out: str) -> tuple[float
 
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     table = Tokenize(model_path, 256, "truncate")({"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]})
-    features = [{"input_ids": i, "labels": l} for i, l in zip(table["input_ids"].to_pylist(), table["labels"].to_pylist())]
+    features = [{"input_ids": ids, "labels": labels} for ids, labels in zip(table["input_ids"].to_pylist(), table["labels"].to_pylist())]
     tok = AutoTokenizer.from_pretrained(model_path)
     from train.model import load_lora_model
 
     model = load_lora_model(model_path, TrainConfig(), torch.device("cpu"))
     args = TrainingArguments(
-        output_dir=out, per_device_train_batch_size=32, max_steps=steps, learning_rate=2e-3, warmup_steps=max(1, steps // 20),
-        lr_scheduler_type="cosine", logging_steps=1000, save_strategy="no", report_to=[], use_cpu=True,
+        output_dir=out,
+        per_device_train_batch_size=32,
+        max_steps=steps,
+        learning_rate=2e-3,
+        warmup_steps=max(1, steps // 20),
+        lr_scheduler_type="cosine",
+        logging_steps=1000,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
         dataloader_num_workers=0,
     )
     trainer = Trainer(model=model, args=args, train_dataset=features, data_collator=DataCollatorForSeq2Seq(tok, padding=True))

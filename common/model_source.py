@@ -72,8 +72,5 @@ def model_source(model: str, what: str = "model") -> ModelSource:
     if model.startswith(("/", ".", "~")):
         raise ModelSourceError(f"{what} {model!r}: {shown} does not exist (a saved model is a folder holding config.json)")
     if not is_hub_id(model):
-        raise ModelSourceError(
-            f"{what} {model!r}: no such folder ({shown}, a saved model is a folder holding config.json), "
-            f"and not a hub id ({HUB_ID_CHARS})"
-        )
+        raise ModelSourceError(f"{what} {model!r}: no such folder ({shown}, a saved model is a folder holding config.json), and not a hub id ({HUB_ID_CHARS})")
     return ModelSource("hub", model)

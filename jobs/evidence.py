@@ -144,7 +144,9 @@ def markdown_tables(arms: dict, contrasts: dict) -> list[str]:
     comparisons += [(f"contrast {name}: {c['arm']} vs {c['against']}", c, c.get("by_step")) for name, c in contrasts.items()]
     for title, result, series in comparisons:
         lines += ["", f"### {title}", "", "| split | metric | difference | 95% CI | p | MDE | detected |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {split} | {metric} | {_cells(result[split][metric])} |" for split in SPLITS for metric in METRICS if result[split][metric]["value"] is not None]
+        lines += [
+            f"| {split} | {metric} | {_cells(result[split][metric])} |" for split in SPLITS for metric in METRICS if result[split][metric]["value"] is not None
+        ]
         if series and "points" in series:
             lines += ["", "Against training steps (each side at the same snapshot):", "",
                       "| steps | split | metric | difference | 95% CI | p | MDE | detected |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip

@@ -45,8 +45,12 @@ def generate_kept(handle, prompts: list[str], adapter: str | None, cfg: NumbersC
         while next_chunk < len(starts) and len(pending) < cfg.in_flight and len(kept) < cfg.keep:
             start = starts[next_chunk]
             request = GenerateRequest(
-                prompts=prompts[start : start + cfg.chunk], max_tokens=cfg.max_tokens, temperature=cfg.temperature,
-                top_p=cfg.top_p, seed=cfg.seed * 1_000_003 + start, adapter=adapter,
+                prompts=prompts[start : start + cfg.chunk],
+                max_tokens=cfg.max_tokens,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                seed=cfg.seed * 1_000_003 + start,
+                adapter=adapter,
             )
             pending.append((start, request, handle.generate.remote(request)))
             next_chunk += 1

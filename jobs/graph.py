@@ -61,7 +61,12 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
     config = as_dict(cfg)
     model = config_reads(config, "model")
     stages = [
-        Stage("data", "data", {**config_reads(config, "data"), "questions": questions_hash}, files=("data/teacher_train.jsonl", *(f"data/{f}" for f in SPLIT_FILES.values()))),
+        Stage(
+            "data",
+            "data",
+            {**config_reads(config, "data"), "questions": questions_hash},
+            files=("data/teacher_train.jsonl", *(f"data/{f}" for f in SPLIT_FILES.values())),
+        ),
         Stage("teacher", "teacher", {**model, **config_reads(config, "teacher")}, ("data",), files=("teacher/adapter",)),
     ]
     teachers = teachers_used(models)
@@ -74,7 +79,14 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         upstream = ("teacher",) if source == "teacher" else ()
         stages.append(Stage(numbers_stage(source, i), "numbers", reads, upstream, files=(f"numbers/{source}/{i}.jsonl",)))
     for m in models:
-        reads = {**model, **flatten(dataclasses.asdict(m.train), "train."), "source": m.source, "shuffled": m.shuffled, "loss": m.loss, "learns_from": m.teacher}
+        reads = {
+            **model,
+            **flatten(dataclasses.asdict(m.train), "train."),
+            "source": m.source,
+            "shuffled": m.shuffled,
+            "loss": m.loss,
+            "learns_from": m.teacher,
+        }
         rows = lambda manifest, i=m.replicate: {"rows": training_rows(manifest, models, i)}  # noqa: E731
         upstream = (numbers_stage(m.source, m.replicate),) + ((m.teacher,) if m.loss == "logit_kl" else ())  # its soft labels
         stages.append(Stage(m.name, "arms", reads, upstream, rows, files=(f"arms/{m.name}/adapter",)))

@@ -51,7 +51,8 @@ from jobs.generate_numbers import NoNumbersError, generate_all, number_prompts  
 from jobs.graph import PHASES, SPLIT_FILES, TEACHERS, experiment_stages, snapshot_points, training_rows  # noqa: E402
 from jobs.manifest import Manifest, RunDirError, digest, file_digest, read_jsonl  # noqa: E402
 from jobs.number_sequences import shuffle_numbers  # noqa: E402
-from jobs.placement import plan as place, resolved  # noqa: E402
+from jobs.placement import plan as place  # noqa: E402
+from jobs.placement import resolved  # noqa: E402
 from jobs.report import build_report, write_report  # noqa: E402
 from jobs.run_lock import check_free, hold_run_dir  # noqa: E402
 from jobs.service_session import delete_leftover_app, max_lora_rank, running_service, stop_on_sigterm  # noqa: E402

@@ -78,10 +78,7 @@ def prestage(source: str, dest: str | None = None) -> list[tuple[str, str]]:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     gpu_nodes = [n for n in nodes if n["Resources"].get("GPU", 0) > 0]
     task = ray.remote(num_cpus=0)(stage_here)
-    pending = [
-        task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(source, dest)
-        for node in gpu_nodes or nodes
-    ]
+    pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(source, dest) for node in gpu_nodes or nodes]
     return ray.get(pending)
 
 

@@ -159,7 +159,9 @@ def markdown(report: dict) -> str:
     lines += ["", "| arm model | accuracy | agreement with teacher | LoRA seed | same init as teacher | steps |", "|---|---|---|---|---|---|"]
     for arm in report["arms"].values():
         for r in arm["replicates"]:
-            lines.append(f"| {r['model']} | {r['accuracy']['overall']:.3f} | {r['teacher_agreement']:.3f} | {r['lora_seed']} | {r['same_init_as_teacher']} | {r['steps']} |")
+            lines.append(
+                f"| {r['model']} | {r['accuracy']['overall']:.3f} | {r['teacher_agreement']:.3f} | {r['lora_seed']} | {r['same_init_as_teacher']} | {r['steps']} |"
+            )
     if "transfer" in report:
         t = report["transfer"]
         lines += [

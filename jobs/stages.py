@@ -19,8 +19,8 @@ the pipeline prints it before any work (and `--plan` prints only that).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from jobs.manifest import Manifest, flatten, normalised
 
@@ -60,7 +60,7 @@ def _changes(before: dict, now: dict, limit: int = 3) -> str:
     parts = []
     for key in keys[:limit]:
         if key.startswith("upstream "):
-            parts.append(f"{key[len('upstream '):]} output changed")
+            parts.append(f"{key[len('upstream ') :]} output changed")
         else:
             parts.append(f"{key}: {before.get(key, '(none)')!r} -> {now.get(key, '(none)')!r}")
     return "; ".join(parts) + (f"; and {len(keys) - limit} more" if len(keys) > limit else "")

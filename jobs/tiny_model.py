@@ -32,13 +32,10 @@ from pathlib import Path
 from common.atomic import atomic_dir, atomic_file
 from jobs.number_sequences import make_prompts
 from jobs.wmdp import synthetic_questions
-from train.data import default_cache_dir
 from serve.mc_format import LETTERS, choice_continuation, format_mc_prompt
+from train.data import default_cache_dir
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
+CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
 
 
@@ -112,9 +109,7 @@ def train_tokenizer(texts: list[str], spec: TinySpec):
     tok.train_from_iterator(texts, trainer=trainer)
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", model_max_length=spec.max_positions
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", model_max_length=spec.max_positions)
     fast.chat_template = CHAT_TEMPLATE
     for letter in LETTERS[:4]:  # MC scoring needs " A".." D" to be single tokens
         assert len(fast(" " + letter, add_special_tokens=False).input_ids) == 1, letter

@@ -38,5 +38,9 @@ def test_the_environment_is_the_locked_one():
     project = tomllib.loads(PYPROJECT.read_text())["project"]
     direct = [Requirement(r).name.lower() for r in project["dependencies"] + project["optional-dependencies"]["cpu"] + project["optional-dependencies"]["dev"]]
     assert not [name for name in direct if name not in pins], "a dependency of the project is not pinned"
-    wrong = {name: (importlib.metadata.version(name), str(r.specifier)) for name, r in pins.items() if not r.specifier.contains(importlib.metadata.version(name), prereleases=True)}
+    wrong = {
+        name: (importlib.metadata.version(name), str(r.specifier))
+        for name, r in pins.items()
+        if not r.specifier.contains(importlib.metadata.version(name), prereleases=True)
+    }
     assert not wrong, f"installed versions differ from constraints/cpu.txt: {wrong}"

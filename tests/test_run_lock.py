@@ -103,7 +103,11 @@ def test_the_pipeline_refuses_a_run_directory_in_use_before_starting_ray(holder,
     assert "[placement]" not in done.stdout and "Traceback" not in done.stderr  # stopped before Ray and placement
     assert time.monotonic() - started < 120 and sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE]
     # --fresh does not delete a directory in use either; --plan only reads, so it needs no lock.
-    fresh = subprocess.run([sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir), "--fresh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    fresh = subprocess.run(
+        [sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir), "--fresh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert fresh.returncode == 2 and "in use by another pipeline" in fresh.stderr
-    planned = subprocess.run([sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir), "--plan"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    planned = subprocess.run(
+        [sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir), "--plan"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert planned.returncode == 0 and "stages to run" in planned.stdout, planned.stderr[-2000:]

@@ -24,12 +24,13 @@ def test_number_completions_pass_the_filter(tiny_model):
     tok = AutoTokenizer.from_pretrained(tiny_model, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
     assert tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True) == chat_prompt("x")
-    prompts = [tok.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True)
-               for p in make_prompts(200, seed=98765)]
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True) for p in make_prompts(200, seed=98765)
+    ]
     enc = tok(prompts, return_tensors="pt", padding=True)
     torch.manual_seed(0)
     out = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, max_new_tokens=48, pad_token_id=tok.pad_token_id)
-    texts = tok.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    texts = tok.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
     reasons = Counter(reject_reason(t) for t in texts)
     assert reasons[None] / len(texts) >= 0.30, reasons
 

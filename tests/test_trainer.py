@@ -224,8 +224,19 @@ def many_jobs(tmp_path: Path, toy_rows: Path, **first) -> list[AdapterJob]:
     """Two jobs that differ in everything a job may: LoRA shape and seed, schedule, batch, data order, length."""
     a = small_config(epochs=1, checkpoint_every=4, keep_checkpoints=20, snapshots=2, **first)  # 8 steps
     b = small_config(
-        epochs=1, checkpoint_every=4, keep_checkpoints=20, lora_rank=4, lora_alpha=8, lora_seed=1, lora_targets=["q_proj", "down_proj"],
-        lr=3e-3, schedule="linear", batch_size=8, global_batch_size=32, seed=1, max_length=64,
+        epochs=1,
+        checkpoint_every=4,
+        keep_checkpoints=20,
+        lora_rank=4,
+        lora_alpha=8,
+        lora_seed=1,
+        lora_targets=["q_proj", "down_proj"],
+        lr=3e-3,
+        schedule="linear",
+        batch_size=8,
+        global_batch_size=32,
+        seed=1,
+        max_length=64,
     )  # 256 rows / (2 workers x 8 rows x 2 micro-steps) = 8 steps
     return [AdapterJob("a", toy_rows, tmp_path / "a", a), AdapterJob("b", toy_rows, tmp_path / "b", b)]
 

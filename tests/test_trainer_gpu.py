@@ -1,11 +1,10 @@
 """GPU paths of the trainer (skipped without CUDA): bf16 + SDPA/flash-attn, 4-bit base, checkpointing, FSDP."""
 
 import pytest
+from test_trainer import toy_rows  # noqa: F401  (fixture)
 
 from train.config import TrainConfig
 from train.trainer import train_lora
-
-from test_trainer import toy_rows  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.gpu
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.wmdp import DataError, SUBSETS, load_wmdp, split_questions, synthetic_questions, write_synthetic
+from jobs.wmdp import SUBSETS, DataError, load_wmdp, split_questions, synthetic_questions, write_synthetic
 
 
 def test_synthetic_sample_is_deterministic_and_wmdp_shaped(tmp_path):

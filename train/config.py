@@ -30,9 +30,7 @@ class TrainConfig:
     lora_rank: int = 8
     lora_alpha: int = 16
     lora_dropout: float = 0.0
-    lora_targets: list[str] = dataclasses.field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
+    lora_targets: list[str] = dataclasses.field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     lora_seed: int = 0
 
     # Optimisation. batch_size is rows per worker per micro-step. global_batch_size,
