@@ -221,6 +221,7 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert points[0]["train"]["teacher_answer_logprob"]["value"] != points[-1]["train"]["teacher_answer_logprob"]["value"]
 
 
+@pytest.mark.slow  # its pipelines start Ray
 def test_bad_input_stops_with_a_clear_message(tmp_path, cache_dir):
     done = run_pipeline("--run-dir", str(tmp_path / "a"), "--set", "teacher.lerning_rate=1", cache_dir=cache_dir)
     assert done.returncode == 2 and "teacher.lerning_rate" in done.stderr
