@@ -79,9 +79,7 @@ def read_predictions(output_dir: Path, n: int) -> list[int]:
     return preds  # type: ignore[return-value]
 
 
-def run_lm_eval(
-    model_path: str, adapter_path: str | None, questions: list[dict], workdir: Path, batch_size: int = 16
-) -> tuple[list[int], float]:
+def run_lm_eval(model_path: str, adapter_path: str | None, questions: list[dict], workdir: Path, batch_size: int = 16) -> tuple[list[int], float]:
     """Run lm-eval (hf backend, float32, CPU) on `questions`; return (predictions, wall seconds).
 
     Each question has question, choices (4 strings), answer (0-based; optional, it

@@ -156,7 +156,9 @@ class InferenceService:
         self._check_count(len(body.questions), self.settings.max_questions_per_request, "questions")
         for i, q in enumerate(body.questions):
             if len(q.choices) > self.scorer.max_choices:
-                raise invalid(("questions", i, "choices"), f"{len(q.choices)} choices; this model's tokenizer scores at most {self.scorer.max_choices} in one pass")
+                raise invalid(
+                    ("questions", i, "choices"), f"{len(q.choices)} choices; this model's tokenizer scores at most {self.scorer.max_choices} in one pass"
+                )
         prompts = [format_mc_prompt(q.question, q.choices, q.subject) for q in body.questions]
         if body.truncate:  # cut to leave room for the one answer token: every prompt then fits
             try:

@@ -101,7 +101,11 @@ class HFEngine:
         context, model = self._selected(adapter)
         with context:
             if s.seed is None:
-                return [c for start in range(0, len(prompts), self.batch_size) for c in self._generate_batch(model, prompts[start : start + self.batch_size], s, sample)]
+                return [
+                    c
+                    for start in range(0, len(prompts), self.batch_size)
+                    for c in self._generate_batch(model, prompts[start : start + self.batch_size], s, sample)
+                ]
             # The seed contract: prompt i samples from seed + i whatever else is in the request, as
             # on vLLM. transformers samples a batch from one generator, so seeded prompts go one by one.
             completions = []

@@ -8,9 +8,11 @@ service's methods hold the logic and are the same ones a deployment handle calls
 
 from __future__ import annotations
 
+import math
 import time
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
@@ -23,6 +25,17 @@ OPEN_PATHS = {"/health"}  # answered without the bearer token (load balancers pr
 def invalid(loc: tuple, msg: str) -> RequestValidationError:
     """A 422 in FastAPI's own shape, for limits only the deployment knows."""
     return RequestValidationError([{"type": "value_error", "loc": ("body", *loc), "msg": msg}])
+
+
+def json_safe(value):
+    """`value` with non-finite floats written as text: JSON has no NaN or Infinity."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def build_http_api(service) -> FastAPI:
@@ -42,6 +55,11 @@ def build_http_api(service) -> FastAPI:
             response = await call_next(request)
         service.metrics.request(path, response.status_code, time.perf_counter() - started)
         return response
+
+    @api.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, error: RequestValidationError):
+        """FastAPI's 422 body; its default handler answers 500 when the echoed input holds NaN."""
+        return JSONResponse({"detail": json_safe(jsonable_encoder(error.errors()))}, 422)
 
     @api.exception_handler(EngineUnavailable)
     async def engine_unavailable(request: Request, error: EngineUnavailable):

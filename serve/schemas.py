@@ -17,8 +17,11 @@ from serve.mc_format import LETTERS
 Prompt = Annotated[StrictStr, Field(min_length=1)]
 
 
+SEED_MAX = 2**62  # seed + i must stay a 64-bit integer for the engines' generators
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # Infinity/NaN: 422, never a 500
 
 
 class GenerateRequest(Strict):
@@ -26,7 +29,7 @@ class GenerateRequest(Strict):
     max_tokens: int = Field(16, gt=0)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    seed: int | None = Field(None, ge=0, description="sampling seed; prompt i uses seed + i")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX, description="sampling seed; prompt i uses seed + i")
     stop: list[StrictStr] = Field(default_factory=list, max_length=8)
     adapter: str | None = Field(None, description="registered adapter name; none = the base model")
 
@@ -51,7 +54,7 @@ class Question(Strict):
     question: StrictStr = Field(min_length=1)
     choices: list[StrictStr] = Field(min_length=2, max_length=len(LETTERS))
     answer: int | None = Field(None, description="0-based index of the correct choice")
-    subject: str | None = Field(None, description='bio, chem, cyber, or a subject named as is')
+    subject: str | None = Field(None, description="bio, chem, cyber, or a subject named as is")
 
     @model_validator(mode="after")
     def _answer_is_a_choice(self):
@@ -87,7 +90,7 @@ class ScoreResponse(BaseModel):
 class CompletionRequest(BaseModel):
     """POST /v1/completions: the fields this service supports; other OpenAI fields are ignored."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: StrictStr
     prompt: Prompt | list[Prompt]
@@ -96,7 +99,7 @@ class CompletionRequest(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1)
     n: int = Field(1, ge=1, le=16)
     stop: StrictStr | list[StrictStr] | None = None
-    seed: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
 
     @property
     def prompts(self) -> list[str]:

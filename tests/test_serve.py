@@ -30,7 +30,10 @@ def services(ray_cluster, tiny_model, lora_adapters):
     start_service(ServiceSettings(engine="hf", **common), lora_adapters, name="t-hf", route_prefix="/hf", num_cpus=0.5)
     start_service(
         ServiceSettings(engine="vllm", scoring="engine", kv_cache_gib=0.5, **common),
-        lora_adapters, name="t-vllm", route_prefix="/vllm", num_cpus=0.5,
+        lora_adapters,
+        name="t-vllm",
+        route_prefix="/vllm",
+        num_cpus=0.5,
     )
     yield {"vllm": f"{URL}/vllm", "hf": f"{URL}/hf"}
     stop_service("t-hf")
@@ -208,6 +211,22 @@ def test_bad_input_gets_a_clear_4xx_and_the_service_keeps_serving(services, path
     assert post(services["vllm"], "/generate", GOOD).status_code == 200
 
 
+NON_FINITE = [
+    ("/generate", '{"prompts": ["hi"], "temperature": NaN}', "temperature"),
+    ("/generate", '{"prompts": ["hi"], "top_p": Infinity}', "top_p"),
+    ("/v1/completions", '{"model": "tiny", "prompt": "hi", "temperature": -Infinity}', "temperature"),
+    ("/generate", '{"prompts": ["hi"], "seed": 100000000000000000000}', "seed"),
+]
+
+
+@pytest.mark.parametrize("path,raw,names", NON_FINITE, ids=[f"{p}-{n}" for p, _, n in NON_FINITE])
+def test_non_finite_and_out_of_range_numbers_get_a_422(services, path, raw, names):
+    """Python's JSON reader takes NaN and Infinity; the service must refuse them, not answer 500."""
+    response = requests.post(services["vllm"] + path, data=raw, headers={"content-type": "application/json"}, timeout=60)
+    assert response.status_code == 422 and names in response.text, response.text
+    assert post(services["vllm"], "/generate", GOOD).status_code == 200
+
+
 def test_malformed_and_oversized_bodies(services):
     url = services["vllm"] + "/generate"
     broken = requests.post(url, data="{not json", headers={"content-type": "application/json"}, timeout=30)
@@ -222,7 +241,11 @@ def test_token_auth_and_overload(ray_cluster, tiny_model, monkeypatch):
     monkeypatch.setenv("SERVE_API_KEY", "s3cret")
     start_service(
         ServiceSettings(model=tiny_model, engine="hf", max_model_len=512),
-        name="t-guarded", route_prefix="/guarded", num_cpus=0.25, max_ongoing_requests=1, max_queued_requests=1,
+        name="t-guarded",
+        route_prefix="/guarded",
+        num_cpus=0.25,
+        max_ongoing_requests=1,
+        max_queued_requests=1,
     )
     url, auth = f"{URL}/guarded", {"Authorization": "Bearer s3cret"}
     try:

@@ -76,10 +76,7 @@ def plan_steps(rows: int, cfg: TrainConfig) -> tuple[int, int]:
     """(micro-batches per worker per epoch, total optimizer steps) for `rows` training rows."""
     micro_per_epoch = rows // cfg.num_workers // cfg.batch_size
     if micro_per_epoch < cfg.grad_accum:
-        raise DataError(
-            f"{rows} rows are too few for {cfg.num_workers} workers x batch_size {cfg.batch_size}"
-            f" x grad_accum {cfg.grad_accum}"
-        )
+        raise DataError(f"{rows} rows are too few for {cfg.num_workers} workers x batch_size {cfg.batch_size} x grad_accum {cfg.grad_accum}")
     total = cfg.epochs * micro_per_epoch // cfg.grad_accum
     return micro_per_epoch, min(total, cfg.max_steps) if cfg.max_steps else total
 
@@ -247,8 +244,7 @@ def train_lora_many(
     for job in jobs:
         if not finished_by(job.output_dir, run_id):
             raise RuntimeError(
-                f"job {job.name} finished earlier in run {run_name}, but {job.output_dir} no longer holds its adapter;"
-                " train it again under a new run_name"
+                f"job {job.name} finished earlier in run {run_name}, but {job.output_dir} no longer holds its adapter; train it again under a new run_name"
             )
         out[job.name] = json.loads((job.output_dir / METRICS_FILE).read_text())
     out[jobs[-1].name]["checkpoint"] = result.checkpoint.path
