@@ -46,7 +46,7 @@ def ray_cluster():
     ray.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # gone before other modules start Serve: its proxy holds port 8000
 def ray_head():
     """A real head node (`ray start --head`, with its dashboard) outliving its drivers, as on a
     cluster: {"address", "dashboard" (URL), "metrics" (its Prometheus endpoint), "headers"

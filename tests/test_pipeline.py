@@ -81,7 +81,9 @@ def submit_and_watch(run_dir: Path, cache_dir, head: dict, *args) -> tuple[str, 
     ray = str(Path(sys.executable).parent / "ray")
     submit = [ray, "job", "submit", "--no-wait", "--working-dir", ".", "--runtime-env-json", runtime_env, "--",
               sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir), *args]  # fmt: skip
-    out = subprocess.run(submit, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=True).stdout
+    done = subprocess.run(submit, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
     job = re.search(r"raysubmit_\w+", out).group(0)
     seen: dict[str, set] = {"train_runs": set(), "serve_apps": set(), "metrics": set()}
 
