@@ -3,10 +3,12 @@
 Start it with `serve run serve/config.yaml` (this module's `build_app` is the
 config's import path) or from Python with `serve.launch.start_service`. Routes
 (contract in docs/api.md): POST /generate, POST /score, GET /health,
-GET /adapters, and the OpenAI-compatible POST /v1/completions, GET /v1/models.
+GET /adapters, and the OpenAI-compatible POST /v1/completions, POST /v1/chat/completions
+and GET /v1/models.
 
 On vLLM, requests go straight into the engine's continuous batching; on the
-transformers engine, `@serve.batch` gathers concurrent requests into one call.
+transformers engine, `@serve.batch` gathers concurrent /generate and /score
+requests into one call (the OpenAI routes call `complete_tokens` per request).
 Adapters come from the deployment's `user_config` (`{"adapters": {name: path}}`),
 which Serve hands to every replica (`reconfigure`), so they are registered
 by the operator and never by a request.
@@ -14,6 +16,7 @@ by the operator and never by a request.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
@@ -21,11 +24,12 @@ import uuid
 from fastapi import HTTPException
 from ray import serve
 
-from serve.engine import BatchKey, Sampling, build_engines
+from serve.engine import BatchKey, Sampling, TokenCompletion, build_engines
 from serve.http_api import build_http_api, invalid
 from serve.mc_format import format_mc_prompt, left_truncate
 from serve.metrics import ServiceMetrics
-from serve.schemas import CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
+from serve.openai_format import chat_logprobs, chat_prompt_ids, completion_logprobs
+from serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
 from serve.settings import ServiceSettings, check_adapter, model_id, resolve_model
 
 API_KEY_ENV = "SERVE_API_KEY"
@@ -43,7 +47,7 @@ class InferenceService:
 
     The methods below are what HTTP routes call (serve/http_api.py) and what a
     deployment handle calls directly (the pipeline): `generate`, `score`,
-    `completions`, `models`, `list_adapters`, `health`.
+    `completions`, `chat_completions`, `models`, `list_adapters`, `health`.
     """
 
     def __init__(self, settings: dict, api_key: str | None = None):
@@ -195,18 +199,119 @@ class InferenceService:
         data = [{"id": self.base_id, **entry}] + [{"id": name, "parent": self.base_id, **entry} for name in sorted(self.adapters)]
         return {"object": "list", "data": data}
 
+    # OpenAI-compatible routes: token ids through `complete_tokens` -------------------------------
+
+    def _prompt_ids(self, prompts: list[str | list[int]]) -> list[list[int]]:
+        """Each prompt's token ids: a text through the model's tokenizer with its special tokens
+        (as vLLM's server tokenizes one), token ids as they are, once checked against the vocabulary."""
+        tokenizer = self.engine.counting_tokenizer
+        ids = []
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, str):
+                ids.append(tokenizer(prompt, add_special_tokens=True).input_ids)
+            elif max(prompt) >= len(tokenizer):
+                raise invalid(("prompt", i), f"token id {max(prompt)} is not in this model's vocabulary (ids 0..{len(tokenizer) - 1})")
+            else:
+                ids.append(list(prompt))
+        return ids
+
+    def _check_fits(self, ids: list[list[int]], new_tokens: int, n: int, field: str) -> None:
+        if new_tokens > self.settings.max_tokens_cap:
+            raise invalid(("max_tokens",), f"max_tokens {new_tokens} is above this service's cap of {self.settings.max_tokens_cap}")
+        self._check_count(len(ids) * n, self.settings.max_prompts_per_request, "prompts")
+        for i, prompt in enumerate(ids):
+            if len(prompt) + new_tokens > self.settings.max_model_len:
+                loc = (field, i) if field == "prompt" else (field,)
+                raise invalid(loc, f"{len(prompt)} prompt tokens + {new_tokens} new tokens exceed the model's context of {self.settings.max_model_len}")
+
+    def _prompt_scorer(self):
+        """The engine that scores prompts (`scores_prompts`): on CPU by default the transformers one beside vLLM."""
+        for engine in (self.scorer, self.engine):
+            if engine.scores_prompts:
+                return engine
+        raise invalid(
+            ("echo",),
+            "prompt log-probabilities (echo with logprobs) need the transformers engine, and this replica has only vLLM, "
+            "whose 0.32 release fails on them with LoRA enabled; start the service with scoring: hf",
+        )
+
+    async def _complete(self, ids: list[list[int]], n: int, sampling: Sampling, adapter: str | None, logprobs: int | None, echo: bool):
+        """Choice j (prompt j // n, sampled with seed + j) from the generation engine, and, for echo with
+        logprobs, each prompt's log-probabilities from the engine that scores prompts (both at once)."""
+
+        async def given(value):
+            return value
+
+        scorer = self._prompt_scorer() if echo and logprobs is not None else None
+        expanded = [prompt for prompt in ids for _ in range(n)]
+        nothing = () if logprobs is not None else None
+        generation = (
+            self.engine.complete_tokens(expanded, sampling, adapter, logprobs=logprobs)
+            if sampling.max_tokens > 0
+            else given([TokenCompletion((), "", "length", len(p), nothing) for p in expanded])
+        )
+        scoring = scorer.complete_tokens(ids, Sampling(max_tokens=0, temperature=0.0), adapter, prompt_logprobs=logprobs) if scorer else given(None)
+        completions, scored = await asyncio.gather(generation, scoring)
+        prompt_tokens, completion_tokens = sum(c.prompt_tokens for c in completions), sum(len(c.token_ids) for c in completions)
+        self.metrics.tokens(prompt_tokens, completion_tokens)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+        return completions, scored, usage
+
     async def completions(self, body: CompletionRequest) -> dict:
         adapter = self._adapter(body.model, field="model")
-        prompts = [p for p in body.prompts for _ in range(body.n)]
-        completions = await self._generate(prompts, Sampling(body.max_tokens, body.temperature, body.top_p, body.seed, body.stops), adapter)
-        usage = {"prompt_tokens": sum(c.prompt_tokens for c in completions), "completion_tokens": sum(c.completion_tokens for c in completions)}
+        prompts = body.prompts
+        ids = self._prompt_ids(prompts)
+        self._check_fits(ids, body.max_tokens, body.n, "prompt")
+        sampling = Sampling(body.max_tokens, body.temperature, body.top_p, body.seed, body.stops)
+        completions, scored, usage = await self._complete(ids, body.n, sampling, adapter, body.logprobs, bool(body.echo))
+        tokenizer = self.engine.counting_tokenizer
+        choices = []
+        for j, c in enumerate(completions):
+            i = j // body.n
+            echoed = (prompts[i] if isinstance(prompts[i], str) else tokenizer.decode(ids[i])) if body.echo else ""
+            logprobs = None
+            if body.logprobs is not None:
+                tokens = (ids[i] if body.echo else []) + list(c.token_ids)
+                entries = (list(scored[i].prompt_logprobs) if body.echo else []) + list(c.logprobs)
+                logprobs = completion_logprobs(tokenizer, tokens, entries)
+            choices.append({"index": j, "text": echoed + c.text, "finish_reason": c.finish_reason, "logprobs": logprobs})
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
             "created": int(time.time()),
             "model": body.model,
-            "choices": [{"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None} for i, c in enumerate(completions)],
-            "usage": {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]},
+            "choices": choices,
+            "usage": usage,
+        }
+
+    async def chat_completions(self, body: ChatCompletionRequest) -> dict:
+        adapter = self._adapter(body.model, field="model")
+        tokenizer = self.engine.counting_tokenizer
+        try:
+            ids = chat_prompt_ids(tokenizer, [{"role": m.role, "content": m.text} for m in body.messages])
+        except Exception as error:  # noqa: BLE001 - a template's own errors (jinja raise_exception) are the caller's input
+            raise invalid(("messages",), f"the model's chat template cannot format these messages: {error}") from error
+        new_tokens = body.new_tokens or max(1, min(self.settings.max_tokens_cap, self.settings.max_model_len - len(ids)))
+        self._check_fits([ids], new_tokens, body.n, "messages")
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        sampling = Sampling(new_tokens, body.temperature, body.top_p, body.seed, body.stops)
+        completions, _, usage = await self._complete([ids], body.n, sampling, adapter, logprobs, echo=False)
+        choices = [
+            {
+                "index": j,
+                "message": {"role": "assistant", "content": c.text},
+                "finish_reason": c.finish_reason,
+                "logprobs": chat_logprobs(tokenizer, c.logprobs) if logprobs is not None else None,
+            }
+            for j, c in enumerate(completions)
+        ]
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.model,
+            "choices": choices,
+            "usage": usage,
         }
 
 

@@ -36,6 +36,27 @@ class Completion:
     prompt_tokens: int
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The log-probabilities at one position of a sequence: the token there and the `k` most likely."""
+
+    token: int  # the token at this position (a prompt token, or the one generated)
+    logprob: float  # its log-probability given the tokens before it; -inf where the sampler ruled it out
+    top: tuple[tuple[int, float], ...]  # the k most likely (token id, log-probability), most likely first
+
+
+@dataclass(frozen=True)
+class TokenCompletion:
+    """A completion of a token-id prompt, token by token (what /v1/completions answers with)."""
+
+    token_ids: tuple[int, ...]  # the generated tokens; with a stop string, up to the one that completed it
+    text: str  # their text, cut before a stop string
+    finish_reason: str  # "stop" or "length", as `Completion`
+    prompt_tokens: int
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per generated token, when asked
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # one per prompt token (the first None), when asked
+
+
 class Engine(Protocol):
     """The engine contract the deployment (serve/app.py) relies on."""
 
@@ -43,11 +64,26 @@ class Engine(Protocol):
     continuous_batching: bool  # True: the engine batches concurrent calls itself; False: the deployment gathers them
     max_choices: int  # how many choices one-pass scoring handles with this tokenizer
     counting_tokenizer: Any  # the model's tokenizer, for the event loop (counting and truncating prompts)
+    scores_prompts: bool  # complete_tokens takes prompt_logprobs (False on vLLM 0.32 with LoRA: see VLLMEngine)
 
     async def generate(self, prompts: list[str], sampling: Sampling, adapter: str | None) -> list[Completion]: ...
 
     async def score(self, prompts: list[str], n_choices: list[int], adapter: str | None) -> list[list[float]]:
         """Per prompt, the log-probability of each choice letter, renormalised over the letters."""
+
+    async def complete_tokens(
+        self, prompts: list[list[int]], sampling: Sampling, adapter: str | None, logprobs: int | None = None, prompt_logprobs: int | None = None
+    ) -> list[TokenCompletion]:
+        """Completions of prompts given as token ids (used as they are: no special token is added).
+
+        `logprobs=k`: each generated token's log-probability and the k most likely tokens at its
+        position, from the distribution it was sampled from (temperature and top_p applied, as
+        vLLM's `processed_logprobs`; at temperature 0, or 1 with top_p 1, the model's log-softmax).
+        `prompt_logprobs=k`: the same for every prompt token but the first, from the model's raw
+        log-softmax (what scoring a text needs: lm-evaluation-harness's loglikelihood). With
+        `sampling.max_tokens == 0` nothing is generated: only the prompt is scored. Prompt i
+        samples with seed + i, as in `generate`.
+        """
 
     async def add_adapter(self, name: str, path: str) -> None: ...
 

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from serve.engine import Completion, Sampling, cut_at_stop
+from serve.engine import Completion, Sampling, TokenCompletion, TokenLogprob, cut_at_stop
 from serve.hf_scoring import mc_logprobs, scorable_choices
 from serve.settings import ServiceSettings
 
@@ -30,6 +30,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class HFEngine:
     name = "hf"
     continuous_batching = False  # one call at a time: the deployment gathers concurrent requests (@serve.batch)
+    scores_prompts = True  # complete_tokens takes prompt_logprobs
 
     def __init__(self, model_path: str, settings: ServiceSettings):
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -129,6 +130,75 @@ class HFEngine:
             text, ended = cut, True
             ids = self.tokenizer(cut, add_special_tokens=False).input_ids
         return Completion(text, "stop" if ended else "length", len(ids), prompt_tokens)
+
+    async def complete_tokens(
+        self, prompts: list[list[int]], sampling: Sampling, adapter: str | None, logprobs: int | None = None, prompt_logprobs: int | None = None
+    ) -> list[TokenCompletion]:
+        """The contract's `complete_tokens` (serve/engine.py). One call's prompts are generated as in
+        `generate` (chunks of `hf_batch_size`, seeded ones one by one); calls are not gathered across
+        requests. Prompt log-probabilities take one forward per prompt: the full vocabulary's
+        log-softmax at every position is held for one prompt at a time."""
+        return await self._run(self._complete_tokens, prompts, sampling, adapter, logprobs, prompt_logprobs)
+
+    @torch.inference_mode()
+    def _complete_tokens(self, prompts, s: Sampling, adapter, logprobs, prompt_logprobs) -> list[TokenCompletion]:
+        context, model = self._selected(adapter)
+        with context:
+            scored = [self._prompt_logprobs(model, p, prompt_logprobs) if prompt_logprobs is not None else None for p in prompts]
+            if s.max_tokens == 0:
+                done = [((), "", "length", () if logprobs is not None else None)] * len(prompts)
+            elif s.seed is None:
+                done = [
+                    c
+                    for start in range(0, len(prompts), self.batch_size)
+                    for c in self._generate_ids(model, prompts[start : start + self.batch_size], s, logprobs)
+                ]
+            else:
+                done = []
+                for i, prompt in enumerate(prompts):
+                    torch.manual_seed(s.seed + i)  # the seed contract, as in _generate
+                    done += self._generate_ids(model, [prompt], s, logprobs)
+        return [TokenCompletion(ids, text, reason, len(p), lps, sc) for p, (ids, text, reason, lps), sc in zip(prompts, done, scored)]
+
+    def _prompt_logprobs(self, model, ids: list[int], k: int) -> tuple[TokenLogprob | None, ...]:
+        """Each prompt token's log-probability after the ones before it, and the k most likely there."""
+        logits = model(input_ids=torch.tensor([ids], device=self.device)).logits[0, :-1].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        return (None, *self._entries(logprobs, ids[1:], k))
+
+    @staticmethod
+    def _entries(logprobs: torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprob]:
+        """TokenLogprobs of `tokens` from rows of log-probabilities (one row per token)."""
+        own = logprobs.gather(1, torch.tensor(tokens, dtype=torch.long, device=logprobs.device)[:, None])[:, 0].tolist()
+        values, indices = logprobs.topk(k, dim=-1)
+        return [TokenLogprob(t, o, tuple(zip(i, v))) for t, o, i, v in zip(tokens, own, indices.tolist(), values.tolist())]
+
+    def _generate_ids(self, model, prompts: list[list[int]], s: Sampling, logprobs: int | None) -> list[tuple]:
+        """(token ids, text, finish_reason, TokenLogprobs or None) per prompt, token ids as vLLM counts
+        them: an end-of-sequence token is kept (its text is not), and a stop string ends the ids at
+        the token that completed it."""
+        sample = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": 0} if s.temperature > 0 else {"do_sample": False}
+        eos, pad, width = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, max(map(len, prompts))
+        input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        out = model.generate(
+            input_ids=input_ids, attention_mask=mask, max_new_tokens=s.max_tokens, pad_token_id=pad, eos_token_id=eos,
+            output_scores=logprobs is not None, return_dict_in_generate=True, **sample,
+        )  # fmt: skip
+        results = []
+        for row, new in enumerate(out.sequences[:, width:].tolist()):
+            ends = new.index(eos) if eos in new else None
+            ids, text = new[: ends + 1] if ends is not None else new, self.tokenizer.decode(new[:ends], skip_special_tokens=True)
+            reason = "length" if ends is None else "stop"
+            if cut_at_stop(text, s.stop) is not None:  # end at the first token whose text completes a stop string
+                prefixes = (new[:n] for n in range(1, len(new) + 1))
+                ids, text = next((p, cut) for p in prefixes if (cut := cut_at_stop(self.tokenizer.decode(p, skip_special_tokens=True), s.stop)) is not None)
+                reason = "stop"
+            entries = None
+            if logprobs is not None:  # from the processed scores (temperature and top_p applied), as vLLM's processed_logprobs
+                entries = tuple(self._entries(torch.stack([out.scores[t][row] for t in range(len(ids))]).float().log_softmax(-1), ids, logprobs)) if ids else ()
+            results.append((tuple(ids), text, reason, entries))
+        return results
 
     async def check_health(self) -> None:
         await self._run(lambda: None)  # the worker thread still answers

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from serve.engine import EngineUnavailable
-from serve.schemas import CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
+from serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
 
 OPEN_PATHS = {"/health"}  # answered without the bearer token (load balancers probe it)
 
@@ -77,6 +77,10 @@ def build_http_api(service) -> FastAPI:
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest) -> dict:
         return await service.completions(body)
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest) -> dict:
+        return await service.chat_completions(body)
 
     @api.get("/v1/models")
     async def models() -> dict:

@@ -3,7 +3,7 @@ via Prometheus/Grafana) beside Serve's own request metrics."""
 
 from __future__ import annotations
 
-ROUTES = {"/generate", "/score", "/health", "/adapters", "/v1/completions", "/v1/models"}
+ROUTES = {"/generate", "/score", "/health", "/adapters", "/v1/completions", "/v1/chat/completions", "/v1/models"}
 LATENCY_BOUNDS_S = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]
 
 

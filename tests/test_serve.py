@@ -165,7 +165,7 @@ def test_openai_client_drives_the_service(services):
     client = OpenAI(base_url=services["vllm"] + "/v1", api_key="unused")
     ids = [m.id for m in client.models.list().data]
     assert ids[0].startswith("tiny-llama") and ids[1:] == ["a", "b"]
-    # logit_bias is an OpenAI field this service does not support: ignored, as OpenAI clients expect.
+    # logit_bias is not implemented: its neutral value {} is accepted (any other is a 422, tests/test_lm_eval_harness.py).
     out = client.completions.create(model="a", prompt=[CHAT, "hello"], max_tokens=8, n=2, seed=1, logit_bias={})
     assert len(out.choices) == 4 and all(c.finish_reason in {"stop", "length"} for c in out.choices)
     assert out.usage.completion_tokens > 0 and out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
