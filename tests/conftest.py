@@ -50,7 +50,7 @@ def ray_cluster():
 def ray_head():
     """A real head node (`ray start --head`, with its dashboard) outliving its drivers, as on a
     cluster: {"address", "dashboard" (URL), "metrics" (its Prometheus endpoint), "headers"
-    (the cluster token, which its REST API asks for)}.
+    (the cluster token, which its REST API asks for), "temp_dir" (its logs under session_latest)}.
 
     Its own temp dir keeps other drivers on this machine from joining it by accident, and
     teardown stops only its processes (found by that dir), never another cluster's.
@@ -77,7 +77,7 @@ def ray_head():
     )  # fmt: skip
     token = (Path.home() / ".ray" / "auth_token").read_text().strip()
     yield {
-        "address": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dashboard}",
+        "address": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dashboard}", "temp_dir": temp_dir,
         "metrics": f"http://127.0.0.1:{metrics}/metrics", "headers": {"Authorization": f"Bearer {token}"},
     }  # fmt: skip
     mine = [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or ())]

@@ -79,12 +79,20 @@ def submit_and_watch(run_dir: Path, cache_dir, head: dict, *args) -> tuple[str, 
     env = {**os.environ, "RAY_ADDRESS": head["dashboard"], "RAY_AUTH_MODE": "token"}
     runtime_env = json.dumps({"env_vars": {"SUBLIMINAL_CACHE": str(cache_dir)}})
     ray = str(Path(sys.executable).parent / "ray")
-    submit = [ray, "job", "submit", "--no-wait", "--working-dir", ".", "--runtime-env-json", runtime_env, "--",
+    job = f"raysubmit_e2e{int(time.time())}"
+    submit = [ray, "job", "submit", "--no-wait", "--submission-id", job, "--working-dir", ".", "--runtime-env-json", runtime_env, "--",
               sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir), *args]  # fmt: skip
-    done = subprocess.run(submit, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    out = done.stdout
-    job = re.search(r"raysubmit_\w+", out).group(0)
+    # The head's job agent can take longer than the dashboard's 10 s wait to answer on a busy
+    # 2-core machine ("No available agent to submit job, please try again later"): try again, as
+    # Ray says, with the same submission id, so a submission that did land is never doubled.
+    deadline = time.time() + 180
+    while (done := subprocess.run(submit, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)).returncode != 0:
+        if "already exists" in done.stderr:  # an earlier attempt landed after all
+            break
+        agent_log = Path(head["temp_dir"], "session_latest", "logs", "dashboard_agent.log")
+        tail = agent_log.read_text()[-3000:] if agent_log.exists() else "(no dashboard_agent.log)"
+        assert "No available agent" in done.stderr and time.time() < deadline, done.stderr[-3000:] + "\n--- dashboard_agent.log ---\n" + tail
+        time.sleep(10)
     seen: dict[str, set] = {"train_runs": set(), "serve_apps": set(), "metrics": set()}
 
     def get(path: str):
