@@ -68,11 +68,13 @@ def ray_head():
             return probe.getsockname()[1]
 
     temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths live under it
-    port, dashboard, metrics = free_port(), free_port(), free_port()
+    # Every port its own: the job agent's default (52365) is held by the session's ray_cluster, and an
+    # agent that cannot bind it serves no job submission ("No available agent to submit job").
+    port, dashboard, metrics, agent = free_port(), free_port(), free_port(), free_port()
     ray = str(Path(sys.executable).parent / "ray")
     subprocess.run(
         [ray, "start", "--head", f"--port={port}", "--num-cpus=2", f"--temp-dir={temp_dir}", "--disable-usage-stats",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--metrics-export-port={metrics}"],
+         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--metrics-export-port={metrics}", f"--dashboard-agent-listen-port={agent}"],
         check=True, capture_output=True, timeout=180,
     )  # fmt: skip
     token = (Path.home() / ".ray" / "auth_token").read_text().strip()
