@@ -150,11 +150,26 @@ def load_experiment(path: str | Path | None = None, overrides: list[str] = ()) -
         raise ConfigError(f"data.eval_fraction must be in (0, 1), got {cfg.data.eval_fraction}")
     if cfg.replicates < 1:
         raise ConfigError(f"replicates must be at least 1, got {cfg.replicates}")
+    check_sampling(cfg.numbers)
     from jobs.arms import arm_models, check_contrasts  # validates every arm (names, train keys, same-init claims)
 
     arm_models(cfg)
     check_contrasts(cfg)
     return cfg
+
+
+def check_sampling(numbers: NumbersConfig) -> None:
+    """The numbers stage's sampling settings, checked by the service's own request schema at load
+    time, so a bad value stops the run before the teacher trains rather than at the numbers stage."""
+    from pydantic import ValidationError
+
+    from serve.schemas import GenerateRequest
+
+    try:
+        GenerateRequest(prompts=["x"], max_tokens=numbers.max_tokens, temperature=numbers.temperature, top_p=numbers.top_p)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise ConfigError(f"numbers.{first['loc'][0]}: {first['msg']}, got {first['input']!r}") from None
 
 
 def as_dict(cfg: ExperimentConfig) -> dict:

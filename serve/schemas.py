@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 from serve.mc_format import LETTERS
 
 Prompt = Annotated[StrictStr, Field(min_length=1)]
+StopString = Annotated[StrictStr, Field(min_length=1)]  # an empty one would stop everywhere (vLLM refuses it)
 
 
 SEED_MAX = 2**62  # seed + i must stay a 64-bit integer for the engines' generators
@@ -29,10 +30,10 @@ class Strict(BaseModel):
 class GenerateRequest(Strict):
     prompts: list[Prompt] = Field(min_length=1)
     max_tokens: int = Field(16, gt=0)
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, ge=0, le=2)  # as OpenAI; vLLM refuses more
     top_p: float = Field(1.0, gt=0, le=1)
     seed: int | None = Field(None, ge=0, le=SEED_MAX, description="sampling seed; prompt i uses seed + i")
-    stop: list[StrictStr] = Field(default_factory=list, max_length=8)
+    stop: list[StopString] = Field(default_factory=list, max_length=8)
     adapter: str | None = Field(None, description="registered adapter name; none = the base model")
 
 
@@ -108,10 +109,10 @@ class OpenAIRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: StrictStr
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, ge=0, le=2)  # as OpenAI; vLLM refuses more
     top_p: float = Field(1.0, gt=0, le=1)
     n: int = Field(1, ge=1, le=16)
-    stop: StrictStr | list[StrictStr] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=8)] | None = None
     seed: int | None = Field(None, ge=0, le=SEED_MAX)
     user: str | None = Field(None, description="accepted and unused")
     stream: bool | None = Field(False, description="false only: the answer comes whole")

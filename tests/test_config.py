@@ -60,3 +60,12 @@ def test_fsdp_over_a_quantized_base_is_refused_with_the_route_that_works(quantiz
         load_experiment(preset, ["student.strategy=fsdp", f"student.quantization={quantization}"])
     bf16_fsdp = [f"{side}.{key}" for side in ("teacher", "student") for key in ("strategy=fsdp", "quantization=none")]
     assert load_experiment(preset, bf16_fsdp).student.strategy == "fsdp"
+
+
+@pytest.mark.parametrize(
+    "override,message", [("numbers.temperature=3", r"numbers\.temperature: .*less than or equal to 2"), ("numbers.top_p=0", r"numbers\.top_p")]
+)
+def test_sampling_the_service_would_refuse_stops_the_run_at_load(override, message):
+    """Checked by the service's request schema at load, not hours later at the numbers stage."""
+    with pytest.raises(ConfigError, match=message):
+        load_experiment(overrides=[override])
