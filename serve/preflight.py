@@ -1,0 +1,81 @@
+"""Check a Serve config file before deploying it; exit 2 with one line naming the problem.
+
+    python -m serve.preflight serve/config.yaml && serve run serve/config.yaml
+
+Ray 2.60's `serve run CONFIG` builds each application on the cluster and then
+waits forever, whether the build succeeded or not: with a missing model or a
+bad adapter path it prints the error and keeps running (the CLI never reads
+the application's DEPLOY_FAILED status). This runs the same checks the
+deployment runs (its settings, the model, the registered adapters) in the
+calling process first, so a bad config stops at once with a non-zero exit.
+Applications built by anything other than this project's `serve.app:build_app`
+are left to Serve.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from serve.settings import ServiceError, ServiceSettings, check_adapter, model_id, resolve_model
+
+BUILDER = "serve.app:build_app"
+
+
+def check_application(app: dict) -> None:
+    """Raise ServiceError naming what in one application of the config would fail its deployment."""
+    try:
+        settings = ServiceSettings(**(app.get("args") or {}))
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise ServiceError(f"args.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    resolve_model(settings.model)
+    for deployment in app.get("deployments") or []:
+        user_config = deployment.get("user_config") or {}
+        unknown = set(user_config) - {"adapters"}
+        if unknown:
+            raise ServiceError(f"user_config: unknown keys {sorted(unknown)}; expected 'adapters'")
+        for name, path in (user_config.get("adapters") or {}).items():
+            check_adapter(name, str(path), model_id(settings))
+
+
+def check_config(path: str | Path) -> list[str]:
+    """The names of the applications checked; ServiceError naming the file and application otherwise."""
+    try:
+        config = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise ServiceError(f"{path}: cannot read the config: {err}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("applications"), list):
+        raise ServiceError(f"{path}: not a Serve config (no 'applications' list)")
+    checked = []
+    for app in config["applications"]:
+        if app.get("import_path") != BUILDER:
+            continue
+        name = app.get("name", "default")
+        try:
+            check_application(app)
+        except ServiceError as err:
+            raise ServiceError(f"{path}: application {name!r}: {err}") from None
+        checked.append(name)
+    return checked
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m serve.preflight CONFIG.yaml", file=sys.stderr)
+        return 2
+    try:
+        checked = check_config(argv[0])
+    except ServiceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{argv[0]}: {', '.join(checked) or 'no application of this project'} ready to deploy")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
