@@ -137,7 +137,7 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     # The rest through `ray job submit`, seen through the dashboard's REST API and metrics endpoint.
     status, log, seen = submit_and_watch(run_dir, cache_dir, ray_head, *REDUCED)
     assert status == "SUCCEEDED", log[-3000:]
-    assert any(run.startswith("arms-") for run in seen["train_runs"]), seen  # the arms' Ray Train runs, in the Train view
+    assert any(run.startswith("arms-") for run in seen["train_runs"]), seen  # the arms' Ray Train runs, in the Train state API
     assert any(app.startswith("subliminal-tiny-") for app in seen["serve_apps"]), seen  # the evaluation's Serve app
     assert {m.split("_")[1] for m in seen["metrics"]} == {"lora", "subliminal"}, seen  # training and serving metrics
     dashboard = (ROOT / "docs" / "grafana" / "subliminal_dashboard.json").read_text()  # each has a Grafana panel

@@ -94,7 +94,8 @@ def train_loop(config: dict) -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     # Ray metrics (dashboard Metrics view / Prometheus), beside the reports in the Train view.
-    gauges = {key: Gauge(f"lora_train_{key}", description=f"LoRA training {key}", tag_keys=("run", "job")) for key in GAUGES}
+    # Tagged "adapter", not "job": Prometheus owns the "job" label (its scrape job) and renames ours.
+    gauges = {key: Gauge(f"lora_train_{key}", description=f"LoRA training {key}", tag_keys=("run", "adapter")) for key in GAUGES}
 
     base = load_base(config["model_path"], shared, device)
     checkpoint = ray.train.get_checkpoint()
@@ -195,7 +196,7 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
         if rank == 0:
             for key, gauge in gauges.items():
                 if metrics.get(key) is not None:
-                    gauge.set(metrics[key], tags={"run": ctx.get_experiment_name(), "job": name})
+                    gauge.set(metrics[key], tags={"run": ctx.get_experiment_name(), "adapter": name})
         ckpt = None
         with tempfile.TemporaryDirectory() as tmp:
             if save:
