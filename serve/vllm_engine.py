@@ -25,6 +25,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from serve.engine import Completion, EngineUnavailable, Sampling, TokenCompletion, TokenLogprob, cuda_available
+from serve.engine_guard import child_pids, guard_new_children
 from serve.hf_scoring import letter_token_ids, scorable_choices
 from serve.mc_format import LETTERS
 from serve.settings import ServiceSettings
@@ -72,7 +73,9 @@ class VLLMEngine:
             seed=0,
             **device_args,
         )
+        before = child_pids()
         self.engine = AsyncLLM.from_engine_args(args)
+        self.guard = guard_new_children(before)  # kills the engine core if this replica dies outright
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.counting_tokenizer = self.tokenizer  # the event loop's only user: vLLM tokenizes in its own process
         self.max_choices = scorable_choices(self.tokenizer)
@@ -174,3 +177,5 @@ class VLLMEngine:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+        if self.guard is not None:
+            self.guard.kill()  # nothing left to watch

