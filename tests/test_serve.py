@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import psutil
 import pytest
@@ -327,3 +328,14 @@ def test_a_replica_killed_outright_leaves_no_engine_behind(services):
     psutil.wait_procs([core], timeout=30)
     assert not core.is_running() or core.status() == psutil.STATUS_ZOMBIE, "the engine core outlived its replica"
     wait_until_serving(services["vllm"])
+
+
+def test_the_cpu_engine_core_allocates_with_tcmalloc_where_installed(services):
+    """Where libtcmalloc is installed, vLLM's engine core (not the replica) has it mapped: the
+    environment the replica sets before spawning the engine reaches it (serve/vllm_engine.py)."""
+    from ctypes.util import find_library
+
+    if not find_library("tcmalloc_minimal") and not find_library("tcmalloc"):
+        pytest.skip("tcmalloc is not installed here (apt install libtcmalloc-minimal4)")
+    _, core = vllm_replica_and_engine()
+    assert "tcmalloc" in Path(f"/proc/{core.pid}/maps").read_text()
