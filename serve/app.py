@@ -20,6 +20,7 @@ import asyncio
 import os
 import time
 import uuid
+from collections.abc import Callable
 
 from fastapi import HTTPException
 from ray import serve
@@ -28,9 +29,9 @@ from serve.engine import BatchKey, Sampling, TokenCompletion, build_engines
 from serve.http_api import build_http_api, invalid
 from serve.mc_format import format_mc_prompt, left_truncate
 from serve.metrics import ServiceMetrics
-from serve.openai_format import chat_logprobs, chat_prompt_ids, completion_logprobs
+from serve.openai_format import chat_logprobs, chat_prompt_ids, completion_logprobs, openai_answer
 from serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
-from serve.settings import ServiceSettings, check_adapter, model_id, resolve_model
+from serve.settings import ServiceSettings, check_user_config, model_id, resolve_model
 
 API_KEY_ENV = "SERVE_API_KEY"
 
@@ -64,10 +65,7 @@ class InferenceService:
 
     async def reconfigure(self, user_config: dict) -> None:
         """Register the adapters named in user_config (and drop those no longer named)."""
-        unknown = set(user_config) - {"adapters"}
-        if unknown:
-            raise ValueError(f"unknown user_config keys {sorted(unknown)}; expected 'adapters'")
-        wanted = {name: check_adapter(name, path, self.base_id) for name, path in (user_config.get("adapters") or {}).items()}
+        wanted = check_user_config(user_config, self.base_id)
         for name, path in self.adapters.items():
             if wanted.get(name) != path:
                 for engine in self._engines():
@@ -106,17 +104,24 @@ class InferenceService:
         if n > limit:
             raise HTTPException(413, f"{n} {what} in one request; the service takes at most {limit}")
 
-    def _check_lengths(self, prompts: list[str], new_tokens: int, field: str) -> list[int]:
-        lengths = self.engine.count_tokens(prompts)
+    def _check_new_tokens(self, new_tokens: int) -> None:
+        if new_tokens > self.settings.max_tokens_cap:
+            raise invalid(("max_tokens",), f"max_tokens {new_tokens} is above this service's cap of {self.settings.max_tokens_cap}")
+
+    def _check_room(self, lengths: list[int], new_tokens: int, loc: Callable[[int], tuple]) -> None:
+        """Each prompt's tokens (`lengths`) plus `new_tokens` fit the context; `loc(i)` names prompt i."""
         room = self.settings.max_model_len - new_tokens
         for i, n in enumerate(lengths):
             if n > room:
-                raise invalid((field, i), f"{n} prompt tokens + {new_tokens} new tokens exceed the model's context of {self.settings.max_model_len}")
+                raise invalid(loc(i), f"{n} prompt tokens + {new_tokens} new tokens exceed the model's context of {self.settings.max_model_len}")
+
+    def _check_lengths(self, prompts: list[str], new_tokens: int, field: str) -> list[int]:
+        lengths = self.engine.count_tokens(prompts)
+        self._check_room(lengths, new_tokens, lambda i: (field, i))
         return lengths
 
     async def _generate(self, prompts: list[str], sampling: Sampling, adapter: str | None):
-        if sampling.max_tokens > self.settings.max_tokens_cap:
-            raise invalid(("max_tokens",), f"max_tokens {sampling.max_tokens} is above this service's cap of {self.settings.max_tokens_cap}")
+        self._check_new_tokens(sampling.max_tokens)
         self._check_count(len(prompts), self.settings.max_prompts_per_request, "prompts")
         self._check_lengths(prompts, sampling.max_tokens, "prompts")
         if not self.engine.continuous_batching:
@@ -215,14 +220,11 @@ class InferenceService:
                 ids.append(list(prompt))
         return ids
 
-    def _check_fits(self, ids: list[list[int]], new_tokens: int, n: int, field: str) -> None:
-        if new_tokens > self.settings.max_tokens_cap:
-            raise invalid(("max_tokens",), f"max_tokens {new_tokens} is above this service's cap of {self.settings.max_tokens_cap}")
+    def _check_fits(self, ids: list[list[int]], new_tokens: int, n: int, loc: Callable[[int], tuple]) -> None:
+        """The checks of `_generate`, on token-id prompts each sampled `n` times."""
+        self._check_new_tokens(new_tokens)
         self._check_count(len(ids) * n, self.settings.max_prompts_per_request, "prompts")
-        for i, prompt in enumerate(ids):
-            if len(prompt) + new_tokens > self.settings.max_model_len:
-                loc = (field, i) if field == "prompt" else (field,)
-                raise invalid(loc, f"{len(prompt)} prompt tokens + {new_tokens} new tokens exceed the model's context of {self.settings.max_model_len}")
+        self._check_room([len(prompt) for prompt in ids], new_tokens, loc)
 
     def _prompt_scorer(self):
         """The engine that scores prompts (`scores_prompts`): on CPU by default the transformers one beside vLLM."""
@@ -261,7 +263,7 @@ class InferenceService:
         adapter = self._adapter(body.model, field="model")
         prompts = body.prompts
         ids = self._prompt_ids(prompts)
-        self._check_fits(ids, body.max_tokens, body.n, "prompt")
+        self._check_fits(ids, body.max_tokens, body.n, lambda i: ("prompt", i))
         sampling = Sampling(body.max_tokens, body.temperature, body.top_p, body.seed, body.stops)
         completions, scored, usage = await self._complete(ids, body.n, sampling, adapter, body.logprobs, bool(body.echo))
         tokenizer = self.engine.counting_tokenizer
@@ -275,14 +277,7 @@ class InferenceService:
                 entries = (list(scored[i].prompt_logprobs) if body.echo else []) + list(c.logprobs)
                 logprobs = completion_logprobs(tokenizer, tokens, entries)
             choices.append({"index": j, "text": echoed + c.text, "finish_reason": c.finish_reason, "logprobs": logprobs})
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": body.model,
-            "choices": choices,
-            "usage": usage,
-        }
+        return openai_answer("cmpl", "text_completion", body.model, choices, usage)
 
     async def chat_completions(self, body: ChatCompletionRequest) -> dict:
         adapter = self._adapter(body.model, field="model")
@@ -292,7 +287,7 @@ class InferenceService:
         except Exception as error:  # noqa: BLE001 - a template's own errors (jinja raise_exception) are the caller's input
             raise invalid(("messages",), f"the model's chat template cannot format these messages: {error}") from error
         new_tokens = body.new_tokens or max(1, min(self.settings.max_tokens_cap, self.settings.max_model_len - len(ids)))
-        self._check_fits([ids], new_tokens, body.n, "messages")
+        self._check_fits([ids], new_tokens, body.n, lambda i: ("messages",))
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         sampling = Sampling(new_tokens, body.temperature, body.top_p, body.seed, body.stops)
         completions, _, usage = await self._complete([ids], body.n, sampling, adapter, logprobs, echo=False)
@@ -305,14 +300,7 @@ class InferenceService:
             }
             for j, c in enumerate(completions)
         ]
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.model,
-            "choices": choices,
-            "usage": usage,
-        }
+        return openai_answer("chatcmpl", "chat.completion", body.model, choices, usage)
 
 
 def service_app(settings: ServiceSettings, adapters: dict[str, str] | None = None, **deployment_options):

@@ -10,6 +10,8 @@ first, then the k most likely), the same -9999.0 for a log-probability of minus 
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Sequence
 
 from serve.engine import TokenLogprob
@@ -74,3 +76,9 @@ def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
         raise ValueError("this model's tokenizer has no chat template")
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def openai_answer(id_prefix: str, kind: str, model: str, choices: list[dict], usage: dict) -> dict:
+    """The envelope of a /v1/completions (`kind` "text_completion") or /v1/chat/completions
+    ("chat.completion") answer."""
+    return {"id": f"{id_prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model, "choices": choices, "usage": usage}

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from serve.settings import ServiceError, ServiceSettings, check_adapter, model_id, resolve_model
+from serve.settings import ServiceError, ServiceSettings, check_user_config, model_id, resolve_model
 
 BUILDER = "serve.app:build_app"
 
@@ -34,12 +34,7 @@ def check_application(app: dict) -> None:
         raise ServiceError(f"args.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     resolve_model(settings.model)
     for deployment in app.get("deployments") or []:
-        user_config = deployment.get("user_config") or {}
-        unknown = set(user_config) - {"adapters"}
-        if unknown:
-            raise ServiceError(f"user_config: unknown keys {sorted(unknown)}; expected 'adapters'")
-        for name, path in (user_config.get("adapters") or {}).items():
-            check_adapter(name, str(path), model_id(settings))
+        check_user_config(deployment.get("user_config") or {}, model_id(settings))
 
 
 def check_config(path: str | Path) -> list[str]:

@@ -92,3 +92,11 @@ def check_adapter(name: str, path: str, base_id: str) -> str:
     if not (folder / "adapter_config.json").is_file():
         raise ServiceError(f"adapter {name!r}: {folder} has no adapter_config.json (not a PEFT adapter folder)")
     return str(folder.resolve())
+
+
+def check_user_config(user_config: dict, base_id: str) -> dict[str, str]:
+    """The deployment's user_config, `{"adapters": {name: path}}`, validated: adapter name -> absolute path."""
+    unknown = set(user_config) - {"adapters"}
+    if unknown:
+        raise ServiceError(f"unknown user_config keys {sorted(unknown)}; expected 'adapters'")
+    return {name: check_adapter(name, str(path), base_id) for name, path in (user_config.get("adapters") or {}).items()}
