@@ -96,24 +96,27 @@ class HFEngine:
     async def generate(self, prompts: list[str], sampling: Sampling, adapter: str | None) -> list[Completion]:
         return await self._run(self._generate, prompts, sampling, adapter)
 
+    @staticmethod
+    def _sample_args(s: Sampling) -> dict:
+        return {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": 0} if s.temperature > 0 else {"do_sample": False}
+
+    def _in_batches(self, prompts: list, s: Sampling, run) -> list:
+        """`run(batch)` over the prompts: unseeded in chunks of hf_batch_size; seeded one by one, for
+        the seed contract (prompt i samples from seed + i whatever else is in the request, as on
+        vLLM; transformers samples a batch from one generator)."""
+        if s.seed is None:
+            return [out for start in range(0, len(prompts), self.batch_size) for out in run(prompts[start : start + self.batch_size])]
+        results = []
+        for i, prompt in enumerate(prompts):
+            torch.manual_seed(s.seed + i)
+            results += run([prompt])
+        return results
+
     @torch.inference_mode()
     def _generate(self, prompts: list[str], s: Sampling, adapter: str | None) -> list[Completion]:
-        sample = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": 0} if s.temperature > 0 else {"do_sample": False}
         context, model = self._selected(adapter)
         with context:
-            if s.seed is None:
-                return [
-                    c
-                    for start in range(0, len(prompts), self.batch_size)
-                    for c in self._generate_batch(model, prompts[start : start + self.batch_size], s, sample)
-                ]
-            # The seed contract: prompt i samples from seed + i whatever else is in the request, as
-            # on vLLM. transformers samples a batch from one generator, so seeded prompts go one by one.
-            completions = []
-            for i, prompt in enumerate(prompts):
-                torch.manual_seed(s.seed + i)
-                completions += self._generate_batch(model, [prompt], s, sample)
-            return completions
+            return self._in_batches(prompts, s, lambda batch: self._generate_batch(model, batch, s, self._sample_args(s)))
 
     def _generate_batch(self, model, prompts: list[str], s: Sampling, sample: dict) -> list[Completion]:
         eos = self.tokenizer.eos_token_id
@@ -147,17 +150,8 @@ class HFEngine:
             scored = [self._prompt_logprobs(model, p, prompt_logprobs) if prompt_logprobs is not None else None for p in prompts]
             if s.max_tokens == 0:
                 done = [((), "", "length", () if logprobs is not None else None)] * len(prompts)
-            elif s.seed is None:
-                done = [
-                    c
-                    for start in range(0, len(prompts), self.batch_size)
-                    for c in self._generate_ids(model, prompts[start : start + self.batch_size], s, logprobs)
-                ]
             else:
-                done = []
-                for i, prompt in enumerate(prompts):
-                    torch.manual_seed(s.seed + i)  # the seed contract, as in _generate
-                    done += self._generate_ids(model, [prompt], s, logprobs)
+                done = self._in_batches(prompts, s, lambda batch: self._generate_ids(model, batch, s, logprobs))
         return [TokenCompletion(ids, text, reason, len(p), lps, sc) for p, (ids, text, reason, lps), sc in zip(prompts, done, scored)]
 
     def _prompt_logprobs(self, model, ids: list[int], k: int) -> tuple[TokenLogprob | None, ...]:
@@ -177,7 +171,7 @@ class HFEngine:
         """(token ids, text, finish_reason, TokenLogprobs or None) per prompt, token ids as vLLM counts
         them: an end-of-sequence token is kept (its text is not), and a stop string ends the ids at
         the token that completed it."""
-        sample = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": 0} if s.temperature > 0 else {"do_sample": False}
+        sample = self._sample_args(s)
         eos, pad, width = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, max(map(len, prompts))
         input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
