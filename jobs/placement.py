@@ -77,8 +77,8 @@ def _replicas(name: str, place, tensor_parallel: int, cap: Capacity, problems: l
         return max(1, int(cap.cpus // place.cpus_per_replica)) if place.replicas == "auto" else place.replicas
     fitting = cap.groups_fitting(gpus, cap.max_node_gpus)
     replicas = cap.groups_fitting(gpus, cap.auto_node_gpus) if place.replicas == "auto" else place.replicas
-    if gpus < tensor_parallel:
-        problems.append(f"{name}.gpus_per_replica={gpus:g} is fewer than service.tensor_parallel_size={tensor_parallel}")
+    if tensor_parallel > 1 and gpus != tensor_parallel:  # one GPU bundle per rank (serve/replica_placement.py)
+        problems.append(f"{name}.gpus_per_replica={gpus:g} must equal service.tensor_parallel_size={tensor_parallel}")
     if gpus > cap.max_gpus_per_node:
         problems.append(f"{name}: a replica needs {gpus:g} GPUs on one node; the largest node has {cap.max_gpus_per_node:g}")
     elif replicas > fitting:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from ray import serve
 
 from serve.app import service_app
+from serve.replica_placement import replica_options
 from serve.settings import ServiceSettings
 
 DEFAULT_APP = "subliminal"
@@ -36,10 +37,11 @@ def start_service(
 
     Calling it again with other adapters redeploys: Serve's Python API restarts
     the replicas (a rolling update). Editing `user_config` in a Serve config file
-    and running `serve deploy` instead updates the replicas in place.
+    and running `serve deploy` instead updates the replicas in place. A tensor-parallel
+    replica gets a placement group of `num_gpus` one-GPU bundles (serve/replica_placement.py).
     """
     serve.start(http_options={"host": host, "port": port})
-    options = {"num_replicas": replicas, "ray_actor_options": {"num_cpus": num_cpus, "num_gpus": num_gpus}}
+    options = {"num_replicas": replicas, **replica_options(settings.tensor_parallel_size, num_cpus, num_gpus)}
     if max_ongoing_requests is not None:
         options["max_ongoing_requests"] = max_ongoing_requests
     if max_queued_requests is not None:

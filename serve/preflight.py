@@ -6,8 +6,9 @@ Ray 2.60's `serve run CONFIG` builds each application on the cluster and then
 waits forever, whether the build succeeded or not: with a missing model or a
 bad adapter path it prints the error and keeps running (the CLI never reads
 the application's DEPLOY_FAILED status). This runs the same checks the
-deployment runs (its settings, the model, the registered adapters) in the
-calling process first, so a bad config stops at once with a non-zero exit.
+deployment runs (its settings, the model, the registered adapters, a
+tensor-parallel replica's placement group) in the calling process first, so a
+bad config stops at once with a non-zero exit.
 Applications built by anything other than this project's `serve.app:build_app`
 are left to Serve.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from serve.replica_placement import check_deployment
 from serve.settings import ServiceError, ServiceSettings, check_user_config, model_id, resolve_model
 
 BUILDER = "serve.app:build_app"
@@ -35,6 +37,7 @@ def check_application(app: dict) -> None:
     resolve_model(settings.model)
     for deployment in app.get("deployments") or []:
         check_user_config(deployment.get("user_config") or {}, model_id(settings))
+        check_deployment(deployment, settings.tensor_parallel_size)
 
 
 def check_config(path: str | Path) -> list[str]:

