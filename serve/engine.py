@@ -11,7 +11,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from serve.settings import ServiceSettings, resolve_model
+from serve.settings import ServiceError, ServiceSettings, resolve_model
 
 
 class EngineUnavailable(RuntimeError):
@@ -122,13 +122,32 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def engine_kinds(settings: ServiceSettings, on_gpu: bool) -> tuple[str, str]:
+    """(generation engine, scoring engine), "vllm" or "hf", with `auto` resolved.
+
+    A tensor-parallel replica on GPUs holds no GPU itself (its ranks do, serve/replica_placement.py):
+    the transformers engine there would load the whole model onto a GPU of the node that another
+    replica or a training worker may hold, so it is refused."""
+    kind = settings.engine
+    if kind == "auto":
+        kind = "vllm" if vllm_installed() else "hf"
+    scoring = settings.scoring
+    if scoring == "auto":
+        scoring = "engine" if kind == "hf" or on_gpu else "hf"
+    scoring = kind if scoring == "engine" else scoring
+    if on_gpu and settings.tensor_parallel_size > 1 and "hf" in (kind, scoring):
+        raise ServiceError(
+            f"tensor_parallel_size={settings.tensor_parallel_size} on GPUs needs engine: vllm and scoring: engine; "
+            "the transformers engine would load the whole model onto one GPU the replica does not hold"
+        )
+    return kind, scoring
+
+
 def build_engines(settings: ServiceSettings) -> tuple[Engine, Engine]:
     """(generation engine, scoring engine) for this replica; the two are one object unless
     scoring goes through transformers beside a vLLM engine (the CPU default, see ServiceSettings.scoring)."""
     path = resolve_model(settings.model)
-    kind = settings.engine
-    if kind == "auto":
-        kind = "vllm" if vllm_installed() else "hf"
+    kind, scoring = engine_kinds(settings, cuda_available())
     if kind == "vllm":
         from serve.vllm_engine import VLLMEngine
 
@@ -137,9 +156,6 @@ def build_engines(settings: ServiceSettings) -> tuple[Engine, Engine]:
         from serve.hf_engine import HFEngine
 
         engine = HFEngine(path, settings)
-    scoring = settings.scoring
-    if scoring == "auto":
-        scoring = "engine" if kind == "hf" or cuda_available() else "hf"
     if scoring == "hf" and kind == "vllm":
         from serve.hf_engine import HFEngine
 

