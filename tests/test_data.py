@@ -112,3 +112,20 @@ def test_read_rows_names_the_bad_row(tmp_path):
     path.write_text(json.dumps(ROWS[0]) + "\n{oops\n")
     with pytest.raises(DataError, match="line 2: invalid JSON"):
         read_rows(path)
+
+
+def test_a_parquet_read_starts_one_footer_reader_not_a_pool_killed_unstarted(ray_cluster, tmp_path):
+    """Ray Data 2.60 starts 32 footer-reading actors per read and kills the ones still starting;
+    the dashboard counted each killed one as a failed task (153 in a tiny run)."""
+    from ray._private.state import actors
+
+    from train.data import read_parquet
+
+    def footer_readers() -> int:
+        return sum(a["ActorClassName"] == "FooterReader" for a in actors().values())
+
+    ray_cluster.data.range(300).repartition(3).write_parquet(str(tmp_path))
+    before = footer_readers()
+    for _ in range(2):
+        assert read_parquet(tmp_path).materialize().count() == 300
+    assert footer_readers() - before == 2

@@ -25,7 +25,7 @@ from typing import Any
 
 from train.cluster import Capacity, auto_workers, cluster_capacity, describe
 from train.config import ConfigError, TrainConfig, resolve_batch, to_dict
-from train.data import DataError, default_cache_dir, tokenize_to_cache
+from train.data import DataError, default_cache_dir, read_parquet, tokenize_to_cache
 from train.distill import number_token_ids
 from train.loop import train_loop
 from train.model import check_hardware, check_model_path
@@ -91,10 +91,9 @@ def job_dataset(parquet_dir: str):
     questions) they are read into the object store here, before the workers start: each job's
     stream then starts without read tasks: on 2 CPUs, six jobs in one run took 0.93x the time
     (BENCHMARKS.md). Larger data streams from its parquet files."""
-    import ray
 
     size = sum(f.stat().st_size for f in Path(parquet_dir).glob("*.parquet"))
-    dataset = ray.data.read_parquet(parquet_dir)
+    dataset = read_parquet(parquet_dir)
     return dataset.materialize() if size <= MATERIALIZE_BYTES else dataset
 
 
