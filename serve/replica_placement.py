@@ -47,6 +47,12 @@ def replica_options(tensor_parallel: int, num_cpus: float, num_gpus: float) -> d
     }
 
 
+def one_gpu_per_rank(bundles: list[dict], tensor_parallel: int) -> bool:
+    """The bundles hold exactly `tensor_parallel` GPUs, one per bundle (vLLM's Ray executor puts one rank in each)."""
+    gpu_bundles = [b for b in bundles if b.get("GPU")]
+    return len(gpu_bundles) == tensor_parallel and all(b["GPU"] == 1 for b in gpu_bundles)
+
+
 def check_deployment(deployment: dict, tensor_parallel: int) -> None:
     """A Serve config's deployment entry (serve/config.yaml) for a tensor-parallel replica on GPUs:
     ServiceError unless it is placed as `replica_options` places one, naming what to write."""
@@ -60,8 +66,7 @@ def check_deployment(deployment: dict, tensor_parallel: int) -> None:
             f"tensor_parallel_size={tensor_parallel}: the replica actor holds no GPU itself (ray_actor_options.num_gpus: 0); "
             f"its GPUs are placement_group_bundles: {expected['placement_group_bundles']}"
         )
-    gpu_bundles = [b for b in bundles if b.get("GPU")]
-    if len(gpu_bundles) != tensor_parallel or any(b["GPU"] != 1 for b in gpu_bundles):
+    if not one_gpu_per_rank(bundles, tensor_parallel):
         raise ServiceError(
             f"tensor_parallel_size={tensor_parallel} needs {tensor_parallel} placement_group_bundles of one GPU each, "
             f"the first also holding the replica's CPUs: {expected['placement_group_bundles']}; got {bundles}"
@@ -79,8 +84,7 @@ def tensor_parallel_group(tensor_parallel: int):
     import ray
 
     group = ray.util.get_current_placement_group()
-    gpu_bundles = [b for b in group.bundle_specs if b.get("GPU")] if group else []
-    if len(gpu_bundles) < tensor_parallel or any(b["GPU"] != 1 for b in gpu_bundles):
+    if not (group and one_gpu_per_rank(group.bundle_specs, tensor_parallel)):
         found = group.bundle_specs if group else "no placement group"
         raise ServiceError(
             f"tensor_parallel_size={tensor_parallel} needs the replica placed with {tensor_parallel} one-GPU "

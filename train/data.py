@@ -174,7 +174,7 @@ class Tokenize:
 FOOTER_READERS = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"
 
 
-def read_parquet(path: str | Path, **options):
+def read_parquet(path: str | Path):
     """`ray.data.read_parquet` with one footer-reading actor instead of Ray Data 2.60's 32.
 
     Ray Data lists a read's files through a pool of actors that it creates for each read and
@@ -186,7 +186,7 @@ def read_parquet(path: str | Path, **options):
     import ray.data
 
     os.environ.setdefault(FOOTER_READERS, "1")
-    return ray.data.read_parquet(str(path), **options)
+    return ray.data.read_parquet(str(path))
 
 
 def tokenize_to_cache(source, model_path: str, max_length: int, too_long: str, seed: int, cache_dir: Path) -> dict:
