@@ -99,7 +99,8 @@ def main(address: str, model: str, port: int) -> dict:
     except ray.exceptions.RayActorError:
         seen["worker_outlived_replica"] = False
     wait_for("replacement group", lambda: created_groups())
-    seen["health_after_replacement"] = wait_for("replacement healthy", lambda: status(url) == 200) and 200
+    wait_for("replacement healthy", lambda: status(url) == 200)
+    seen["health_after_replacement"] = status(url)
 
     stop_service(APP)
     wait_for("groups removed", lambda: not created_groups())
