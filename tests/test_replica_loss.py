@@ -44,11 +44,12 @@ def replica_pid(actor_pids):
 
 
 class KillingHandle:
-    """The real deployment handle; once `after` requests are sent, the replica is SIGKILLed a
-    moment later, with the requests before it still in flight."""
+    """The real deployment handle; once `after` requests are sent, the replica is SIGKILLed `delay`
+    seconds later, while those requests are still in flight: `delay` must be well under the time
+    the replica takes to answer them (else the kill hits an idle replica and takes nothing with it)."""
 
-    def __init__(self, handle, pid: int, after: int):
-        self.handle, self.pid, self.after, self.sent = handle, pid, after, 0
+    def __init__(self, handle, pid: int, after: int, delay: float):
+        self.handle, self.pid, self.after, self.delay, self.sent = handle, pid, after, delay, 0
 
     def __getattr__(self, method: str):
         outer = self
@@ -58,7 +59,7 @@ class KillingHandle:
                 response = getattr(outer.handle, method).remote(request)
                 outer.sent += 1
                 if outer.sent == outer.after:
-                    threading.Timer(0.2, os.kill, (outer.pid, signal.SIGKILL)).start()
+                    threading.Timer(outer.delay, os.kill, (outer.pid, signal.SIGKILL)).start()
                 return response
 
         return Method()
@@ -72,16 +73,18 @@ def test_a_killed_replica_loses_no_chunk_and_counts_none_twice(handle, replica_p
     prompts = number_prompts(AutoTokenizer.from_pretrained(tiny_model), cfg)
     undisturbed = generate_kept(handle, prompts, "a", cfg, "teacher")
     first = replica_pid()
-    disturbed = generate_kept(KillingHandle(handle, first, after=3), prompts, "a", cfg, "teacher")
+    disturbed = generate_kept(KillingHandle(handle, first, after=3, delay=0.2), prompts, "a", cfg, "teacher")  # a chunk: seconds
     assert "replica lost" in capsys.readouterr().out  # the kill did take chunks with it
     assert disturbed == undisturbed
     assert replica_pid() != first
 
-    questions = [{"question": q["question"], "choices": q["choices"], "answer": q["answer"], "subset": q["subset"]} for q in synthetic_questions(8, seed=5)]
+    # Chunks of 32 questions take ~0.2 s each here (chunks of 4 took ~25 ms: a kill 0.2 s after
+    # the third was sent once found all three answered and took nothing with it).
+    questions = [{"question": q["question"], "choices": q["choices"], "answer": q["answer"], "subset": q["subset"]} for q in synthetic_questions(32, seed=5)]
     models = {"base": None, "a": "a"}
-    undisturbed = score_models(handle, models, questions, chunk=4, in_flight=3)
+    undisturbed = score_models(handle, models, questions, chunk=32, in_flight=3)
     second = replica_pid()
-    disturbed = score_models(KillingHandle(handle, second, after=3), models, questions, chunk=4, in_flight=3)
+    disturbed = score_models(KillingHandle(handle, second, after=3, delay=0.05), models, questions, chunk=32, in_flight=3)
     assert "replica lost" in capsys.readouterr().out
     assert replica_pid() != second
     for name in models:
