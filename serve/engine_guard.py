@@ -43,8 +43,9 @@ def child_pids() -> set[int]:
 
 def guard_new_children(before: set[int]) -> subprocess.Popen | None:
     """Start the watcher over the processes this one has started since `before` (`child_pids()`
-    taken just before the engine started: its engine core and, with tensor parallelism, its
-    workers); None when there are none."""
+    taken just before the engine started: its engine core and, with tensor parallelism on CPU,
+    its workers; on GPUs those are Ray actors in the replica's placement group, which Serve
+    removes with the replica); None when there are none."""
     me = psutil.Process()
     targets = [f"{child.pid}@{child.create_time()!r}" for child in me.children(recursive=True) if child.pid not in before]
     if not targets:

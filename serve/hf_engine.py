@@ -116,12 +116,12 @@ class HFEngine:
     def _generate(self, prompts: list[str], s: Sampling, adapter: str | None) -> list[Completion]:
         context, model = self._selected(adapter)
         with context:
-            return self._in_batches(prompts, s, lambda batch: self._generate_batch(model, batch, s, self._sample_args(s)))
+            return self._in_batches(prompts, s, lambda batch: self._generate_batch(model, batch, s))
 
-    def _generate_batch(self, model, prompts: list[str], s: Sampling, sample: dict) -> list[Completion]:
+    def _generate_batch(self, model, prompts: list[str], s: Sampling) -> list[Completion]:
         eos = self.tokenizer.eos_token_id
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True).to(self.device)
-        out = model.generate(**enc, max_new_tokens=s.max_tokens, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=eos, **sample)
+        out = model.generate(**enc, max_new_tokens=s.max_tokens, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=eos, **self._sample_args(s))
         return [self._completion(new, int(mask.sum()), s, eos) for mask, new in zip(enc.attention_mask, out[:, enc.input_ids.shape[1] :].tolist())]
 
     def _completion(self, new: list[int], prompt_tokens: int, s: Sampling, eos: int) -> Completion:
