@@ -6,9 +6,9 @@ same arithmetic as lm-evaluation-harness's HF backend with `peft=`. All model
 work runs on one worker thread: calls are serialised (the active adapter is
 model state) and the replica's event loop stays free for health checks.
 Batching across requests happens in the deployment (`@serve.batch`); here a
-call's prompts go through in chunks of `hf_batch_size`, left-padded, except
-seeded ones, which go one by one so that prompt i's sample depends on seed + i
-alone (the engines' seed contract, serve/engine.py).
+call's prompts go through in chunks of `hf_batch_size`, left-padded, seeded ones
+too: serve/hf_decode.py samples each row from its own generator, so prompt i's
+sample depends on seed + i alone (the engines' seed contract, serve/engine.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from serve.engine import Completion, Sampling, TokenCompletion, TokenLogprob, cut_at_stop
+from serve.hf_decode import decode
 from serve.hf_scoring import mc_logprobs, scorable_choices
 from serve.settings import ServiceSettings
 
@@ -96,33 +97,26 @@ class HFEngine:
     async def generate(self, prompts: list[str], sampling: Sampling, adapter: str | None) -> list[Completion]:
         return await self._run(self._generate, prompts, sampling, adapter)
 
-    @staticmethod
-    def _sample_args(s: Sampling) -> dict:
-        return {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": 0} if s.temperature > 0 else {"do_sample": False}
-
     def _in_batches(self, prompts: list, s: Sampling, run) -> list:
-        """`run(batch)` over the prompts: unseeded in chunks of hf_batch_size; seeded one by one, for
-        the seed contract (prompt i samples from seed + i whatever else is in the request, as on
-        vLLM; transformers samples a batch from one generator)."""
-        if s.seed is None:
-            return [out for start in range(0, len(prompts), self.batch_size) for out in run(prompts[start : start + self.batch_size])]
+        """`run(batch, seeds)` over the prompts in chunks of hf_batch_size; seeds[j] = seed + i for the
+        chunk's j-th prompt, prompt i of the call (None unseeded)."""
         results = []
-        for i, prompt in enumerate(prompts):
-            torch.manual_seed(s.seed + i)
-            results += run([prompt])
+        for start in range(0, len(prompts), self.batch_size):
+            batch = prompts[start : start + self.batch_size]
+            results += run(batch, None if s.seed is None else [s.seed + start + j for j in range(len(batch))])
         return results
 
     @torch.inference_mode()
     def _generate(self, prompts: list[str], s: Sampling, adapter: str | None) -> list[Completion]:
         context, model = self._selected(adapter)
         with context:
-            return self._in_batches(prompts, s, lambda batch: self._generate_batch(model, batch, s))
+            return self._in_batches(prompts, s, lambda batch, seeds: self._generate_batch(model, batch, s, seeds))
 
-    def _generate_batch(self, model, prompts: list[str], s: Sampling) -> list[Completion]:
+    def _generate_batch(self, model, prompts: list[str], s: Sampling, seeds: list[int] | None) -> list[Completion]:
         eos = self.tokenizer.eos_token_id
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True).to(self.device)
-        out = model.generate(**enc, max_new_tokens=s.max_tokens, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=eos, **self._sample_args(s))
-        return [self._completion(new, int(mask.sum()), s, eos) for mask, new in zip(enc.attention_mask, out[:, enc.input_ids.shape[1] :].tolist())]
+        rows = decode(model, enc.input_ids, enc.attention_mask, s, seeds, eos, self.tokenizer.pad_token_id)
+        return [self._completion(row.tokens, int(mask.sum()), s, eos) for mask, row in zip(enc.attention_mask, rows)]
 
     def _completion(self, new: list[int], prompt_tokens: int, s: Sampling, eos: int) -> Completion:
         ended = eos in new
@@ -138,7 +132,7 @@ class HFEngine:
         self, prompts: list[list[int]], sampling: Sampling, adapter: str | None, logprobs: int | None = None, prompt_logprobs: int | None = None
     ) -> list[TokenCompletion]:
         """The contract's `complete_tokens` (serve/engine.py). One call's prompts are generated as in
-        `generate` (chunks of `hf_batch_size`, seeded ones one by one); calls are not gathered across
+        `generate` (chunks of `hf_batch_size`, prompt i from seed + i); calls are not gathered across
         requests. Prompt log-probabilities take one forward per prompt: the full vocabulary's
         log-softmax at every position is held for one prompt at a time."""
         return await self._run(self._complete_tokens, prompts, sampling, adapter, logprobs, prompt_logprobs)
@@ -151,7 +145,7 @@ class HFEngine:
             if s.max_tokens == 0:
                 done = [((), "", "length", () if logprobs is not None else None)] * len(prompts)
             else:
-                done = self._in_batches(prompts, s, lambda batch: self._generate_ids(model, batch, s, logprobs))
+                done = self._in_batches(prompts, s, lambda batch, seeds: self._generate_ids(model, batch, s, seeds, logprobs))
         return [TokenCompletion(ids, text, reason, len(p), lps, sc) for p, (ids, text, reason, lps), sc in zip(prompts, done, scored)]
 
     def _prompt_logprobs(self, model, ids: list[int], k: int) -> tuple[TokenLogprob | None, ...]:
@@ -167,30 +161,26 @@ class HFEngine:
         values, indices = logprobs.topk(k, dim=-1)
         return [TokenLogprob(t, o, tuple(zip(i, v))) for t, o, i, v in zip(tokens, own, indices.tolist(), values.tolist())]
 
-    def _generate_ids(self, model, prompts: list[list[int]], s: Sampling, logprobs: int | None) -> list[tuple]:
+    def _generate_ids(self, model, prompts: list[list[int]], s: Sampling, seeds: list[int] | None, logprobs: int | None) -> list[tuple]:
         """(token ids, text, finish_reason, TokenLogprobs or None) per prompt, token ids as vLLM counts
         them: an end-of-sequence token is kept (its text is not), and a stop string ends the ids at
         the token that completed it."""
-        sample = self._sample_args(s)
         eos, pad, width = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, max(map(len, prompts))
         input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
-        out = model.generate(
-            input_ids=input_ids, attention_mask=mask, max_new_tokens=s.max_tokens, pad_token_id=pad, eos_token_id=eos,
-            output_scores=logprobs is not None, return_dict_in_generate=True, **sample,
-        )  # fmt: skip
         results = []
-        for row, new in enumerate(out.sequences[:, width:].tolist()):
+        for row in decode(model, input_ids, mask, s, seeds, eos, pad, logprobs):
+            new = row.tokens
             ends = new.index(eos) if eos in new else None
-            ids, text = new[: ends + 1] if ends is not None else new, self.tokenizer.decode(new[:ends], skip_special_tokens=True)
+            ids, text = new, self.tokenizer.decode(new[:ends], skip_special_tokens=True)
             reason = "length" if ends is None else "stop"
             if cut_at_stop(text, s.stop) is not None:  # end at the first token whose text completes a stop string
                 prefixes = (new[:n] for n in range(1, len(new) + 1))
                 ids, text = next((p, cut) for p in prefixes if (cut := cut_at_stop(self.tokenizer.decode(p, skip_special_tokens=True), s.stop)) is not None)
                 reason = "stop"
             entries = None
-            if logprobs is not None:  # from the processed scores (temperature and top_p applied), as vLLM's processed_logprobs
-                entries = tuple(self._entries(torch.stack([out.scores[t][row] for t in range(len(ids))]).float().log_softmax(-1), ids, logprobs)) if ids else ()
+            if logprobs is not None:
+                entries = tuple(TokenLogprob(t, own, tuple(top)) for t, (own, top) in zip(ids, row.logprobs))
             results.append((tuple(ids), text, reason, entries))
         return results
 

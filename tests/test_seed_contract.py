@@ -1,13 +1,15 @@
 """The engines' seed contract (serve/engine.py): prompt i of a seeded request samples from seed + i,
-so a prompt's completion does not depend on the other prompts in its request.
+so a prompt's completion does not depend on the other prompts in its request or on the batch size.
 
-Checked on the transformers engine directly (no Ray): vLLM keeps the contract through its
-per-request `SamplingParams.seed`; tests/test_serve.py checks it over HTTP on both engines.
+Checked on the transformers engine directly (no Ray), against transformers' own `generate` run on
+each prompt alone; tests/test_serve.py checks the contract over HTTP on both engines (vLLM keeps it
+through its per-request `SamplingParams.seed`).
 """
 
 import asyncio
 
 import pytest
+import torch
 
 from serve.engine import Sampling
 from serve.settings import ServiceSettings
@@ -18,6 +20,45 @@ def hf_engine(tiny_model):
     from serve.hf_engine import HFEngine
 
     return HFEngine(tiny_model, ServiceSettings(engine="hf", model=tiny_model, max_model_len=256))
+
+
+PROMPTS = [
+    "<|user|>\nContinue: 3, 14, 15\n<|assistant|>\n",
+    "<|user|>\nContinue the sequence 9, 2, 6, 5, 3, 5, 8, 9, 7 with ten more numbers, comma-separated.\n<|assistant|>\n",
+    "hello",
+    "<|user|>\nWrite 5 numbers.\n<|assistant|>\n",
+    "<|user|>\nHere are numbers: 100, 200, 300. Add up to 10 new numbers.\n<|assistant|>\n",
+]
+
+
+def generate_alone(engine, prompt: str, s: Sampling, seed: int | None) -> str:
+    """transformers' `generate` on one prompt, seeded through the global stream: the reference."""
+    enc = engine.tokenizer([prompt], return_tensors="pt")
+    sampling = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": 0} if s.temperature > 0 else {"do_sample": False}
+    if seed is not None:
+        torch.manual_seed(seed)
+    out = engine.model.generate(
+        **enc, max_new_tokens=s.max_tokens, pad_token_id=engine.tokenizer.pad_token_id, eos_token_id=engine.tokenizer.eos_token_id, **sampling
+    )
+    return engine._completion(out[0, enc.input_ids.shape[1] :].tolist(), 0, s, engine.tokenizer.eos_token_id).text
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [Sampling(max_tokens=24, temperature=1.0, seed=7), Sampling(max_tokens=24, temperature=0.7, top_p=0.9, seed=3), Sampling(max_tokens=24, temperature=0.0)],
+    ids=["seeded", "seeded-top-p", "greedy"],
+)
+def test_a_batch_decodes_what_generate_gives_each_prompt_alone(hf_engine, sampling):
+    """Left-padded batches of any size give each prompt what `generate` gives it alone (seeded with
+    seed + i): the batched sampler changes the speed, not the samples."""
+    reference = [generate_alone(hf_engine, p, sampling, None if sampling.seed is None else sampling.seed + i) for i, p in enumerate(PROMPTS)]
+    for batch_size in (1, 2, 64):
+        hf_engine.batch_size = batch_size
+        try:
+            got = [c.text for c in asyncio.run(hf_engine.generate(PROMPTS, sampling, None))]
+        finally:
+            hf_engine.batch_size = 64
+        assert got == reference, batch_size
 
 
 def texts(engine, prompts: list[str], seed: int | None) -> list[str]:

