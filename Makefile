@@ -1,6 +1,7 @@
 # make run   - install into .venv (first time) and run the experiment's tiny preset on CPU
 # make test  - install (with test tools) and run the test suite
 # make bench - the trainer and serving benchmarks (results go in BENCHMARKS.md)
+# make bench-quick - a one-minute check that no path the pipeline runs got slower (run it before every stop)
 # make lock  - re-pin constraints/cpu.txt from .venv after a dependency change
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +11,7 @@ PY := $(VENV)/bin/python
 TORCH_INDEX ?= $(shell python3 -m pip install --dry-run --no-deps -q 'torch==2.13.0+cpu' >/dev/null 2>&1 \
 	|| echo --extra-index-url https://download.pytorch.org/whl/cpu)
 
-.PHONY: install run test bench lock
+.PHONY: install run test bench bench-quick lock
 
 # constraints/cpu.txt pins every distribution to the versions the tests passed with.
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
@@ -32,11 +33,15 @@ lock: install
 	{ sed -n '1,2p' constraints/cpu.txt; $(PY) -m pip freeze --exclude-editable; } > constraints/cpu.txt.new
 	mv constraints/cpu.txt.new constraints/cpu.txt
 
+bench-quick: install
+	$(PY) bench/quick.py
+
 bench: install
 	$(PY) -m pip install -e '.[bench]'
 	$(PY) bench/padding.py
 	$(PY) bench/tokenization.py
 	$(PY) bench/train_throughput.py
+	$(PY) bench/seeded_generation.py
 	$(PY) bench/serving.py
 	$(PY) bench/scoring_vs_lm_eval.py
 	$(PY) bench/eval_fanout.py
