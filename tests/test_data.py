@@ -129,3 +129,33 @@ def test_a_parquet_read_starts_one_footer_reader_not_a_pool_killed_unstarted(ray
     for _ in range(2):
         assert read_parquet(tmp_path).materialize().count() == 300
     assert footer_readers() - before == 2
+
+
+def test_small_files_tokenize_in_process_as_ray_data_does_large_ones(ray_cluster, tiny_model, tmp_path, monkeypatch):
+    """Both tokenization paths of the cache hold the same token rows and counts; each order is
+    fixed by the seed; a second call reuses the entry."""
+    import train.data
+    from train.data import read_parquet, tokenize_to_cache
+
+    rows = [{"prompt": f"<|user|>\nContinue {i}, {i + 1}\n<|assistant|>\n", "completion": f"{i + 2}, {i + 3}"} for i in range(300)]
+    rows.append({"prompt": "x " * 200, "completion": "1"})  # longer than max_length: dropped
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def tokenized(cache: str, seed: int = 0) -> tuple[dict, list]:
+        out = tokenize_to_cache(str(path), tiny_model, 64, "drop", seed, tmp_path / cache)
+        table = read_parquet(out["path"]).to_pandas()
+        return out, [(tuple(ids), tuple(labels)) for ids, labels in zip(table["input_ids"], table["labels"])]
+
+    small, in_process = tokenized("in-process")
+    assert not small["cached"] and tokenized("in-process")[0]["cached"]
+    monkeypatch.setattr(train.data, "IN_PROCESS_ROWS", 0)
+    large, by_ray = tokenized("ray-data")
+    assert (
+        {k: small[k] for k in ("rows", "truncated", "dropped")}
+        == {k: large[k] for k in ("rows", "truncated", "dropped")}
+        == {"rows": 301, "truncated": 0, "dropped": 1}
+    )
+    assert sorted(in_process) == sorted(by_ray) and len(in_process) == 301
+    monkeypatch.setattr(train.data, "IN_PROCESS_ROWS", 100_000)
+    assert tokenized("seeded-again")[1] == in_process and tokenized("other-seed", seed=1)[1] != in_process

@@ -1,12 +1,14 @@
 """Training data: validate `{prompt, completion}` rows, tokenize them once, pack them.
 
 The path of a row: the driver validates the input (a JSONL/parquet file or a Ray
-Dataset) and hashes its content; Ray Data formats and tokenizes every row in ONE
-batched `map_batches` pass (labels -100 on prompt tokens), shuffles with a fixed
-seed and writes parquet shards to a cache keyed by (tokenizer, max length,
-too-long policy, seed, data hash); Train workers stream their shard of that cache
-and `pack_batch` packs each batch into as few sequences as fit `max_length`,
-with position ids restarting per row so no row attends to another.
+Dataset) and hashes its content; every row is formatted and tokenized in ONE
+batched pass (labels -100 on prompt tokens), shuffled with a fixed seed and
+written as parquet to a cache keyed by (tokenizer, max length, too-long policy,
+seed, data hash). A file of up to IN_PROCESS_ROWS rows is tokenized in the
+calling process; a larger one, or a Ray Dataset, by Ray Data's `map_batches`.
+Train workers stream their shard of that cache and `pack_batch` packs each batch
+into as few sequences as fit `max_length`, with position ids restarting per row
+so no row attends to another.
 """
 
 from __future__ import annotations
@@ -20,7 +22,12 @@ import numpy as np
 
 from common.atomic import atomic_dir
 
-FORMAT_VERSION = 1  # bump when tokenization output changes
+FORMAT_VERSION = 2  # bump when tokenization output changes (2: small files shuffled in-process)
+# Up to this many rows a file is tokenized in the calling process: Ray Data's start-up (an
+# actor, a shuffle, a parquet write and read-back) cost 7-10 s per 1,000-row dataset on
+# 2 cores, where the same transform in-process takes a fraction of a second; Ray Data's
+# one pass overtakes the in-process transform only past about 100k rows (BENCHMARKS.md).
+IN_PROCESS_ROWS = 100_000
 OK, TRUNCATED, DROPPED = 0, 1, 2
 
 
@@ -195,14 +202,13 @@ def tokenize_to_cache(source, model_path: str, max_length: int, too_long: str, s
     Returns {path, rows, truncated, dropped, cached}. The cache entry is written to
     a temporary folder and renamed into place, so a crash never leaves a partial one.
     """
-    import ray.data
 
+    table = None
     if isinstance(source, (str, Path)):
         table, data_hash = read_rows(Path(source))
-        n_rows, ds = table.num_rows, ray.data.from_arrow(table)
+        n_rows = table.num_rows
     else:
-        ds = source
-        n_rows, data_hash = validate_dataset(ds)
+        n_rows, data_hash = validate_dataset(source)
     key_src = json.dumps([FORMAT_VERSION, tokenizer_hash(model_path), max_length, too_long, seed, data_hash])
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     out = Path(cache_dir) / "tokenized" / key
@@ -210,15 +216,15 @@ def tokenize_to_cache(source, model_path: str, max_length: int, too_long: str, s
     if stats_file.is_file():
         return {**json.loads(stats_file.read_text()), "path": str(out), "cached": True}
 
-    tokenized = (
-        ds.select_columns(["prompt", "completion"])
-        .map_batches(Tokenize, fn_constructor_args=(model_path, max_length, too_long), batch_size=512, compute=ray.data.ActorPoolStrategy(size=1))
-        .random_shuffle(seed=seed)
-    )
     try:
         with atomic_dir(out) as tmp:
-            tokenized.write_parquet(str(tmp))
-            status = read_parquet(tmp).select_columns(["status"]).to_pandas()["status"]
+            if table is not None and n_rows <= IN_PROCESS_ROWS:
+                status = _tokenize_in_process(table, Tokenize(model_path, max_length, too_long), seed, tmp)
+            else:
+                import ray.data
+
+                ds = ray.data.from_arrow(table) if table is not None else source
+                status = _tokenize_with_ray_data(ds, (model_path, max_length, too_long), seed, tmp)
             stats = {
                 "rows": n_rows,
                 "truncated": int((status == TRUNCATED).sum()),
@@ -232,6 +238,34 @@ def tokenize_to_cache(source, model_path: str, max_length: int, too_long: str, s
             raise
         # Another process wrote the same entry (same key: same content) first; use it.
     return {**stats, "path": str(out), "cached": False}
+
+
+def _tokenize_with_ray_data(ds, tokenize_args: tuple, seed: int, out: Path) -> np.ndarray:
+    """One `map_batches` pass of `Tokenize` over the dataset, Ray Data's seeded shuffle, parquet
+    shards in `out`. Returns the rows' status column."""
+    import ray.data
+
+    tokenized = (
+        ds.select_columns(["prompt", "completion"])
+        .map_batches(Tokenize, fn_constructor_args=tokenize_args, batch_size=512, compute=ray.data.ActorPoolStrategy(size=1))
+        .random_shuffle(seed=seed)
+    )
+    tokenized.write_parquet(str(out))
+    return read_parquet(out).select_columns(["status"]).to_pandas()["status"].to_numpy()
+
+
+def _tokenize_in_process(table, tokenize: Tokenize, seed: int, out: Path) -> np.ndarray:
+    """The same pass over a small table, in this process: tokenized in batches of 512, rows
+    permuted by `seed` (numpy's, not Ray Data's order), one parquet file in `out`. Returns the
+    rows' status column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = [tokenize(batch.to_pydict()) for batch in table.select(["prompt", "completion"]).to_batches(max_chunksize=512)]
+    tokens = pa.concat_tables(parts)
+    tokens = tokens.take(np.random.default_rng(seed).permutation(tokens.num_rows))
+    pq.write_table(tokens, out / "part-0.parquet")
+    return tokens.column("status").to_numpy()
 
 
 def pack_batch(batch: dict, max_length: int, pad_id: int, one_row: bool = False) -> dict:
