@@ -62,6 +62,10 @@ def test_ddp_workers_learn_and_adapter_reloads(ray_cluster, tiny_model, toy_rows
     assert 0 <= metrics["padding_fraction"] < 0.1 and metrics["tokens_per_s"] > 0
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
     assert json.loads((tmp_path / "adapter" / "train_metrics.json").read_text())["step"] == 32
+    # The loss of every optimizer step, the same quantity the reports average (the last report: steps 31 and 32).
+    history = metrics["loss_history"]
+    assert [step for step, _ in history] == list(range(1, 33)) and history[0][1] > 2 * history[-1][1]
+    assert (history[-2][1] + history[-1][1]) / 2 == pytest.approx(metrics["loss"], rel=1e-9)
     reloaded, trained = reload_both_ways(tiny_model, tmp_path / "adapter", metrics["checkpoint"], cfg)
     torch.testing.assert_close(reloaded, trained, atol=1e-5, rtol=1e-5)
     from transformers import AutoModelForCausalLM
@@ -111,9 +115,11 @@ def test_a_killed_worker_resumes_from_checkpoint(ray_cluster, actor_pids, tiny_m
     assert killed, "no worker was killed"
     # The run lost a worker some steps after step 4: it resumed from a checkpoint before its end.
     assert metrics["resumed_from_step"] in (4, 8, 12) and metrics["step"] == 16 and metrics["done"]
+    # The loss history crosses the restart: each step once, those before it from the checkpoint.
+    assert [step for step, _ in metrics["loss_history"]] == list(range(1, 17))
     # The same storage path and run name continue the finished run rather than training again.
     again = train_lora(tiny_model, toy_rows, tmp_path / "a2", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir)
-    assert again["resumed_from_step"] == 16 and again["step"] == 16
+    assert again["resumed_from_step"] == 16 and again["step"] == 16 and again["loss_history"] == metrics["loss_history"]
 
 
 @pytest.mark.timeout(300)

@@ -6,8 +6,12 @@ job alone would be), stream the job's own dataset shard, take AdamW steps with
 gradient accumulation and clipping under a warmup + decay schedule, save the
 adapter, remove its layers, go on to the next job. Every `log_every` steps all
 workers call `ray.train.report` with metrics averaged over the cluster and
-tagged with the job; every `checkpoint_every` steps (and at each job's end) the
-report carries a checkpoint (train/outputs.py). A restarted or re-run worker
+tagged with the job, and rank 0 prints one progress line (`[train] <job>: step
+k/n, loss, tokens/s`: the run's progress in the job log, where Ray Train's own
+per-report lines are turned off); every `checkpoint_every` steps (and at each
+job's end) the report carries a checkpoint (train/outputs.py). The loss of
+every optimizer step (over all workers) is kept, in each checkpoint too, and
+written with the adapter's final metrics as `loss_history`. A restarted or re-run worker
 group skips the jobs the checkpoint lists as done and resumes the current one,
 skipping the batches it already used.
 """
@@ -16,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,7 +30,6 @@ from pathlib import Path
 import torch
 
 from train.config import TrainConfig, build
-from train.data import pack_batch
 from train.distill import attach_teacher, kl_loss, teacher_logits
 from train.model import (
     adapter_hash,
@@ -64,6 +69,22 @@ def peak_flops(device: torch.device) -> float | None:
     return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
+def progress(line: str) -> None:
+    """One line to the job log. Not `print`: Ray Train 2.60 patches it in its workers to log through
+    the root logger as well as print, and the line would reach the job log twice."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def quiet_report_lines() -> None:
+    """Ray Train 2.60 logs "Reporting training result ..." at INFO for every report of every worker
+    through a logger named after its source file, outside `ray.train`, which its LoggingConfig
+    (train/trainer.py) does not reach: that logger's level, here in the worker that logs it."""
+    from ray.train.v2._internal.execution import context
+
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
 def forward_loss(model, batch: dict, number_ids: torch.Tensor | None = None) -> torch.Tensor:
     """One packed micro-batch's loss: next-token cross-entropy on its labels, or, with
     `number_ids` (logit_kl), the KL to the teacher adapter's distribution over them. A batch
@@ -87,6 +108,7 @@ def train_loop(config: dict) -> None:
     import ray.train.torch
     from ray.util.metrics import Gauge
 
+    quiet_report_lines()
     jobs = config["jobs"]
     shared = build(TrainConfig, jobs[0]["train"], "train")  # jobs agree on what the worker group shares
     device = ray.train.torch.get_device()
@@ -126,6 +148,8 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
         set_optimizer_state_dict,
     )
 
+    from train.collate import PackBatch
+
     cfg = build(TrainConfig, job["train"], "train")
     name, total, micro_per_epoch = job["name"], job["total_steps"], job["micro_steps_per_epoch"]
     ctx = ray.train.get_context()
@@ -135,7 +159,8 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
     optim_state = sched_state = None
     if checkpoint is not None:
         optim_state, sched_state = restore(model, checkpoint)
-    step = read_state(checkpoint, name)["step"]
+    resumed = read_state(checkpoint, name)
+    step, history = resumed["step"], resumed["loss_history"]  # history: [step, loss] per optimizer step so far
     resumed_from = step if checkpoint is not None else None
     n_params, _ = count_parameters(model)
     distil = job.get("teacher") is not None  # logit_kl: the teacher's adapter rides beside the student's
@@ -159,20 +184,28 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
     ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
     micro = step * cfg.grad_accum
     shard = ray.train.get_dataset_shard(name)
-    collate = functools.partial(pack_batch, max_length=cfg.max_length, pad_id=config["pad_id"], one_row=packs_into_one_row(unwrap(model)))
+    collate = PackBatch(cfg.max_length, config["pad_id"], packs_into_one_row(unwrap(model)))
     flops_peak = peak_flops(device)
     staging = staging_dir(Path(job["output_dir"]), config["run_id"])
     # Kept on the device (no per-step host sync) and all-reduced at each report.
     window = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, micro-steps, real tokens, all tokens
+    step_losses: list[torch.Tensor] = []  # per optimizer step since the last report: [loss sum, micro-steps]
     one = torch.ones((), dtype=torch.float64, device=device)
     window_start, window_steps, first_loss, last = time.time(), 0, None, {}
+    if rank == 0 and resumed_from is not None:
+        progress(f"[train] {name}: resumed from the checkpoint at step {resumed_from}/{total}")
 
     def report(save: bool) -> dict:
         nonlocal window, window_start, window_steps, first_loss
+        per_step = torch.stack(step_losses) if step_losses else window.new_zeros((0, 2))
+        summed = torch.cat([window, per_step.flatten()])  # one collective for both
         if torch.distributed.is_initialized():
-            torch.distributed.all_reduce(window)
+            torch.distributed.all_reduce(summed)
+        window, per_step = summed[:4], summed[4:].view(-1, 2)
         elapsed = time.time() - window_start
         loss_sum, n_micro, real_tokens, all_tokens = window.tolist()
+        history.extend([s, total_loss / count] for s, (total_loss, count) in zip(range(step - len(per_step) + 1, step + 1), per_step.tolist()))
+        step_losses.clear()
         loss = loss_sum / n_micro if n_micro else None  # None: no steps since the last report
         first_loss = loss if first_loss is None else first_loss
         metrics = {
@@ -197,13 +230,15 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
             for key, gauge in gauges.items():
                 if metrics.get(key) is not None:
                     gauge.set(metrics[key], tags={"run": ctx.get_experiment_name(), "adapter": name})
+            if loss is not None:
+                progress(f"[train] {name}: step {step}/{total}, loss {loss:.3f}, {metrics['tokens_per_s']:.0f} tokens/s")
         ckpt = None
         with tempfile.TemporaryDirectory() as tmp:
             if save:
                 weights = trainable_state(model)  # collective under FSDP
                 optim = get_optimizer_state_dict(model, opt, options=full)
                 if rank == 0:
-                    state = {"done": done, "job": name, "step": step}
+                    state = {"done": done, "job": name, "step": step, "loss_history": history}
                     write_checkpoint(Path(tmp), model, weights, optim, sched.state_dict(), state)
                     ckpt = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report(metrics, checkpoint=ckpt)
@@ -238,6 +273,9 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
                 loss = forward_loss(model, batch, number_ids if distil else None)
                 (loss / cfg.grad_accum).backward()
             window += torch.stack([loss.detach().double(), one, batch["real_tokens"].double(), batch["total_tokens"].double()])
+            if micro % cfg.grad_accum == 0:  # the first micro-step of an optimizer step
+                step_losses.append(torch.zeros(2, dtype=torch.float64, device=device))
+            step_losses[-1] += torch.stack([loss.detach().double(), one])
             micro += 1
             if not last_micro:
                 continue
@@ -260,5 +298,5 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
 
     weights = trainable_state(model)  # collective under FSDP
     if rank == 0:
-        metrics = {**last, **job["facts"]}
+        metrics = {**last, **job["facts"], "loss_history": history}
         finalize(Path(job["output_dir"]), config["run_id"], unwrap(model), weights, metrics, bool(job["snapshot_steps"]))

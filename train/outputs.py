@@ -2,7 +2,8 @@
 
 A checkpoint (reported through `ray.train.report`) holds the current adapter
 (a PEFT folder), its full trainable weights, the optimizer and scheduler state,
-and `state.json`: the jobs already finished, the job in progress and its step.
+and `state.json`: the jobs already finished, the job in progress, its step and
+its loss per step so far.
 That is all a restarted worker group needs to skip finished jobs and resume the
 current one mid-way.
 
@@ -42,16 +43,18 @@ def finished_by(output_dir: Path, run_id: str) -> bool:
 
 
 def read_state(checkpoint, first_job: str) -> dict:
-    """{done: [job names], job: name or None, step} of a checkpoint; a fresh start without one.
+    """{done: [job names], job: name or None, step, loss_history: [[step, loss], ...]} of a
+    checkpoint; a fresh start without one.
 
     A checkpoint written before the trainer ran several jobs has only the step:
-    it belongs to the first (only) job.
+    it belongs to the first (only) job. One written before the loss history was
+    kept has none: the history then starts at the resumed step.
     """
     if checkpoint is None:
-        return {"done": [], "job": None, "step": 0}
+        return {"done": [], "job": None, "step": 0, "loss_history": []}
     with checkpoint.as_directory() as d:
         state = json.loads((Path(d) / "state.json").read_text())
-    return {"done": state.get("done", []), "job": state.get("job", first_job), "step": state["step"]}
+    return {"done": state.get("done", []), "job": state.get("job", first_job), "step": state["step"], "loss_history": state.get("loss_history", [])}
 
 
 def restore(model, checkpoint) -> tuple[dict, dict]:

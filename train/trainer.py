@@ -163,13 +163,13 @@ def train_lora_many(
     continues from its latest checkpoint, skipping finished jobs (their output
     folders must still be there); a worker lost mid-run restarts the worker group
     from the latest checkpoint (`max_failures` times). Each job's metrics are
-    also written to `<output_dir>/train_metrics.json`; the last job's carry the
-    run's final `checkpoint`.
+    also written to `<output_dir>/train_metrics.json`, with `loss_history` (the
+    loss of every optimizer step); the last job's carry the run's final `checkpoint`.
     """
     import ray
     import torch
     from ray.data import ExecutionOptions
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
     from transformers import AutoTokenizer
 
@@ -232,6 +232,9 @@ def train_lora_many(
             storage_path=str(storage_path),
             failure_config=FailureConfig(max_failures=shared.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=shared.keep_checkpoints),
+            # Ray Train's INFO lines (one per report and per checkpoint, per worker; state changes) stay in
+            # its session log files: rank 0 prints one progress line per report instead (train/loop.py).
+            logging_config=LoggingConfig(log_level="WARNING"),
         ),
         datasets=datasets,
         dataset_config=DataConfig(execution_options=ExecutionOptions(preserve_order=True)),
