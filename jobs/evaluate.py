@@ -13,6 +13,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from jobs.progress import ProgressLine
 from jobs.service_session import result_or_resend
 from serve.schemas import Question, ScoreRequest
 
@@ -22,7 +23,7 @@ def score_models(handle, models: dict[str, str | None], questions: list[dict], c
     `truncated_tokens` (prompt tokens cut from the left to fit the context, lm-evaluation-harness's rule) added."""
     body = [Question(question=q["question"], choices=q["choices"], answer=q["answer"], subject=q["subset"]) for q in questions]
     jobs = [(name, start) for name in models for start in range(0, len(questions), chunk)]
-    total, started, done, lock = len(questions) * len(models), time.time(), [0], threading.Lock()
+    total, started, done, lock, progress = len(questions) * len(models), time.time(), [0], threading.Lock(), ProgressLine()
 
     def score(job):
         name, start = job
@@ -30,7 +31,7 @@ def score_models(handle, models: dict[str, str | None], questions: list[dict], c
         results = result_or_resend(handle.score, request, handle.score.remote(request), f"{name} questions {start}+").results
         with lock:
             done[0] += len(results)
-            print(f"[evaluate] {done[0]}/{total} scored, {done[0] / (time.time() - started):.0f} questions/s", flush=True)
+            progress.print(f"[evaluate] {done[0]}/{total} scored, {done[0] / (time.time() - started):.0f} questions/s", final=done[0] == total)
         return results
 
     with ThreadPoolExecutor(in_flight) as pool:

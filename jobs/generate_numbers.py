@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from jobs.config import NumbersConfig
 from jobs.number_sequences import CUT_OFF, make_prompts, reject_reason
+from jobs.progress import ProgressLine
 from jobs.service_session import result_or_resend
 from serve.schemas import GenerateRequest
 
@@ -40,7 +41,7 @@ def generate_kept(handle, prompts: list[str], adapter: str | None, cfg: NumbersC
     pending: deque = deque()
     kept: list[dict] = []
     rejected: Counter = Counter()
-    generated, started, next_chunk = 0, time.time(), 0
+    generated, started, next_chunk, progress = 0, time.time(), 0, ProgressLine()
     while pending or (next_chunk < len(starts) and len(kept) < cfg.keep):
         while next_chunk < len(starts) and len(pending) < cfg.in_flight and len(kept) < cfg.keep:
             start = starts[next_chunk]
@@ -66,7 +67,8 @@ def generate_kept(handle, prompts: list[str], adapter: str | None, cfg: NumbersC
             elif len(kept) < cfg.keep:
                 kept.append({"prompt": prompts[start + i], "completion": completion.text})
         rate = generated / max(time.time() - started, 1e-9)
-        print(f"[numbers] {label}: {generated}/{len(prompts)} generated, {len(kept)} kept, {rate:.0f} sequences/s", flush=True)
+        last = len(kept) >= cfg.keep or (not pending and next_chunk == len(starts))
+        progress.print(f"[numbers] {label}: {generated}/{len(prompts)} generated, {len(kept)} kept, {rate:.0f} sequences/s", final=last)
     if not kept:
         raise NoNumbersError(f"no {label} completion passed the number filter; reject reasons: {dict(rejected)}")
     return {"rows": kept, "generated": generated, "kept": len(kept), "rejected": dict(rejected)}

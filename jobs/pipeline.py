@@ -17,7 +17,7 @@ on the Ray cluster it is submitted to, or on a local one it starts. Phases
              where the GPUs allow (jobs/placement.py)
 5. evaluate  every model scored on the train and held-out questions in parallel (and the
              snapshots of arms that keep them: transfer against training steps)
-6. report    report.json, report.md, transfer.png in the run directory (docs/report.md)
+6. report    report.json, report.md and its plots (transfer, accuracy, training) in the run directory (docs/report.md)
 
 Before any work it prints the plan: each stage and whether it is reused or runs,
 and why (`--plan` prints only that). A change reruns what depends on it and
@@ -49,6 +49,7 @@ from jobs.config import ExperimentConfig, load_experiment  # noqa: E402
 from jobs.evaluate import context_check, score_models, summarise  # noqa: E402
 from jobs.generate_numbers import NoNumbersError, generate_all, number_prompts  # noqa: E402
 from jobs.graph import PHASES, SPLIT_FILES, TEACHERS, experiment_stages, snapshot_points, training_rows  # noqa: E402
+from jobs.job_log import quiet_driver, runtime_env  # noqa: E402
 from jobs.manifest import Manifest, RunDirError, digest, file_digest, read_jsonl  # noqa: E402
 from jobs.number_sequences import shuffle_numbers  # noqa: E402
 from jobs.placement import plan as place  # noqa: E402
@@ -126,8 +127,9 @@ class Pipeline:
         import ray
 
         check_free(self.run_dir)  # a run directory another pipeline holds stops here, before Ray starts
+        quiet_driver()  # a readable log: Ray's progress bars and per-dataset lines off (jobs/job_log.py)
         if not ray.is_initialized():
-            ray.init()
+            ray.init(runtime_env=runtime_env())
         signal.signal(signal.SIGTERM, stop_on_sigterm)  # after ray.init, which installs its own
         placement = place(self.cfg, cluster_capacity())  # before any work: a preset that cannot fit stops here
         print(f"[placement] {placement.summary(self.cfg)}", flush=True)
@@ -152,6 +154,7 @@ class Pipeline:
                 started = time.time()
                 getattr(self, f"run_{phase}")(todo)
                 self.manifest.record_phase(phase, time.time() - started)
+                print(f"[{phase}] {len(todo)} stage(s) done in {time.time() - started:.0f}s", flush=True)
         report = json.loads((self.run_dir / "report.json").read_text())
         for name, m in report["models"].items():
             ci = f"95% CI {m['ci95'][0]:.3f}-{m['ci95'][1]:.3f}" if m["ci95"] else "no CI with one replicate"

@@ -102,6 +102,7 @@ def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentCo
     handle = start_service(
         settings, adapters, name=app, route_prefix=f"/{app}", replicas=place.replicas,
         num_cpus=place.cpus_per_replica, num_gpus=place.gpus_per_replica,
+        logging_config={"enable_access_log": False},  # a line per chunk in the job log; the stages print their own progress
     )  # fmt: skip
     RUNNING_APPS.add(app)
     try:

@@ -32,6 +32,7 @@ def start_service(
     max_queued_requests: int | None = None,
     host: str = "127.0.0.1",
     port: int = 8000,
+    logging_config: dict | None = None,
 ):
     """Deploy the application `name` (replacing one of that name) and return its deployment handle.
 
@@ -39,6 +40,8 @@ def start_service(
     the replicas (a rolling update). Editing `user_config` in a Serve config file
     and running `serve deploy` instead updates the replicas in place. A tensor-parallel
     replica gets a placement group of `num_gpus` one-GPU bundles (serve/replica_placement.py).
+    `logging_config` is Serve's for the application's replicas (`{"enable_access_log": False}`:
+    no line per request).
     """
     serve.start(http_options={"host": host, "port": port})
     options = {"num_replicas": replicas, **replica_options(settings.tensor_parallel_size, num_cpus, num_gpus)}
@@ -47,7 +50,7 @@ def start_service(
     if max_queued_requests is not None:
         options["max_queued_requests"] = max_queued_requests
     app = service_app(settings, adapters, **options)
-    return serve.run(app, name=name, route_prefix=route_prefix)
+    return serve.run(app, name=name, route_prefix=route_prefix, logging_config=logging_config)
 
 
 def stop_service(name: str = DEFAULT_APP) -> None:
