@@ -5,7 +5,8 @@ chat template as the paper did) go out in chunks, several requests in flight
 per model, and the teacher's and the control's requests run at the same time,
 so the engine batches them together. Prompt i samples with seed `seed + i`, and
 completions are filtered in prompt order: the kept set does not depend on
-timing. Sending stops once `keep` completions have passed the filter. A chunk
+timing. Sending stops once `keep` completions have passed the filter, and
+pauses while the prompts in flight should bring them (enough_in_flight). A chunk
 whose replica died is resent (same seeds) and waited for in its place, so a
 lost replica changes neither the kept set nor the counts.
 """
@@ -35,15 +36,26 @@ def number_prompts(tokenizer, cfg: NumbersConfig) -> list[str]:
     ]
 
 
+def enough_in_flight(kept: int, pass_rate: float, prompts_in_flight: int, cfg: NumbersConfig) -> bool:
+    """Whether the prompts in flight, at the pass rate seen so far, should bring `keep` with a chunk
+    to spare. Sending past that only makes completions that arrive after `keep` and are thrown
+    away: with 8 chunks of 64 in flight, a quarter of the tiny preset's sequences. The kept rows
+    do not depend on it (the first `keep` to pass, in prompt order): a short guess costs one
+    more round trip, never another result."""
+    return kept + pass_rate * (prompts_in_flight - cfg.chunk) >= cfg.keep
+
+
 def generate_kept(handle, prompts: list[str], adapter: str | None, cfg: NumbersConfig, label: str) -> dict:
     """Send prompts until `keep` pass the filter; returns rows to train on and the counts for the report."""
     starts = list(range(0, len(prompts), cfg.chunk))
     pending: deque = deque()
     kept: list[dict] = []
     rejected: Counter = Counter()
-    generated, started, next_chunk, progress = 0, time.time(), 0, ProgressLine()
+    generated, examined, started, next_chunk, progress = 0, 0, time.time(), 0, ProgressLine()
     while pending or (next_chunk < len(starts) and len(kept) < cfg.keep):
         while next_chunk < len(starts) and len(pending) < cfg.in_flight and len(kept) < cfg.keep:
+            if examined and enough_in_flight(len(kept), len(kept) / examined, sum(len(r.prompts) for _, r, _ in pending), cfg):
+                break
             start = starts[next_chunk]
             request = GenerateRequest(
                 prompts=prompts[start : start + cfg.chunk],
@@ -60,6 +72,7 @@ def generate_kept(handle, prompts: list[str], adapter: str | None, cfg: NumbersC
         generated += len(completions)
         if len(kept) >= cfg.keep:
             continue  # already enough: results still in flight are counted, not filtered
+        examined += len(completions)
         for i, completion in enumerate(completions):
             reason = CUT_OFF if completion.finish_reason == "length" else reject_reason(completion.text)
             if reason:

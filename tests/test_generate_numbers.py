@@ -40,6 +40,19 @@ def test_kept_numbers_are_deterministic_and_stop_at_the_target(handle, tiny_mode
     assert order == sorted(order)  # kept in prompt order, whatever order the responses came back in
 
 
+def test_sending_pauses_while_the_prompts_in_flight_should_bring_keep(handle, tiny_model):
+    """With room for 6 chunks in flight, a stage that needs about 8 sends what the pass rate says it
+    needs, a chunk to spare and the one being sent, not 5 more: completions that would arrive after
+    `keep` are not asked for. Its kept rows are those of a stage sending one chunk at a time, which
+    generates only the chunks it needs."""
+    cfg = NumbersConfig(prompts=320, keep=100, max_tokens=40, chunk=16, in_flight=6, seed=2)
+    prompts = number_prompts(AutoTokenizer.from_pretrained(tiny_model), cfg)
+    results = generate(handle, {"wide": (prompts, None, cfg), "narrow": (prompts, None, dataclasses.replace(cfg, in_flight=1))})
+    wide, narrow = results["wide"], results["narrow"]
+    assert wide["rows"] == narrow["rows"] and wide["kept"] == 100
+    assert wide["generated"] - narrow["generated"] <= 2 * cfg.chunk < (cfg.in_flight - 1) * cfg.chunk
+
+
 def test_no_surviving_numbers_is_an_error_with_the_reject_histogram(handle, tiny_model):
     # Multiple-choice prompts: the tiny model answers with a letter, never a number list.
     from jobs.wmdp import synthetic_questions
