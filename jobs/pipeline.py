@@ -153,8 +153,9 @@ class Pipeline:
                 print(f"[{phase}] starting {len(todo)} stage(s)", flush=True)
                 started = time.time()
                 getattr(self, f"run_{phase}")(todo)
-                self.manifest.record_phase(phase, time.time() - started)
-                print(f"[{phase}] {len(todo)} stage(s) done in {time.time() - started:.0f}s", flush=True)
+                seconds = time.time() - started
+                self.manifest.record_phase(phase, seconds)
+                print(f"[{phase}] {len(todo)} stage(s) done in {seconds:.0f}s", flush=True)
         report = json.loads((self.run_dir / "report.json").read_text())
         for name, m in report["models"].items():
             ci = f"95% CI {m['ci95'][0]:.3f}-{m['ci95'][1]:.3f}" if m["ci95"] else "no CI with one replicate"
