@@ -218,13 +218,11 @@ def tokenize_to_cache(source, model_path: str, max_length: int, too_long: str, s
 
     try:
         with atomic_dir(out) as tmp:
+            tokenize_args = (model_path, max_length, too_long)
             if table is not None and n_rows <= IN_PROCESS_ROWS:
-                status = _tokenize_in_process(table, Tokenize(model_path, max_length, too_long), seed, tmp)
+                status = _tokenize_in_process(table, tokenize_args, seed, tmp)
             else:
-                import ray.data
-
-                ds = ray.data.from_arrow(table) if table is not None else source
-                status = _tokenize_with_ray_data(ds, (model_path, max_length, too_long), seed, tmp)
+                status = _tokenize_with_ray_data(source if table is None else table, tokenize_args, seed, tmp)
             stats = {
                 "rows": n_rows,
                 "truncated": int((status == TRUNCATED).sum()),
@@ -240,11 +238,12 @@ def tokenize_to_cache(source, model_path: str, max_length: int, too_long: str, s
     return {**stats, "path": str(out), "cached": False}
 
 
-def _tokenize_with_ray_data(ds, tokenize_args: tuple, seed: int, out: Path) -> np.ndarray:
-    """One `map_batches` pass of `Tokenize` over the dataset, Ray Data's seeded shuffle, parquet
-    shards in `out`. Returns the rows' status column."""
+def _tokenize_with_ray_data(rows, tokenize_args: tuple, seed: int, out: Path) -> np.ndarray:
+    """One `map_batches` pass of `Tokenize` over `rows` (a Ray Dataset or an arrow table), Ray
+    Data's seeded shuffle, parquet shards in `out`. Returns the rows' status column."""
     import ray.data
 
+    ds = rows if isinstance(rows, ray.data.Dataset) else ray.data.from_arrow(rows)
     tokenized = (
         ds.select_columns(["prompt", "completion"])
         .map_batches(Tokenize, fn_constructor_args=tokenize_args, batch_size=512, compute=ray.data.ActorPoolStrategy(size=1))
@@ -254,13 +253,14 @@ def _tokenize_with_ray_data(ds, tokenize_args: tuple, seed: int, out: Path) -> n
     return read_parquet(out).select_columns(["status"]).to_pandas()["status"].to_numpy()
 
 
-def _tokenize_in_process(table, tokenize: Tokenize, seed: int, out: Path) -> np.ndarray:
+def _tokenize_in_process(table, tokenize_args: tuple, seed: int, out: Path) -> np.ndarray:
     """The same pass over a small table, in this process: tokenized in batches of 512, rows
     permuted by `seed` (numpy's, not Ray Data's order), one parquet file in `out`. Returns the
     rows' status column."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    tokenize = Tokenize(*tokenize_args)
     parts = [tokenize(batch.to_pydict()) for batch in table.select(["prompt", "completion"]).to_batches(max_chunksize=512)]
     tokens = pa.concat_tables(parts)
     tokens = tokens.take(np.random.default_rng(seed).permutation(tokens.num_rows))
