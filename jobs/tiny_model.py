@@ -10,7 +10,10 @@ later stage (Ray Train, vLLM, PEFT) goes through the real loading path:
    not the questions' rules (a LoRA on the train split must teach those);
 2. a byte-level BPE tokenizer of 1,024 tokens trained on that corpus;
 3. a 2-layer Llama of width 256 (4 heads of dim 64, which vLLM's CPU attention
-   needs) pretrained with a plain torch loop for a fixed number of steps.
+   needs) pretrained with a plain torch loop for a fixed number of steps, its
+   weights initialised from `init_seed` (default: `seed`); `other_base_spec`
+   gives "another base model": the same corpus, tokenizer and recipe from
+   another random initialisation.
 
 Run it alone (the pipeline also builds it on first use):
 
@@ -26,7 +29,7 @@ import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from common.atomic import atomic_dir, atomic_file
@@ -56,11 +59,28 @@ class TinySpec:
     steps: int = 300
     batch_size: int = 32
     lr: float = 3e-3
+    # The weights' init (torch.manual_seed) alone; None: `seed`. The corpus, tokenizer, data order
+    # and recipe stay those of `seed`: the same recipe from another random initialisation.
+    init_seed: int | None = None
+
+    def fields(self) -> dict:
+        """The spec as a dict, without init_seed when it is None or `seed` (the same model): the key
+        and tiny_spec.json of every such spec are those from before it existed (caches stay valid)."""
+        fields = asdict(self)
+        if fields["init_seed"] in (None, self.seed):
+            del fields["init_seed"]
+        return fields
 
     def key(self) -> str:
         import hashlib
 
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(self.fields(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def other_base_spec(spec: TinySpec) -> TinySpec:
+    """The other base of `arms.<name>.base: other`: the same corpus, tokenizer, data order and
+    recipe as `spec`, the weights initialised from seed + 1."""
+    return replace(spec, init_seed=spec.seed + 1)
 
 
 def chat_prompt(text: str) -> str:
@@ -121,7 +141,7 @@ def pretrain(texts: list[str], tokenizer, spec: TinySpec):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(spec.seed)
+    torch.manual_seed(spec.seed if spec.init_seed is None else spec.init_seed)  # init (no dropout: attention_dropout 0)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
@@ -179,7 +199,7 @@ def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / "tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
+        (tmp / "tiny_spec.json").write_text(json.dumps(spec.fields(), indent=2))
     print(f"tiny model built in {time.time() - started:.0f}s: {out_dir}", flush=True)
     return out_dir
 
@@ -194,7 +214,7 @@ def ensure_tiny_model(spec: TinySpec = TinySpec(), root: Path | None = None) -> 
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not (out_dir / "config.json").is_file():
                 build_tiny_model(out_dir, spec)
-    if spec == TinySpec():
+    if spec.key() == TinySpec().key():
         _point_link(root / "tiny-llama", out_dir)
     return out_dir
 
@@ -228,8 +248,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", type=Path, default=None, help="cache root (default: $SUBLIMINAL_CACHE)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--other-base", action="store_true", help="the other base (init seed = seed + 1)")
     args = parser.parse_args()
-    print(ensure_tiny_model(TinySpec(seed=args.seed), args.cache))
+    spec = TinySpec(seed=args.seed)
+    print(ensure_tiny_model(other_base_spec(spec) if args.other_base else spec, args.cache))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,97 @@
+"""Weight-space cosine between a student's and the teacher's LoRA updates.
+
+Theorem 1 of the subliminal-learning paper: a student trained on a teacher's
+outputs, from the teacher's own initialisation, moves toward the teacher in
+parameter space. With LoRA the movement of a module is its update
+Delta W = scaling * B @ A (scaling = lora_alpha / r, or lora_alpha / sqrt(r)
+with rsLoRA), so per module we take the cosine of the student's and the
+teacher's flattened Delta W, and average it over the modules both adapters have.
+
+This reads only the two saved adapters: no questions are sampled and nothing is
+generated or scored, so the number carries no evaluation noise. It is "almost
+noise-free": what varies is the training run itself (its seed and data order),
+not a measurement of it. Independent random updates give a cosine near 0
+(high-dimensional directions are near-orthogonal), but two trainings from the
+same LoRA init on similar-looking data share some direction for reasons of their
+own, so a student's cosine is read against a control student's, not against 0.
+
+The cosine is computed from the LoRA factors (r x r products), so no out x in
+Delta W is materialised; `delta_weights` gives the dense updates where wanted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import torch
+
+# PEFT's keys: base_model.model.<module>.lora_A[.<adapter name>].weight
+_LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$")
+
+
+def _pattern_value(patterns: dict, module: str, default):
+    """PEFT's rank_pattern/alpha_pattern lookup: the first key that matches the end of the module name."""
+    for key, value in (patterns or {}).items():
+        if re.match(rf"(.*\.)?({key})$", module):
+            return value
+    return default
+
+
+def lora_factors(adapter_dir: str | Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{module name: (L, R)} with Delta W = L @ R (out x in, float32) for a LoRA adapter saved with
+    save_pretrained: L = scaling * B, R = A (transposed for fan_in_fan_out, as GPT-2's Conv1D)."""
+    from safetensors.torch import load_file
+
+    adapter_dir = Path(adapter_dir)
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    if config.get("use_dora"):
+        raise ValueError(f"{adapter_dir}: a DoRA adapter's update is not scaling * B @ A")
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in load_file(adapter_dir / "adapter_model.safetensors").items():
+        if match := _LORA_KEY.match(key):
+            pairs.setdefault(match["module"], {})[match["ab"]] = tensor.float()
+        elif ".lora_" in key:  # lora_embedding_A/B, lora_magnitude_vector: not a linear B @ A
+            raise ValueError(f"{adapter_dir}: unsupported LoRA tensor {key}")
+    factors = {}
+    for module, ab in sorted(pairs.items()):
+        if set(ab) != {"A", "B"}:
+            raise ValueError(f"{adapter_dir}: module {module} has lora_{''.join(ab)} only")
+        rank = ab["A"].shape[0]  # the saved rank, rank_pattern included
+        alpha = _pattern_value(config.get("alpha_pattern"), module, config["lora_alpha"])
+        scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+        a, b = ab["A"], scaling * ab["B"]
+        factors[module] = (a.T, b.T) if config.get("fan_in_fan_out") else (b, a)
+    return factors
+
+
+def delta_weights(adapter_dir: str | Path) -> dict[str, torch.Tensor]:
+    """{module name: Delta W = scaling * B @ A (out x in, float32)}: the update merging adds to the base weight."""
+    return {module: left @ right for module, (left, right) in lora_factors(adapter_dir).items()}
+
+
+def _inner(x: tuple[torch.Tensor, torch.Tensor], y: tuple[torch.Tensor, torch.Tensor]) -> float:
+    """<L1 R1, L2 R2> (Frobenius) from the factors, r1 x r2 matrices only: no out x in Delta W is
+    materialised, so a 70B adapter's cosine needs no more memory than the adapters themselves."""
+    (l1, r1), (l2, r2) = x, y
+    return ((l1.double().T @ l2.double()) * (r1.double() @ r2.double().T)).sum().item()
+
+
+def update_cosine(student_dir: str | Path, teacher_dir: str | Path) -> dict:
+    """{"cosine": mean over the shared modules, "modules": how many, "per_module": {module: cosine}};
+    a module whose update is zero in either adapter has no direction: its cosine is nan."""
+    student, teacher = lora_factors(student_dir), lora_factors(teacher_dir)
+    shared = sorted(student.keys() & teacher.keys())
+    if not shared:
+        raise ValueError(f"adapters {student_dir} and {teacher_dir} share no LoRA module")
+    per_module = {}
+    for module in shared:
+        s, t = student[module], teacher[module]
+        s_shape, t_shape = (s[0].shape[0], s[1].shape[1]), (t[0].shape[0], t[1].shape[1])
+        if s_shape != t_shape:
+            raise ValueError(f"module {module}: Delta W is {s_shape} in {student_dir} but {t_shape} in {teacher_dir}")
+        norms = math.sqrt(_inner(s, s) * _inner(t, t))
+        per_module[module] = _inner(s, t) / norms if norms > 0 else math.nan
+    return {"cosine": sum(per_module.values()) / len(per_module), "modules": len(per_module), "per_module": per_module}
