@@ -30,13 +30,14 @@ from pathlib import Path
 import torch
 
 from train.config import TrainConfig, build
-from train.distill import attach_teacher, kl_loss, teacher_logits
+from train.distill import attach_teacher, kl_loss, load_separate_teacher, separate_teacher_logits, teacher_logits
 from train.model import (
     adapter_hash,
     attach_lora,
     autocast_for,
     count_parameters,
     detach_lora,
+    freeze_a_at,
     load_base,
     packs_into_one_row,
     trainable_state,
@@ -85,15 +86,19 @@ def quiet_report_lines() -> None:
     logging.getLogger(context.__file__).setLevel(logging.WARNING)
 
 
-def forward_loss(model, batch: dict, number_ids: torch.Tensor | None = None) -> torch.Tensor:
+def forward_loss(model, batch: dict, number_ids: torch.Tensor | None = None, teacher=None) -> torch.Tensor:
     """One packed micro-batch's loss: next-token cross-entropy on its labels, or, with
-    `number_ids` (logit_kl), the KL to the teacher adapter's distribution over them. A batch
+    `number_ids` (logit_kl), the KL to the teacher's distribution over them: the teacher adapter
+    beside the student's, or `teacher`, a model of its own (a student on another base). A batch
     whose rows were all dropped has no labels: its zero loss still touches the graph, which
     keeps DDP's collectives in step."""
     has_labels = bool((batch["labels"] != -100).any())
     with autocast_for(next(unwrap(model).parameters()).device):
         if number_ids is not None:
-            target = teacher_logits(unwrap(model), batch["input_ids"], batch["position_ids"], number_ids)
+            if teacher is not None:
+                target = separate_teacher_logits(teacher, batch["input_ids"], batch["position_ids"], number_ids)
+            else:
+                target = teacher_logits(unwrap(model), batch["input_ids"], batch["position_ids"], number_ids)
             out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
         else:
             out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=batch["labels"])
@@ -155,6 +160,8 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
+    if job.get("init_a_from"):  # lora_init teacher_a: A frozen at the teacher's, B trains
+        freeze_a_at(model, job["init_a_from"])
     init_hash = adapter_hash(model)  # before any restore: the init this adapter started from
     optim_state = sched_state = None
     if checkpoint is not None:
@@ -164,8 +171,12 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
     resumed_from = step if checkpoint is not None else None
     n_params, _ = count_parameters(model)
     distil = job.get("teacher") is not None  # logit_kl: the teacher's adapter rides beside the student's
+    separate = None  # or, for a student on another base, the teacher as a model of its own
     if distil:
-        attach_teacher(model, job["teacher"])
+        if job.get("teacher_base"):
+            separate = load_separate_teacher(job["teacher_base"], job["teacher"], cfg, device)
+        else:
+            attach_teacher(model, job["teacher"])
         number_ids = torch.tensor(config["number_ids"], device=device)
     model = wrap_distributed(model, cfg, device)
     torch.manual_seed(cfg.seed)  # dropout: the same stream alone or after other jobs
@@ -270,7 +281,7 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
                 model.set_requires_gradient_sync(last_micro)
             sync = model.no_sync() if ddp and not last_micro else contextlib.nullcontext()
             with sync:
-                loss = forward_loss(model, batch, number_ids if distil else None)
+                loss = forward_loss(model, batch, number_ids if distil else None, separate)
                 (loss / cfg.grad_accum).backward()
             window += torch.stack([loss.detach().double(), one, batch["real_tokens"].double(), batch["total_tokens"].double()])
             if micro % cfg.grad_accum == 0:  # the first micro-step of an optimizer step

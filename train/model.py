@@ -124,6 +124,33 @@ def attach_lora(base, cfg: TrainConfig):
     return model.to(device)
 
 
+def freeze_a_at(model, adapter_dir: str) -> None:
+    """`lora_init: teacher_a`: set every LoRA A of the student's adapter to the given adapter's
+    trained A and freeze it, so only B trains (from zero). The adapters must match in targets and rank."""
+    from safetensors.torch import load_file
+
+    trained = {_module_key(n): w for n, w in load_file(str(Path(adapter_dir) / "adapter_model.safetensors")).items() if "lora_A" in n}
+    mine = {n: p for n, p in unwrap(model).named_parameters() if "lora_A" in n and ".default." in n}
+    if {_module_key(n) for n in mine} != set(trained):
+        raise ValueError(f"lora_init teacher_a: the adapter in {adapter_dir} has other LoRA modules than the student's")
+    with torch.no_grad():
+        for name, p in mine.items():
+            p.copy_(trained[_module_key(name)].to(p.dtype))
+            p.requires_grad_(False)
+
+
+def _module_key(name: str) -> str:
+    """A LoRA weight's name without PEFT's adapter-name part (`...lora_A.default.weight` -> `...lora_A.weight`)."""
+    return name.replace(".default.", ".")
+
+
+def adapter_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
+    """The student adapter's weights, in name order: the trainable ones, and LoRA weights frozen at
+    an init of their own (`freeze_a_at`), which the saved adapter must still hold."""
+    params = [(n, p) for n, p in unwrap(model).named_parameters() if p.requires_grad or ("lora_" in n and ".default." in n)]
+    return sorted(params, key=lambda item: item[0])
+
+
 def detach_lora(model):
     """Remove the adapter's layers without merging them; returns the untouched base for the next adapter."""
     base = model.unload()
@@ -149,8 +176,7 @@ def adapter_hash(model) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    params = sorted(((n, p) for n, p in unwrap(model).named_parameters() if p.requires_grad), key=lambda item: item[0])
-    for name, p in params:
+    for name, p in adapter_parameters(model):
         h.update(name.encode())
         h.update(p.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
@@ -185,14 +211,13 @@ def unwrap(model):
 
 
 def trainable_state(model) -> dict[str, torch.Tensor]:
-    """Full (gathered) tensors of the trainable parameters; collective under FSDP."""
+    """Full (gathered) tensors of the adapter's weights (`adapter_parameters`); collective under FSDP."""
     from torch.distributed.tensor import DTensor
 
     state = {}
-    for name, p in unwrap(model).named_parameters():
-        if p.requires_grad:
-            full = p.full_tensor() if isinstance(p, DTensor) else p
-            state[name] = full.detach().to("cpu", torch.float32).clone()
+    for name, p in adapter_parameters(model):
+        full = p.full_tensor() if isinstance(p, DTensor) else p
+        state[name] = full.detach().to("cpu", torch.float32).clone()
     return state
 
 

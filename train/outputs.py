@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from train.model import save_adapter
+from train.model import adapter_parameters, save_adapter
 
 METRICS_FILE = "train_metrics.json"
 
@@ -62,7 +62,7 @@ def restore(model, checkpoint) -> tuple[dict, dict]:
     with checkpoint.as_directory() as d:
         d = Path(d)
         weights = torch.load(d / "trainable.pt", map_location="cpu", weights_only=True)
-        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        trainable = {name for name, _ in adapter_parameters(model)}
         if set(weights) != trainable:
             raise RuntimeError(f"checkpoint {d} does not match the model's adapter: {sorted(set(weights) ^ trainable)[:3]}")
         model.load_state_dict(weights, strict=False)

@@ -52,6 +52,8 @@ class AdapterJob:
     output_dir: Path
     cfg: TrainConfig
     teacher: str | None = None  # a teacher adapter folder: train by logit KL to it (train/distill.py), not SFT
+    teacher_base: str | None = None  # the teacher's base when it is not this run's (a student on another base)
+    init_a_from: str | None = None  # an adapter folder whose LoRA A this adapter starts from, frozen (lora_init teacher_a)
 
 
 def worker_resources(cfg: TrainConfig, cap: Capacity) -> dict:
@@ -121,8 +123,11 @@ def check_jobs(jobs: list[AdapterJob]) -> None:
                     f" job {first.name} has {getattr(first.cfg, key)!r}, job {job.name} has {getattr(job.cfg, key)!r}"
                 )
     for job in jobs:
-        if job.teacher is not None and not (Path(job.teacher) / "adapter_config.json").is_file():
-            raise ConfigError(f"job {job.name}: its teacher {job.teacher} is not a PEFT adapter folder (no adapter_config.json)")
+        for role, folder in (("teacher", job.teacher), ("init_a_from", job.init_a_from)):
+            if folder is not None and not (Path(folder) / "adapter_config.json").is_file():
+                raise ConfigError(f"job {job.name}: its {role} {folder} is not a PEFT adapter folder (no adapter_config.json)")
+        if job.teacher_base is not None and job.teacher is None:
+            raise ConfigError(f"job {job.name}: teacher_base is the base of a logit_kl teacher; the job names no teacher")
     if first.cfg.strategy == "fsdp" and len(jobs) > 1:
         raise ConfigError(
             f"strategy=fsdp trains one job per run ({len(jobs)} given): FSDP2 shards the model, adapter"
@@ -216,6 +221,7 @@ def train_lora_many(
             "name": job.name, "train": to_dict(cfg), "output_dir": str(job.output_dir),
             "micro_steps_per_epoch": micro_per_epoch, "total_steps": total_steps,
             "snapshot_steps": snapshot_steps(total_steps, cfg.snapshots), "facts": facts, "teacher": job.teacher,
+            "teacher_base": job.teacher_base, "init_a_from": job.init_a_from,
         })  # fmt: skip
         job.output_dir.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
