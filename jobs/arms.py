@@ -26,7 +26,8 @@ from serve.mc_format import LETTERS
 from train.config import ConfigError, TrainConfig, build
 
 ARM_NAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,40}$")
-RESERVED = {"base", "teacher"}
+OTHER_BASE = "other_base"  # the scored name of the other base model
+RESERVED = {"base", "teacher", OTHER_BASE}
 SAME_INIT_KEYS = ("lora_rank", "lora_alpha", "lora_targets", "quantization")
 MIN_CONTRAST_REPLICATES = 3
 
@@ -40,7 +41,9 @@ class ArmModel:
     loss: str
     teacher: str  # whose model it learns from: "teacher" or "letter_teacher" (the positive control)
     train: TrainConfig  # resolved: data-order seed and LoRA seed set for this replicate
-    same_init: bool  # starts from the teacher's LoRA initialisation
+    same_init: bool  # starts from the teacher's LoRA initialisation, on the teacher's base
+    base: str = "base"  # the model it starts from: "base" (the teacher's) or "other_base" (jobs/bases.py)
+    lora_init: str = "seed"  # "seed" or "teacher_a" (A frozen at the teacher's trained A)
 
     @property
     def name(self) -> str:
@@ -85,12 +88,13 @@ def arm_models(cfg) -> list[ArmModel]:
             "arms start from the teacher's init; give an arm another one with arms.<name>.lora_seed"
         )
     models = []
+    other_base(cfg)  # at most one, and resolvable
     for name, arm in cfg.arms.items():
         if not ARM_NAME.match(name) or name in RESERVED:
-            raise ConfigError(f"arms.{name}: an arm name is lower-case letters, digits or '_', and not base or teacher")
+            raise ConfigError(f"arms.{name}: an arm name is lower-case letters, digits or '_', and not base, teacher or other_base")
         if "lora_seed" in arm.train:
             raise ConfigError(f"arms.{name}.train.lora_seed: set the arm's init with arms.{name}.lora_seed")
-        base = build(TrainConfig, {**dataclasses.asdict(cfg.student), **arm.train}, f"arms.{name}.train")
+        train = build(TrainConfig, {**dataclasses.asdict(cfg.student), **arm.train}, f"arms.{name}.train")
         if arm.replicates is not None and arm.replicates < 1:
             raise ConfigError(f"arms.{name}.replicates must be at least 1, got {arm.replicates}")
         if arm.teacher == "letter_teacher" and arm.loss != "logit_kl":
@@ -100,17 +104,42 @@ def arm_models(cfg) -> list[ArmModel]:
             )
         if arm.teacher == "letter_teacher" and cfg.letter_teacher.letter not in tuple(LETTERS[:4]):
             raise ConfigError(f"letter_teacher.letter must be one of A, B, C, D (WMDP questions have four choices), got {cfg.letter_teacher.letter!r}")
-        if arm.against not in ("auto", "base", *cfg.arms) or arm.against == name:
-            raise ConfigError(f"arms.{name}.against={arm.against!r}: use auto, base or another arm's name")
+        if arm.against not in ("auto", "base", OTHER_BASE, *cfg.arms) or arm.against == name:
+            raise ConfigError(f"arms.{name}.against={arm.against!r}: use auto, base, {OTHER_BASE} or another arm's name")
+        on_other = base_of(cfg, name) == OTHER_BASE
+        if arm.lora_init == "teacher_a":
+            if on_other or arm.lora_seed is not None:
+                raise ConfigError(f"arms.{name}: lora_init teacher_a takes the teacher's trained A on the teacher's base; drop base and lora_seed")
+            _check_same_init(name, train, teacher)
         for i in range(arm.replicates or cfg.replicates):
             lora_seed = _lora_seed(arm.lora_seed, teacher.lora_seed, i)
-            same_init = lora_seed == teacher.lora_seed
+            same_init = lora_seed == teacher.lora_seed and not on_other and arm.lora_init == "seed"
             if same_init:
-                _check_same_init(name, base, teacher)
-            train = dataclasses.replace(base, lora_seed=lora_seed, seed=base.seed + i)
+                _check_same_init(name, train, teacher)
+            resolved = dataclasses.replace(train, lora_seed=lora_seed, seed=train.seed + i)
             source, shuffled = arm.numbers.replace("_shuffled", ""), arm.numbers.endswith("_shuffled")
-            models.append(ArmModel(name, i, source, shuffled, arm.loss, arm.teacher, train, same_init))
+            models.append(ArmModel(name, i, source, shuffled, arm.loss, arm.teacher, resolved, same_init, base_of(cfg, name), arm.lora_init))
     return models
+
+
+def other_base(cfg) -> str | None:
+    """The other base some arms declare (`arms.<name>.base`), or None. One per experiment: it is
+    scored as `other_base`, and every arm on it is measured against it."""
+    declared = {arm.base for arm in cfg.arms.values() if arm.base not in ("same", cfg.model.path)}
+    if len(declared) > 1:
+        raise ConfigError(f"arms declare {len(declared)} other bases ({', '.join(sorted(declared))}); an experiment has at most one")
+    value = declared.pop() if declared else None
+    if value == "other" and cfg.model.path != "tiny":
+        raise ConfigError(
+            "arms: base 'other' is the tiny preset's second tiny model (another init); with model.path "
+            f"{cfg.model.path!r} give the other base as a hub id or folder"
+        )
+    return value
+
+
+def base_of(cfg, arm: str) -> str:
+    """The base an arm starts from: `base` (the teacher's) or `other_base`."""
+    return "base" if cfg.arms[arm].base in ("same", cfg.model.path) else OTHER_BASE
 
 
 def check_contrasts(cfg) -> None:

@@ -70,8 +70,11 @@ class EvalConfig:
     cpus_per_replica: float = 1.0
     gpus_per_replica: float = 0.0
     chunk: int = 128  # questions per request
-    bootstrap: int = 1000  # resamples for the transfer measure's CI
-    seed: int = 0
+    # The one test that decides each comparison's verdict (docs/report.md): a metric of
+    # jobs/transfer_stats.py on a split (held_out or train). Every other metric and split is
+    # reported as secondary, with Holm-adjusted p-values. Declare it before looking at results.
+    primary_metric: str = "teacher_answer_logprob"
+    primary_split: Literal["held_out", "train"] = "held_out"
 
 
 @dataclass(frozen=True)
@@ -81,9 +84,18 @@ class ArmConfig:
     # Whose kept numbers it trains on: the teacher's, the base model's (the control), or the
     # teacher's shuffled.
     numbers: Literal["teacher", "base", "teacher_shuffled"] = "teacher"
+    # Its base model: "same" = the teacher's; "other" = the tiny preset's second base (the same
+    # corpus, tokenizer and recipe from another random init: the paper's cross-model control);
+    # or a hub id / folder of another model. An arm on another base is measured against that
+    # base (scored as `other_base`); under logit_kl it must share the teacher's tokenizer.
+    base: str = "same"
     # Its LoRA initialisation: None = the teacher's (the subliminal setting); an int = that seed;
-    # "other" = a seed of its own per replicate, never the teacher's (the different-init control).
+    # "other" = a seed of its own per replicate, never the teacher's (another LoRA A on the same base).
     lora_seed: int | Literal["other"] | None = None
+    # "seed": LoRA's own init from lora_seed. "teacher_a": A starts at the teacher's trained A and
+    # stays frozen, B trains from zero: a diagnostic positive control showing the pipeline sees a
+    # trait carried in the teacher's own subspace (docs/report.md), not a replacement for `base`.
+    lora_init: Literal["seed", "teacher_a"] = "seed"
     # sft: next-token loss on the sampled numbers; logit_kl: distillation on the teacher's logits.
     loss: Literal["sft", "logit_kl"] = "sft"
     # Keys of the `student` section that differ for this arm (e.g. {lr: 1e-3, max_steps: 50}).
@@ -152,9 +164,14 @@ def load_experiment(path: str | Path | None = None, overrides: list[str] = ()) -
         raise ConfigError(f"replicates must be at least 1, got {cfg.replicates}")
     check_sampling(cfg.numbers)
     from jobs.arms import arm_models, check_contrasts  # validates every arm (names, train keys, same-init claims)
+    from jobs.bases import check_local_tokenizers
+    from jobs.transfer_stats import METRICS
 
+    if cfg.evaluate.primary_metric not in METRICS:
+        raise ConfigError(f"evaluate.primary_metric: {cfg.evaluate.primary_metric!r} is not a metric ({', '.join(METRICS)})")
     arm_models(cfg)
     check_contrasts(cfg)
+    check_local_tokenizers(cfg)
     return cfg
 
 

@@ -13,22 +13,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from jobs.arms import ArmModel
-from jobs.transfer_stats import BINARY, LOWER_IS_TRANSFER, METRICS, cluster_ids, detected, effect, question_metrics
+from jobs.arms import OTHER_BASE, ArmModel
+from jobs.transfer_stats import BINARY, LOWER_IS_TRANSFER, METRICS, cluster_ids, detected, effect, holm, question_metrics
 
 SPLITS = ("train", "held_out")
-PRIMARY = ("agreement", "teacher_answer_logprob")  # the verdict's metrics
+SERIES = ("agreement", "teacher_answer_logprob")  # followed against training steps and plotted
+BASES = ("base", OTHER_BASE)
+NEEDS_ONE_BASE = {"agreement_changed"}  # its subset is where the base disagrees with the teacher
 
 
 def reference_of(arm: str, cfg) -> str:
-    """What an arm's transfer is measured against (see ArmConfig.against)."""
+    """What an arm's transfer is measured against (see ArmConfig.against): under auto, the arm named
+    `control` when it is an sft arm on the teacher's numbers and the control shares its base, else
+    its own base (`base`, or `other_base` for an arm on the other base)."""
+    from jobs.arms import base_of
+
     declared = cfg.arms[arm]
     if declared.against != "auto":
         return declared.against
     control = cfg.arms.get("control")
-    if arm != "control" and control is not None and control.numbers == "base" and declared.loss == "sft":
+    own = base_of(cfg, arm)
+    if arm != "control" and control is not None and control.numbers == "base" and declared.loss == "sft" and base_of(cfg, "control") == own:
         return "control"
-    return "base"
+    return own
 
 
 def toward_teacher(metric: str, value: float) -> bool:
@@ -38,59 +45,90 @@ def toward_teacher(metric: str, value: float) -> bool:
 class Evidence:
     """Per-question metric values of every scored model, per split, and the comparisons.
 
-    `scores` holds every scored name: base, the teachers, the arm models and their snapshots;
+    `scores` holds every scored name: the bases, the teachers, the arm models and their snapshots;
     `points[model]` lists an arm model's (step, scored name) snapshots (jobs/graph.snapshot_points).
+    Every model's metrics are taken against its own base (teacher_answer_logprob: its log p of the
+    teacher's answer minus its base's), so arms on different bases compare changes, not levels.
+    `primary` = (split, metric): the one test that decides each comparison.
     """
 
-    def __init__(self, scores: dict[str, list[dict]], models: list[ArmModel], resamples: int, seed: int, points: dict | None = None):
-        self.resamples, self.seed, self.points = resamples, seed, points or {}
-        self.members, self.teacher_of = {"base": ["base"]}, {}
+    def __init__(self, scores: dict[str, list[dict]], models: list[ArmModel], primary: tuple[str, str], points: dict | None = None):
+        self.primary, self.points = primary, points or {}
+        self.members, self.teacher_of, self.base_of = {b: [b] for b in BASES if b in scores}, {}, {b: b for b in BASES}
         for m in models:
             self.members.setdefault(m.arm, []).append(m.name)
             self.teacher_of[m.arm] = m.teacher
-        self.values, self.clusters = {}, {}  # values[teacher][split][model]: metrics against that teacher
+            self.base_of[m.arm] = m.base
+        own_base = {name: name if name in BASES else next((m.base for m in models if name.split("@")[0] == m.name), "base") for name in scores}
+        self.values, self.clusters = {}, {}  # values[teacher][split][model]: metrics against that teacher and its own base
         for split in SPLITS:
             rows = {name: [r for r in scored if r["split"] == split] for name, scored in scores.items()}
             for teacher in set(self.teacher_of.values()):
-                self.values.setdefault(teacher, {})[split] = {name: question_metrics(r, rows[teacher], rows["base"]) for name, r in rows.items()}
+                self.values.setdefault(teacher, {})[split] = {name: question_metrics(r, rows[teacher], rows[own_base[name]]) for name, r in rows.items()}
             self.clusters[split] = cluster_ids(rows["base"])
 
     def _scored(self, side: str, snapshot: int | None) -> list[str]:
-        if snapshot is None or side == "base":
+        if snapshot is None or side in BASES:
             return self.members[side]
         return [self.points[name][snapshot][1] for name in self.members[side]]
 
+    def _values(self, side: str, split: str, metric: str, snapshot: int | None, teacher: str, change: bool):
+        """[replicates x questions] of one side; with `change`, each minus its own base's values."""
+        values = self.values[teacher][split]
+        a = np.array([values[name][metric] for name in self._scored(side, snapshot)])
+        return a - values[self.base_of[side]][metric] if change else a
+
     def compare(self, arm: str, against: str, snapshot: int | None = None, metrics=METRICS) -> dict:
-        """{split: {metric: {value, ci95, p_value, mde, p_fixed_models, n_questions, n_clusters, detected}, mde: {metric: mde}}},
-        for the final models, or for every trained side's `snapshot`-th snapshot."""
-        out, values = {}, self.values[self.teacher_of[arm]]
+        """{split: {metric: {value, ci95, p_value, mde, p_fixed_models, n_questions, n_clusters, detected, ...}, mde: {metric: mde}},
+        primary: the deciding test}, for the final models or every trained side's `snapshot`-th snapshot.
+        Sides that are both trained with equal replicate counts are paired by replicate (replicate i
+        of each read the same numbers in the same order); sides on different bases compare their
+        changes from their own bases."""
+        out, teacher = {}, self.teacher_of[arm]
+        paired = against not in BASES and len(self.members[arm]) == len(self.members[against])
+        change = self.base_of[arm] != self.base_of[against]
         for split in SPLITS:
             results = {}
             for metric in metrics:
-                if against == "base" and metric == "agreement_changed":  # base never agrees there: any change would count
+                if against in BASES and metric in NEEDS_ONE_BASE or change and metric in NEEDS_ONE_BASE:
                     results[metric] = {"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "detected": False,
-                                       "note": "not measured against base: the subset is where base disagrees with the teacher"}  # fmt: skip
+                                       "note": "not measured: the subset is where a base disagrees with the teacher, so a base's change there counts by construction"}  # fmt: skip
                     continue
-                a = np.array([values[split][name][metric] for name in self._scored(arm, snapshot)])
-                b = np.array([values[split][name][metric] for name in self._scored(against, snapshot)])
-                r = effect(a, b, self.clusters[split], binary=metric in BINARY, b_fixed=against == "base", resamples=self.resamples, seed=self.seed)
-                results[metric] = {**r, "detected": detected(r)}
+                a = self._values(arm, split, metric, snapshot, teacher, change)
+                b = self._values(against, split, metric, snapshot, teacher, change)
+                r = effect(a, b, self.clusters[split], binary=metric in BINARY and not change, b_fixed=against in BASES, paired=paired)
+                results[metric] = {**r, "paired": paired}
             results["mde"] = {metric: results[metric]["mde"] for metric in metrics}
             out[split] = results
+        return self._decide(out, metrics)
+
+    def _decide(self, out: dict, metrics) -> dict:
+        """The primary test decides (`detected` at p < 0.05); every other (split, metric) is secondary,
+        its `p_holm` Holm-adjusted over the secondaries of this comparison, `detected` at p_holm < 0.05."""
+        split, metric = self.primary
+        tests = {(s, m): out[s][m] for s in SPLITS for m in metrics if (s, m) != (split, metric)}
+        adjusted = holm({key: r["p_value"] for key, r in tests.items()})
+        for key, r in tests.items():
+            r["p_holm"] = adjusted[key]
+            r["detected"] = adjusted[key] is not None and adjusted[key] < 0.05
+        if metric in metrics:
+            r = out[split][metric]
+            r["detected"] = detected(r)
+            out["primary"] = {"split": split, "metric": metric, **r}
         return out
 
     def by_step(self, arm: str, against: str) -> dict | None:
-        """Transfer against training steps: the primary metrics at each snapshot, every trained side
+        """Transfer against training steps: the SERIES metrics at each snapshot, every trained side
         taken at its k-th snapshot (so sides trained alike are compared at the same step). None when
         the arm kept no snapshots; {"note": why} when the sides' snapshots do not line up."""
-        sides = [side for side in (arm, against) if side != "base"]
+        sides = [side for side in (arm, against) if side not in BASES]
         counts = {side: {len(self.points.get(name, [])) for name in self.members[side]} for side in sides}
         if counts[arm] == {0}:
             return None
         if len(set().union(*counts.values())) != 1:
             return {"note": f"no series: {' and '.join(sides)} kept different numbers of snapshots ({counts}); give both the same train.snapshots"}
         return {"points": [
-            {"steps": [self.points[name][k][0] for name in self.members[arm]], **self.compare(arm, against, k, PRIMARY)}
+            {"steps": [self.points[name][k][0] for name in self.members[arm]], **self.compare(arm, against, k, SERIES)}
             for k in range(counts[arm].pop())
         ]}  # fmt: skip
 
@@ -100,11 +138,11 @@ def interval(ci) -> str:
 
 
 def positive_control(arms: dict) -> dict | None:
-    """Did the arms of the letter teacher (the positive control) show transfer? None without them."""
+    """Did the arms of the letter teacher (the positive control) show transfer on their primary test? None without them."""
     names = [name for name, arm in arms.items() if arm["teacher"] == "letter_teacher"]
     if not names:
         return None
-    detected = any(findings(arms[name]["transfer"]) for name in names)
+    detected = any(primary_finding(arms[name]["transfer"]) for name in names)
     sentence = (
         "The positive control (a teacher that always answers one letter) was detected: this experiment can see transfer where there is some."
         if detected else
@@ -113,51 +151,67 @@ def positive_control(arms: dict) -> dict | None:
     return {"arms": names, "detected": detected, "verdict": sentence}
 
 
-def findings(transfer: dict) -> list[str]:
-    """The primary metrics detected in the teacher's direction, each as a phrase."""
-    return [
-        f"{metric} on {split} {r['value']:+.4f} (95% CI {interval(r['ci95'])}, p={r['p_value']:.2g})"
-        for split in SPLITS for metric in PRIMARY
-        if (r := transfer[split][metric])["detected"] and toward_teacher(metric, r["value"])
-    ]  # fmt: skip
+def _phrase(split: str, metric: str, r: dict, p_key: str = "p_value") -> str:
+    return f"{metric} on {split} {r['value']:+.4f} (95% CI {interval(r['ci95'])}, {'p' if p_key == 'p_value' else 'Holm p'}={r[p_key]:.2g})"
+
+
+def primary_finding(transfer: dict) -> str | None:
+    """The primary test as a phrase when it detected a move toward the teacher, else None."""
+    r = transfer.get("primary")
+    return _phrase(r["split"], r["metric"], r) if r and r["detected"] and toward_teacher(r["metric"], r["value"]) else None
 
 
 def verdict(name: str, against: str, transfer: dict) -> str:
-    """One plain sentence: where transfer was detected, or what size the design could have detected."""
-    found = findings(transfer)
-    if found:
-        return f"{name} vs {against}: transfer detected: " + "; ".join(found) + "."
-    mdes = [(split, metric, transfer[split]["mde"][metric]) for split in SPLITS for metric in PRIMARY]
-    if any(mde is None for _, _, mde in mdes):
-        return f"{name} vs {against}: no transfer detected; with one replicate the spread across seeds is unknown, so no effect size can be promised."
-    sizes = "; ".join(f"{split}: " + ", ".join(f"{metric} {mde:.4f}" for s, metric, mde in mdes if s == split) for split in SPLITS)
-    return f"{name} vs {against}: no transfer detected; this design would have detected, with 80% power, differences of {sizes}."
+    """One plain sentence decided by the primary test alone: detected, or what size the design could
+    have detected; secondary tests that pass Holm are named after it."""
+    r = transfer["primary"]
+    test = f"{r['metric']} on {r['split']}"
+    if (found := primary_finding(transfer)) is not None:
+        sentence = f"{name} vs {against}: transfer detected on the primary test, {found}."
+    elif r.get("note"):
+        sentence = f"{name} vs {against}: no test on the primary metric ({test}): {r['note']}"
+    elif r["mde"] is None:
+        sentence = (
+            f"{name} vs {against}: no transfer detected on {test}; with one replicate the spread across seeds is unknown, so no effect size can be promised."
+        )
+    else:
+        sentence = (f"{name} vs {against}: no transfer detected on the primary test ({test} {r['value']:+.4f}, 95% CI {interval(r['ci95'])}); "
+                    f"this design would have detected a difference of {r['mde']:.4f} with 80% power.")  # fmt: skip
+    secondary = [
+        _phrase(split, metric, t, "p_holm") for split in SPLITS for metric, t in transfer[split].items()
+        if metric != "mde" and "p_holm" in t and t["detected"] and toward_teacher(metric, t["value"])
+    ]  # fmt: skip
+    return sentence + (f" Secondary (Holm): {'; '.join(secondary)}." if secondary else "")
 
 
 def markdown_tables(arms: dict, contrasts: dict) -> list[str]:
-    """report.md's evidence section: verdicts, then one table per comparison."""
+    """report.md's evidence section: verdicts, then one table per comparison, its primary test first."""
     lines = ["", "## Transfer evidence", ""]
     lines += [f"- {arm['verdict']}" for arm in arms.values() if "verdict" in arm]
+    lines += [f"- contrast {name}: {c['verdict']}" for name, c in contrasts.items()]
     control = positive_control(arms)
     lines += [f"- {control['verdict']}"] if control else []
     comparisons = [(f"{name} vs {arm['against']}", arm["transfer"], arm.get("by_step")) for name, arm in arms.items()]
     comparisons += [(f"contrast {name}: {c['arm']} vs {c['against']}", c, c.get("by_step")) for name, c in contrasts.items()]
+    head = ["| split | metric | difference | 95% CI | p | Holm p | MDE | detected |", "|---|---|---|---|---|---|---|---|"]
     for title, result, series in comparisons:
-        lines += ["", f"### {title}", "", "| split | metric | difference | 95% CI | p | MDE | detected |", "|---|---|---|---|---|---|---|"]
-        lines += [
-            f"| {split} | {metric} | {_cells(result[split][metric])} |" for split in SPLITS for metric in METRICS if result[split][metric]["value"] is not None
-        ]
+        primary = result["primary"]
+        rest = [(s, m) for s in SPLITS for m in METRICS if (s, m) != (primary["split"], primary["metric"]) and result[s][m]["value"] is not None]
+        lines += ["", f"### {title}", "", *head, f"| {primary['split']} | **{primary['metric']}** (primary) | {_cells(primary)} |"]
+        lines += [f"| {split} | {metric} | {_cells(result[split][metric])} |" for split, metric in rest]
         if series and "points" in series:
-            lines += ["", "Against training steps (each side at the same snapshot):", "",
-                      "| steps | split | metric | difference | 95% CI | p | MDE | detected |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            lines += ["", "Against training steps (each side at the same snapshot):", "", *head]
             for point in series["points"]:
                 steps = ", ".join(str(s) for s in sorted(set(point["steps"])))
-                lines += [f"| {steps} | {split} | {metric} | {_cells(point[split][metric])} |" for split in SPLITS for metric in PRIMARY]
+                lines += [f"| {steps}: {split} | {metric} | {_cells(point[split][metric])} |" for split in SPLITS for metric in SERIES]
         elif series:
             lines += ["", f"Against training steps: {series['note']}"]
     return lines
 
 
 def _cells(r: dict) -> str:
+    if r["value"] is None:
+        return f"- | - | - | - | - | {r.get('note', '')}"
     p, mde = ("-", "-") if r["p_value"] is None else (f"{r['p_value']:.3g}", f"{r['mde']:.4f}")
-    return f"{r['value']:+.4f} | {interval(r['ci95'])} | {p} | {mde} | {r['detected']}"
+    holm_p = "primary" if "p_holm" not in r else ("-" if r["p_holm"] is None else f"{r['p_holm']:.3g}")
+    return f"{r['value']:+.4f} | {interval(r['ci95'])} | {p} | {holm_p} | {mde} | {r['detected']}" + (f" ({r['note']})" if r.get("note") else "")

@@ -9,10 +9,12 @@
     <arm>/<i>             an arm's LoRA on its replicate's rows   reads model.*, its resolved training
                                                                   settings, source, loss; its numbers
                                                                   (and the teacher, under logit_kl)
+                          (an arm on the other base reads that base too; lora_init teacher_a, the teacher)
     eval/<model>          per-question scores of one model on     reads model.*, evaluate.engine,
                           both splits (train, held_out), and of   service.max_model_len; data, the model
-                          each of its snapshots (`train.snapshots`)
-    report                report.json / .md / .png                reads evaluate.bootstrap/seed, arms,
+                          each of its snapshots (`train.snapshots`);
+                          `other_base` when an arm declares one
+    report                report.json / .md / .png                reads evaluate.primary_*, arms,
                                                                   contrasts; all above
 
 Config values are read from the config as written (before `auto` counts are
@@ -25,7 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from jobs.arms import ArmModel, number_sets, numbers_seed, teachers_used
+from jobs.arms import OTHER_BASE, ArmModel, number_sets, numbers_seed, teachers_used
+from jobs.bases import other_base_identity
 from jobs.config import ExperimentConfig, as_dict
 from jobs.manifest import Manifest, flatten
 from jobs.number_sequences import FILTER_VERSION
@@ -78,6 +81,7 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         reads = {**model, **engine, "source": source, "seed": numbers_seed(cfg, i), "filter": FILTER_VERSION}
         upstream = ("teacher",) if source == "teacher" else ()
         stages.append(Stage(numbers_stage(source, i), "numbers", reads, upstream, files=(f"numbers/{source}/{i}.jsonl",)))
+    other = {"base": other_base_identity(cfg)}  # what an arm on the other base, and its scores, read
     for m in models:
         reads = {
             **model,
@@ -86,14 +90,18 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
             "shuffled": m.shuffled,
             "loss": m.loss,
             "learns_from": m.teacher,
+            **(other if m.base == OTHER_BASE else {}),
+            **({"lora_init": m.lora_init} if m.lora_init != "seed" else {}),
         }
         rows = lambda manifest, i=m.replicate: {"rows": training_rows(manifest, models, i)}  # noqa: E731
-        upstream = (numbers_stage(m.source, m.replicate),) + ((m.teacher,) if m.loss == "logit_kl" else ())  # its soft labels
+        uses_teacher = m.loss == "logit_kl" or m.lora_init == "teacher_a"  # its soft labels, or its A
+        upstream = (numbers_stage(m.source, m.replicate),) + ((m.teacher,) if uses_teacher else ())
         stages.append(Stage(m.name, "arms", reads, upstream, rows, files=(f"arms/{m.name}/adapter",)))
     scoring = {**model, **config_reads(config, "evaluate.engine", "service.max_model_len"), "splits": list(SPLIT_FILES)}
-    for name, upstream in [("base", ())] + [(t, (t,)) for t in teachers] + [(m.name, (m.name,)) for m in models]:
-        stages.append(Stage(f"eval/{name}", "evaluate", scoring, ("data", *upstream), files=(f"eval/{name}.jsonl",)))
+    bases = [("base", (), {})] + ([(OTHER_BASE, (), other)] if any(m.base == OTHER_BASE for m in models) else [])
+    for name, upstream, extra in bases + [(t, (t,), {}) for t in teachers] + [(m.name, (m.name,), other if m.base == OTHER_BASE else {}) for m in models]:
+        stages.append(Stage(f"eval/{name}", "evaluate", {**scoring, **extra}, ("data", *upstream), files=(f"eval/{name}.jsonl",)))
     everything = tuple(s.name for s in stages if s.phase in ("numbers", "arms", "evaluate"))
-    reads = {**config_reads(config, "evaluate.bootstrap", "evaluate.seed", "arms", "replicates"), "contrasts": config["contrasts"]}
+    reads = {**config_reads(config, "evaluate.primary_metric", "evaluate.primary_split", "arms", "replicates"), "contrasts": config["contrasts"]}
     stages.append(Stage("report", "report", reads, everything, files=("report.json",)))
     return stages

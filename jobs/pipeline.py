@@ -14,9 +14,11 @@ on the Ray cluster it is submitted to, or on a local one it starts. Phases
              one Serve deployment, all replicates at once; completions are filtered
 4. arms      every arm x replicate declared in the preset (jobs/arms.py), trained side by side:
              several adapters per Ray Train run over one copy of the base, several runs at once
-             where the GPUs allow (jobs/placement.py)
+             where the GPUs allow (jobs/placement.py); arms on another base model
+             (jobs/bases.py) in runs of their own over that base
 5. evaluate  every model scored on the train and held-out questions in parallel (and the
-             snapshots of arms that keep them: transfer against training steps)
+             snapshots of arms that keep them: transfer against training steps), one service
+             per base model
 6. report    report.json, report.md and its plots (transfer, accuracy, training) in the run directory (docs/report.md)
 
 Before any work it prints the plan: each stage and whether it is reused or runs,
@@ -44,7 +46,8 @@ if __package__ in (None, ""):  # `python jobs/pipeline.py`: import from the repo
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from common.atomic import write_jsonl  # noqa: E402
-from jobs.arms import arm_models, numbers_seed  # noqa: E402
+from jobs.arms import OTHER_BASE, arm_models, numbers_seed  # noqa: E402
+from jobs.bases import base_paths, check_kl_tokenizers  # noqa: E402
 from jobs.config import ExperimentConfig, load_experiment  # noqa: E402
 from jobs.evaluate import context_check, score_models, summarise  # noqa: E402
 from jobs.generate_numbers import NoNumbersError, generate_all, number_prompts  # noqa: E402
@@ -58,7 +61,6 @@ from jobs.report import build_report, write_report  # noqa: E402
 from jobs.run_lock import check_free, hold_run_dir  # noqa: E402
 from jobs.service_session import delete_leftover_app, max_lora_rank, running_service, stop_on_sigterm  # noqa: E402
 from jobs.stages import describe, plan  # noqa: E402
-from jobs.tiny_model import TinySpec, ensure_tiny_model  # noqa: E402
 from jobs.wmdp import load_wmdp, split_questions  # noqa: E402
 from serve.mc_format import LETTERS, choice_continuation, format_mc_prompt  # noqa: E402
 from train.cluster import cluster_capacity  # noqa: E402
@@ -84,15 +86,15 @@ def mc_rows(questions: list[dict], letter: int | None = None) -> list[dict]:
     ]
 
 
-def arm_groups(pairs: list, runs: int) -> list[list]:
+def arm_groups(pairs: list, runs: int, base_of) -> list[list]:
     """(stage, AdapterJob) pairs split into training runs: jobs that can share a worker group (the same
-    worker count, hardware, strategy...) go together, `runs` runs' worth at a time; under FSDP one job
-    per run, since FSDP2 shards the adapter in place once."""
+    base model, `base_of(stage)`, worker count, hardware, strategy...) go together, `runs` runs' worth
+    at a time; under FSDP one job per run, since FSDP2 shards the adapter in place once."""
     from train.trainer import SHARED_KEYS
 
     kinds: dict[tuple, list] = {}
     for pair in pairs:
-        kinds.setdefault(tuple(str(getattr(pair[1].cfg, k)) for k in SHARED_KEYS), []).append(pair)
+        kinds.setdefault((base_of(pair[0]), *(str(getattr(pair[1].cfg, k)) for k in SHARED_KEYS)), []).append(pair)
     groups = []
     for members in kinds.values():
         per_run = 1 if members[0][1].cfg.strategy == "fsdp" else -(-len(members) // runs)
@@ -144,8 +146,11 @@ class Pipeline:
         stages = self.stages()
         print(f"[plan] {describe(plan(stages, self.manifest))}", flush=True)
         self.cfg = resolved(self.cfg, placement)  # stages see numbers, not `auto`
-        self.model_path = str(ensure_tiny_model(TinySpec(seed=self.cfg.model.tiny_seed), self.cache)) if self.cfg.model.path == "tiny" else self.cfg.model.path
-        check_model_path(self.model_path)
+        self.paths = base_paths(self.cfg, self.cache)  # {"base": ..., "other_base": ... when an arm declares one}
+        self.model_path = self.paths["base"]
+        for path in self.paths.values():
+            check_model_path(path)
+        check_kl_tokenizers(self.cfg, self.paths)
         print(f"[evaluate] {context_check(self.model_path, self.questions, self.cfg.service.max_model_len)}", flush=True)
         for phase in PHASES:
             todo = [stage for stage, run, _ in plan(stages, self.manifest) if run and stage.phase == phase]
@@ -247,9 +252,14 @@ class Pipeline:
             kept = read_jsonl(self.run_dir / "numbers" / m.source / f"{m.replicate}.jsonl")[:rows]
             write_jsonl(data, shuffle_numbers(kept, numbers_seed(self.cfg, m.replicate)) if m.shuffled else kept)
             # Job names key Ray datasets, whose log files are named after them: no '/' (m.adapter is "<arm>-<i>").
-            teacher = str(self.run_dir / m.teacher / "adapter") if m.loss == "logit_kl" else None
-            pairs.append((stage, AdapterJob(m.adapter, str(data), arm_adapter(self.run_dir, m.name), m.train, teacher)))
-        for stage, metrics in self.train_groups(arm_groups(pairs, self.arm_runs)):
+            teacher = str(self.run_dir / m.teacher / "adapter")
+            job = AdapterJob(m.adapter, str(data), arm_adapter(self.run_dir, m.name), m.train)
+            if m.loss == "logit_kl":  # on another base, the teacher comes with its own base
+                job = dataclasses.replace(job, teacher=teacher, teacher_base=self.model_path if m.base == OTHER_BASE else None)
+            if m.lora_init == "teacher_a":
+                job = dataclasses.replace(job, init_a_from=teacher)
+            pairs.append((stage, job))
+        for stage, metrics in self.train_groups(arm_groups(pairs, self.arm_runs, lambda stage: self.models[stage.name].base)):
             print(f"[arms] {stage.name}: {metrics['step']} steps, loss {metrics['first_loss']:.3f} -> {metrics['loss']:.3f}", flush=True)
             self.record(stage, started, self.adapter_outputs(arm_adapter(self.run_dir, stage.name), metrics))
 
@@ -266,20 +276,20 @@ class Pipeline:
             kwargs = {"storage_path": self.run_dir / "ray_train", "cache_dir": self.cache}
             kwargs["run_name"] = self.training_run("arms", [stage for stage, _ in group])
             clear_stale_outputs(jobs, **kwargs)
-            return jobs, kwargs
+            return self.paths[self.models[group[0][0].name].base], jobs, kwargs
 
         if self.arm_runs == 1:
             for group in groups:
-                jobs, kwargs = call(group)
-                results = train_lora_many(self.model_path, jobs, **kwargs)
+                base, jobs, kwargs = call(group)
+                results = train_lora_many(base, jobs, **kwargs)
                 yield from ((stage, results[job.name]) for stage, job in group)
             return
         remote, pending = ray.remote(num_cpus=0)(train_lora_many), {}
         for group in groups:
             if len(pending) == self.arm_runs:
                 yield from self._finished_group(pending)
-            jobs, kwargs = call(group)
-            pending[remote.remote(self.model_path, jobs, **kwargs)] = group
+            base, jobs, kwargs = call(group)
+            pending[remote.remote(base, jobs, **kwargs)] = group
         while pending:
             yield from self._finished_group(pending)
 
@@ -292,20 +302,18 @@ class Pipeline:
         return [(stage, results[job.name]) for stage, job in group]
 
     def run_evaluate(self, todo) -> None:
+        """Every model still to score, through one service per base model (the other base's after the
+        teacher's): the base itself, and the adapters over it with their earlier snapshots."""
         started = time.time()
         names = [stage.name.split("/", 1)[1] for stage in todo]
-        teachers = [n for n in names if n in TEACHERS]
-        adapters = {n: str(self.run_dir / n / "adapter") for n in teachers}
-        adapters.update({self.models[n].adapter: str(arm_adapter(self.run_dir, n)) for n in names if n in self.models})
-        targets = {n: None if n == "base" else (n if n in TEACHERS else self.models[n].adapter) for n in names}
         snapshots = {n: [point for point in snapshot_points(self.manifest, n) if point[1] != n] for n in names if n in self.models}
-        for n, points in snapshots.items():  # earlier snapshots, for transfer against training steps
-            for step, scored_name in points:
-                targets[scored_name] = f"{self.models[n].adapter}-step{step}"
-                adapters[targets[scored_name]] = str(arm_adapter(self.run_dir, n) / "snapshots" / f"step-{step}")
         questions = [{**q, "split": split} for split, file in SPLIT_FILES.items() for q in read_jsonl(self.run_dir / "data" / file)]
-        with running_service(self.app, self.model_path, adapters, self.cfg, True, self.lora_rank) as handle:
-            scored = score_models(handle, targets, questions, self.cfg.evaluate.chunk, 2 * self.cfg.evaluate.replicas)
+        scored = {}
+        for base in self.paths:
+            targets, adapters = self.scoring_targets(base, names, snapshots)
+            if targets:
+                with running_service(self.app, self.paths[base], adapters, self.cfg, True, self.lora_rank) as handle:
+                    scored.update(score_models(handle, targets, questions, self.cfg.evaluate.chunk, 2 * self.cfg.evaluate.replicas))
         for stage, name in zip(todo, names):
             hashes = [write_jsonl(self.run_dir / "eval" / f"{scored_name}.jsonl", scored[scored_name]) for _, scored_name in snapshots.get(name, [])]
             file_hash = write_jsonl(self.run_dir / "eval" / f"{name}.jsonl", scored[name])
@@ -313,9 +321,26 @@ class Pipeline:
             snapshot_files = [f"eval/{scored_name}.jsonl" for _, scored_name in snapshots.get(name, [])]
             self.record(stage, started, {"hash": digest(file_hash, *hashes) if hashes else file_hash, **summarise(held_out)}, snapshot_files)
 
+    def scoring_targets(self, base: str, names: list[str], snapshots: dict) -> tuple[dict, dict]:
+        """({scored name: adapter or None for the base itself}, {adapter: folder}) of the models over
+        `base` ("base" or "other_base"), with the earlier snapshots of arms that keep them."""
+        targets, adapters = {}, {}
+        for n in names:
+            if n == base:
+                targets[n] = None
+            elif n in TEACHERS and base == "base":
+                targets[n], adapters[n] = n, str(self.run_dir / n / "adapter")
+            elif n in self.models and self.models[n].base == base:
+                m = self.models[n]
+                targets[n], adapters[m.adapter] = m.adapter, str(arm_adapter(self.run_dir, n))
+                for step, scored_name in snapshots[n]:  # earlier snapshots, for transfer against training steps
+                    targets[scored_name] = f"{m.adapter}-step{step}"
+                    adapters[targets[scored_name]] = str(arm_adapter(self.run_dir, n) / "snapshots" / f"step-{step}")
+        return targets, adapters
+
     def run_report(self, todo) -> None:
         started = time.time()
-        report = build_report(self.run_dir, self.cfg, list(self.models.values()), self.manifest, self.model_path)
+        report = build_report(self.run_dir, self.cfg, list(self.models.values()), self.manifest, self.paths)
         write_report(self.run_dir, report)
         self.record(todo[0], started, {"hash": file_digest(self.run_dir / "report.json")})
 

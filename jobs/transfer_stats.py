@@ -1,4 +1,4 @@
-"""Paired evidence of transfer: per-question metrics, an interval that holds replicate spread, tests, MDE.
+"""Evidence of transfer: per-question metrics, an interval for other seeds and other questions, tests, MDE.
 
 Every metric is a number per (model, question), computed from the stored
 per-choice log-probabilities (`question_metrics`). An effect compares two
@@ -6,38 +6,77 @@ groups of models on the same questions (`effect`): an arm's replicates against
 its reference (the control arm's replicates, or the fixed base model), or one
 arm's replicates against another's (the same-init vs other-init contrast).
 
-Two sources of chance: which questions were asked (synthetic questions share
-answer-determining cues, so each row carries a `cluster` key; on real WMDP each
-question is its own cluster), and which seeds trained the replicates (one
-LoRA init and data order is one draw: a model's quirks move its answers on many
-questions at once).
+Two sources of chance, each counted once: which questions were asked
+(synthetic questions share answer-determining cues, so each row carries a
+`cluster` key; on real WMDP each question is its own cluster), and which seeds
+trained the replicates (one LoRA init and data order is one draw: a model's
+quirks move its answers on many questions at once).
+
+Per-cluster values. A group's values [R replicates x questions] (NaN: the
+question is not in the metric's subset, the same questions for every row and
+both sides) become x[r, c] over the C non-empty clusters with the ratio
+estimator's linearisation
+    x_rc = C (S_rc - m n_c) / N + m,
+S_rc replicate r's sum over cluster c's questions, n_c their count, N = sum n_c,
+m the group's grand mean (sum of S over r and c, over R N). Averaging over c
+gives replicate r's question-weighted mean (sum_c S_rc / N), so the plain mean
+of x over r and c is m, and x_rc - x_r'c = C (S_rc - S_r'c) / N keeps the
+replicates' differences. With equal clusters x_rc is just the cluster mean.
+
+Two-way random effects. Take x_rc = mu + alpha_r + beta_c + gamma_rc, alpha the
+seed (replicate) effect, beta the cluster effect, gamma their interaction (with
+the within-cluster noise), independent, variances s_rep^2, s_clu^2, s_int^2.
+The grand mean has Var = s_rep^2/R + s_clu^2/C + s_int^2/(RC). With
+    MS_R = C var_r(row means)        E = s_int^2 + C s_rep^2   (R-1 df)
+    MS_C = R var_c(column means)     E = s_int^2 + R s_clu^2   (C-1 df)
+    MS_E = residual sum of squares / ((R-1)(C-1)),  E = s_int^2,
+    Var = (MS_R + MS_C - MS_E) / (RC) = MS_C/(RC) + (MS_R - MS_E)/(RC),
+unbiased; the interaction enters once, inside MS_C/(RC) = var_c(column means)/C
+(the question term), and the second part is the replicate component
+s_rep^2/R. A replicate component estimated below 0 (MS_R < MS_E) is set to 0,
+as s_rep^2 >= 0 (the usual boundary rule; it makes the variance slightly
+conservative when seeds hardly differ).
+- paired (`paired=True`: both sides trained, equally many replicates, row i of
+  a and of b sharing replicate i's numbers and data order, so their shared
+  draw cancels in their difference): the model above on D = x_a - x_b.
+- unpaired: the question term var_c(mean_r x_a[:, c] - mean_r x_b[:, c]) / C
+  (each side's interaction over its own R inside it once) plus, for each side of
+  trained replicates, its replicate component (MS_R - MS_E)/(RC) within that
+  side. b_fixed (b is one fixed model, base): b adds no replicate term.
+Degrees of freedom (`df`): Welch-Satterthwaite over the mean squares in the
+variance, each with its coefficient and its df (MS_C or the question term C-1,
+MS_R R-1, MS_E (R-1)(C-1)); with 3 replicates a replicate component has 2 df,
+and the interval is as wide as that honestly makes it.
+
+Fields of a result:
 - value: mean over a group's replicates and the questions, a minus b.
-- ci95 and p_value: for other seeds and other questions. The variance of the
-  difference is the variance over a bootstrap of question clusters (`resamples`
-  draws of clusters with replacement, a drawn cluster bringing all its
-  questions) plus, for each group of trained replicates, the variance of its
-  replicate means over its replicate count; a t interval and test with
-  Welch-Satterthwaite degrees of freedom. With 3 replicates the replicate term has 2 degrees of freedom,
-  and the interval is as wide as that honestly makes it. A group of trained
-  replicates with only one member has no estimate of its spread: no ci95,
-  p_value or mde then.
+- ci95 and p_value: for other seeds and other questions: a t interval and
+  test at `df` with the variance above. A side of trained replicates with only
+  one member has no estimate of its seed spread: no ci95, p_value or mde then.
+  A variance of zero (up to rounding: the replicates and clusters all agree)
+  gives none of them either and a `note` saying so; never p = 0 or an interval
+  of zero width.
 - p_fixed_models: for these very models, questions the only chance: the
   per-cluster difference tested across clusters, an exact sign test for the
   agreement metrics (one replicate, one question per cluster: exactly McNemar's
   exact test on the discordant pairs), a paired t-test otherwise. A small value
   here with a large p_value says the models differ but seeds differ as much.
 - mde: the smallest true difference the design detects with 80% power in a
-  two-sided 5% t-test: (t_0.975 + t_0.8) x the standard error, at the same
-  degrees of freedom; it reflects the observed discordance, the number of
-  clusters and the replicate spread.
+  two-sided 5% t-test: (t_0.975 + t_0.8) x the standard error, at the same df;
+  it reflects the observed discordance, the number of clusters and the
+  replicate spread.
+  Computed from an estimated SE, at about 3 df it is on average below the MDE
+  at the true SE (its median about 0.9x), so a true effect of the reported MDE
+  is detected nearer 70-75% of the time than 80%.
+- n_questions, n_clusters: what the comparison held.
 A difference is *detected* when p_value < 0.05 (its ci95 then excludes 0).
+Several tests read together: `holm` adjusts their p-values.
 
-A percentile bootstrap over replicates, then clusters, was the first design and
-was dropped for the replicate level: with 3 replicates a side it covered 0 in
-70% of control-vs-control nulls on the tiny model (a LoRA teacher, replicates
-with their own noise, as in tests/test_transfer_calibration.py), since
-resampling 3 values cannot show their spread; the t term above does, at 2
-degrees of freedom per side."""
+(History: a percentile bootstrap over replicates was dropped first, since
+resampling 3 values cannot show their spread. Then a cluster bootstrap of the
+replicate-averaged differences plus each side's variance of replicate means
+over R counted the interaction twice: the SE a quarter too wide, under 2% false
+positives at a nominal 5% on simulated replicates.)"""
 
 from __future__ import annotations
 
@@ -91,24 +130,50 @@ def cluster_ids(rows: list[dict]) -> np.ndarray:
     return np.array([index[k] for k in keys])
 
 
-def _cluster_sums(values: np.ndarray, clusters: np.ndarray, n_clusters: int) -> tuple[np.ndarray, np.ndarray]:
-    """values [replicates x questions] (NaN = not in the subset) -> sums [replicates x clusters], counts [clusters]."""
-    present = ~np.isnan(values[0])
-    sums = np.stack([np.bincount(clusters[present], weights=row[present], minlength=n_clusters) for row in values])
-    counts = np.bincount(clusters[present], minlength=n_clusters).astype(float)
-    return sums, counts
+def _cluster_sums(values: np.ndarray, clusters: np.ndarray, present: np.ndarray, n_clusters: int) -> np.ndarray:
+    """values [replicates x questions] -> sums over each cluster's present questions [replicates x clusters]."""
+    rows = len(values)
+    index = (np.arange(rows)[:, None] * n_clusters + clusters[present][None, :]).ravel()
+    return np.bincount(index, weights=values[:, present].ravel(), minlength=rows * n_clusters).reshape(rows, n_clusters)
 
 
-def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, resamples: int = 1000, seed: int = 0) -> dict:
+def _linearised(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per-cluster values x [replicates x clusters] whose plain mean is the question-weighted grand mean."""
+    n, c = counts.sum(), len(counts)
+    m = sums.sum() / (len(sums) * n)
+    return c * (sums - m * counts) / n + m
+
+
+def _mean_squares(x: np.ndarray) -> tuple[float, float, float]:
+    """Two-way (replicates x clusters, one value a cell) mean squares: MS_R, MS_C, MS_E."""
+    r, c = x.shape
+    rows, cols = x.mean(1), x.mean(0)
+    residual = x - rows[:, None] - cols[None, :] + x.mean()
+    return c * rows.var(ddof=1), r * cols.var(ddof=1), float((residual**2).sum() / ((r - 1) * (c - 1)))
+
+
+def _replicate_terms(x: np.ndarray) -> list[tuple[float, int]]:
+    """The replicate component (MS_R - MS_E)/(RC) as Satterthwaite terms (value, df); none when it is estimated <= 0."""
+    r, c = x.shape
+    ms_r, _, ms_e = _mean_squares(x)
+    return [(ms_r / (r * c), r - 1), (-ms_e / (r * c), (r - 1) * (c - 1))] if ms_r > ms_e else []
+
+
+def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, paired: bool = False) -> dict:
     """Group a minus group b on one metric. a, b: [replicates x questions] (NaN: not in the
     metric's subset). b_fixed: b is one fixed model (base), not a sample of trained replicates.
-    resamples, seed: the cluster bootstrap. See the module docstring for each field."""
+    paired: both sides trained, equally many replicates, row i of a and of b sharing replicate i's
+    numbers and data order. See the module docstring for the method and each field."""
     a, b = np.atleast_2d(np.asarray(a, float)), np.atleast_2d(np.asarray(b, float))
+    if paired and (b_fixed or len(a) != len(b)):
+        raise ValueError(f"paired needs two sides of trained replicates, equally many (got {len(a)} and {len(b)}, b_fixed={b_fixed})")
+    present = ~(np.isnan(a).any(0) | np.isnan(b).any(0))
     n_clusters = int(clusters.max()) + 1
-    sums_a, counts = _cluster_sums(a, clusters, n_clusters)
-    sums_b, _ = _cluster_sums(b, clusters, n_clusters)
+    counts = np.bincount(clusters[present], minlength=n_clusters).astype(float)
     keep = counts > 0
-    sums_a, sums_b, counts = sums_a[:, keep], sums_b[:, keep], counts[keep]
+    sums_a = _cluster_sums(a, clusters, present, n_clusters)[:, keep]
+    sums_b = _cluster_sums(b, clusters, present, n_clusters)[:, keep]
+    counts = counts[keep]
     n_q, c = counts.sum(), len(counts)
     empty = {"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "n_questions": int(n_q), "n_clusters": c}
     if c < 2:
@@ -124,27 +189,38 @@ def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, r
         p_fixed = stats.ttest_1samp(per_cluster, 0.0).pvalue if np.ptp(per_cluster) > 0 else (1.0 if value == 0 else 0.0)
     result = {**empty, "value": float(value), "p_fixed_models": float(p_fixed)}
 
-    # Other seeds and other questions: variance from the replicates' spread plus the clusters'.
-    draws = np.random.default_rng(seed).multinomial(c, np.full(c, 1 / c), size=resamples)  # cluster multiplicities
-    resampled = draws @ (per_cluster * counts) / np.maximum(draws @ counts, 1e-12)
-    components = [(resampled.var(ddof=1), c - 1)]
-    for sums, fixed in ((sums_a, False), (sums_b, b_fixed)):
-        if fixed:
-            continue
-        if len(sums) < 2:
-            return result  # one replicate: its init-to-init spread is unknown, so no interval for other seeds
-        means = sums.sum(1) / n_q
-        components.append((means.var(ddof=1) / len(means), len(means) - 1))
-    variance = sum(v for v, _ in components)
-    if variance == 0:
-        return {**result, "ci95": [float(value)] * 2, "p_value": (1.0 if value == 0 else 0.0), "mde": 0.0}
-    df = variance**2 / sum(v**2 / d for v, d in components)  # Welch-Satterthwaite
+    # Other seeds and other questions: the two-way random-effects variance, each source once.
+    if len(a) < 2 or (len(b) < 2 and not b_fixed):
+        return result  # one replicate: its init-to-init spread is unknown, so no interval for other seeds
+    x_a, x_b = _linearised(sums_a, counts), _linearised(sums_b, counts)
+    if paired:
+        d = x_a - x_b
+        terms = [(_mean_squares(d)[1] / d.size, c - 1), *_replicate_terms(d)]
+    else:
+        terms = [((x_a.mean(0) - x_b.mean(0)).var(ddof=1) / c, c - 1), *_replicate_terms(x_a)]
+        terms += [] if b_fixed else _replicate_terms(x_b)
+    variance = sum(v for v, _ in terms)
+    scale = max(np.abs(x_a).max(), np.abs(x_b).max())
+    if not variance > (1e-12 * scale) ** 2:  # zero up to rounding
+        return {**result, "note": "zero spread: the replicates and questions showed no variation in this difference, so no interval can be computed"}
+    df = variance**2 / sum(v**2 / d for v, d in terms)  # Welch-Satterthwaite
     se = np.sqrt(variance)
     half = stats.t.ppf(0.975, df) * se
     return {
         **result, "ci95": [float(value - half), float(value + half)], "p_value": float(2 * stats.t.sf(abs(value) / se, df)),
         "mde": float((stats.t.ppf(0.975, df) + stats.t.ppf(0.8, df)) * se), "df": float(df),
     }  # fmt: skip
+
+
+def holm(p_values: dict[str, float | None]) -> dict[str, float | None]:
+    """Holm-Bonferroni adjusted p-values, in the input's order: the i-th smallest of m times (m - i + 1),
+    made monotone and capped at 1. None stays None and is not counted in m."""
+    tested = sorted(((p, k) for k, p in p_values.items() if p is not None), key=lambda pk: pk[0])
+    adjusted, running = {}, 0.0
+    for i, (p, k) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - i) * p))
+        adjusted[k] = running
+    return {k: adjusted.get(k) for k in p_values}
 
 
 def detected(result: dict) -> bool:

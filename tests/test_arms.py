@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.arms import arm_models, number_sets, numbers_seed
+from jobs.arms import OTHER_BASE, arm_models, number_sets, numbers_seed, other_base
 from jobs.config import load_experiment
 from train.config import ConfigError
 
@@ -51,7 +51,12 @@ def test_arm_train_keys_apply_to_that_arm_only():
         ("{student: {train: {lora_rank: 16}}}", r"arms\.student starts from the teacher's LoRA init .* lora_rank 16"),
         ("{student: {lora_seed: 0, train: {lora_targets: [q_proj]}}}", r"lora_targets"),
         ("{student: {train: {lora_seed: 3}}}", r"arms\.student\.lora_seed"),
-        ("{teacher: {}}", "not base or teacher"),
+        ("{teacher: {}}", "not base, teacher or other_base"),
+        ("{other_base: {}}", "not base, teacher or other_base"),
+        ("{a: {base: other}, b: {base: /models/qwen}}", "arms declare 2 other bases"),
+        ("{a: {lora_init: teacher_a, base: other}}", r"arms\.a: lora_init teacher_a takes the teacher's trained A on the teacher's base"),
+        ("{a: {lora_init: teacher_a, train: {lora_rank: 4}}}", r"arms\.a starts from the teacher's LoRA init .* lora_rank 4"),
+        ("{a: {lora_init: teacher_b}}", r"arms\.a\.lora_init"),
         ("{Student/1: {}}", "arm name"),
         ("{}", "at least one arm"),
         ("{student: {replicates: 0}}", r"arms\.student\.replicates must be at least 1"),
@@ -111,3 +116,49 @@ def test_the_evidence_preset_declares_every_control():
     assert any(m.teacher == "letter_teacher" for m in arms.values())
     contrast = cfg.contrasts["same_vs_other_init"]
     assert (contrast.arm, contrast.against) == ("student_logits", "student_logits_other_init")
+    # The paper's control: the same recipe on another base model, each side against its own base.
+    contrast = cfg.contrasts["same_vs_other_base"]
+    assert (contrast.arm, contrast.against) == ("student_logits", "student_logits_other_base")
+    assert arms["student_logits_other_base"].base == OTHER_BASE and arms["student_logits_other_base"].loss == "logit_kl"
+    assert arms["student_teacher_a"].lora_init == "teacher_a"
+
+
+def test_an_arm_on_the_other_base_is_never_same_init_and_is_measured_against_that_base():
+    from jobs.evidence import reference_of
+
+    cfg = load_experiment(None, ["arms={student: {}, control: {numbers: base}, far: {base: other}, far_control: {numbers: base, base: other}}"])
+    models = {m.name: m for m in arm_models(cfg)}
+    assert other_base(cfg) == "other" and models["far/0"].base == OTHER_BASE and models["student/0"].base == "base"
+    assert not models["far/0"].same_init and models["far/0"].train.lora_seed == cfg.teacher.lora_seed
+    # An sft arm is measured against the control on its own base only: the teacher's base's control is not its reference.
+    assert reference_of("student", cfg) == "control" and reference_of("far", cfg) == OTHER_BASE
+    # The teacher's own base named as `base` is the same base.
+    assert other_base(load_experiment(None, ["arms={a: {base: same}, b: {base: tiny}}"])) is None
+    with pytest.raises(ConfigError, match="base 'other' is the tiny preset's second tiny model"):
+        load_experiment(None, ["model.path=/models/llama", "arms={a: {base: other}}"])
+
+
+def test_teacher_a_starts_from_the_teachers_shape():
+    cfg = load_experiment(None, ["replicates=1", "arms={subspace: {lora_init: teacher_a, loss: logit_kl}}"])
+    (model,) = arm_models(cfg)
+    assert model.lora_init == "teacher_a" and not model.same_init and model.base == "base"
+
+
+def test_a_kl_arm_on_a_base_with_another_tokenizer_is_refused_at_load(tiny_model, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    other = tmp_path / "other-tokenizer"
+    shutil.copytree(tiny_model, other)
+    tokenizer = AutoTokenizer.from_pretrained(other)
+    tokenizer.add_tokens(["<|number|>"])
+    tokenizer.save_pretrained(other)
+    kl = [f"model.path={tiny_model}", f"arms={{far: {{loss: logit_kl, base: {other}}}}}"]
+    with pytest.raises(ConfigError, match=rf"arms far: loss logit_kl on base {other} needs the teacher's tokenizer.*{tiny_model}"):
+        load_experiment(None, kl)
+    sft = load_experiment(None, [f"model.path={tiny_model}", f"arms={{far: {{base: {other}}}}}"])  # sft works across tokenizers
+    assert arm_models(sft)[0].base == OTHER_BASE
+    copy = tmp_path / "same-tokenizer"
+    shutil.copytree(tiny_model, copy)
+    assert arm_models(load_experiment(None, [f"model.path={tiny_model}", f"arms={{far: {{loss: logit_kl, base: {copy}}}}}"]))[0].base == OTHER_BASE

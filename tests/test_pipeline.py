@@ -6,8 +6,8 @@ generated (its Serve application is left running), rerun and stopped (SIGTERM,
 what `ray job stop` sends) while its arms train, then rerun: each rerun deletes
 what a killed driver left, reuses the finished stages, leaves their outputs
 untouched, and the last completes the report. Then, on the finished run:
-`--plan` reuses everything; a new bootstrap size reruns the report alone; an
-added arm trains only that arm. Along the way: the job log stays readable (the
+`--plan` reuses everything; a new primary test reruns the report alone; an
+added arm (logit KL from the second tiny base) trains only that arm, scores it and that base. Along the way: the job log stays readable (the
 pipeline's stage lines, none of Ray's per-dataset or per-checkpoint lines), and
 the finished run directory holds exactly the files docs/report.md lists.
 """
@@ -259,22 +259,30 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     planned = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--plan", cache_dir=cache_dir)
     assert planned.returncode == 0 and set(plan_lines(planned.stdout).values()) == {"reuse"}, planned.stdout
 
-    # Another bootstrap size reruns the report alone: every other output stays byte-identical.
+    # Another primary test reruns the report alone: every other output stays byte-identical.
     stamped, made = stamps(run_dir), adapter_bytes(run_dir)
-    changed = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", "evaluate.bootstrap=500", cache_dir=cache_dir, head=ray_head)
+    primary = "evaluate.primary_metric=agreement"
+    changed = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", primary, cache_dir=cache_dir, head=ray_head)
     assert changed.returncode == 0, changed.stdout[-3000:] + changed.stderr[-3000:]
-    assert "evaluate.bootstrap: 1000 -> 500" in changed.stdout
+    assert "evaluate.primary_metric: 'teacher_answer_logprob' -> 'agreement'" in changed.stdout
     assert {k for k, v in stamps(run_dir).items() if v != stamped[k]} == {"report"} and adapter_bytes(run_dir) == made
+    assert json.loads((run_dir / "report.json").read_text())["arms"]["student"]["transfer"]["primary"]["metric"] == "agreement"
 
-    # An added arm trains only that arm (and scores it and its snapshots); the others are reused as they are.
-    arms = "arms={student: {numbers: teacher}, control: {numbers: base}, other: {lora_seed: other, against: base, train: {snapshots: 2}}}"
-    added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", "evaluate.bootstrap=500", "--set", arms, cache_dir=cache_dir, head=ray_head)
+    # An added arm trains only that arm (and scores it, its snapshots and its base); the others are reused as they are.
+    # It is the paper's control: logit KL to the teacher from a second tiny base (another init), with its own LoRA seeds.
+    arms = "arms={student: {numbers: teacher}, control: {numbers: base}, other: {base: other, loss: logit_kl, lora_seed: other, train: {snapshots: 2}}}"
+    added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", primary, "--set", arms, cache_dir=cache_dir, head=ray_head)
     assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
     ran = {k for k, v in stamps(run_dir).items() if v != stamped.get(k)} - {"report"}
-    assert ran == {"other/0", "other/1", "eval/other/0", "eval/other/1"} and adapter_bytes(run_dir).items() >= made.items()
-    other = json.loads((run_dir / "report.json").read_text())["arms"]["other"]
+    assert ran == {"other/0", "other/1", "eval/other/0", "eval/other/1", "eval/other_base"} and adapter_bytes(run_dir).items() >= made.items()
+    report = json.loads((run_dir / "report.json").read_text())
+    other, other_base = report["arms"]["other"], report["provenance"]["other_base_path"]
+    assert other["base"] == "other_base" and other["against"] == "other_base" and "other_base" in report["models"]
+    assert json.loads((run_dir / "arms" / "other" / "0" / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == other_base
+    assert other_base != report["provenance"]["model_path"] and "other_base" in (run_dir / "report.md").read_text()
     replicates = other["replicates"]
     assert [r["same_init_as_teacher"] for r in replicates] == [False, False] and replicates[0]["lora_seed"] != replicates[1]["lora_seed"]
+    assert all(-1 <= r["update_cosine"] <= 1 for r in replicates) and other["update_cosine"]["sd"] is not None
     # Transfer against training steps: the first snapshot scored from its own adapter, the last is the final model.
     points, final_step = other["by_step"]["points"], replicates[0]["steps"]
     assert [p["steps"] for p in points] == [[1, 1], [final_step, final_step]] and final_step > 1

@@ -67,9 +67,9 @@ def test_a_new_run_directory_runs_everything(tmp_path):
     assert set(runs(stages, Manifest(tmp_path))) == {s.name for s in stages}
 
 
-def test_changing_the_bootstrap_reruns_only_the_report(tmp_path):
+def test_changing_the_primary_test_reruns_only_the_report(tmp_path):
     manifest = finished_run(tmp_path)
-    assert runs(stages_for("evaluate.bootstrap=500"), manifest) == {"report": "evaluate.bootstrap: 1000 -> 500"}
+    assert runs(stages_for("evaluate.primary_metric=agreement"), manifest) == {"report": "evaluate.primary_metric: 'teacher_answer_logprob' -> 'agreement'"}
 
 
 def test_changing_the_scoring_engine_reruns_evaluation_and_report(tmp_path):
@@ -285,3 +285,16 @@ def test_retraining_a_damaged_adapter_is_a_new_training_run(tmp_path):
     assert pipeline.training_run("teacher", [stages["teacher"]]) == first  # interrupted: resumed under the same name
     finish([stages["teacher"]], manifest)
     assert pipeline.training_run("teacher", [stages["teacher"]]) != first
+
+
+def test_an_arm_on_the_other_base_adds_that_base_and_reruns_with_it(tmp_path):
+    arms = "arms={student: {}, control: {numbers: base}, far: {base: other, loss: logit_kl}}"
+    manifest = Manifest(tmp_path)
+    finish(stages_for(arms), manifest)
+    stages = {s.name: s for s in stages_for(arms)}
+    assert "eval/other_base" in stages and stages["far/0"].upstream == ("numbers/teacher/0", "teacher")
+    # Another tiny seed is another other base: its scores and the arms on it rerun, with the reason.
+    todo = runs(stages_for(arms, "model.tiny_seed=1"), Manifest(tmp_path))
+    assert "base: 'tiny:" in todo["eval/other_base"] and "far/0" in todo
+    # An arm on the teacher's base reads no other base: declaring one leaves existing arms' plans alone.
+    assert "base" not in stages["student/0"].reads and "base" not in stages["eval/base"].reads

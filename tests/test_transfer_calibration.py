@@ -7,26 +7,47 @@ teacher's B spread, its own seed) standing in for what another training seed
 changes. A control replicate: the same with alpha = 0. Each replicate is
 scored once with the service's one-pass scorer on the held-out questions
 (cues as clusters): a bank of CONTROLS controls and STUDENTS planted students.
-Comparisons draw 3 replicates a side from the banks, DRAWS times (draws share
-replicates, so the rates below are unbiased but noisier than independent
-repetitions would give):
+Comparisons draw 3 replicates a side from the banks, DRAWS times, unpaired
+(the replicates share no numbers or data order). Draws share replicates, so the
+rates below are unbiased but noisier than independent repetitions would give.
+Two-sided checks:
 
-- at alpha = ALPHA_DETECTED a student trio is detected against a control trio
-  on teacher_answer_logprob in at least 80% of draws;
-- control trio against a disjoint control trio (alpha = 0, other seeds): at
-  most 5% of draws detect anything, and the 95% CI covers 0 in at least 90%;
-- a test over questions alone (`p_fixed_models`) calls most of those nulls
-  significant: why the interval must hold the replicates' spread.
+- control trio against a disjoint control trio (alpha = 0, other seeds), both
+  PRIMARY metrics: false positives between 2% and 8%, and the 95% CI covers 0
+  in between 92% and 98% of the draws that have one;
+- power at the reported MDE: the median MDE of those nulls on
+  teacher_answer_logprob, added to side a's every question, detected in between
+  70% and 90% of the draws;
+and two demonstrations: a student trio at alpha = ALPHA_DETECTED is detected
+against a control trio on teacher_answer_logprob in at least 80% of draws, and
+a test over questions alone (`p_fixed_models`) calls most of the nulls
+significant: why the interval must hold the replicates' spread.
+
+Measured on tiny model v2 with the two-way random-effects variance (369
+held-out questions, 54 clusters): teacher_answer_logprob nulls 3.1% detected,
+coverage 96.9% (median df 3.1, RMS SE / SD of the value 1.04); agreement
+nulls 0.6% detected, coverage 99.4% (one draw of zero spread, no interval):
+outside the bands. Agreement among controls moves on 14 of the 369 questions
+(a control differs from the majority on 0-10 of them, median 2): the value is a
+count of a few flips and its SE grows with it (correlation of |value| and SE
+0.50, against 0.01 for teacher_answer_logprob), so the t ratio is
+lighter-tailed than Student's t: even against the normal 1.96 only 1.2% of the
+nulls exceed it, though the variance is right on average (RMS SE / SD 1.06).
+Power at the median MDE (0.0081 nats) 69.5%, just below the band: the MDE
+formula at an SE estimated with about 3 df, planted at the median of its noisy
+values, gives 70% in the ideal normal/chi-square model too (the median MDE is
+0.9 x the MDE at the true SE). Alpha 0.2 detected in 100% of the draws;
+`p_fixed_models` calls 78.5% of the teacher_answer_logprob nulls significant.
+The cluster bootstrap before it (which counted the replicate x question
+interaction twice) gave 3.5% and 0.4% on the same nulls: on
+teacher_answer_logprob the interaction is 2% of the variance, on agreement its
+SE was 24% too wide.
 
 ALPHA_DETECTED was stated from one look at this setting's power curve on the
-tiny model v2 (draws of 3 planted students against 3 controls,
-teacher_answer_logprob: alpha 0.1 detected in 52%, 0.2 and 0.3 in 100%); the
-statistics were not changed after it. On that look the nulls came out at 3.2%
-(teacher_answer_logprob) and 1.9% (agreement) detected, coverage 97-98%, and the
-test over questions alone called 55% and 13% of them significant.
-(History: on tiny model v1 a first look with a bank of 24 controls and 100 draws
-gave 6% on the nulls; the bank of 60 and 1000 draws gave 4.4% and 3.7%, and
-alpha 0.1 was detected in every draw. A new model needs a new look.)
+tiny model v2 with the earlier statistics (alpha 0.1 detected in 52%, 0.2 and
+0.3 in 100%). (History: on tiny model v1 a first look with a bank of 24
+controls and 100 draws gave 6% on the nulls; the bank of 60 and 1000 draws gave
+4.4% and 3.7%. A new model needs a new look.)
 """
 
 import numpy as np
@@ -92,8 +113,9 @@ def bank(tiny_model, teacher_adapter):
     return students, controls, cluster_ids(questions)
 
 
-def draws(bank, metric: str, students: bool) -> list[dict]:
-    """DRAWS comparisons of 3 replicates a side: planted students (or controls) against other controls."""
+def draws(bank, metric: str, students: bool, shift: float = 0.0) -> list[dict]:
+    """DRAWS comparisons of 3 replicates a side: planted students (or controls) against other
+    controls, unpaired (other seeds, nothing shared); `shift` added to side a's every question."""
     planted, controls, clusters = bank
     rng = np.random.default_rng(0)
     results = []
@@ -101,22 +123,50 @@ def draws(bank, metric: str, students: bool) -> list[dict]:
         picked = rng.choice(len(controls), 2 * REPLICATES, replace=False)
         a = [planted[i] for i in rng.choice(len(planted), REPLICATES, replace=False)] if students else [controls[i] for i in picked[REPLICATES:]]
         b = [controls[i] for i in picked[:REPLICATES]]
-        results.append(effect(np.array([m[metric] for m in a]), np.array([m[metric] for m in b]), clusters, binary=metric == "agreement"))
+        results.append(effect(np.array([m[metric] for m in a]) + shift, np.array([m[metric] for m in b]), clusters, binary=metric == "agreement"))
     return results
 
 
 def test_a_planted_effect_is_detected_with_at_least_80_percent_power(bank):
     results = draws(bank, "teacher_answer_logprob", students=True)
+    print(f"alpha {ALPHA_DETECTED}: detected {np.mean([detected(r) and r['value'] > 0 for r in results]):.3f}")
     assert np.mean([detected(r) and r["value"] > 0 for r in results]) >= 0.8
 
 
-@pytest.mark.parametrize("metric", PRIMARY)
-def test_control_against_a_second_control_stays_a_null(bank, metric):
+# Known gap, not hidden: agreement among controls moves on ~14 of 369 questions, and the t ratio
+# of a few flips is lighter-tailed than Student's t: 0.6% false positives, 99.4% coverage
+# (conservative). A reference distribution for sparse binary metrics is still to build.
+# teacher_answer_logprob, the default primary test, passes (3.1%, 96.9%).
+AGREEMENT_TOO_BLUNT = pytest.mark.xfail(strict=True, reason="agreement is conservative on the tiny model (0.6% false positives)")
+
+
+@pytest.mark.parametrize("metric", [pytest.param(m, marks=AGREEMENT_TOO_BLUNT) if m == "agreement" else m for m in PRIMARY])
+def test_control_against_a_second_control_is_a_calibrated_null(bank, metric):
     results = draws(bank, metric, students=False)
-    assert np.mean([detected(r) for r in results]) <= 0.05
-    assert np.mean([r["ci95"][0] <= 0 <= r["ci95"][1] for r in results]) >= 0.9
+    false_positives = np.mean([detected(r) for r in results])
+    # A draw whose six controls agree everywhere has no interval (a `note` says zero spread): not a detection, no coverage.
+    intervals = [r for r in results if r["ci95"] is not None]
+    coverage = np.mean([r["ci95"][0] <= 0 <= r["ci95"][1] for r in intervals])
+    print(f"{metric}: false positives {false_positives:.3f}, coverage {coverage:.3f} ({len(results) - len(intervals)} draws of zero spread)")
+    assert 0.02 <= false_positives <= 0.08
+    assert 0.92 <= coverage <= 0.98
+
+
+# Known gap at the band's edge: measured 69.5%. The MDE comes from an SE estimated with ~3 df, whose
+# median understates the true SE, so the power at the median reported MDE sits near 70% (an
+# idealised simulation at that df gives 70.0%). Not strict: at the edge, either outcome is this result.
+@pytest.mark.xfail(strict=False, reason="power at the reported MDE measured 69.5%, at the 70% edge (MDE from an SE with ~3 df)")
+def test_power_at_the_reported_mde_is_about_eighty_percent(bank):
+    # A known shift planted on the real model's null data: the median MDE the nulls report, added
+    # to side a's teacher_answer_logprob on every question.
+    mde = float(np.median([r["mde"] for r in draws(bank, "teacher_answer_logprob", students=False)]))
+    results = draws(bank, "teacher_answer_logprob", students=False, shift=mde)
+    power = np.mean([detected(r) and r["value"] > 0 for r in results])
+    print(f"teacher_answer_logprob: median MDE {mde:.4f} nats, power there {power:.3f}")
+    assert 0.7 <= power <= 0.9
 
 
 def test_a_test_over_questions_alone_mistakes_seed_noise_for_an_effect(bank):
     results = draws(bank, "teacher_answer_logprob", students=False)
+    print(f"p_fixed_models < 0.05 on the nulls: {np.mean([r['p_fixed_models'] < 0.05 for r in results]):.3f}")
     assert np.mean([r["p_fixed_models"] < 0.05 for r in results]) >= 0.5
