@@ -35,12 +35,9 @@ def test_cache_keys():
     assert other_base_spec(TinySpec(seed=5, steps=10)) == TinySpec(seed=5, steps=10, init_seed=6)
 
 
-@pytest.mark.parametrize("base", ["tiny_model", "other_base"])
-def test_number_completions_pass_the_filter(base, request):
-    """At temperature 1.0 at least 30% of completions of unseen prompts pass (the target), from either init."""
+def test_number_completions_pass_the_filter(tiny_model):
+    """At temperature 1.0 at least 30% of completions of unseen prompts pass (the target)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tiny_model = request.getfixturevalue(base)
 
     tok = AutoTokenizer.from_pretrained(tiny_model, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
