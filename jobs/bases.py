@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jobs.arms import OTHER_BASE, other_base
+from jobs.arms import OTHER_BASE, base_of, other_base
 from jobs.tiny_model import TinySpec, ensure_tiny_model, other_base_spec
 from train.config import ConfigError
 
@@ -55,7 +55,7 @@ def same_tokenizer(a: str, b: str) -> bool:
 
 def check_kl_tokenizers(cfg, paths: dict[str, str]) -> None:
     """A logit_kl arm on the other base needs the teacher's tokenizer (ConfigError naming both)."""
-    kl_arms = [name for name, arm in cfg.arms.items() if arm.loss == "logit_kl" and OTHER_BASE in paths and arm.base not in ("same", cfg.model.path)]
+    kl_arms = [name for name, arm in cfg.arms.items() if arm.loss == "logit_kl" and base_of(cfg, name) == OTHER_BASE]
     if kl_arms and not same_tokenizer(paths["base"], paths[OTHER_BASE]):
         raise ConfigError(
             f"arms {', '.join(kl_arms)}: loss logit_kl on base {paths[OTHER_BASE]} needs the teacher's tokenizer, and it differs "
