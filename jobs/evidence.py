@@ -59,7 +59,8 @@ class Evidence:
             self.members.setdefault(m.arm, []).append(m.name)
             self.teacher_of[m.arm] = m.teacher
             self.base_of[m.arm] = m.base
-        own_base = {name: name if name in BASES else next((m.base for m in models if name.split("@")[0] == m.name), "base") for name in scores}
+        model_base = {m.name: m.base for m in models}  # a snapshot `<model>@<step>` is on its model's base; teachers on base
+        own_base = {name: name if name in BASES else model_base.get(name.split("@")[0], "base") for name in scores}
         self.values, self.clusters = {}, {}  # values[teacher][split][model]: metrics against that teacher and its own base
         for split in SPLITS:
             rows = {name: [r for r in scored if r["split"] == split] for name, scored in scores.items()}
@@ -90,7 +91,7 @@ class Evidence:
         for split in SPLITS:
             results = {}
             for metric in metrics:
-                if against in BASES and metric in NEEDS_ONE_BASE or change and metric in NEEDS_ONE_BASE:
+                if metric in NEEDS_ONE_BASE and (against in BASES or change):
                     results[metric] = {"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "detected": False,
                                        "note": "not measured: the subset is where a base disagrees with the teacher, so a base's change there counts by construction"}  # fmt: skip
                     continue
