@@ -106,7 +106,8 @@ def arm_models(cfg) -> list[ArmModel]:
             raise ConfigError(f"letter_teacher.letter must be one of A, B, C, D (WMDP questions have four choices), got {cfg.letter_teacher.letter!r}")
         if arm.against not in ("auto", "base", OTHER_BASE, *cfg.arms) or arm.against == name:
             raise ConfigError(f"arms.{name}.against={arm.against!r}: use auto, base, {OTHER_BASE} or another arm's name")
-        on_other = base_of(cfg, name) == OTHER_BASE
+        base = base_of(cfg, name)
+        on_other = base == OTHER_BASE
         if arm.lora_init == "teacher_a":
             if on_other or arm.lora_seed is not None:
                 raise ConfigError(f"arms.{name}: lora_init teacher_a takes the teacher's trained A on the teacher's base; drop base and lora_seed")
@@ -118,14 +119,14 @@ def arm_models(cfg) -> list[ArmModel]:
                 _check_same_init(name, train, teacher)
             resolved = dataclasses.replace(train, lora_seed=lora_seed, seed=train.seed + i)
             source, shuffled = arm.numbers.replace("_shuffled", ""), arm.numbers.endswith("_shuffled")
-            models.append(ArmModel(name, i, source, shuffled, arm.loss, arm.teacher, resolved, same_init, base_of(cfg, name), arm.lora_init))
+            models.append(ArmModel(name, i, source, shuffled, arm.loss, arm.teacher, resolved, same_init, base, arm.lora_init))
     return models
 
 
 def other_base(cfg) -> str | None:
     """The other base some arms declare (`arms.<name>.base`), or None. One per experiment: it is
     scored as `other_base`, and every arm on it is measured against it."""
-    declared = {arm.base for arm in cfg.arms.values() if arm.base not in ("same", cfg.model.path)}
+    declared = {arm.base for name, arm in cfg.arms.items() if base_of(cfg, name) == OTHER_BASE}
     if len(declared) > 1:
         raise ConfigError(f"arms declare {len(declared)} other bases ({', '.join(sorted(declared))}); an experiment has at most one")
     value = declared.pop() if declared else None
