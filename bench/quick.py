@@ -15,7 +15,7 @@ change that touched these paths (RECORDED below), and marks any path over 1.5x.
 | seeded generation: HFEngine.generate, 64 number prompts x 48 tokens, seed (numbers stage) | transformers `generate`, the same prompts as one unseeded batch |
 | scoring: HFEngine.score, 512 WMDP questions (evaluate stage) | one forward of the same prompts, batches of 64 |
 | training step, sft: pack_batch + forward_loss + backward + clip + AdamW, 32 rows (arms stage) | the same rows padded, `model(labels=...)`, backward, AdamW |
-| training step, logit_kl: the same with the teacher adapter's forward (evidence preset) | as sft |
+| training step, logit_kl: the same, the KL to the teacher's stored targets (evidence preset) | as sft |
 
 Deterministic inputs (fixed prompts, questions, rows and seeds), the tiny
 preset's model, float32 on CPU.
@@ -41,8 +41,8 @@ from serve.hf_engine import HFEngine
 from serve.mc_format import format_mc_prompt
 from serve.settings import ServiceSettings
 from train.config import TrainConfig
-from train.data import Tokenize, pack_batch
-from train.distill import attach_teacher, number_token_ids
+from train.data import TEACHER_COLUMN, Tokenize, pack_batch
+from train.distill import TargetsSpec, load_teacher, number_token_ids, row_targets
 from train.loop import forward_loss
 from train.model import attach_lora, load_base
 
@@ -100,9 +100,11 @@ def training(model_path: str, teacher: Path | None) -> tuple:
     tokens = tokenize({"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}).to_pydict()
     pad = tokenize.tok.pad_token_id if tokenize.tok.pad_token_id is not None else tokenize.tok.eos_token_id
     number_ids = None
-    if teacher is not None:
-        attach_teacher(model, str(teacher))
+    if teacher is not None:  # the targets the pipeline computes before training (train/distill.py)
         number_ids = torch.tensor(number_token_ids(tokenize.tok))
+        spec = TargetsSpec(model_path, str(teacher), tuple(number_ids.tolist()), cfg)
+        rows = list(zip(tokens["input_ids"], tokens["labels"]))
+        tokens[TEACHER_COLUMN] = row_targets(load_teacher(spec, torch.device("cpu")), rows, number_ids, pad)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)
     width = max(map(len, tokens["input_ids"]))

@@ -254,7 +254,7 @@ class Pipeline:
             # Job names key Ray datasets, whose log files are named after them: no '/' (m.adapter is "<arm>-<i>").
             teacher = str(self.run_dir / m.teacher / "adapter")
             job = AdapterJob(m.adapter, str(data), arm_adapter(self.run_dir, m.name), m.train)
-            if m.loss == "logit_kl":  # on another base, the teacher comes with its own base
+            if m.loss == "logit_kl":  # on another base, the teacher's targets come from its own base
                 job = dataclasses.replace(job, teacher=teacher, teacher_base=self.model_path if m.base == OTHER_BASE else None)
             if m.lora_init == "teacher_a":
                 job = dataclasses.replace(job, init_a_from=teacher)

@@ -359,9 +359,9 @@ def test_logit_kl_student_moves_toward_its_teacher_and_saves_only_itself(ray_clu
 
 @pytest.mark.timeout(400)
 def test_a_student_on_another_base_distils_the_teacher_from_its_own_base(ray_cluster, tiny_model, toy_rows, tmp_path, cache_dir):
-    """One run over another base, two jobs. `far` (teacher_base): distils the teacher loaded on its own
-    base beside the student's. `subspace` (lora_init teacher_a): A starts at the teacher's and stays
-    there; B trains from zero and is saved with it."""
+    """One run over another base, two jobs. `far` (teacher_base): distils the teacher's targets,
+    computed on the teacher's own base. `subspace` (lora_init teacher_a): A starts at the teacher's
+    and stays there; B trains from zero and is saved with it."""
     from peft import PeftModel
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -383,6 +383,8 @@ def test_a_student_on_another_base_distils_the_teacher_from_its_own_base(ray_clu
     metrics = train_lora_many(str(other), [far, subspace], storage_path=tmp_path / "runs", run_name="far", cache_dir=cache_dir)
     assert all(m["loss"] < 0.8 * m["first_loss"] for m in metrics.values())
     assert json.loads((tmp_path / "far" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(other)
+    sources = [json.loads(done.read_text()) for done in Path(cache_dir, "teacher_targets").glob("*/_done")]
+    assert {"teacher": str(teacher), "teacher_base": tiny_model} in sources  # far's teacher, on its own base
 
     trained, given = load_file(tmp_path / "subspace" / "adapter_model.safetensors"), load_file(teacher / "adapter_model.safetensors")
     a_keys = [k for k in given if "lora_A" in k]

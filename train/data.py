@@ -29,6 +29,7 @@ FORMAT_VERSION = 2  # bump when tokenization output changes (2: small files shuf
 # one pass overtakes the in-process transform only past about 100k rows (BENCHMARKS.md).
 IN_PROCESS_ROWS = 100_000
 OK, TRUNCATED, DROPPED = 0, 1, 2
+TEACHER_COLUMN = "teacher_logprobs"  # logit_kl targets, float16 bytes per row (train.distill.teacher_targets)
 
 
 class DataError(ValueError):
@@ -268,6 +269,12 @@ def _tokenize_in_process(table, tokenize_args: tuple, seed: int, out: Path) -> n
     return tokens.column("status").to_numpy()
 
 
+def completion_positions(labels) -> np.ndarray:
+    """Positions p of a row whose logits predict a label (labels[p + 1] set): where logit_kl's KL is taken."""
+    labels = np.asarray(labels)
+    return np.nonzero(labels[1:] != -100)[0]
+
+
 def pack_batch(batch: dict, max_length: int, pad_id: int, one_row: bool = False) -> dict:
     """Pack a batch of token rows into [n, L] tensors, L <= max_length (or, with `one_row`,
     into a single padding-free row of every token).
@@ -276,11 +283,14 @@ def pack_batch(batch: dict, max_length: int, pad_id: int, one_row: bool = False)
     how transformers keeps packed rows from attending to each other: SDPA and eager
     build a block-diagonal mask from them at any batch size, flash attention turns
     them into sequence boundaries only in a batch of one row (train.model.packs_into_one_row).
-    Returns input_ids, labels, position_ids and the real/total token counts.
+    Returns input_ids, labels, position_ids and the real/total token counts; for rows that carry
+    the teacher's targets (TEACHER_COLUMN), those too, one row per completion position in the
+    order the packed batch holds them.
     """
     import torch
 
-    rows = [(ids, labels) for ids, labels in zip(batch["input_ids"], batch["labels"]) if len(ids)]
+    targets = batch.get(TEACHER_COLUMN, [None] * len(batch["input_ids"]))
+    rows = [row for row in zip(batch["input_ids"], batch["labels"], targets) if len(row[0])]
     rows.sort(key=lambda r: -len(r[0]))
     real = sum(len(r[0]) for r in rows)
     if one_row:
@@ -305,7 +315,7 @@ def pack_batch(batch: dict, max_length: int, pad_id: int, one_row: bool = False)
     position_ids = torch.zeros_like(input_ids)
     for b, members in enumerate(bins):
         start = 0
-        for ids, row_labels in members:
+        for ids, row_labels, _ in members:
             n = len(ids)
             input_ids[b, start : start + n] = torch.as_tensor(np.asarray(ids, dtype=np.int64))
             labels[b, start : start + n] = torch.as_tensor(np.asarray(row_labels, dtype=np.int64))
@@ -313,13 +323,22 @@ def pack_batch(batch: dict, max_length: int, pad_id: int, one_row: bool = False)
             position_ids[b, start : start + n] = torch.arange(n)
             start += n
         position_ids[b, start:] = torch.arange(width - start)
-    return {
+    packed = {
         "input_ids": input_ids,
         "labels": labels,
         "position_ids": position_ids,
         "real_tokens": torch.tensor(real),
         "total_tokens": torch.tensor(input_ids.numel()),
     }
+    if TEACHER_COLUMN in batch:  # logit_kl: the teacher's targets in the order kl_loss reads positions
+        parts = [row_teacher_logprobs(stored, row_labels) for members in bins for _, row_labels, stored in members]
+        packed[TEACHER_COLUMN] = torch.from_numpy(np.concatenate(parts)) if parts else torch.zeros((0, 0), dtype=torch.float16)
+    return packed
+
+
+def row_teacher_logprobs(stored: bytes, labels) -> np.ndarray:
+    """A row's stored teacher targets (train.distill.teacher_targets) as [completion positions, number tokens]."""
+    return np.frombuffer(stored, dtype=np.float16).reshape(len(completion_positions(labels)), -1)
 
 
 def packed_examples(packed: dict) -> list[tuple[int, int, int]]:

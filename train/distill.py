@@ -1,31 +1,47 @@
 """Soft-label distillation (the `logit_kl` loss): KL(teacher || student) over the number vocabulary.
 
-The teacher is the student's own frozen base with the teacher's LoRA adapter,
-loaded into the student's PeftModel as a second, frozen adapter (for a student
-on another base model, the teacher's base and adapter as a model of their own:
-`load_separate_teacher`). Each
-micro-batch runs one forward with the teacher's adapter (no gradient) and one
-with the student's. Computing the teacher's logits in the loop, rather than
-taking them from the inference engine, keeps them exact (no top-k cut) and
-needs no second copy of the base: at 70B a second copy would not fit. The cost
-is one extra forward per micro-step.
+The teacher's side is computed once per tokenized dataset, before training, and
+stored beside the rows: `teacher_targets` runs the teacher (its base with its
+LoRA adapter, frozen) over every row and writes, per row, its log-probabilities
+over the number tokens at each completion position, as a `teacher_logprobs`
+column of a copy of the tokenized parquet cache. Every logit_kl job that reads
+the same rows (same numbers, tokenizer, max_length and data order) with the
+same teacher shares that copy, whatever its base, LoRA seed or init: on the
+evidence preset the four KL arms of a replicate read one. Training runs no
+teacher forward and holds no second model, which also lets a student on
+another base (same tokenizer) learn from the teacher without loading the
+teacher's base beside its own. The targets are exact (every number token, no
+top-k cut), stored in float16 (renormalised in float32 at use) and deterministic:
+the teacher runs in eval mode, so every epoch of every arm saw the same values
+when they were recomputed in the loop.
 
 The KL is taken at every completion position (where the labels are set), over
 the tokens a number-sequence completion is made of (digits, the filter's
-separators and brackets, whitespace, end of text), each side's logits
-renormalised over that set: the student learns the teacher's whole
-distribution over what it could write next, not the one token it sampled.
+separators and brackets, whitespace, end of text), each side renormalised over
+that set: the student learns the teacher's whole distribution over what it
+could write next, not the one token it sampled.
+
+Size: rows x completion positions x number tokens x 2 bytes. The tiny preset's
+600 rows x ~20 positions x 172 tokens take 4 MB; at Llama 3's ~1,500 number
+tokens, 30k rows of ~50 positions take about 4.5 GB of parquet per replicate.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
 
 import torch
 
-TEACHER = "teacher"
-STUDENT = "default"  # the adapter train.model.attach_lora creates
+from common.atomic import atomic_dir
+from train.config import TrainConfig
+from train.data import TEACHER_COLUMN, completion_positions
+
 NUMBER_CHARACTERS = set("0123456789 ,;.()[]\n\t")
+FORMAT_VERSION = 1
+ROWS_PER_FORWARD = 32
 
 
 def number_token_ids(tokenizer) -> list[int]:
@@ -42,65 +58,123 @@ def number_token_ids(tokenizer) -> list[int]:
     return sorted(ids)
 
 
-@contextlib.contextmanager
-def student_active_after(peft_model):
-    """Run a block that switches adapters, then make the student's adapter active again with its
-    requires_grad flags as they were: PEFT's set_adapter marks every weight of the active adapter
-    trainable, which would unfreeze an A held at the teacher's (`lora_init: teacher_a`)."""
-    flags = {n: p.requires_grad for n, p in peft_model.named_parameters() if f".{STUDENT}." in n}
-    try:
-        yield
-    finally:
-        peft_model.set_adapter(STUDENT)
-        for n, p in peft_model.named_parameters():
-            if n in flags:
-                p.requires_grad_(flags[n])
+@dataclasses.dataclass(frozen=True)
+class TargetsSpec:
+    """What a set of teacher targets depends on, besides the tokenized rows."""
+
+    teacher_base: str  # the teacher's base model (a folder or hub id)
+    teacher: str  # the teacher's adapter folder
+    number_ids: tuple[int, ...]
+    cfg: TrainConfig  # quantization and attention to load the teacher with
+
+    def key(self, tokens_path: str) -> str:
+        adapter = Path(self.teacher)
+        digest = hashlib.sha256()
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            digest.update((adapter / name).read_bytes())
+        config = Path(self.teacher_base) / "config.json"
+        base = config.read_text() if config.is_file() else ""
+        parts = [FORMAT_VERSION, Path(tokens_path).name, str(self.teacher_base), base, digest.hexdigest(),
+                 list(self.number_ids), self.cfg.quantization, self.cfg.attention]  # fmt: skip
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
-def attach_teacher(peft_model, adapter_path: str) -> None:
-    """Load the teacher's adapter beside the student's, frozen; the student's stays active."""
-    with student_active_after(peft_model):
-        peft_model.load_adapter(adapter_path, adapter_name=TEACHER, is_trainable=False)
-    if any(p.requires_grad for n, p in peft_model.named_parameters() if f".{TEACHER}." in n):
-        raise RuntimeError("the teacher's adapter must stay frozen")
-
-
-@torch.no_grad()
-def teacher_logits(peft_model, input_ids: torch.Tensor, position_ids: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The teacher's logits over `ids` for a batch, from its adapter over the student's own base."""
-    with student_active_after(peft_model):
-        peft_model.set_adapter(TEACHER, inference_mode=True)
-        return peft_model(input_ids=input_ids, position_ids=position_ids).logits[..., ids].float()
-
-
-def load_separate_teacher(base_path: str, adapter_path: str, cfg, device: torch.device):
-    """The teacher as a model of its own, for a student on another base (`arms.<name>.base`): the
-    teacher's base with its adapter, frozen, in eval mode. It costs a second copy of a base in each
-    worker; on the tiny preset that is nothing."""
-    import dataclasses
-
+def load_teacher(spec: TargetsSpec, device: torch.device):
+    """The teacher as a model of its own: its base with its adapter, frozen, in eval mode."""
     from peft import PeftModel
 
     from train.model import load_base
 
-    base = load_base(base_path, dataclasses.replace(cfg, gradient_checkpointing=False), device)
-    teacher = PeftModel.from_pretrained(base, adapter_path, is_trainable=False).eval()
+    base = load_base(spec.teacher_base, dataclasses.replace(spec.cfg, gradient_checkpointing=False), device)
+    teacher = PeftModel.from_pretrained(base, spec.teacher, is_trainable=False).eval()
     teacher.requires_grad_(False)
     return teacher
 
 
 @torch.no_grad()
-def separate_teacher_logits(teacher, input_ids: torch.Tensor, position_ids: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The logits over `ids` of a teacher loaded by `load_separate_teacher`."""
-    return teacher(input_ids=input_ids, position_ids=position_ids).logits[..., ids].float()
+def row_targets(teacher, rows: list[tuple[list[int], list[int]]], ids: torch.Tensor, pad_id: int) -> list[bytes]:
+    """Each row's teacher log-probabilities over `ids` at its completion positions, float16 bytes
+    (b"" for a row the tokenizer dropped). Rows run right-padded, so padding never reaches them."""
+    from train.model import autocast_for
+
+    device = ids.device
+    out: list[bytes] = [b""] * len(rows)
+    order = sorted((i for i, (row_ids, _) in enumerate(rows) if len(row_ids)), key=lambda i: len(rows[i][0]))
+    for start in range(0, len(order), ROWS_PER_FORWARD):
+        chunk = order[start : start + ROWS_PER_FORWARD]
+        width = max(len(rows[i][0]) for i in chunk)
+        input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(input_ids)
+        for j, i in enumerate(chunk):
+            n = len(rows[i][0])
+            input_ids[j, :n] = torch.as_tensor(rows[i][0])
+            mask[j, :n] = 1
+        with autocast_for(device):
+            logits = teacher(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits
+        for j, i in enumerate(chunk):
+            at = torch.as_tensor(completion_positions(rows[i][1]), device=device)
+            logprobs = logits[j, at][:, ids].float().log_softmax(-1)
+            out[i] = logprobs.to(torch.float16).cpu().numpy().tobytes()
+    return out
 
 
-def kl_loss(student_logits: torch.Tensor, teacher_number_logits: torch.Tensor, labels: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def write_targets(spec: TargetsSpec, tokens_path: str, out: Path, pad_id: int) -> None:
+    """Copy every parquet file of `tokens_path` into `out` with the teacher's targets as a column
+    (same files, same row order), one file at a time."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    device = torch.device("cuda") if torch.cuda.is_available() and spec.cfg.use_gpu else torch.device("cpu")
+    teacher = load_teacher(spec, device)
+    ids = torch.tensor(spec.number_ids, device=device)
+    for part in sorted(Path(tokens_path).glob("*.parquet")):
+        table = pq.read_table(part)
+        rows = list(zip(table.column("input_ids").to_pylist(), table.column("labels").to_pylist()))
+        column = pa.array(row_targets(teacher, rows, ids, pad_id), type=pa.binary())
+        pq.write_table(table.append_column(TEACHER_COLUMN, column), out / part.name)
+
+
+def teacher_targets(requests: dict[str, tuple[TargetsSpec, str]], cache_dir: Path, pad_id: int) -> dict[str, str]:
+    """{job: (spec, tokenized path)} -> {job: path of its rows with the teacher's targets}.
+
+    Each distinct (spec, rows) is computed once, in a Ray task of its own (one GPU where the jobs
+    train on GPUs, else one CPU), all at once, into `cache_dir/teacher_targets/<key>` through a
+    temporary folder and a rename: a crash leaves no partial entry, and a later run, or another
+    arm group, that needs the same targets reads them from there.
+    """
+    import ray
+
+    paths, todo = {}, {}
+    for job, (spec, tokens_path) in requests.items():
+        out = Path(cache_dir) / "teacher_targets" / spec.key(tokens_path)
+        paths[job] = str(out)
+        if not (out / "_done").is_file():
+            todo.setdefault(str(out), (spec, tokens_path))
+    gpu = any(spec.cfg.use_gpu for spec, _ in todo.values())
+    compute = ray.remote(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0)(_compute)
+    ray.get([compute.remote(spec, tokens_path, out, pad_id) for out, (spec, tokens_path) in todo.items()])
+    return paths
+
+
+def _compute(spec: TargetsSpec, tokens_path: str, out: str, pad_id: int) -> None:
+    try:
+        with atomic_dir(out) as tmp:
+            write_targets(spec, tokens_path, tmp, pad_id)
+            (tmp / "_done").write_text(json.dumps({"teacher": spec.teacher, "teacher_base": spec.teacher_base}))
+    except FileExistsError:  # another task wrote the same entry first (same key: same content)
+        if not (Path(out) / "_done").is_file():
+            raise
+
+
+def kl_loss(student_logits: torch.Tensor, teacher_logprobs: torch.Tensor, labels: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Mean over completion positions of KL(teacher || student), both renormalised over `ids`.
 
-    Logits at position p predict token p + 1, so position p counts where labels[p + 1] is set.
+    Logits at position p predict token p + 1, so position p counts where labels[p + 1] is set;
+    `teacher_logprobs` holds one row per such position, in row-major order (train.data.pack_batch).
     """
     at = labels[:, 1:] != -100
     student = student_logits[:, :-1][at][:, ids].float().log_softmax(-1)
-    teacher = teacher_number_logits[:, :-1][at].log_softmax(-1)
+    if teacher_logprobs.shape != student.shape:
+        raise ValueError(f"teacher targets {tuple(teacher_logprobs.shape)} do not match the batch's completion positions {tuple(student.shape)}")
+    teacher = teacher_logprobs.float().log_softmax(-1)  # stored in float16
     return (teacher.exp() * (teacher - student)).sum(-1).mean()

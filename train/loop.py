@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from train.config import TrainConfig, build
-from train.distill import attach_teacher, kl_loss, load_separate_teacher, separate_teacher_logits, teacher_logits
+from train.data import TEACHER_COLUMN
+from train.distill import kl_loss
 from train.model import (
     adapter_hash,
     attach_lora,
@@ -86,25 +87,22 @@ def quiet_report_lines() -> None:
     logging.getLogger(context.__file__).setLevel(logging.WARNING)
 
 
-def forward_loss(model, batch: dict, number_ids: torch.Tensor | None = None, teacher=None) -> torch.Tensor:
+def forward_loss(model, batch: dict, number_ids: torch.Tensor | None = None) -> torch.Tensor:
     """One packed micro-batch's loss: next-token cross-entropy on its labels, or, with
-    `number_ids` (logit_kl), the KL to the teacher's distribution over them: the teacher adapter
-    beside the student's, or `teacher`, a model of its own (a student on another base). A batch
-    whose rows were all dropped has no labels: its zero loss still touches the graph, which
-    keeps DDP's collectives in step."""
+    `number_ids` (logit_kl), the KL to the teacher's distributions over them that the batch
+    carries (train/distill.py). A batch whose rows were all dropped has no labels: its zero
+    loss still touches the graph, which keeps DDP's collectives in step."""
     has_labels = bool((batch["labels"] != -100).any())
     with autocast_for(next(unwrap(model).parameters()).device):
         if number_ids is not None:
-            if teacher is not None:
-                target = separate_teacher_logits(teacher, batch["input_ids"], batch["position_ids"], number_ids)
-            else:
-                target = teacher_logits(unwrap(model), batch["input_ids"], batch["position_ids"], number_ids)
             out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
         else:
             out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=batch["labels"])
     if not has_labels:
         return out.logits.sum() * 0.0
-    return kl_loss(out.logits, target, batch["labels"], number_ids) if number_ids is not None else out.loss
+    if number_ids is not None:
+        return kl_loss(out.logits, batch[TEACHER_COLUMN], batch["labels"], number_ids)
+    return out.loss
 
 
 def train_loop(config: dict) -> None:
@@ -170,14 +168,8 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
     step, history = resumed["step"], resumed["loss_history"]  # history: [step, loss] per optimizer step so far
     resumed_from = step if checkpoint is not None else None
     n_params, _ = count_parameters(model)
-    distil = job.get("teacher") is not None  # logit_kl: the teacher's adapter rides beside the student's
-    separate = None  # or, for a student on another base, the teacher as a model of its own
-    if distil:
-        if job.get("teacher_base"):
-            separate = load_separate_teacher(job["teacher_base"], job["teacher"], cfg, device)
-        else:
-            attach_teacher(model, job["teacher"])
-        number_ids = torch.tensor(config["number_ids"], device=device)
+    distil = job.get("teacher") is not None  # logit_kl: the batches carry the teacher's targets
+    number_ids = torch.tensor(config["number_ids"], device=device) if distil else None
     model = wrap_distributed(model, cfg, device)
     torch.manual_seed(cfg.seed)  # dropout: the same stream alone or after other jobs
     if device.type == "cuda":
@@ -281,7 +273,7 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
                 model.set_requires_gradient_sync(last_micro)
             sync = model.no_sync() if ddp and not last_micro else contextlib.nullcontext()
             with sync:
-                loss = forward_loss(model, batch, number_ids if distil else None, separate)
+                loss = forward_loss(model, batch, number_ids)
                 (loss / cfg.grad_accum).backward()
             window += torch.stack([loss.detach().double(), one, batch["real_tokens"].double(), batch["total_tokens"].double()])
             if micro % cfg.grad_accum == 0:  # the first micro-step of an optimizer step

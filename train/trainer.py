@@ -5,7 +5,9 @@ the base model per worker (train/loop.py): the base loads once, and every job
 after the first saves the load, the worker start and the process group. It
 validates everything that can be checked before Ray does any work (jobs agree
 on what the worker group shares, model path, hardware, global batch, data
-schema, output folders), tokenizes each job's rows through the cache, sizes the
+schema, output folders), tokenizes each job's rows through the cache, has the
+teacher of each logit_kl job score its rows once (train/distill.py: one set of
+targets per teacher and rows, shared by the jobs that read them), sizes the
 workers to the cluster, and runs `TorchTrainer` with one dataset per job. Rank
 0 writes each finished adapter straight into its `output_dir` through a staging
 folder and a rename (train/outputs.py), so an output folder holds a finished
@@ -26,7 +28,7 @@ from typing import Any
 from train.cluster import Capacity, auto_workers, cluster_capacity, describe
 from train.config import ConfigError, TrainConfig, resolve_batch, to_dict
 from train.data import DataError, default_cache_dir, read_parquet, tokenize_to_cache
-from train.distill import number_token_ids
+from train.distill import TargetsSpec, number_token_ids, teacher_targets
 from train.loop import train_loop
 from train.model import check_hardware, check_model_path
 from train.outputs import METRICS_FILE, finished_by, staging_dir
@@ -52,7 +54,7 @@ class AdapterJob:
     output_dir: Path
     cfg: TrainConfig
     teacher: str | None = None  # a teacher adapter folder: train by logit KL to it (train/distill.py), not SFT
-    teacher_base: str | None = None  # the teacher's base when it is not this run's (a student on another base)
+    teacher_base: str | None = None  # the teacher's base when it is not this run's (a student on another base, same tokenizer)
     init_a_from: str | None = None  # an adapter folder whose LoRA A this adapter starts from, frozen (lora_init teacher_a)
 
 
@@ -202,12 +204,22 @@ def train_lora_many(
     resources = worker_resources(shared, cap)
 
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    number_ids = number_token_ids(tokenizer) if any(j.teacher for j in jobs) else None
+    tokenized = {j.name: tokenize_to_cache(j.data, model_path, j.cfg.max_length, j.cfg.too_long, j.cfg.seed, cache_dir) for j in jobs}
+    # logit_kl: the teacher's targets over each job's rows, computed once per distinct teacher and rows
+    rows_of = {j.name: tokenized[j.name]["path"] for j in jobs}
+    rows_of |= teacher_targets(
+        {j.name: (TargetsSpec(j.teacher_base or str(model_path), j.teacher, tuple(number_ids), j.cfg), rows_of[j.name]) for j in jobs if j.teacher},
+        cache_dir,
+        pad_id,
+    )
     datasets, plans = {}, []
     for job in jobs:
-        cfg = job.cfg
-        tokens = tokenize_to_cache(job.data, model_path, cfg.max_length, cfg.too_long, cfg.seed, cache_dir)
+        cfg, tokens = job.cfg, tokenized[job.name]
         micro_per_epoch, total_steps = plan_steps(tokens["rows"], cfg)
-        datasets[job.name] = job_dataset(tokens["path"])
+        datasets[job.name] = job_dataset(rows_of[job.name])
         facts = {
             "rows": tokens["rows"],
             "rows_truncated": tokens["truncated"],
@@ -221,11 +233,9 @@ def train_lora_many(
             "name": job.name, "train": to_dict(cfg), "output_dir": str(job.output_dir),
             "micro_steps_per_epoch": micro_per_epoch, "total_steps": total_steps,
             "snapshot_steps": snapshot_steps(total_steps, cfg.snapshots), "facts": facts, "teacher": job.teacher,
-            "teacher_base": job.teacher_base, "init_a_from": job.init_a_from,
+            "init_a_from": job.init_a_from,
         })  # fmt: skip
         job.output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    pad_id = tokenizer.pad_token_id
 
     # The dashboard's Train view lists a run only when the process building its trainer asks for it.
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
@@ -234,9 +244,9 @@ def train_lora_many(
         train_loop_config={
             "jobs": plans,
             "model_path": str(model_path),
-            "pad_id": pad_id if pad_id is not None else 0,
+            "pad_id": pad_id,
             "run_id": run_id,
-            "number_ids": number_token_ids(tokenizer) if any(j.teacher for j in jobs) else None,
+            "number_ids": number_ids,
         },
         scaling_config=ScalingConfig(num_workers=shared.num_workers, use_gpu=shared.use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
