@@ -128,10 +128,20 @@ class Evidence:
             return None
         if len(set().union(*counts.values())) != 1:
             return {"note": f"no series: {' and '.join(sides)} kept different numbers of snapshots ({counts}); give both the same train.snapshots"}
-        return {"points": [
-            {"steps": [self.points[name][k][0] for name in self.members[arm]], **self.compare(arm, against, k, SERIES)}
-            for k in range(counts[arm].pop())
-        ]}  # fmt: skip
+        n = counts[arm].pop()
+        points = [{"steps": [self.points[name][k][0] for name in self.members[arm]], **self.compare(arm, against, k, SERIES)} for k in range(n)]
+        return {"points": points, **({"last_interval": self.last_interval(arm, n)} if n > 1 else {})}
+
+    def last_interval(self, arm: str, n: int) -> dict:
+        """Has the arm's transfer flattened? Its primary metric at its last snapshot minus at the one
+        before, paired by replicate (each replicate against itself earlier), with CI, p and MDE: a
+        change detected toward the teacher says the students were still learning when they stopped."""
+        split, metric = self.primary
+        teacher, clusters = self.teacher_of[arm], self.clusters[split]
+        last, before = (self._values(arm, split, metric, k, teacher, False) for k in (n - 1, n - 2))
+        r = effect(last, before, clusters, binary=metric in BINARY, paired=len(last) > 1)
+        steps = [sorted({self.points[name][k][0] for name in self.members[arm]}) for k in (n - 2, n - 1)]
+        return {"split": split, "metric": metric, "from_steps": steps[0], "to_steps": steps[1], **r, "detected": detected(r)}
 
 
 def interval(ci) -> str:
@@ -205,6 +215,9 @@ def markdown_tables(arms: dict, contrasts: dict) -> list[str]:
             for point in series["points"]:
                 steps = ", ".join(str(s) for s in sorted(set(point["steps"])))
                 lines += [f"| {steps}: {split} | {metric} | {_cells(point[split][metric])} |" for split in SPLITS for metric in SERIES]
+            if last := series.get("last_interval"):
+                steps = f"{'/'.join(map(str, last['from_steps']))} -> {'/'.join(map(str, last['to_steps']))}"
+                lines += ["", f"Still learning at the end? {last['metric']} on {last['split']}, steps {steps}: {_cells(last)}"]
         elif series:
             lines += ["", f"Against training steps: {series['note']}"]
     return lines

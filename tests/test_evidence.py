@@ -100,3 +100,11 @@ def test_an_arm_on_the_other_base_is_measured_against_its_own_base(experiment):
     contrast = experiment.compare("learner", "far")
     assert contrast["train"]["teacher_answer_logprob"]["value"] > 0.1 and contrast["primary"]["paired"]
     assert abs(contrast["train"]["agreement"]["value"]) < 0.5 and contrast["train"]["agreement_changed"]["value"] is None
+
+
+def test_the_last_interval_says_whether_an_arm_was_still_learning(experiment):
+    """learner gains 0.1 nats of pull between its last two snapshots; still gains nothing."""
+    rising, flat = (experiment.by_step(arm, "base")["last_interval"] for arm in ("learner", "still"))
+    assert rising["from_steps"] == [STEPS[-2]] and rising["to_steps"] == [STEPS[-1]]
+    assert rising["detected"] and rising["value"] > 0 and rising["ci95"][0] > 0
+    assert not flat["detected"] and flat["ci95"][0] < 0 < flat["ci95"][1]
