@@ -46,7 +46,12 @@ conservative when seeds hardly differ).
 Degrees of freedom (`df`): Welch-Satterthwaite over the mean squares in the
 variance, each with its coefficient and its df (MS_C or the question term C-1,
 MS_R R-1, MS_E (R-1)(C-1)); with 3 replicates a replicate component has 2 df,
-and the interval is as wide as that honestly makes it.
+and the interval is as wide as that honestly makes it. With the subtracted MS_E
+the approximation can collapse (MS_R barely above MS_E and MS_C small: 0.28 df
+on two snapshots of one arm), so df is floored at the fewest df among the terms
+added (R-1 when the replicate component is in): the variance is a sum of those
+mean squares less a small part, and it is known at least as well as its
+least-known added part.
 
 Fields of a result:
 - value: mean over a group's replicates and the questions, a minus b.
@@ -205,7 +210,9 @@ def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, p
     scale = max(np.abs(x_a).max(), np.abs(x_b).max())
     if not variance > (1e-12 * scale) ** 2:  # zero up to rounding
         return {**result, "note": "zero spread: the replicates and questions showed no variation in this difference, so no interval can be computed"}
-    df = variance**2 / sum(v**2 / d for v, d in terms)  # Welch-Satterthwaite
+    # Welch-Satterthwaite, floored at the fewest df among the terms added: with the subtracted MS_E
+    # it can fall far below them (0.28 on a real pair of snapshots), an interval a thousand SEs wide.
+    df = max(variance**2 / sum(v**2 / d for v, d in terms), min(d for v, d in terms if v > 0))
     se = np.sqrt(variance)
     half = stats.t.ppf(0.975, df) * se
     return {

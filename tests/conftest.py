@@ -127,3 +127,22 @@ def lora_adapters(tiny_model, tmp_path_factory) -> dict[str, str]:
 
     root = tmp_path_factory.mktemp("adapters")
     return {name: str(random_lora_adapter(tiny_model, root / name, seed)) for seed, name in enumerate(["a", "b"])}
+
+
+@pytest.fixture(scope="session")
+def perturbed_base(tiny_model, tmp_path_factory) -> str:
+    """Another base model with the tiny model's tokenizer: its weights plus noise, saved with
+    save_pretrained. Where a test needs a second base and not the preset's own (`base: other`,
+    a second two-minute pretraining build, tested in tests/test_tiny_model.py)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("perturbed") / "base"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(out)
+    return str(out)

@@ -81,21 +81,12 @@ def test_targets_that_do_not_match_the_batch_are_an_error(tiny_model):
 
 
 @pytest.mark.timeout(300)
-def test_targets_are_computed_once_per_teacher_and_rows(ray_cluster, tiny_model, teacher, number_rows, tmp_path, cache_dir):
+def test_targets_are_computed_once_per_teacher_and_rows(ray_cluster, tiny_model, perturbed_base, teacher, number_rows, tmp_path, cache_dir):
     """Two jobs reading the same rows with the same teacher share one entry; the same teacher adapter
     over another base is another entry with other values; asking again computes nothing."""
     import pyarrow.parquet as pq
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    other = tmp_path / "other-base"  # the tiny model with perturbed weights, same tokenizer
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    model.save_pretrained(other)
-    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(other)
-
+    other = perturbed_base
     rows = tokenize_to_cache(number_rows, tiny_model, 128, "truncate", 0, cache_dir)["path"]
     cache = tmp_path / "cache"
     same, far = spec_for(tiny_model, teacher), spec_for(str(other), teacher)

@@ -7,7 +7,7 @@ what `ray job stop` sends) while its arms train, then rerun: each rerun deletes
 what a killed driver left, reuses the finished stages, leaves their outputs
 untouched, and the last completes the report. Then, on the finished run:
 `--plan` reuses everything; a new primary test reruns the report alone; an
-added arm (logit KL from the second tiny base) trains only that arm, scores it and that base. Along the way: the job log stays readable (the
+added arm (logit KL from another base) trains only that arm, scores it and that base. Along the way: the job log stays readable (the
 pipeline's stage lines, none of Ray's per-dataset or per-checkpoint lines), and
 the finished run directory holds exactly the files docs/report.md lists.
 """
@@ -162,7 +162,7 @@ def adapter_bytes(run_dir: Path) -> dict[Path, bytes]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_model, cache_dir, ray_head):
+def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_model, perturbed_base, cache_dir, ray_head):
     run_dir = tmp_path / "run"
     # The driver SIGKILLed once the service answers: no teardown, its Serve application stays.
     killed_log = stop_when(run_dir, cache_dir, ray_head, lambda line: line.startswith("[numbers]") and " generated, " in line, signal.SIGKILL)
@@ -269,8 +269,9 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert json.loads((run_dir / "report.json").read_text())["arms"]["student"]["transfer"]["primary"]["metric"] == "agreement"
 
     # An added arm trains only that arm (and scores it, its snapshots and its base); the others are reused as they are.
-    # It is the paper's control: logit KL to the teacher from a second tiny base (another init), with its own LoRA seeds.
-    arms = "arms={student: {numbers: teacher}, control: {numbers: base}, other: {base: other, loss: logit_kl, lora_seed: other, train: {snapshots: 2}}}"
+    # It is the paper's control: logit KL to the teacher from another base (a folder; `base: other`, the preset's
+    # second tiny model, takes the same path after a two-minute build), with its own LoRA seeds.
+    arms = f"arms={{student: {{numbers: teacher}}, control: {{numbers: base}}, other: {{base: {perturbed_base}, loss: logit_kl, lora_seed: other, train: {{snapshots: 2}}}}}}"
     added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", primary, "--set", arms, cache_dir=cache_dir, head=ray_head)
     assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
     ran = {k for k, v in stamps(run_dir).items() if v != stamped.get(k)} - {"report"}
@@ -279,7 +280,7 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     other, other_base = report["arms"]["other"], report["provenance"]["other_base_path"]
     assert other["base"] == "other_base" and other["against"] == "other_base" and "other_base" in report["models"]
     assert json.loads((run_dir / "arms" / "other" / "0" / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == other_base
-    assert other_base != report["provenance"]["model_path"] and "other_base" in (run_dir / "report.md").read_text()
+    assert other_base == perturbed_base != report["provenance"]["model_path"] and "other_base" in (run_dir / "report.md").read_text()
     replicates = other["replicates"]
     assert [r["same_init_as_teacher"] for r in replicates] == [False, False] and replicates[0]["lora_seed"] != replicates[1]["lora_seed"]
     assert all(-1 <= r["update_cosine"] <= 1 for r in replicates) and other["update_cosine"]["sd"] is not None

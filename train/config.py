@@ -67,7 +67,7 @@ class TrainConfig:
     attention: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
 
     # Observability and fault tolerance.
-    log_every: int = 5  # steps between ray.train.report calls
+    log_every: int = 5  # steps between progress lines and Ray metrics (ray.train.report: with each checkpoint)
     checkpoint_every: int = 50  # steps between checkpoints (and one at the end)
     keep_checkpoints: int = 2
     max_failures: int = 2
