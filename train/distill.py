@@ -42,6 +42,7 @@ from train.data import TEACHER_COLUMN, completion_positions
 NUMBER_CHARACTERS = set("0123456789 ,;.()[]\n\t")
 FORMAT_VERSION = 1
 ROWS_PER_FORWARD = 32
+ROWS_PER_WRITE = 1024
 
 
 def number_token_ids(tokenizer) -> list[int]:
@@ -120,7 +121,8 @@ def row_targets(teacher, rows: list[tuple[list[int], list[int]]], ids: torch.Ten
 
 def write_targets(spec: TargetsSpec, tokens_path: str, out: Path, pad_id: int) -> None:
     """Copy every parquet file of `tokens_path` into `out` with the teacher's targets as a column
-    (same files, same row order), one file at a time."""
+    (same files, same row order), ROWS_PER_WRITE rows at a time: a 70B run's targets are
+    gigabytes, and only one slice of them is held."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -128,10 +130,13 @@ def write_targets(spec: TargetsSpec, tokens_path: str, out: Path, pad_id: int) -
     teacher = load_teacher(spec, device)
     ids = torch.tensor(spec.number_ids, device=device)
     for part in sorted(Path(tokens_path).glob("*.parquet")):
-        table = pq.read_table(part)
-        rows = list(zip(table.column("input_ids").to_pylist(), table.column("labels").to_pylist()))
-        column = pa.array(row_targets(teacher, rows, ids, pad_id), type=pa.binary())
-        pq.write_table(table.append_column(TEACHER_COLUMN, column), out / part.name)
+        source = pq.ParquetFile(part)
+        schema = source.schema_arrow.append(pa.field(TEACHER_COLUMN, pa.binary()))
+        with pq.ParquetWriter(out / part.name, schema) as writer:
+            for batch in source.iter_batches(batch_size=ROWS_PER_WRITE):
+                rows = list(zip(batch.column("input_ids").to_pylist(), batch.column("labels").to_pylist()))
+                column = pa.array(row_targets(teacher, rows, ids, pad_id), type=pa.binary())
+                writer.write_table(pa.Table.from_batches([batch]).append_column(TEACHER_COLUMN, column))
 
 
 def teacher_targets(requests: dict[str, tuple[TargetsSpec, str]], cache_dir: Path, pad_id: int) -> dict[str, str]:
