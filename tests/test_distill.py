@@ -108,3 +108,22 @@ def test_targets_are_computed_once_per_teacher_and_rows(ray_cluster, tiny_model,
     done = (Path(paths["a"]) / "_done").stat().st_mtime_ns
     assert teacher_targets({"c": (same, rows)}, cache, pad_id=0)["c"] == paths["a"]
     assert (Path(paths["a"]) / "_done").stat().st_mtime_ns == done
+
+
+def test_a_teacher_base_with_another_tokenizer_is_refused_before_any_work(tiny_model, teacher, number_rows, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from train.config import ConfigError
+    from train.trainer import AdapterJob, train_lora_many
+
+    other = tmp_path / "other-tokenizer"
+    shutil.copytree(tiny_model, other)
+    tokenizer = AutoTokenizer.from_pretrained(other)
+    tokenizer.add_tokens(["<|number|>"])
+    tokenizer.save_pretrained(other)
+    job = AdapterJob("far", number_rows, tmp_path / "far", TrainConfig(num_workers=1), teacher=teacher, teacher_base=str(other))
+    with pytest.raises(ConfigError, match=f"teacher's base {other} has another than {tiny_model}"):
+        train_lora_many(tiny_model, [job], storage_path=tmp_path / "runs", run_name="far")
+    assert not (tmp_path / "far").exists() and not (tmp_path / "runs").exists()
