@@ -374,3 +374,29 @@ def test_logit_kl_students_learn_their_teacher_on_their_own_base_or_another(ray_
     assert a_keys and set(trained) == set(given) and all(torch.equal(trained[k], given[k]) for k in a_keys)
     assert all(trained[k].abs().max() > 0 for k in trained if "lora_B" in k)
     PeftModel.from_pretrained(load(other), str(tmp_path / "subspace"))  # loads as PEFT saved it
+
+
+class RunsCode:
+    """A pickled payload: unpickling it would create the file it names."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(tiny_model, tmp_path):
+    from ray.train import Checkpoint
+
+    from train.model import load_lora_model, trainable_state
+    from train.outputs import restore, write_checkpoint
+
+    model = load_lora_model(tiny_model, small_config(), torch.device("cpu"))
+    write_checkpoint(tmp_path, model, trainable_state(model), {}, {}, {"step": 1})
+    restore(model, Checkpoint.from_directory(str(tmp_path)))  # a checkpoint of tensors and plain values loads
+    ran = tmp_path / "ran"
+    torch.save({"optimizer": RunsCode(ran), "scheduler": {}}, tmp_path / "optimizer.pt")
+    with pytest.raises(RuntimeError, match=r"optimizer.pt holds objects other than tensors and plain values; refusing to load it \(.*Unsupported global"):
+        restore(model, Checkpoint.from_directory(str(tmp_path)))
+    assert not ran.exists()

@@ -18,6 +18,7 @@ holds a finished adapter (and its snapshots) or nothing.
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 import uuid
 from pathlib import Path
@@ -61,13 +62,24 @@ def restore(model, checkpoint) -> tuple[dict, dict]:
     """Load a checkpoint's trainable weights into the (unwrapped) model; return (optimizer, scheduler) states."""
     with checkpoint.as_directory() as d:
         d = Path(d)
-        weights = torch.load(d / "trainable.pt", map_location="cpu", weights_only=True)
+        weights = load_plain(d / "trainable.pt")
         trainable = {name for name, _ in adapter_parameters(model)}
         if set(weights) != trainable:
             raise RuntimeError(f"checkpoint {d} does not match the model's adapter: {sorted(set(weights) ^ trainable)[:3]}")
         model.load_state_dict(weights, strict=False)
-        optim = torch.load(d / "optimizer.pt", map_location="cpu", weights_only=False)
+        optim = load_plain(d / "optimizer.pt")
     return optim["optimizer"], optim["scheduler"]
+
+
+def load_plain(path: Path):
+    """A checkpoint file of tensors and plain values only (`weights_only`): the storage a cluster
+    shares is writable by more than this run, and unpickling anything else would run its code."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        lines = str(e).splitlines()
+        why = next((line.strip() for line in lines if "Unsupported global" in line), lines[0] if lines else "")
+        raise RuntimeError(f"checkpoint file {path} holds objects other than tensors and plain values; refusing to load it ({why})") from None
 
 
 def write_checkpoint(d: Path, model, weights: dict, optim: dict, sched: dict, state: dict) -> None:
