@@ -31,7 +31,7 @@ from serve.mc_format import format_mc_prompt, left_truncate
 from serve.metrics import ServiceMetrics
 from serve.openai_format import chat_logprobs, chat_prompt_ids, completion_logprobs, openai_answer
 from serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
-from serve.settings import ServiceSettings, check_user_config, model_id, resolve_model
+from serve.settings import ServiceError, ServiceSettings, check_user_config, model_id, resolve_model
 
 API_KEY_ENV = "SERVE_API_KEY"
 
@@ -303,15 +303,24 @@ class InferenceService:
         return openai_answer("chatcmpl", "chat.completion", body.model, choices, usage)
 
 
+def api_key_from_env() -> str | None:
+    """$SERVE_API_KEY: the bearer token every route but /health needs; unset, none. Set but empty
+    (a deploy script's unset variable) it is an error at start, not a service without a token."""
+    key = os.environ.get(API_KEY_ENV)
+    if key is not None and not key.strip():
+        raise ServiceError(f"{API_KEY_ENV} is set but empty: set a token, or unset it to serve without one")
+    return key
+
+
 def service_app(settings: ServiceSettings, adapters: dict[str, str] | None = None, **deployment_options):
     """The Serve application; the model path is checked here, in the caller, before anything deploys."""
     resolve_model(settings.model)
     deployment = InferenceService.options(user_config={"adapters": adapters or {}}, **deployment_options)
-    return deployment.bind(settings.model_dump(), os.environ.get(API_KEY_ENV))
+    return deployment.bind(settings.model_dump(), api_key_from_env())
 
 
 def build_app(args: dict):
     """Import path of `serve/config.yaml`: `args` are ServiceSettings fields; adapters are the deployment's user_config."""
     settings = ServiceSettings(**args)
     resolve_model(settings.model)
-    return InferenceService.bind(settings.model_dump(), os.environ.get(API_KEY_ENV))
+    return InferenceService.bind(settings.model_dump(), api_key_from_env())

@@ -8,6 +8,8 @@ service's methods hold the logic and are the same ones a deployment handle calls
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import time
 
@@ -25,6 +27,13 @@ OPEN_PATHS = {"/health"}  # answered without the bearer token (load balancers pr
 def invalid(loc: tuple, msg: str) -> RequestValidationError:
     """A 422 in FastAPI's own shape, for limits only the deployment knows."""
     return RequestValidationError([{"type": "value_error", "loc": ("body", *loc), "msg": msg}])
+
+
+def token_matches(header: str | None, api_key: str) -> bool:
+    """`Authorization: Bearer <api_key>`, compared in constant time: both sides hashed (equal
+    lengths whatever was sent), then `hmac.compare_digest`, so timing tells nothing of the key."""
+    given = hashlib.sha256((header or "").encode()).digest()
+    return hmac.compare_digest(given, hashlib.sha256(f"Bearer {api_key}".encode()).digest())
 
 
 def json_safe(value):
@@ -47,7 +56,7 @@ def build_http_api(service) -> FastAPI:
         """Bearer token, body-size limit and per-route metrics, for every request (also the ones FastAPI rejects)."""
         started, root = time.perf_counter(), request.scope.get("root_path", "")
         path = request.url.path.removeprefix(root) or "/"  # the route, without the app's route prefix
-        if service.api_key and path not in OPEN_PATHS and request.headers.get("authorization") != f"Bearer {service.api_key}":
+        if service.api_key and path not in OPEN_PATHS and not token_matches(request.headers.get("authorization"), service.api_key):
             response = JSONResponse({"detail": "missing or wrong bearer token (Authorization: Bearer $SERVE_API_KEY)"}, 401)
         elif int(request.headers.get("content-length") or 0) > limit or len(await request.body()) > limit:
             response = JSONResponse({"detail": f"request body over {limit} bytes (the service's max_body_bytes)"}, 413)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from ray import serve
 
-from serve.app import service_app
+from serve.app import API_KEY_ENV, api_key_from_env, service_app
 from serve.replica_placement import replica_options
-from serve.settings import ServiceSettings
+from serve.settings import ServiceError, ServiceSettings
 
 DEFAULT_APP = "subliminal"
 
@@ -33,6 +33,7 @@ def start_service(
     host: str = "127.0.0.1",
     port: int = 8000,
     logging_config: dict | None = None,
+    allow_open_host: bool = False,
 ):
     """Deploy the application `name` (replacing one of that name) and return its deployment handle.
 
@@ -41,8 +42,11 @@ def start_service(
     and running `serve deploy` instead updates the replicas in place. A tensor-parallel
     replica gets a placement group of `num_gpus` one-GPU bundles (serve/replica_placement.py).
     `logging_config` is Serve's for the application's replicas (`{"enable_access_log": False}`:
-    no line per request).
+    no line per request). A host other than loopback needs $SERVE_API_KEY, or `allow_open_host=True`
+    (a private network the caller vouches for): anyone who reaches it could use the models.
     """
+    if not ipaddress_is_loopback(host) and api_key_from_env() is None and not allow_open_host:
+        raise ServiceError(f"host {host} is reachable from other machines and {API_KEY_ENV} is not set: set a token, or pass allow_open_host=True")
     serve.start(http_options={"host": host, "port": port})
     options = {"num_replicas": replicas, **replica_options(settings.tensor_parallel_size, num_cpus, num_gpus)}
     if max_ongoing_requests is not None:
@@ -51,6 +55,18 @@ def start_service(
         options["max_queued_requests"] = max_queued_requests
     app = service_app(settings, adapters, **options)
     return serve.run(app, name=name, route_prefix=route_prefix, logging_config=logging_config)
+
+
+def ipaddress_is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost; anything else (0.0.0.0 included) is reachable from elsewhere."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def stop_service(name: str = DEFAULT_APP) -> None:

@@ -17,7 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 from serve.mc_format import LETTERS
 
 Prompt = Annotated[StrictStr, Field(min_length=1)]
-StopString = Annotated[StrictStr, Field(min_length=1)]  # an empty one would stop everywhere (vLLM refuses it)
+# Not empty (it would stop everywhere; vLLM refuses it) and bounded: each is copied into every
+# engine request of a call (up to 1,024), so an 8 MB one would cost gigabytes.
+STOP_MAX_CHARS = 1024
+StopString = Annotated[StrictStr, Field(min_length=1, max_length=STOP_MAX_CHARS)]
 
 
 SEED_MAX = 2**62  # seed + i must stay a 64-bit integer for the engines' generators

@@ -273,7 +273,11 @@ def test_token_auth_and_overload(ray_cluster, tiny_model, monkeypatch):
     url, auth = f"{URL}/guarded", {"Authorization": "Bearer s3cret"}
     try:
         assert post(url, "/generate", GOOD).status_code == 401
-        assert post(url, "/generate", GOOD, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        for near_miss in ("Bearer wrong", "Bearer s3cre", "Bearer s3cretx", "Bearer  s3cret", "s3cret"):
+            assert post(url, "/generate", GOOD, headers={"Authorization": near_miss}).status_code == 401, near_miss
+        assert requests.get(url + "/adapters", headers={"Authorization": "Bearer s3cre"}, timeout=30).status_code == 401
+        long_stop = post(url, "/generate", {**GOOD, "stop": ["x" * (1 << 20)]}, headers=auth)  # 1 MiB: 422 naming stop
+        assert long_stop.status_code == 422 and long_stop.json()["detail"][0]["loc"][:2] == ["body", "stop"], long_stop.text[:300]
         assert requests.get(url + "/health", timeout=30).status_code == 200
         assert post(url, "/generate", GOOD, headers=auth).status_code == 200
         slow = {"prompts": ["hello"] * 16, "max_tokens": 300, "temperature": 1.0}
@@ -291,6 +295,17 @@ def test_a_missing_model_is_a_start_up_error_naming_the_build_command(ray_cluste
     monkeypatch.setenv("SUBLIMINAL_CACHE", str(tmp_path))
     with pytest.raises(ServiceError, match="python -m jobs.tiny_model"):
         start_service(ServiceSettings(model="tiny"), name="t-missing")
+
+
+def test_an_empty_key_or_an_open_host_without_one_is_refused_at_start(tiny_model, monkeypatch):
+    from serve.app import build_app
+
+    monkeypatch.setenv("SERVE_API_KEY", "  ")
+    with pytest.raises(ServiceError, match="SERVE_API_KEY is set but empty"):
+        build_app({"model": tiny_model})
+    monkeypatch.delenv("SERVE_API_KEY")
+    with pytest.raises(ServiceError, match="host 0.0.0.0 is reachable from other machines and SERVE_API_KEY is not set.*allow_open_host=True"):
+        start_service(ServiceSettings(model=tiny_model), name="t-open", host="0.0.0.0")
 
 
 def test_unknown_settings_are_rejected():
