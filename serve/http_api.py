@@ -36,6 +36,20 @@ def token_matches(header: str | None, api_key: str) -> bool:
     return hmac.compare_digest(given, hashlib.sha256(f"Bearer {api_key}".encode()).digest())
 
 
+async def body_within(request: Request, limit: int) -> bytes | None:
+    """The request's body, read chunk by chunk; None as soon as it passes `limit` bytes, so a
+    chunked body (no Content-Length to check first) is never held whole. A body within the limit
+    is kept where Starlette's own `Request.body()` keeps it, and the route reads it from there."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    request._body = b"".join(chunks)
+    return request._body
+
+
 def json_safe(value):
     """`value` with non-finite floats written as text: JSON has no NaN or Infinity."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -58,7 +72,7 @@ def build_http_api(service) -> FastAPI:
         path = request.url.path.removeprefix(root) or "/"  # the route, without the app's route prefix
         if service.api_key and path not in OPEN_PATHS and not token_matches(request.headers.get("authorization"), service.api_key):
             response = JSONResponse({"detail": "missing or wrong bearer token (Authorization: Bearer $SERVE_API_KEY)"}, 401)
-        elif int(request.headers.get("content-length") or 0) > limit or len(await request.body()) > limit:
+        elif int(request.headers.get("content-length") or 0) > limit or await body_within(request, limit) is None:
             response = JSONResponse({"detail": f"request body over {limit} bytes (the service's max_body_bytes)"}, 413)
         else:
             response = await call_next(request)

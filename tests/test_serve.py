@@ -256,6 +256,10 @@ def test_malformed_and_oversized_bodies(services):
     assert broken.status_code in (400, 422) and "JSON" in broken.text
     huge = requests.post(url, data=b"[" + b"1," * (5 << 20) + b"1]", headers={"content-type": "application/json"}, timeout=60)
     assert huge.status_code == 413 and "max_body_bytes" in huge.text
+    # Chunked (no Content-Length): refused once the bytes read pass the limit, 20 MiB offered.
+    chunks = (b" " * (1 << 20) for _ in range(20))
+    chunked = requests.post(url, data=chunks, headers={"content-type": "application/json"}, timeout=60)
+    assert chunked.status_code == 413 and "max_body_bytes" in chunked.text
     assert post(services["vllm"], "/generate", GOOD).status_code == 200
 
 
