@@ -21,6 +21,7 @@ from pathlib import Path
 from jobs.arms import OTHER_BASE, base_of, other_base
 from jobs.tiny_model import TinySpec, ensure_tiny_model, other_base_spec
 from train.config import ConfigError
+from train.data import same_tokenizer
 
 
 def base_paths(cfg, cache: Path) -> dict[str, str]:
@@ -43,14 +44,6 @@ def other_base_identity(cfg) -> str | None:
     if other == "other":
         return f"tiny:{other_base_spec(TinySpec(seed=cfg.model.tiny_seed)).key()}"
     return other
-
-
-def same_tokenizer(a: str, b: str) -> bool:
-    """Whether two models' tokenizers map every token string to the same id (and have the same specials)."""
-    from transformers import AutoTokenizer
-
-    ta, tb = AutoTokenizer.from_pretrained(a), AutoTokenizer.from_pretrained(b)
-    return ta.get_vocab() == tb.get_vocab() and ta.all_special_tokens == tb.all_special_tokens
 
 
 def check_kl_tokenizers(cfg, paths: dict[str, str]) -> None:

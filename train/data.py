@@ -128,6 +128,15 @@ def tokenizer_hash(model_path: str) -> str:
     return h.hexdigest()
 
 
+def same_tokenizer(a: str, b: str) -> bool:
+    """Whether two models' tokenizers map every token string to the same id (and have the same
+    specials): what logit_kl across bases needs. Not their files' bytes, which a re-save changes."""
+    from transformers import AutoTokenizer
+
+    ta, tb = AutoTokenizer.from_pretrained(a), AutoTokenizer.from_pretrained(b)
+    return ta.get_vocab() == tb.get_vocab() and ta.all_special_tokens == tb.all_special_tokens
+
+
 class Tokenize:
     """Ray Data batch transform: prompt + completion -> input_ids, labels, status.
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from train.cluster import Capacity, auto_workers, cluster_capacity, describe
 from train.config import ConfigError, TrainConfig, resolve_batch, to_dict
-from train.data import DataError, default_cache_dir, read_parquet, tokenize_to_cache, tokenizer_hash
+from train.data import DataError, default_cache_dir, read_parquet, same_tokenizer, tokenize_to_cache
 from train.distill import TargetsSpec, number_token_ids, teacher_targets
 from train.loop import train_loop
 from train.model import check_hardware, check_model_path
@@ -194,7 +194,7 @@ def train_lora_many(
         _check_output(job.output_dir, run_id)
     check_model_path(model_path)
     for job in jobs:  # the targets are the teacher's reading of this base's token ids
-        if job.teacher_base and Path(job.teacher_base).is_dir() and tokenizer_hash(job.teacher_base) != tokenizer_hash(model_path):
+        if job.teacher_base and job.teacher_base != str(model_path) and not same_tokenizer(job.teacher_base, str(model_path)):
             raise ConfigError(f"job {job.name}: logit_kl needs one tokenizer, and its teacher's base {job.teacher_base} has another than {model_path}")
     if not ray.is_initialized():
         ray.init()
