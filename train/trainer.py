@@ -193,9 +193,10 @@ def train_lora_many(
     for job in jobs:
         _check_output(job.output_dir, run_id)
     check_model_path(model_path)
-    for job in jobs:  # the targets are the teacher's reading of this base's token ids
-        if job.teacher_base and job.teacher_base != str(model_path) and not same_tokenizer(job.teacher_base, str(model_path)):
-            raise ConfigError(f"job {job.name}: logit_kl needs one tokenizer, and its teacher's base {job.teacher_base} has another than {model_path}")
+    for base in {j.teacher_base for j in jobs if j.teacher_base} - {str(model_path)}:  # once per teacher base, not per job
+        if not same_tokenizer(base, str(model_path)):  # the targets are the teacher's reading of this base's token ids
+            names = ", ".join(j.name for j in jobs if j.teacher_base == base)
+            raise ConfigError(f"job {names}: logit_kl needs one tokenizer, and its teacher's base {base} has another than {model_path}")
     if not ray.is_initialized():
         ray.init()
     cap = cluster_capacity()
