@@ -29,7 +29,7 @@ import json
 import os
 import shutil
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from common.atomic import TMP_MARK, write_json
 
@@ -107,7 +107,16 @@ def shape_problem(data) -> str | None:
         files = entry.get("files", {})
         if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
             return f"stage {name!r}: 'files' is not an object of digests"
+        outside = next((rel for rel in files if not stays_inside(rel)), None)
+        if outside is not None:
+            return f"stage {name!r}: file {outside[:200]!r} is not a path inside the run directory"
     return None
+
+
+def stays_inside(rel: str) -> bool:
+    """A relative path with no `..`: the manifest names only files of its own run directory."""
+    path = PurePosixPath(rel)
+    return bool(rel) and not path.is_absolute() and ".." not in path.parts
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -177,7 +186,10 @@ class Manifest:
     def changed_output(self, stage: str) -> str | None:
         """Why a finished stage's output files cannot be reused: the first one missing, unreadable, or
         not as it was written; None when every recorded file is as written."""
+        root = self.run_dir.resolve()
         for rel, recorded in self.entry(stage).get("files", {}).items():
+            if not (self.run_dir / rel).resolve().is_relative_to(root):
+                return f"output {rel} leads out of the run directory (a symbolic link)"
             try:
                 now = self._digest(self.run_dir / rel)
             except FileNotFoundError:

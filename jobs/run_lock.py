@@ -23,6 +23,7 @@ in place, not by an atomic rename.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import socket
@@ -61,6 +62,12 @@ def _lock(fd: int, operation: int, run_dir: Path, path: Path) -> None:
             time.sleep(0.05)
 
 
+def _why(err: OSError) -> str:
+    if err.errno == errno.ELOOP:
+        return "it is a symbolic link, which the lock never follows (it would truncate the link's target); remove it"
+    return err.strerror or str(err)
+
+
 def check_free(run_dir: Path) -> None:
     """Raise RunDirError when a live pipeline holds `run_dir`; take nothing and create nothing.
 
@@ -69,11 +76,11 @@ def check_free(run_dir: Path) -> None:
     """
     path = run_dir / LOCK_FILE
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return  # never held: nothing to check
     except OSError as err:
-        raise RunDirError(f"cannot open the run directory's lock file {path}: {err.strerror}") from None
+        raise RunDirError(f"cannot open the run directory's lock file {path}: {_why(err)}") from None
     try:
         _lock(fd, fcntl.LOCK_SH, run_dir, path)  # shared: probes do not stop one another
     finally:
@@ -89,9 +96,9 @@ def hold_run_dir(run_dir: Path) -> Iterator[Path]:
     path = run_dir / LOCK_FILE
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # a symlink there is refused, never truncated through
     except OSError as err:
-        raise RunDirError(f"cannot create the run directory's lock file {path}: {err.strerror}") from None
+        raise RunDirError(f"cannot create the run directory's lock file {path}: {_why(err)}") from None
     try:
         _lock(fd, fcntl.LOCK_EX, run_dir, path)
     except BaseException:

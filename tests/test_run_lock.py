@@ -72,6 +72,18 @@ def test_a_second_taker_stops_at_once_naming_the_holder_and_a_killed_holder_free
     check_free(run_dir)
 
 
+def test_a_lock_file_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path):
+    """Taking the lock truncates the lock file: through a symlink it would empty the link's target."""
+    run_dir, target = tmp_path / "run", tmp_path / "precious.txt"
+    run_dir.mkdir()
+    target.write_text("keep me\n")
+    (run_dir / LOCK_FILE).symlink_to(target)
+    for take in (lambda: hold_run_dir(run_dir).__enter__(), lambda: check_free(run_dir)):
+        with pytest.raises(RunDirError, match="symbolic link"):
+            take()
+    assert target.read_text() == "keep me\n"
+
+
 def test_a_run_directory_never_held_is_free_and_the_check_creates_nothing(tmp_path):
     check_free(tmp_path / "new")
     assert not (tmp_path / "new").exists()

@@ -234,6 +234,9 @@ def test_the_plan_hashes_each_output_once_per_run_and_again_when_it_changes(tmp_
     assert runs(stages, manifest)["eval/base"] == "output eval/base.jsonl changed since it was written"
 
 
+MANIFEST_NAMING = b'{"version": 2, "stages": {"data": {"inputs": {}, "outputs": {"hash": "a"}, "files": {"%s": "x"}}}, "phases": {}}'
+
+
 @pytest.mark.parametrize(
     "content, problem",
     [
@@ -245,6 +248,8 @@ def test_the_plan_hashes_each_output_once_per_run_and_again_when_it_changes(tmp_
         (b'{"version": 2, "stages": {"data": 1}, "phases": {}}', "is not a run manifest: stage 'data' is not an object"),
         (b'{"version": 2, "stages": {"data": {"outputs": {"hash": "a"}}}, "phases": {}}', "stage 'data': 'inputs' is missing"),
         (b'{"version": 2, "stages": {"data": {"inputs": {}, "outputs": {}}}, "phases": {}}', "stage 'data': its outputs have no 'hash'"),
+        (MANIFEST_NAMING % b"../../etc/passwd", "stage 'data': file '../../etc/passwd' is not a path inside the run directory"),
+        (MANIFEST_NAMING % b"/etc/passwd", "stage 'data': file '/etc/passwd' is not a path inside the run directory"),
     ],
 )
 def test_a_damaged_manifest_is_an_error_naming_it(tmp_path, content, problem):
@@ -252,6 +257,18 @@ def test_a_damaged_manifest_is_an_error_naming_it(tmp_path, content, problem):
     with pytest.raises(RunDirError) as err:
         Manifest(tmp_path)
     assert str(err.value).startswith(f"{tmp_path / 'manifest.json'} ") and problem in str(err.value) and "--fresh" in str(err.value)
+
+
+def test_an_output_replaced_by_a_link_out_of_the_run_directory_is_not_read(tmp_path):
+    """The manifest's files are read back for their digests: a symlink swapped in for one leads
+    nowhere outside the run directory; the stage reruns instead."""
+    finished_run(tmp_path)
+    target = tmp_path / "eval" / "base.jsonl"
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.jsonl"
+    outside.write_bytes(target.read_bytes())
+    target.unlink()
+    target.symlink_to(outside)
+    assert runs(stages_for(), Manifest(tmp_path))["eval/base"] == "output eval/base.jsonl leads out of the run directory (a symbolic link)"
 
 
 def test_a_damaged_manifest_of_a_finished_run_is_an_error_not_a_rerun(tmp_path):
