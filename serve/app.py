@@ -7,8 +7,12 @@ GET /adapters, and the OpenAI-compatible POST /v1/completions, POST /v1/chat/com
 and GET /v1/models.
 
 On vLLM, requests go straight into the engine's continuous batching; on the
-transformers engine, `@serve.batch` gathers concurrent /generate and /score
-requests into one call (the OpenAI routes call `complete_tokens` per request).
+transformers engine, `@serve.batch` gathers concurrent small /generate and
+/score requests into one call (larger ones, and the OpenAI routes, call the
+engine per request). Every API method runs under `request_timeout_s`, and a
+request cancelled (its client gone, its time up) cancels its engine work.
+Tokenizing and answer building run on a preparation thread, off the event loop
+that answers Serve's health checks.
 Adapters come from the deployment's `user_config` (`{"adapters": {name: path}}`),
 which Serve hands to every replica (`reconfigure`), so they are registered
 by the operator and never by a request.
@@ -17,23 +21,45 @@ by the operator and never by a request.
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import os
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import HTTPException
+from jinja2 import TemplateError
 from ray import serve
 
-from serve.engine import BatchKey, Sampling, TokenCompletion, build_engines
-from serve.http_api import build_http_api, invalid
+from serve.engine import BatchKey, Sampling, TokenCompletion, build_engines, gather_all
+from serve.http_api import build_http_api
+from serve.limits import check_count, check_new_tokens, check_room, check_work, invalid
 from serve.mc_format import format_mc_prompt, left_truncate
 from serve.metrics import ServiceMetrics
-from serve.openai_format import chat_logprobs, chat_prompt_ids, completion_logprobs, openai_answer
+from serve.openai_format import NoChatTemplate, chat_logprobs, chat_prompt_ids, completion_logprobs, openai_answer
 from serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
 from serve.settings import ServiceError, ServiceSettings, check_user_config, model_id, resolve_model
 
 API_KEY_ENV = "SERVE_API_KEY"
+logger = logging.getLogger("ray.serve")
+
+
+def timed(method):
+    """An API method under the service's `request_timeout_s`: past it the method is cancelled
+    (the engines drop its work: vLLM aborts its requests, the transformers engine stops its job at
+    the next step), as when the client goes away, and the caller gets a 504 naming the setting."""
+
+    @functools.wraps(method)
+    async def run(self, body):
+        limit = self.settings.request_timeout_s
+        try:
+            return await asyncio.wait_for(method(self, body), limit)
+        except TimeoutError:
+            raise HTTPException(504, f"the request ran past the service's request_timeout_s ({limit:g} s) and was stopped") from None
+
+    return run
 
 
 @serve.deployment(
@@ -59,6 +85,7 @@ class InferenceService:
         self.api_key = api_key
         self.metrics = ServiceMetrics()
         self.started = int(time.time())
+        self._prep = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prep")
 
     def __serve_build_asgi_app__(self):
         return build_http_api(self)
@@ -90,41 +117,36 @@ class InferenceService:
         """Graceful shutdown: stop the engines (vLLM's engine core is a separate process)."""
         for engine in self._engines():
             engine.shutdown()
+        if hasattr(self, "_prep"):
+            self._prep.shutdown(wait=False, cancel_futures=True)
 
-    # Checks shared by the routes -------------------------------------------------------------
+    # Shared by the routes -----------------------------------------------------------------------
+
+    async def _off_loop(self, fn, *args):
+        """`fn(*args)` on the replica's preparation thread: tokenizing, formatting and building
+        answers (up to max_body_bytes of text) never stall the event loop that answers health
+        checks. One thread, so the counting tokenizer (not thread-safe) has one user."""
+        return await asyncio.get_running_loop().run_in_executor(self._prep, fn, *args)
 
     def _adapter(self, name: str | None, field: str = "adapter") -> str | None:
         if name is None or name == self.base_id:
             return None
         if name not in self.adapters:
-            raise HTTPException(404, f"{field} {name!r} is not registered; registered: {sorted(self.adapters)}")
+            shown = name if len(name) <= 64 else name[:64] + "..."
+            raise HTTPException(404, f"{field} {shown!r} is not registered (GET /adapters lists those that are)")
         return name
 
-    def _check_count(self, n: int, limit: int, what: str) -> None:
-        if n > limit:
-            raise HTTPException(413, f"{n} {what} in one request; the service takes at most {limit}")
-
-    def _check_new_tokens(self, new_tokens: int) -> None:
-        if new_tokens > self.settings.max_tokens_cap:
-            raise invalid(("max_tokens",), f"max_tokens {new_tokens} is above this service's cap of {self.settings.max_tokens_cap}")
-
-    def _check_room(self, lengths: list[int], new_tokens: int, loc: Callable[[int], tuple]) -> None:
-        """Each prompt's tokens (`lengths`) plus `new_tokens` fit the context; `loc(i)` names prompt i."""
-        room = self.settings.max_model_len - new_tokens
-        for i, n in enumerate(lengths):
-            if n > room:
-                raise invalid(loc(i), f"{n} prompt tokens + {new_tokens} new tokens exceed the model's context of {self.settings.max_model_len}")
-
-    def _check_lengths(self, prompts: list[str], new_tokens: int, field: str) -> list[int]:
-        lengths = self.engine.count_tokens(prompts)
-        self._check_room(lengths, new_tokens, lambda i: (field, i))
+    async def _counted(self, prompts: list[str], new_tokens: int, field: str) -> list[int]:
+        """Each prompt's token count, once each fits the context with `new_tokens` more."""
+        lengths = await self._off_loop(self.engine.count_tokens, prompts)
+        check_room(self.settings, lengths, new_tokens, lambda i: (field, i))
         return lengths
 
     async def _generate(self, prompts: list[str], sampling: Sampling, adapter: str | None):
-        self._check_new_tokens(sampling.max_tokens)
-        self._check_count(len(prompts), self.settings.max_prompts_per_request, "prompts")
-        self._check_lengths(prompts, sampling.max_tokens, "prompts")
-        if not self.engine.continuous_batching:
+        check_new_tokens(self.settings, sampling.max_tokens)
+        check_count(len(prompts), self.settings.max_prompts_per_request, "prompts")
+        check_work(self.settings, await self._counted(prompts, sampling.max_tokens, "prompts"), sampling.max_tokens)
+        if self._gathered(self.engine, prompts):
             # A seeded request is a group of its own: flattened after another, its prompts would take other seeds (seed + i).
             key = BatchKey("generate", sampling, adapter, uuid.uuid4().hex if sampling.seed is not None else None)
             completions = await self._batched(key, prompts)
@@ -132,6 +154,14 @@ class InferenceService:
             completions = await self.engine.generate(prompts, sampling, adapter)
         self.metrics.tokens(sum(c.prompt_tokens for c in completions), sum(c.completion_tokens for c in completions))
         return completions
+
+    def _gathered(self, engine, items: list) -> bool:
+        """Whether a request goes through `_batched`, gathered with others into one engine call: on
+        an engine without continuous batching, a request smaller than one of its chunks. A larger
+        one fills chunks by itself and calls the engine directly, so that when its client goes away
+        or its time runs out, its work stops with it (Serve does not cancel a gathered call; what a
+        cancelled small request leaves running is its share of one, under a chunk)."""
+        return not engine.continuous_batching and len(items) < self.settings.hf_batch_size
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
     async def _batched(self, keys: list[BatchKey], items: list[list]) -> list[list]:
@@ -150,8 +180,9 @@ class InferenceService:
                 results[i], out = out[: len(items[i])], out[len(items[i]) :]
         return results
 
-    # API methods ---------------------------------------------------------------------------------
+    # API methods: each under request_timeout_s (`timed`) ----------------------------------------
 
+    @timed
     async def generate(self, body: GenerateRequest) -> GenerateResponse:
         sampling = Sampling(body.max_tokens, body.temperature, body.top_p, body.seed, tuple(body.stop))
         completions = await self._generate(body.prompts, sampling, self._adapter(body.adapter))
@@ -160,25 +191,34 @@ class InferenceService:
             usage={"prompt_tokens": sum(c.prompt_tokens for c in completions), "completion_tokens": sum(c.completion_tokens for c in completions)},
         )
 
+    def _score_prompts(self, body: ScoreRequest) -> tuple[list[str], list[int], list[int]]:
+        """(prompts, tokens cut from each, each prompt's tokens): formatted, then cut to leave room
+        for the one answer token (`truncate`) or checked to fit."""
+        prompts = [format_mc_prompt(q.question, q.choices, q.subject) for q in body.questions]
+        if not body.truncate:
+            lengths = self.engine.count_tokens(prompts)
+            check_room(self.settings, lengths, 1, lambda i: ("questions", i))
+            return prompts, [0] * len(prompts), lengths
+        try:
+            fitted = [left_truncate(self.engine.counting_tokenizer, p, self.settings.max_model_len - 1) for p in prompts]
+        except ValueError as error:  # a context too small to hold any of a prompt
+            raise invalid(("truncate",), str(error)) from error
+        prompts, cut, lengths = (list(column) for column in zip(*fitted))
+        return prompts, cut, lengths
+
+    @timed
     async def score(self, body: ScoreRequest) -> ScoreResponse:
         adapter = self._adapter(body.adapter)
-        self._check_count(len(body.questions), self.settings.max_questions_per_request, "questions")
+        check_count(len(body.questions), self.settings.max_questions_per_request, "questions")
         for i, q in enumerate(body.questions):
             if len(q.choices) > self.scorer.max_choices:
                 raise invalid(
                     ("questions", i, "choices"), f"{len(q.choices)} choices; this model's tokenizer scores at most {self.scorer.max_choices} in one pass"
                 )
-        prompts = [format_mc_prompt(q.question, q.choices, q.subject) for q in body.questions]
-        if body.truncate:  # cut to leave room for the one answer token: every prompt then fits
-            try:
-                fitted = [left_truncate(self.engine.counting_tokenizer, p, self.settings.max_model_len - 1) for p in prompts]
-            except ValueError as error:  # a context too small to hold any of a prompt
-                raise invalid(("truncate",), str(error)) from error
-            prompts, cut, lengths = (list(column) for column in zip(*fitted))
-        else:
-            cut, lengths = [0] * len(prompts), self._check_lengths(prompts, 1, "questions")
+        prompts, cut, lengths = await self._off_loop(self._score_prompts, body)
+        check_work(self.settings, lengths, 1)
         n_choices = [len(q.choices) for q in body.questions]
-        if not self.scorer.continuous_batching:
+        if self._gathered(self.scorer, prompts):
             logprobs = await self._batched(BatchKey("score", None, adapter), list(zip(prompts, n_choices)))
         else:
             logprobs = await self.scorer.score(prompts, n_choices, adapter)
@@ -189,11 +229,16 @@ class InferenceService:
         results = [{"prediction": p, "logprobs": lp, "truncated_tokens": c} for p, lp, c in zip(predictions, logprobs, cut)]
         return ScoreResponse(results=results, accuracy=accuracy)
 
-    async def health(self) -> dict:
+    async def health(self, detailed: bool = True) -> dict:
+        """Healthy (200) or not (503, the reason in the replica's log, not the answer). `detailed`
+        (a caller holding the token, or a service without one) adds the model and engines."""
         try:
             await self.check_health()
         except Exception as error:  # noqa: BLE001 - any engine failure means unhealthy
-            raise HTTPException(503, f"engine unhealthy: {error}") from error
+            logger.warning("health check failed: %s", error)
+            raise HTTPException(503, "unhealthy") from error
+        if not detailed:
+            return {"status": "ok"}
         return {"status": "ok", "model": self.base_id, "engine": self.engine.name, "scoring": self.scorer.name}
 
     async def list_adapters(self) -> dict:
@@ -220,11 +265,13 @@ class InferenceService:
                 ids.append(list(prompt))
         return ids
 
-    def _check_fits(self, ids: list[list[int]], new_tokens: int, n: int, loc: Callable[[int], tuple]) -> None:
+    def _check_fits(self, ids: list[list[int]], new_tokens: int, n: int, logprobs: int | None, loc: Callable[[int], tuple]) -> None:
         """The checks of `_generate`, on token-id prompts each sampled `n` times."""
-        self._check_new_tokens(new_tokens)
-        self._check_count(len(ids) * n, self.settings.max_prompts_per_request, "prompts")
-        self._check_room([len(prompt) for prompt in ids], new_tokens, loc)
+        check_new_tokens(self.settings, new_tokens)
+        check_count(len(ids) * n, self.settings.max_prompts_per_request, "prompts")
+        lengths = [len(prompt) for prompt in ids]
+        check_room(self.settings, lengths, new_tokens, loc)
+        check_work(self.settings, lengths, new_tokens, n, logprobs)
 
     def _prompt_scorer(self):
         """The engine that scores prompts (`scores_prompts`): on CPU by default the transformers one beside vLLM."""
@@ -239,7 +286,8 @@ class InferenceService:
 
     async def _complete(self, ids: list[list[int]], n: int, sampling: Sampling, adapter: str | None, logprobs: int | None, echo: bool):
         """Choice j (prompt j // n, sampled with seed + j) from the generation engine, and, for echo with
-        logprobs, each prompt's log-probabilities from the engine that scores prompts (both at once)."""
+        logprobs, each prompt's log-probabilities from the engine that scores prompts (both at once;
+        when one fails, the other is cancelled)."""
 
         async def given(value):
             return value
@@ -253,20 +301,24 @@ class InferenceService:
             else given([TokenCompletion((), "", "length", len(p), nothing) for p in expanded])
         )
         scoring = scorer.complete_tokens(ids, Sampling(max_tokens=0, temperature=0.0), adapter, prompt_logprobs=logprobs) if scorer else given(None)
-        completions, scored = await asyncio.gather(generation, scoring)
+        completions, scored = await gather_all([generation, scoring])
         prompt_tokens, completion_tokens = sum(c.prompt_tokens for c in completions), sum(len(c.token_ids) for c in completions)
         self.metrics.tokens(prompt_tokens, completion_tokens)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
         return completions, scored, usage
 
+    @timed
     async def completions(self, body: CompletionRequest) -> dict:
         adapter = self._adapter(body.model, field="model")
-        prompts = body.prompts
-        ids = self._prompt_ids(prompts)
-        self._check_fits(ids, body.max_tokens, body.n, lambda i: ("prompt", i))
+        ids = await self._off_loop(self._prompt_ids, body.prompts)
+        self._check_fits(ids, body.max_tokens, body.n, body.logprobs, lambda i: ("prompt", i))
         sampling = Sampling(body.max_tokens, body.temperature, body.top_p, body.seed, body.stops)
         completions, scored, usage = await self._complete(ids, body.n, sampling, adapter, body.logprobs, bool(body.echo))
-        tokenizer = self.engine.counting_tokenizer
+        choices = await self._off_loop(self._completion_choices, body, ids, completions, scored)
+        return openai_answer("cmpl", "text_completion", body.model, choices, usage)
+
+    def _completion_choices(self, body: CompletionRequest, ids: list[list[int]], completions: list[TokenCompletion], scored) -> list[dict]:
+        prompts, tokenizer = body.prompts, self.engine.counting_tokenizer
         choices = []
         for j, c in enumerate(completions):
             i = j // body.n
@@ -277,28 +329,28 @@ class InferenceService:
                 entries = (list(scored[i].prompt_logprobs) if body.echo else []) + list(c.logprobs)
                 logprobs = completion_logprobs(tokenizer, tokens, entries)
             choices.append({"index": j, "text": echoed + c.text, "finish_reason": c.finish_reason, "logprobs": logprobs})
-        return openai_answer("cmpl", "text_completion", body.model, choices, usage)
+        return choices
 
+    def _chat_ids(self, body: ChatCompletionRequest) -> list[int]:
+        try:
+            return chat_prompt_ids(self.engine.counting_tokenizer, [{"role": m.role, "content": m.text} for m in body.messages])
+        except (TemplateError, NoChatTemplate) as error:  # the template's own refusals (jinja raise_exception) are the caller's input
+            raise invalid(("messages",), f"the model's chat template cannot format these messages: {error}") from error
+
+    @timed
     async def chat_completions(self, body: ChatCompletionRequest) -> dict:
         adapter = self._adapter(body.model, field="model")
-        tokenizer = self.engine.counting_tokenizer
-        try:
-            ids = chat_prompt_ids(tokenizer, [{"role": m.role, "content": m.text} for m in body.messages])
-        except Exception as error:  # noqa: BLE001 - a template's own errors (jinja raise_exception) are the caller's input
-            raise invalid(("messages",), f"the model's chat template cannot format these messages: {error}") from error
+        ids = await self._off_loop(self._chat_ids, body)
         new_tokens = body.new_tokens or max(1, min(self.settings.max_tokens_cap, self.settings.max_model_len - len(ids)))
-        self._check_fits([ids], new_tokens, body.n, lambda i: ("messages",))
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        self._check_fits([ids], new_tokens, body.n, logprobs, lambda i: ("messages",))
         sampling = Sampling(new_tokens, body.temperature, body.top_p, body.seed, body.stops)
         completions, _, usage = await self._complete([ids], body.n, sampling, adapter, logprobs, echo=False)
+        tokenizer = self.engine.counting_tokenizer
+        answers = await self._off_loop(lambda: [chat_logprobs(tokenizer, c.logprobs) if logprobs is not None else None for c in completions])
         choices = [
-            {
-                "index": j,
-                "message": {"role": "assistant", "content": c.text},
-                "finish_reason": c.finish_reason,
-                "logprobs": chat_logprobs(tokenizer, c.logprobs) if logprobs is not None else None,
-            }
-            for j, c in enumerate(completions)
+            {"index": j, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason, "logprobs": lp}
+            for j, (c, lp) in enumerate(zip(completions, answers))
         ]
         return openai_answer("chatcmpl", "chat.completion", body.model, choices, usage)
 

@@ -7,6 +7,7 @@ of LoRA adapters addressed by name (`adapter=None` is the base model).
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
@@ -17,6 +18,11 @@ from serve.settings import ServiceError, ServiceSettings, resolve_model
 class EngineUnavailable(RuntimeError):
     """The engine died under a request (vLLM's engine-core process was killed, say). The replica
     fails its health check and Serve replaces it: the request may be sent again (HTTP: 503)."""
+
+
+class UnknownAdapter(LookupError):
+    """A request names an adapter the engine does not hold (removed by a reconfigure while the
+    request waited): the service answers 404, as for a name never registered."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,18 @@ def cut_at_stop(text: str, stop: tuple[str, ...]) -> str | None:
     """`text` up to the earliest stop string, or None when none occurs."""
     hits = [text.index(s) for s in stop if s and s in text]
     return text[: min(hits)] if hits else None
+
+
+async def gather_all(awaitables) -> list:
+    """The awaitables' results, as `asyncio.gather`, except that once one fails the others are
+    cancelled (a vLLM request cancelled is aborted in the engine) and that first error is raised:
+    no engine work keeps running for a request that has already failed."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(a) for a in awaitables]
+    except BaseExceptionGroup as errors:
+        raise errors.exceptions[0] from None
+    return [task.result() for task in tasks]
 
 
 def vllm_installed() -> bool:

@@ -12,6 +12,7 @@ Without seeds the batch draws from the global stream in one call, as `generate` 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -41,17 +42,29 @@ def warpers(s: Sampling) -> LogitsProcessorList:
 
 @torch.inference_mode()
 def decode(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, s: Sampling, seeds: list[int] | None, eos: int, pad: int, logprobs: int | None = None
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    s: Sampling,
+    seeds: list[int] | None,
+    eos: int,
+    pad: int,
+    logprobs: int | None = None,
+    pulse: Callable[[], None] = lambda: None,
 ) -> list[Decoded]:
     """Up to `s.max_tokens` new tokens for each left-padded row; greedy at temperature 0, else sampled,
     row r from `seeds[r]` when seeds are given. `logprobs=k` records each token's log-probability under
-    the processed distribution (temperature and top_p applied, as vLLM's processed_logprobs)."""
+    the processed distribution (temperature and top_p applied, as vLLM's processed_logprobs): the
+    chosen token's and the top k, per step, never the whole vocabulary's scores over the steps.
+    `pulse()` is called before every forward: the engine's liveness signal, and where a job whose
+    request went away stops (it raises)."""
     rows = input_ids.shape[0]
     if s.max_tokens == 0:
         return [Decoded([], [] if logprobs is not None else None) for _ in range(rows)]
     process = warpers(s)
     generators = None if seeds is None else [torch.Generator(input_ids.device).manual_seed(seed) for seed in seeds]
     positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+    pulse()
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True, logits_to_keep=1)
     finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
     steps, recorded = [], []
@@ -70,6 +83,7 @@ def decode(
             break
         attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
         positions = positions[:, -1:] + 1
+        pulse()
         out = model(input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=positions, past_key_values=out.past_key_values, use_cache=True)
     table = torch.stack(steps, dim=1).tolist()
     return [_row(r, table[r], recorded if logprobs is not None else None, eos) for r in range(rows)]

@@ -1,31 +1,43 @@
 """The transformers + PEFT engine: the fallback where vLLM is not installed, and the reference.
 
-Adapters are loaded unmerged into one PeftModel and selected per call
+Adapters are loaded unmerged into one PeftModel and selected per job
 (`set_adapter`, or `disable_adapter()` for the base model), so scores are the
 same arithmetic as lm-evaluation-harness's HF backend with `peft=`. All model
-work runs on one worker thread: calls are serialised (the active adapter is
-model state) and the replica's event loop stays free for health checks.
-Batching across requests happens in the deployment (`@serve.batch`); here a
-call's prompts go through in chunks of `hf_batch_size`, left-padded, seeded ones
-too: serve/hf_decode.py samples each row from its own generator, so prompt i's
-sample depends on seed + i alone (the engines' seed contract, serve/engine.py).
+work runs on one worker thread (the active adapter is model state), as bounded
+jobs: a call's prompts go through in chunks of `hf_batch_size`, each chunk a job
+of its own, so requests take turns chunk by chunk, and a request that goes away
+(its client disconnected, its timeout passed) stops at the job's next step.
+Batching across requests happens in the deployment (`@serve.batch`). Seeded
+prompts keep their samples whatever the chunking: serve/hf_decode.py samples
+each row from its own generator, so prompt i's sample depends on seed + i alone
+(the engines' seed contract, serve/engine.py).
+
+Health is a liveness signal, never a job queued behind the work: every step of a
+job (each forward) stamps the time it began, and the health check fails only when
+one step has run past `hf_stall_s`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from serve.engine import Completion, Sampling, TokenCompletion, TokenLogprob, cut_at_stop
+from serve.engine import Completion, EngineUnavailable, Sampling, TokenCompletion, TokenLogprob, UnknownAdapter, cut_at_stop
 from serve.hf_decode import decode
-from serve.hf_scoring import mc_logprobs, scorable_choices
+from serve.hf_scoring import length_sorted_chunks, letter_token_ids, mc_logprobs_batch, scorable_choices
 from serve.settings import ServiceSettings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Stopped(Exception):
+    """The request behind a job went away: the job ends at its next step, its result unread."""
 
 
 class HFEngine:
@@ -40,22 +52,59 @@ class HFEngine:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "left"
-        # Fast tokenizers are not thread-safe (padding state is set per call): the event loop
-        # counts prompt tokens with its own instance while the worker thread pads batches.
+        # Fast tokenizers are not thread-safe (padding state is set per call): the service counts
+        # prompt tokens with its own instance while the worker thread pads batches.
         self.counting_tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.max_choices = scorable_choices(self.tokenizer)
+        self.letters = letter_token_ids(self.tokenizer, self.max_choices)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype]).to(self.device).eval()
         self.peft = None  # the PeftModel wrapping self.model once an adapter is added
         self.batch_size = settings.hf_batch_size
+        self.stall_s = settings.hf_stall_s
+        self._step_began: float | None = None  # when the running job's current step began; None while idle
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
 
     async def _run(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+        """`fn(*args, pulse)` as one job on the worker thread. `pulse()` marks the start of a step
+        (the liveness signal) and raises `Stopped` once the awaiting request was cancelled; a job
+        cancelled before it starts never runs."""
+        stop = threading.Event()
+
+        def pulse() -> None:
+            if stop.is_set():
+                raise Stopped("the request went away")
+            self._step_began = time.monotonic()
+
+        def job():
+            pulse()
+            try:
+                return fn(*args, pulse)
+            finally:
+                self._step_began = None
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._worker, job)
+        except asyncio.CancelledError:
+            stop.set()
+            raise
+
+    async def _chunked(self, items: list, job) -> list:
+        """`job(batch, start, pulse)` over `items` in chunks of hf_batch_size (`start`: the chunk's
+        first index in the call), each chunk its own job: other requests' chunks run in between."""
+        results = []
+        for start in range(0, len(items), self.batch_size):
+            results += await self._run(job, items[start : start + self.batch_size], start)
+        return results
+
+    @staticmethod
+    def _seeds(s: Sampling, start: int, n: int) -> list[int] | None:
+        """Seeds of a chunk's prompts: prompt i of the call samples with seed + i (None unseeded)."""
+        return None if s.seed is None else [s.seed + start + j for j in range(n)]
 
     # Adapters -------------------------------------------------------------------------------
 
     async def add_adapter(self, name: str, path: str) -> None:
-        await self._run(self._add_adapter, name, path)
+        await self._run(lambda pulse: self._add_adapter(name, path))
 
     def _add_adapter(self, name: str, path: str) -> None:
         from peft import PeftModel
@@ -66,7 +115,7 @@ class HFEngine:
             self.peft.load_adapter(path, adapter_name=name)
 
     async def remove_adapter(self, name: str) -> None:
-        await self._run(self._remove_adapter, name)
+        await self._run(lambda pulse: self._remove_adapter(name))
 
     def _remove_adapter(self, name: str) -> None:
         if list(self.peft.peft_config) == [name]:
@@ -74,12 +123,18 @@ class HFEngine:
         else:
             self.peft.delete_adapter(name)
 
+    @contextlib.contextmanager
     def _selected(self, adapter: str | None):
-        """The model to call with `adapter` active (a context manager around it)."""
+        """The model to call with `adapter` active (None: the base model). An adapter removed since
+        the request was checked is an UnknownAdapter, not a KeyError deep in PEFT."""
         if adapter is None:
-            return self.peft.disable_adapter() if self.peft else contextlib.nullcontext(), (self.peft or self.model)
+            with self.peft.disable_adapter() if self.peft else contextlib.nullcontext():
+                yield self.peft or self.model
+            return
+        if self.peft is None or adapter not in self.peft.peft_config:
+            raise UnknownAdapter(adapter)
         self.peft.set_adapter(adapter)
-        return contextlib.nullcontext(), self.peft
+        yield self.peft
 
     # Work -----------------------------------------------------------------------------------
 
@@ -87,35 +142,27 @@ class HFEngine:
         return [len(ids) for ids in self.counting_tokenizer(prompts, add_special_tokens=True).input_ids]
 
     async def score(self, prompts: list[str], n_choices: list[int], adapter: str | None) -> list[list[float]]:
-        return await self._run(self._score, prompts, n_choices, adapter)
-
-    def _score(self, prompts, n_choices, adapter):
-        context, model = self._selected(adapter)
-        with context:
-            return mc_logprobs(model, self.tokenizer, prompts, n_choices, self.batch_size)
-
-    async def generate(self, prompts: list[str], sampling: Sampling, adapter: str | None) -> list[Completion]:
-        return await self._run(self._generate, prompts, sampling, adapter)
-
-    def _in_batches(self, prompts: list, s: Sampling, run) -> list:
-        """`run(batch, seeds)` over the prompts in chunks of hf_batch_size; seeds[j] = seed + i for the
-        chunk's j-th prompt, prompt i of the call (None unseeded)."""
-        results = []
-        for start in range(0, len(prompts), self.batch_size):
-            batch = prompts[start : start + self.batch_size]
-            results += run(batch, None if s.seed is None else [s.seed + start + j for j in range(len(batch))])
+        """One forward per chunk of similar-length prompts (serve/hf_scoring.py), each chunk a job."""
+        results: list[list[float]] = [[] for _ in prompts]
+        for chunk in length_sorted_chunks(prompts, self.batch_size):
+            rows = await self._run(self._score_batch, [prompts[i] for i in chunk], [n_choices[i] for i in chunk], adapter)
+            for i, row in zip(chunk, rows):
+                results[i] = row
         return results
 
-    @torch.inference_mode()
-    def _generate(self, prompts: list[str], s: Sampling, adapter: str | None) -> list[Completion]:
-        context, model = self._selected(adapter)
-        with context:
-            return self._in_batches(prompts, s, lambda batch, seeds: self._generate_batch(model, batch, s, seeds))
+    def _score_batch(self, prompts: list[str], n_choices: list[int], adapter: str | None, pulse) -> list[list[float]]:
+        with self._selected(adapter) as model:
+            return mc_logprobs_batch(model, self.tokenizer, prompts, n_choices, self.letters)
 
-    def _generate_batch(self, model, prompts: list[str], s: Sampling, seeds: list[int] | None) -> list[Completion]:
+    async def generate(self, prompts: list[str], sampling: Sampling, adapter: str | None) -> list[Completion]:
+        return await self._chunked(prompts, lambda batch, start, pulse: self._generate_batch(batch, sampling, adapter, start, pulse))
+
+    @torch.inference_mode()
+    def _generate_batch(self, prompts: list[str], s: Sampling, adapter: str | None, start: int, pulse) -> list[Completion]:
         eos = self.tokenizer.eos_token_id
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True).to(self.device)
-        rows = decode(model, enc.input_ids, enc.attention_mask, s, seeds, eos, self.tokenizer.pad_token_id)
+        with self._selected(adapter) as model:
+            rows = decode(model, enc.input_ids, enc.attention_mask, s, self._seeds(s, start, len(prompts)), eos, self.tokenizer.pad_token_id, pulse=pulse)
         return [self._completion(row.tokens, int(mask.sum()), s, eos) for mask, row in zip(enc.attention_mask, rows)]
 
     def _completion(self, new: list[int], prompt_tokens: int, s: Sampling, eos: int) -> Completion:
@@ -133,43 +180,49 @@ class HFEngine:
     ) -> list[TokenCompletion]:
         """The contract's `complete_tokens` (serve/engine.py). One call's prompts are generated as in
         `generate` (chunks of `hf_batch_size`, prompt i from seed + i); calls are not gathered across
-        requests. Prompt log-probabilities take one forward per prompt: the full vocabulary's
-        log-softmax at every position is held for one prompt at a time."""
-        return await self._run(self._complete_tokens, prompts, sampling, adapter, logprobs, prompt_logprobs)
+        requests. Prompt log-probabilities take one forward per prompt: the logits at every
+        position are held for one prompt at a time."""
+        scored = [None] * len(prompts)
+        if prompt_logprobs is not None:
+            scored = await self._chunked(prompts, lambda batch, start, pulse: self._prompts_scored(batch, adapter, prompt_logprobs, pulse))
+        if sampling.max_tokens == 0:
+            done = [((), "", "length", () if logprobs is not None else None)] * len(prompts)
+        else:
+            done = await self._chunked(prompts, lambda batch, start, pulse: self._generate_ids(batch, sampling, adapter, start, logprobs, pulse))
+        return [TokenCompletion(ids, text, reason, len(p), lps, sc) for p, (ids, text, reason, lps), sc in zip(prompts, done, scored)]
 
     @torch.inference_mode()
-    def _complete_tokens(self, prompts, s: Sampling, adapter, logprobs, prompt_logprobs) -> list[TokenCompletion]:
-        context, model = self._selected(adapter)
-        with context:
-            scored = [self._prompt_logprobs(model, p, prompt_logprobs) if prompt_logprobs is not None else None for p in prompts]
-            if s.max_tokens == 0:
-                done = [((), "", "length", () if logprobs is not None else None)] * len(prompts)
-            else:
-                done = self._in_batches(prompts, s, lambda batch, seeds: self._generate_ids(model, batch, s, seeds, logprobs))
-        return [TokenCompletion(ids, text, reason, len(p), lps, sc) for p, (ids, text, reason, lps), sc in zip(prompts, done, scored)]
+    def _prompts_scored(self, prompts: list[list[int]], adapter: str | None, k: int, pulse) -> list[tuple]:
+        """`_prompt_logprobs` of each prompt, one forward each (a step each)."""
+        scored = []
+        with self._selected(adapter) as model:
+            for prompt in prompts:
+                pulse()
+                scored.append(self._prompt_logprobs(model, prompt, k))
+        return scored
 
     def _prompt_logprobs(self, model, ids: list[int], k: int) -> tuple[TokenLogprob | None, ...]:
         """Each prompt token's log-probability after the ones before it, and the k most likely there."""
         logits = model(input_ids=torch.tensor([ids], device=self.device)).logits[0, :-1].float()
-        logprobs = torch.log_softmax(logits, dim=-1)
-        return (None, *self._entries(logprobs, ids[1:], k))
+        norm = torch.logsumexp(logits, dim=-1, keepdim=True)  # log-softmax = logits - norm, without a second vocabulary-wide copy
+        tokens = torch.tensor(ids[1:], dtype=torch.long, device=logits.device)[:, None]
+        own = (logits.gather(1, tokens) - norm)[:, 0].tolist()
+        values, indices = logits.topk(k, dim=-1)
+        values = (values - norm).tolist()
+        return (None, *(TokenLogprob(t, o, tuple(zip(i, v))) for t, o, i, v in zip(ids[1:], own, indices.tolist(), values)))
 
-    @staticmethod
-    def _entries(logprobs: torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprob]:
-        """TokenLogprobs of `tokens` from rows of log-probabilities (one row per token)."""
-        own = logprobs.gather(1, torch.tensor(tokens, dtype=torch.long, device=logprobs.device)[:, None])[:, 0].tolist()
-        values, indices = logprobs.topk(k, dim=-1)
-        return [TokenLogprob(t, o, tuple(zip(i, v))) for t, o, i, v in zip(tokens, own, indices.tolist(), values.tolist())]
-
-    def _generate_ids(self, model, prompts: list[list[int]], s: Sampling, seeds: list[int] | None, logprobs: int | None) -> list[tuple]:
+    @torch.inference_mode()
+    def _generate_ids(self, prompts: list[list[int]], s: Sampling, adapter: str | None, start: int, logprobs: int | None, pulse) -> list[tuple]:
         """(token ids, text, finish_reason, TokenLogprobs or None) per prompt, token ids as vLLM counts
         them: an end-of-sequence token is kept (its text is not), and a stop string ends the ids at
         the token that completed it."""
         eos, pad, width = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, max(map(len, prompts))
         input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        with self._selected(adapter) as model:
+            rows = decode(model, input_ids, mask, s, self._seeds(s, start, len(prompts)), eos, pad, logprobs, pulse)
         results = []
-        for row in decode(model, input_ids, mask, s, seeds, eos, pad, logprobs):
+        for row in rows:
             new = row.tokens
             ends = new.index(eos) if eos in new else None
             ids, text = new, self.tokenizer.decode(new[:ends], skip_special_tokens=True)
@@ -185,7 +238,10 @@ class HFEngine:
         return results
 
     async def check_health(self) -> None:
-        await self._run(lambda: None)  # the worker thread still answers
+        """Fails when one step of a job (one forward) has run past hf_stall_s: a hung worker, not a busy one."""
+        began = self._step_began
+        if began is not None and time.monotonic() - began > self.stall_s:
+            raise EngineUnavailable(f"the transformers engine has been on one step for {time.monotonic() - began:.0f} s (hf_stall_s={self.stall_s})")
 
     def shutdown(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)

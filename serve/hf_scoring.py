@@ -33,26 +33,36 @@ def scorable_choices(tokenizer) -> int:
     return n
 
 
-@torch.inference_mode()
-def mc_logprobs(model, tokenizer, prompts: list[str], n_choices: list[int], batch_size: int = 64) -> list[list[float]]:
-    """Per-question choice log-probabilities, renormalised over that question's choices.
-
-    Prompts go through in batches of similar length (less padding), left-padded with
-    position ids that ignore the padding; results come back in the input order.
-    """
-    letters = letter_token_ids(tokenizer, max(n_choices))
-    device = next(model.parameters()).device
+def length_sorted_chunks(prompts: list[str], batch_size: int) -> list[list[int]]:
+    """Prompt indices in chunks of `batch_size`, shortest prompts first: similar lengths share a
+    batch, so less of it is padding."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    results: list[list[float]] = [[] for _ in prompts]
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+@torch.inference_mode()
+def mc_logprobs_batch(model, tokenizer, prompts: list[str], n_choices: list[int], letters: list[int]) -> list[list[float]]:
+    """One forward over `prompts`, left-padded with position ids that ignore the padding: each
+    prompt's choice log-probabilities, renormalised over its `n_choices` letters (`letters` holds
+    the letters' token ids, at least as many as the most choices)."""
+    device = next(model.parameters()).device
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            enc = tokenizer([prompts[i] for i in chunk], return_tensors="pt", padding=True).to(device)
-            positions = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)
-            logits = model(**enc, position_ids=positions, logits_to_keep=1).logits[:, -1, :].float()
-            for i, row in zip(chunk, logits):
-                results[i] = torch.log_softmax(row[letters[: n_choices[i]]], dim=-1).tolist()
+        enc = tokenizer(prompts, return_tensors="pt", padding=True).to(device)
     finally:
         tokenizer.padding_side = side
+    positions = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(**enc, position_ids=positions, logits_to_keep=1).logits[:, -1, :].float()
+    return [torch.log_softmax(row[letters[:n]], dim=-1).tolist() for row, n in zip(logits, n_choices)]
+
+
+def mc_logprobs(model, tokenizer, prompts: list[str], n_choices: list[int], batch_size: int = 64) -> list[list[float]]:
+    """Per-question choice log-probabilities, renormalised over that question's choices, in the
+    input order: `mc_logprobs_batch` over length-sorted chunks."""
+    letters = letter_token_ids(tokenizer, max(n_choices))
+    results: list[list[float]] = [[] for _ in prompts]
+    for chunk in length_sorted_chunks(prompts, batch_size):
+        rows = mc_logprobs_batch(model, tokenizer, [prompts[i] for i in chunk], [n_choices[i] for i in chunk], letters)
+        for i, row in zip(chunk, rows):
+            results[i] = row
     return results

@@ -4,29 +4,55 @@ Built per replica (`InferenceService.__serve_build_asgi_app__`), so the
 middleware and routes close over that replica's settings, engines and metrics
 instead of reaching for process globals. Routes only parse and delegate; the
 service's methods hold the logic and are the same ones a deployment handle calls.
+
+Errors keep two shapes, one per family of routes: `/generate`, `/score` and the
+rest answer FastAPI's `{"detail": ...}` (422 for a bad body); the OpenAI routes
+(`/v1/...`) answer OpenAI's `{"error": {message, type, param, code}}` (400 for a bad
+body), which OpenAI clients read. Every error, an unexpected one too, is counted
+in the route's metrics and answered as JSON; an unexpected one is logged with its
+traceback and answered 500 without internals.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import math
 import time
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
-from serve.engine import EngineUnavailable
+from serve.engine import EngineUnavailable, UnknownAdapter
 from serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
 
 OPEN_PATHS = {"/health"}  # answered without the bearer token (load balancers probe it)
+OPENAI_TYPES = {
+    400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLargeError",
+    500: "InternalServerError", 503: "ServiceUnavailableError", 504: "TimeoutError",
+}  # fmt: skip
+logger = logging.getLogger("ray.serve")
 
 
-def invalid(loc: tuple, msg: str) -> RequestValidationError:
-    """A 422 in FastAPI's own shape, for limits only the deployment knows."""
-    return RequestValidationError([{"type": "value_error", "loc": ("body", *loc), "msg": msg}])
+def error_response(path: str, status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
+    """An error in the shape its route's clients read: OpenAI's under /v1/ (a body that fails
+    validation is a 400 there, as OpenAI's and vLLM's servers answer), FastAPI's elsewhere."""
+    if not path.startswith("/v1/"):
+        return JSONResponse({"detail": message}, status, headers=headers)
+    status = 400 if status == 422 else status
+    error = {"message": message, "type": OPENAI_TYPES.get(status, "Error"), "param": param, "code": status}
+    return JSONResponse({"error": error}, status, headers=headers)
+
+
+def route_path(request: Request) -> str:
+    """The route, without the app's route prefix."""
+    return request.url.path.removeprefix(request.scope.get("root_path", "")) or "/"
 
 
 def token_matches(header: str | None, api_key: str) -> bool:
@@ -41,11 +67,14 @@ async def body_within(request: Request, limit: int) -> bytes | None:
     chunked body (no Content-Length to check first) is never held whole. A body within the limit
     is kept where Starlette's own `Request.body()` keeps it, and the route reads it from there."""
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+    except ClientDisconnect:  # Serve's proxy cut the body at its own limit (serve/proxy_guard.py), or the client left
+        return None
     request._body = b"".join(chunks)
     return request._body
 
@@ -67,27 +96,49 @@ def build_http_api(service) -> FastAPI:
 
     @api.middleware("http")
     async def guard_and_measure(request: Request, call_next):
-        """Bearer token, body-size limit and per-route metrics, for every request (also the ones FastAPI rejects)."""
-        started, root = time.perf_counter(), request.scope.get("root_path", "")
-        path = request.url.path.removeprefix(root) or "/"  # the route, without the app's route prefix
+        """Bearer token, body-size limit, per-route metrics and the last word on unexpected errors,
+        for every request (also the ones FastAPI rejects)."""
+        started, path = time.perf_counter(), route_path(request)
         if service.api_key and path not in OPEN_PATHS and not token_matches(request.headers.get("authorization"), service.api_key):
-            response = JSONResponse({"detail": "missing or wrong bearer token (Authorization: Bearer $SERVE_API_KEY)"}, 401)
+            response = error_response(path, 401, "missing or wrong bearer token (Authorization: Bearer $SERVE_API_KEY)")
         elif int(request.headers.get("content-length") or 0) > limit or await body_within(request, limit) is None:
-            response = JSONResponse({"detail": f"request body over {limit} bytes (the service's max_body_bytes)"}, 413)
+            response = error_response(path, 413, f"request body over {limit} bytes (the service's max_body_bytes)")
         else:
-            response = await call_next(request)
+            try:
+                response = await call_next(request)
+            except Exception:  # noqa: BLE001 - a bug: logged whole, answered without internals
+                incident = uuid.uuid4().hex[:12]
+                logger.exception("unexpected error on %s (incident %s)", path, incident)
+                response = error_response(path, 500, f"internal error (incident {incident} in the replica's log)")
         service.metrics.request(path, response.status_code, time.perf_counter() - started)
         return response
 
     @api.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError):
-        """FastAPI's 422 body; its default handler answers 500 when the echoed input holds NaN."""
-        return JSONResponse({"detail": json_safe(jsonable_encoder(error.errors()))}, 422)
+        """FastAPI's 422 body (its default handler answers 500 when the echoed input holds NaN); under /v1/, OpenAI's 400."""
+        path = route_path(request)
+        details = json_safe(jsonable_encoder(error.errors()))
+        if not path.startswith("/v1/"):
+            return JSONResponse({"detail": details}, 422)
+        where = [".".join(map(str, d.get("loc", ())[1:])) for d in details]  # each field's path, "body" dropped
+        message = "; ".join(f"{field}: {d.get('msg')}" for field, d in zip(where, details))
+        return error_response(path, 400, message, param=where[0] if where else None)
+
+    @api.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException):
+        return error_response(route_path(request), error.status_code, str(error.detail), headers=error.headers)
+
+    @api.exception_handler(UnknownAdapter)
+    async def adapter_gone(request: Request, error: UnknownAdapter):
+        return error_response(route_path(request), 404, f"adapter {str(error.args[0])[:64]!r} was removed while the request waited")
 
     @api.exception_handler(EngineUnavailable)
     async def engine_unavailable(request: Request, error: EngineUnavailable):
         """The engine died under the request: Serve replaces this replica, so the client may retry."""
-        return JSONResponse({"detail": f"{error}; the replica is being replaced, retry shortly"}, 503, headers={"Retry-After": "30"})
+        logger.warning("engine unavailable: %s", error)
+        return error_response(
+            route_path(request), 503, "the engine died under this request; the replica is being replaced, retry shortly", headers={"Retry-After": "30"}
+        )
 
     @api.post("/generate")
     async def generate(body: GenerateRequest) -> GenerateResponse:
@@ -114,7 +165,8 @@ def build_http_api(service) -> FastAPI:
         return await service.list_adapters()
 
     @api.get("/health")
-    async def health() -> dict:
-        return await service.health()
+    async def health(request: Request) -> dict:
+        """Open to all; the model and engines only to a caller holding the token (or when there is none)."""
+        return await service.health(detailed=not service.api_key or token_matches(request.headers.get("authorization"), service.api_key))
 
     return api

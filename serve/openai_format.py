@@ -10,6 +10,7 @@ first, then the k most likely), the same -9999.0 for a log-probability of minus 
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Sequence
@@ -23,8 +24,7 @@ def token_texts(tokenizer, ids: Sequence[int]) -> list[str]:
     """Each token's text decoded alone; a SentencePiece word start ("▁") keeps its space, as in vLLM."""
     pieces = tokenizer.convert_ids_to_tokens(list(ids))
     texts = []
-    for token, piece in zip(ids, pieces):
-        text = tokenizer.decode([token])
+    for text, piece in zip(tokenizer.batch_decode([[token] for token in ids]), pieces):
         texts.append(" " + text if isinstance(piece, str) and piece.startswith("▁") and not text.startswith(" ") else text)
     return texts
 
@@ -45,7 +45,7 @@ def completion_logprobs(tokenizer, ids: Sequence[int], entries: Sequence[TokenLo
         top = {token: finite(entry.logprob)}
         top.update({text: finite(value) for text, (_, value) in zip(token_texts(tokenizer, [t for t, _ in entry.top]), entry.top) if text not in top})
         tops.append(top)
-    offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0)) if tokens else []
     return {
         "tokens": tokens,
         "token_logprobs": [None if e is None else finite(e.logprob) for e in entries],
@@ -69,11 +69,15 @@ def chat_logprobs(tokenizer, entries: Sequence[TokenLogprob]) -> dict:
     return {"content": content}
 
 
+class NoChatTemplate(ValueError):
+    """The model's tokenizer has no chat template: /v1/chat/completions cannot format messages."""
+
+
 def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     """The chat prompt's token ids: the model's chat template with the assistant's turn opened, then
     tokenized without adding special tokens (the template writes the ones it wants), as vLLM does."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("this model's tokenizer has no chat template")
+        raise NoChatTemplate("this model's tokenizer has no chat template")
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False).input_ids
 

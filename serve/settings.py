@@ -50,12 +50,19 @@ class ServiceSettings(BaseModel):
 
     # transformers engine.
     hf_batch_size: int = Field(64, gt=0, description="prompts per forward")
+    hf_stall_s: float = Field(300.0, gt=0, description="one forward running longer than this fails the health check (a hung worker)")
 
     # Request limits: each over-limit request gets a 4xx naming the limit.
     max_prompts_per_request: int = Field(1024, gt=0)
     max_questions_per_request: int = Field(4096, gt=0)
     max_tokens_cap: int = Field(512, gt=0, description="largest max_tokens a request may ask for")
     max_body_bytes: int = Field(8 << 20, gt=0)
+    max_work_per_request: int = Field(
+        1 << 22,
+        gt=0,
+        description="token positions one request may ask for: prompts x n x (prompt tokens + max_tokens) x (logprobs + 1); more is a 413 naming this setting",
+    )
+    request_timeout_s: float = Field(900.0, gt=0, description="a request still running after this long is stopped and answered 504")
 
 
 def default_cache_dir() -> Path:

@@ -1,7 +1,8 @@
 """The vLLM engine: vLLM's own `AsyncLLM`, multi-LoRA, continuous batching.
 
 Every prompt becomes one engine request, sent concurrently, so the engine's
-scheduler batches across prompts and across HTTP requests. Adapters are
+scheduler batches across prompts and across HTTP requests. A call whose request
+fails or goes away aborts all of its engine requests (`gather_all`). Adapters are
 `LoRARequest`s addressed by name.
 
 Multiple-choice scoring is one engine step per question: with
@@ -13,7 +14,6 @@ that lm-evaluation-harness computes with one request per choice.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import uuid
 from ctypes.util import find_library
@@ -27,7 +27,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from serve.engine import Completion, EngineUnavailable, Sampling, TokenCompletion, TokenLogprob, cuda_available
+from serve.engine import Completion, EngineUnavailable, Sampling, TokenCompletion, TokenLogprob, UnknownAdapter, cuda_available, gather_all
 from serve.engine_guard import child_pids, guard_new_children
 from serve.hf_scoring import letter_token_ids, scorable_choices
 from serve.mc_format import LETTERS
@@ -122,7 +122,9 @@ class VLLMEngine:
         return [len(ids) for ids in self.counting_tokenizer(prompts, add_special_tokens=True).input_ids]
 
     async def _final(self, prompt: str, params: SamplingParams, adapter: str | None):
-        lora = self.loras[adapter] if adapter else None
+        lora = self.loras.get(adapter) if adapter else None
+        if adapter and lora is None:
+            raise UnknownAdapter(adapter)  # removed by a reconfigure while the request waited
         final = None
         try:
             async for output in self.engine.generate(prompt, params, request_id=uuid.uuid4().hex, lora_request=lora):
@@ -136,7 +138,7 @@ class VLLMEngine:
             seed = None if s.seed is None else s.seed + i
             return SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=seed, stop=list(s.stop) or None)
 
-        outputs = await asyncio.gather(*(self._final(p, params(i), adapter) for i, p in enumerate(prompts)))
+        outputs = await gather_all(self._final(p, params(i), adapter) for i, p in enumerate(prompts))
         completions = []
         for out in outputs:
             first = out.outputs[0]
@@ -148,7 +150,7 @@ class VLLMEngine:
         def params(n: int) -> SamplingParams:
             return SamplingParams(max_tokens=1, temperature=0.0, logprobs=n, allowed_token_ids=self.letters[:n])
 
-        outputs = await asyncio.gather(*(self._final(p, params(n), adapter) for p, n in zip(prompts, n_choices)))
+        outputs = await gather_all(self._final(p, params(n), adapter) for p, n in zip(prompts, n_choices))
         results = []
         for out, n in zip(outputs, n_choices):
             step = out.outputs[0].logprobs[0]  # token id -> Logprob, renormalised over the allowed letters
@@ -176,7 +178,7 @@ class VLLMEngine:
             )  # fmt: skip
 
         requests = (self._final(TokensPrompt(prompt_token_ids=list(p)), params(i), adapter) for i, p in enumerate(prompts))
-        outputs = await asyncio.gather(*requests)
+        outputs = await gather_all(requests)
         return [self._token_completion(out, s.max_tokens == 0, logprobs, prompt_logprobs) for out in outputs]
 
     @staticmethod

@@ -48,7 +48,7 @@ def ray_cluster():
 
 
 @contextlib.contextmanager
-def head_node(*extra_args: str):
+def head_node(*extra_args: str, env: dict | None = None):
     """A real head node (`ray start --head`, with its dashboard) outliving its drivers, as on a
     cluster: {"address", "dashboard" (URL), "metrics" (its Prometheus endpoint), "headers"
     (the cluster token, which its REST API asks for), "temp_dir" (its logs under session_latest)}.
@@ -77,7 +77,7 @@ def head_node(*extra_args: str):
         [ray, "start", "--head", f"--port={port}", "--num-cpus=2", f"--temp-dir={temp_dir}", "--disable-usage-stats",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--metrics-export-port={metrics}",
          f"--dashboard-agent-listen-port={agent}", *extra_args],
-        check=True, capture_output=True, timeout=180,
+        check=True, capture_output=True, timeout=180, env={**os.environ, **(env or {})},
     )  # fmt: skip
     token = (Path.home() / ".ray" / "auth_token").read_text().strip()
     try:
