@@ -113,3 +113,28 @@ def test_an_adapter_removed_under_a_request_is_an_unknown_adapter(engine, lora_a
             await engine.score(["Q? A. x B. y\nAnswer:"], [2], "gone")
 
     asyncio.run(main())
+
+
+def test_a_request_past_request_timeout_s_is_a_504_and_its_work_stops(ray_cluster, tiny_model):
+    """The service's own class (no Serve: its methods are what routes and handles call), one
+    second allowed: a 64-prompt x 400-token /generate is stopped and the engine goes idle."""
+    from fastapi import HTTPException
+
+    from serve.app import InferenceService
+    from serve.schemas import GenerateRequest
+
+    settings = ServiceSettings(engine="hf", model=tiny_model, max_model_len=512, hf_batch_size=16, request_timeout_s=1.0)
+    service_class = InferenceService.func_or_class.__mro__[1]  # the class under Serve's ingress wrapper
+    service = service_class(settings.model_dump())
+
+    async def main():
+        request = GenerateRequest(prompts=["1, 2, 3,"] * 64, max_tokens=400, temperature=1.0, seed=0)
+        with pytest.raises(HTTPException) as stopped:
+            await service.generate(request)
+        await asyncio.sleep(1.0)  # the step under way ends
+        return stopped.value
+
+    stopped = asyncio.run(main())
+    assert stopped.status_code == 504 and "request_timeout_s (1 s)" in stopped.detail
+    assert service.engine._step_began is None  # idle: no chunk of the request kept running
+    service.__del__()
