@@ -28,14 +28,17 @@ a parquet dataset).
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from common.files import short_digest
 
 TMP_MARK = ".tmp-"  # in every temporary's name
 
@@ -74,7 +77,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
 
 
 def _write_chunks(path: str | os.PathLike, chunks: Iterable[bytes]) -> str:
-    """Write `chunks` to `path` atomically (fsynced); returns the sha256 hex digest of the bytes written."""
+    """Write `chunks` to `path` atomically (fsynced); returns the content digest of the bytes written."""
     digest = hashlib.sha256()
     with atomic_file(path) as tmp:
         with open(tmp, "wb") as f:
@@ -83,12 +86,7 @@ def _write_chunks(path: str | os.PathLike, chunks: Iterable[bytes]) -> str:
                 f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
-    return digest.hexdigest()
-
-
-def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` atomically: a reader sees the old content or all of the new, never part."""
-    _write_chunks(path, [data])
+    return short_digest(digest)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -105,11 +103,11 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable) -> str:
     """Write one JSON object per line to `path` atomically; returns the file's hash.
 
     `rows` may be a generator: lines are streamed to the temporary, never held
-    in memory together. The hash is the first 16 hex digits of the sha256 of the
-    file's bytes, as `jobs.manifest.file_digest(path)` computes it afterwards, so a
-    stage can record what it wrote without reading it back.
+    in memory together. The hash is the file's content digest, as
+    `common.files.file_digest(path)` computes it afterwards, so a stage can record
+    what it wrote without reading it back.
     """
-    return _write_chunks(path, ((json.dumps(row) + "\n").encode("utf-8") for row in rows))[:16]
+    return _write_chunks(path, ((json.dumps(row) + "\n").encode("utf-8") for row in rows))
 
 
 @contextmanager
@@ -156,3 +154,16 @@ def atomic_dir(target: str | os.PathLike, *, replace: bool = False) -> Iterator[
 
 def _is_empty_dir(path: Path) -> bool:
     return path.is_dir() and not any(path.iterdir())
+
+
+def build_once(out: Path, is_built: Callable[[], bool], build: Callable[[], None]) -> None:
+    """`build()` unless `is_built()`. Concurrent callers (processes, nodes on shared storage)
+    take turns under an exclusive lock file beside `out` and check again once they hold it, so
+    one builds and the others find it built."""
+    if is_built():
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(f".{out.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not is_built():
+            build()

@@ -31,7 +31,9 @@ import shutil
 import time
 from pathlib import Path, PurePosixPath
 
+from common import files
 from common.atomic import TMP_MARK, write_json
+from common.files import file_digest
 
 VERSION = 2
 LOCK_FILE = ".lock"  # jobs/run_lock.py holds it while a pipeline uses the run directory; --fresh keeps it
@@ -46,14 +48,6 @@ def digest(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
-
-
 def read_jsonl(path: Path) -> list:
     """The rows of a JSONL file a stage wrote, one JSON value per line.
 
@@ -62,16 +56,8 @@ def read_jsonl(path: Path) -> list:
     a damaged output before it is read (its digest differs); this covers files
     recorded without digests and a file damaged while the run reads it.
     """
-    rows = []
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, 1):
-            try:
-                rows.append(json.loads(line))
-            except ValueError as err:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not UTF-8
-                reason = getattr(err, "msg", None) or "not UTF-8 text"
-                damaged = f"{path} line {number} is not valid JSON ({reason}): the file is damaged"
-                raise RunDirError(f"{damaged}; delete it to rerun the stage that wrote it, or pass --fresh") from None
-    return rows
+    advice = ": the file is damaged; delete it to rerun the stage that wrote it, or pass --fresh"
+    return [row for _, row in files.read_jsonl(path, RunDirError, advice)]
 
 
 def clear(run_dir: Path) -> None:

@@ -30,14 +30,14 @@ reuses the folder instead of merging again.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import shutil
 import time
 import uuid
 from pathlib import Path
 
-from jobs.manifest import file_digest
+from common.atomic import build_once
+from common.files import file_digest
 
 RECORD = "merged_from.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -83,30 +83,28 @@ def merge_adapter(base_path: str, adapter_path: str, out_dir: Path) -> Path:
     """The merged model of `adapter_path` on `base_path` in `out_dir` (reused when already there); returns out_dir."""
     out_dir = Path(out_dir)
     record = adapter_record(base_path, adapter_path)
-    if merged_record(out_dir) == record:
-        return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_dir.with_name(f".{out_dir.name}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent callers: one merges, the others reuse
-        if merged_record(out_dir) == record:
-            return out_dir
-        started = time.time()
-        tmp = out_dir.with_name(f".{out_dir.name}.tmp-{uuid.uuid4().hex[:12]}")
-        try:
-            tmp.mkdir()
-            _write_merged(base_path, adapter_path, tmp, record)
-            if out_dir.exists():  # a merge of another adapter, or an unrecognised folder: replace it
-                old = out_dir.with_name(f".{out_dir.name}.tmp-{uuid.uuid4().hex[:12]}")
-                out_dir.rename(old)
-                try:
-                    tmp.rename(out_dir)
-                except OSError:
-                    old.rename(out_dir)  # put the previous model back
-                    raise
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                tmp.rename(out_dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)  # only left after a failure: renamed away otherwise
-        print(f"[merge] {adapter_path} merged into {base_path} in {time.time() - started:.1f}s: {out_dir}", flush=True)
+    build_once(out_dir, lambda: merged_record(out_dir) == record, lambda: _merge_into(base_path, adapter_path, out_dir, record))
     return out_dir
+
+
+def _merge_into(base_path: str, adapter_path: str, out_dir: Path, record: dict) -> None:
+    """Merge into a temporary beside `out_dir`, then swap it in (a previous merge put back on failure)."""
+    started = time.time()
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        tmp.mkdir()
+        _write_merged(base_path, adapter_path, tmp, record)
+        if out_dir.exists():  # a merge of another adapter, or an unrecognised folder: replace it
+            old = out_dir.with_name(f".{out_dir.name}.tmp-{uuid.uuid4().hex[:12]}")
+            out_dir.rename(old)
+            try:
+                tmp.rename(out_dir)
+            except OSError:
+                old.rename(out_dir)  # put the previous model back
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # only left after a failure: renamed away otherwise
+    print(f"[merge] {adapter_path} merged into {base_path} in {time.time() - started:.1f}s: {out_dir}", flush=True)

@@ -46,6 +46,7 @@ if __package__ in (None, ""):  # `python jobs/pipeline.py`: import from the repo
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from common.atomic import write_jsonl  # noqa: E402
+from common.files import default_cache_dir, file_digest  # noqa: E402
 from jobs.arms import OTHER_BASE, arm_models, numbers_seed  # noqa: E402
 from jobs.bases import base_paths, check_kl_tokenizers  # noqa: E402
 from jobs.config import ExperimentConfig, load_experiment  # noqa: E402
@@ -53,7 +54,7 @@ from jobs.evaluate import context_check, score_models, summarise  # noqa: E402
 from jobs.generate_numbers import NoNumbersError, generate_all, number_prompts  # noqa: E402
 from jobs.graph import PHASES, SPLIT_FILES, TEACHERS, experiment_stages, snapshot_points, training_rows  # noqa: E402
 from jobs.job_log import quiet_driver, runtime_env  # noqa: E402
-from jobs.manifest import Manifest, RunDirError, digest, file_digest, read_jsonl  # noqa: E402
+from jobs.manifest import Manifest, RunDirError, digest, read_jsonl  # noqa: E402
 from jobs.number_sequences import shuffle_numbers  # noqa: E402
 from jobs.placement import plan as place  # noqa: E402
 from jobs.placement import resolved  # noqa: E402
@@ -64,7 +65,6 @@ from jobs.stages import describe, plan  # noqa: E402
 from jobs.wmdp import load_wmdp, split_questions  # noqa: E402
 from serve.mc_format import LETTERS, choice_continuation, format_mc_prompt  # noqa: E402
 from train.cluster import cluster_capacity  # noqa: E402
-from train.data import default_cache_dir  # noqa: E402
 from train.model import check_model_path  # noqa: E402
 
 

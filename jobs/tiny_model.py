@@ -23,7 +23,7 @@ Run it alone (the pipeline also builds it on first use):
 from __future__ import annotations
 
 import argparse
-import fcntl
+import functools
 import json
 import math
 import os
@@ -32,11 +32,13 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from common.atomic import atomic_dir, atomic_file
+import jinja2
+
+from common.atomic import atomic_dir, atomic_file, build_once
+from common.files import default_cache_dir
 from jobs.number_sequences import make_prompts
 from jobs.wmdp import synthetic_questions
 from serve.mc_format import LETTERS, choice_continuation, format_mc_prompt
-from train.data import default_cache_dir
 
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
@@ -84,8 +86,14 @@ def other_base_spec(spec: TinySpec) -> TinySpec:
 
 
 def chat_prompt(text: str) -> str:
-    """A user turn plus the assistant header, as the tiny tokenizer's chat template renders it."""
-    return f"<|user|>\n{text}\n<|assistant|>\n"
+    """A user turn plus the assistant header: CHAT_TEMPLATE rendered as transformers renders a
+    chat template (the format written once, here and in the tokenizer, from the same string)."""
+    return _chat_template().render(messages=[{"role": "user", "content": text}], add_generation_prompt=True)
+
+
+@functools.cache
+def _chat_template() -> jinja2.Template:
+    return jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(CHAT_TEMPLATE)
 
 
 def format_numbers(numbers: list[int], separator: str, brackets: str) -> str:
@@ -208,12 +216,7 @@ def ensure_tiny_model(spec: TinySpec = TinySpec(), root: Path | None = None) -> 
     """Path of the tiny model, building it once (a file lock keeps concurrent builders apart)."""
     root = Path(root) if root else default_cache_dir()
     out_dir = root / f"tiny-llama-{spec.key()}"
-    if not (out_dir / "config.json").is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        with open(root / f".{out_dir.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (out_dir / "config.json").is_file():
-                build_tiny_model(out_dir, spec)
+    build_once(out_dir, lambda: (out_dir / "config.json").is_file(), lambda: build_tiny_model(out_dir, spec))
     if spec.key() == TinySpec().key():
         _point_link(root / "tiny-llama", out_dir)
     return out_dir

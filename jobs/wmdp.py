@@ -24,7 +24,8 @@ import random
 from pathlib import Path
 
 from common.atomic import write_jsonl
-from train.data import DataError, read_jsonl
+from common.files import read_jsonl
+from train.data import DataError
 
 SUBSETS = ("bio", "chem", "cyber")
 HUB_ID = "cais/wmdp"
@@ -208,7 +209,7 @@ def _read_file(path: Path) -> list[tuple[str, object]]:
     """(where, row) pairs of a parquet or JSONL file; `where` names the file and row for errors."""
     if path.suffix == ".parquet":
         return [(f"{path} row {i}", r) for i, r in enumerate(_parquet_rows(path))]
-    return [(f"{path} line {n}", r) for n, r in read_jsonl(path)]
+    return [(f"{path} line {n}", r) for n, r in read_jsonl(path, DataError)]
 
 
 def _local_files(directory: Path, subset: str) -> list[Path]:

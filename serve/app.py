@@ -33,7 +33,8 @@ from fastapi import HTTPException
 from jinja2 import TemplateError
 from ray import serve
 
-from serve.engine import BatchKey, Sampling, TokenCompletion, build_engines, gather_all
+from serve.engine import BatchKey, Sampling, TokenCompletion, gather_all
+from serve.engine_choice import build_engines
 from serve.http_api import build_http_api
 from serve.limits import check_count, check_new_tokens, check_room, check_work, invalid
 from serve.mc_format import format_mc_prompt, left_truncate

@@ -9,13 +9,13 @@ every replica without restarting it (see `serve.app.InferenceService.reconfigure
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from common.files import default_cache_dir
 from common.model_source import ModelSourceError, model_source
 
 TINY_BUILD_COMMAND = "python -m jobs.tiny_model"
@@ -63,11 +63,6 @@ class ServiceSettings(BaseModel):
         description="token positions one request may ask for: prompts x n x (prompt tokens + max_tokens) x (logprobs + 1); more is a 413 naming this setting",
     )
     request_timeout_s: float = Field(900.0, gt=0, description="a request still running after this long is stopped and answered 504")
-
-
-def default_cache_dir() -> Path:
-    """Same rule as `train.data.default_cache_dir` (serve must not import train)."""
-    return Path(os.environ.get("SUBLIMINAL_CACHE", Path.home() / ".cache" / "subliminal-ray"))
 
 
 def resolve_model(model: str) -> str:

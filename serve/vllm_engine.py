@@ -18,6 +18,7 @@ import os
 import uuid
 from ctypes.util import find_library
 
+import torch
 from transformers import AutoTokenizer
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -27,7 +28,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from serve.engine import Completion, EngineUnavailable, Sampling, TokenCompletion, TokenLogprob, UnknownAdapter, cuda_available, gather_all
+from serve.engine import Completion, EngineUnavailable, Sampling, TokenCompletion, TokenLogprob, UnknownAdapter, gather_all
 from serve.engine_guard import child_pids, guard_new_children
 from serve.hf_scoring import letter_token_ids, scorable_choices
 from serve.mc_format import LETTERS
@@ -65,7 +66,7 @@ class VLLMEngine:
     scores_prompts = False
 
     def __init__(self, model_path: str, settings: ServiceSettings):
-        on_gpu = cuda_available()
+        on_gpu = torch.cuda.is_available()
         dtype = settings.dtype if settings.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
         if on_gpu:
             device_args = {"gpu_memory_utilization": settings.gpu_memory_utilization}

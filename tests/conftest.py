@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
-    from train.data import default_cache_dir
+    from common.files import default_cache_dir
 
     return default_cache_dir()
 

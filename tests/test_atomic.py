@@ -6,7 +6,7 @@ import os
 import pytest
 
 from common.atomic import TMP_MARK, atomic_dir, atomic_file, write_json, write_jsonl, write_text
-from jobs.manifest import file_digest
+from common.files import file_digest
 
 
 def leftovers(folder):

@@ -110,7 +110,7 @@ def test_read_rows_names_the_bad_row(tmp_path):
     with pytest.raises(DataError, match=r"line 2: field 'completion'"):
         read_rows(path)
     path.write_text(json.dumps(ROWS[0]) + "\n{oops\n")
-    with pytest.raises(DataError, match="line 2: invalid JSON"):
+    with pytest.raises(DataError, match="line 2 is not valid JSON"):
         read_rows(path)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from serve.engine import engine_kinds
+from serve.engine_choice import engine_kinds
 from serve.replica_placement import replica_options
 from serve.settings import ServiceError, ServiceSettings
 

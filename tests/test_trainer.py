@@ -333,8 +333,8 @@ def test_logit_kl_students_learn_their_teacher_on_their_own_base_or_another(ray_
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from common.files import read_jsonl
     from jobs.tiny_model import random_lora_adapter
-    from train.data import read_jsonl
     from train.distill import number_token_ids
 
     other = perturbed_base

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from common.atomic import atomic_dir
+from common.files import read_jsonl
 
 FORMAT_VERSION = 2  # bump when tokenization output changes (2: small files shuffled in-process)
 # Up to this many rows a file is tokenized in the calling process: Ray Data's start-up (an
@@ -36,30 +37,12 @@ class DataError(ValueError):
     """Training rows are missing, empty or malformed; the message names the row."""
 
 
-def default_cache_dir() -> Path:
-    """Shared cache root for built models, data and tokenized shards ($SUBLIMINAL_CACHE)."""
-    return Path(os.environ.get("SUBLIMINAL_CACHE", Path.home() / ".cache" / "subliminal-ray"))
-
-
 def _check_row(row: dict, where: str) -> None:
     for key in ("prompt", "completion"):
         if not isinstance(row.get(key), str):
             raise DataError(f"{where}: field {key!r} is missing or not a string")
     if not row["completion"]:
         raise DataError(f"{where}: 'completion' is empty")
-
-
-def read_jsonl(path: Path) -> list[tuple[int, object]]:
-    """(line number, parsed value) for each non-blank line; a bad line is a DataError naming it."""
-    items = []
-    with path.open() as f:
-        for line_no, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    items.append((line_no, json.loads(line)))
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{path} line {line_no}: invalid JSON ({err.msg})") from None
-    return items
 
 
 def read_rows(path: Path):
@@ -84,7 +67,7 @@ def read_rows(path: Path):
         for n, row in enumerate(rows, 1):
             _check_row(row, f"{path} row {n}")
     else:
-        for line_no, row in read_jsonl(path):
+        for line_no, row in read_jsonl(path, DataError):
             if not isinstance(row, dict):
                 raise DataError(f"{path} line {line_no}: expected an object")
             _check_row(row, f"{path} line {line_no}")
