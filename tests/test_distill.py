@@ -2,6 +2,7 @@
 and read back through packing in the order the KL loss takes its positions."""
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,30 @@ def test_stored_targets_line_up_with_the_packed_completion_positions(tiny_model,
     with torch.no_grad():
         logits = model(input_ids=packed["input_ids"], position_ids=packed["position_ids"]).logits
     assert kl_loss(logits, shifted, packed["labels"], ids).item() > 10 * same
+
+
+def test_kl_loss_is_the_kl_computed_by_hand():
+    """Against plain Python: logits at position p predict token p + 1 (the shift), only positions
+    whose next label is set count (the mask), both sides renormalised over the number ids, the
+    teacher's rows taken in row-major order, KL(teacher || student) averaged over positions."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 6, 11, generator=gen)
+    labels = torch.tensor([[-100, -100, 3, 4, -100, 7], [-100, 2, 2, -100, -100, -100]])
+    ids = torch.tensor([1, 4, 5, 9])
+    counted = [(b, p) for b in range(2) for p in range(5) if labels[b, p + 1] != -100]
+    teacher = torch.randn(len(counted), len(ids), generator=gen).to(torch.float16)  # stored as float16, not normalised
+
+    def log_softmax(values: list[float]) -> list[float]:
+        top = max(values)
+        norm = top + math.log(sum(math.exp(v - top) for v in values))
+        return [v - norm for v in values]
+
+    terms = []
+    for row, (b, p) in enumerate(counted):
+        s = log_softmax([float(logits[b, p, i]) for i in ids])
+        t = log_softmax([float(v) for v in teacher[row]])
+        terms.append(sum(math.exp(ti) * (ti - si) for ti, si in zip(t, s)))
+    assert kl_loss(logits, teacher, labels, ids).item() == pytest.approx(sum(terms) / len(terms), rel=1e-5)
 
 
 def test_targets_that_do_not_match_the_batch_are_an_error(tiny_model):

@@ -60,12 +60,12 @@ def test_a_killed_or_deleted_tensor_parallel_replica_leaves_no_gpu_held(ray_head
     assert seen["gpus_free_after_delete"] == 2
 
 
-@pytest.mark.parametrize("engine,scoring", [("hf", "auto"), ("vllm", "hf"), ("hf", "engine")])
-def test_a_tensor_parallel_replica_on_gpus_refuses_the_transformers_engine(engine, scoring):
+@pytest.mark.parametrize("engine,scoring,on_cpus", [("hf", "auto", ("hf", "hf")), ("vllm", "hf", ("vllm", "hf")), ("hf", "engine", ("hf", "hf"))])
+def test_a_tensor_parallel_replica_on_gpus_refuses_the_transformers_engine(engine, scoring, on_cpus):
     settings = ServiceSettings(engine=engine, scoring=scoring, tensor_parallel_size=2)
     with pytest.raises(ServiceError, match="tensor_parallel_size=2 on GPUs needs engine: vllm and scoring: engine"):
         engine_kinds(settings, on_gpu=True)
-    assert engine_kinds(settings, on_gpu=False)  # on CPUs the replica holds its CPUs itself
+    assert engine_kinds(settings, on_gpu=False) == on_cpus  # on CPUs the replica holds its CPUs itself
 
 
 def test_engine_kinds_resolve_auto_by_the_hardware():

@@ -100,8 +100,9 @@ def test_generate_stop_strings_end_completions(services):
             assert "," not in c["text"] and c["finish_reason"] == "stop"
 
 
-def direct_four_continuations(model_path, adapter_path, questions):
-    """lm-evaluation-harness's way: the log-likelihood of " A".." D" as four separate sequences."""
+def direct_four_continuations(model_path, adapter_path, questions) -> list[list[float]]:
+    """lm-evaluation-harness's way, with plain transformers: the log-likelihood of " A".." D" as
+    four separate sequences, then renormalised over the four (what /score answers)."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -113,7 +114,7 @@ def direct_four_continuations(model_path, adapter_path, questions):
     if adapter_path:
         model = PeftModel.from_pretrained(model, adapter_path)
     model.eval()
-    predictions = []
+    logprobs = []
     with torch.inference_mode():
         for q in questions:
             context = tokenizer(format_mc_prompt(q["question"], q["choices"], q["subject"])).input_ids
@@ -122,8 +123,9 @@ def direct_four_continuations(model_path, adapter_path, questions):
                 (letter,) = tokenizer(choice_continuation(i), add_special_tokens=False).input_ids
                 logits = model(torch.tensor([context + [letter]])).logits[0, -2].float()
                 scores.append(torch.log_softmax(logits, -1)[letter].item())
-            predictions.append(max(range(len(scores)), key=scores.__getitem__))
-    return predictions
+            norm = math.log(sum(math.exp(x) for x in scores))
+            logprobs.append([x - norm for x in scores])
+    return logprobs
 
 
 @pytest.mark.parametrize("adapter", [None, "a"])
@@ -136,7 +138,10 @@ def test_score_matches_transformers(services, questions, tiny_model, lora_adapte
         assert max(abs(a - b) for a, b in zip(v["logprobs"], h["logprobs"])) < 1e-4
         assert math.isclose(sum(math.exp(x) for x in v["logprobs"]), 1.0, abs_tol=1e-5)
         assert v["prediction"] == max(range(4), key=v["logprobs"].__getitem__)
-    expected = direct_four_continuations(tiny_model, lora_adapters[adapter] if adapter else None, questions)
+    reference = direct_four_continuations(tiny_model, lora_adapters[adapter] if adapter else None, questions)
+    for answer in (by_vllm, by_hf):
+        assert max(abs(a - b) for r, lp in zip(answer["results"], reference) for a, b in zip(r["logprobs"], lp)) < 1e-4
+    expected = [max(range(4), key=lp.__getitem__) for lp in reference]
     assert [r["prediction"] for r in by_vllm["results"]] == expected
     assert [r["prediction"] for r in by_hf["results"]] == expected
     assert by_vllm["accuracy"] == sum(p == q["answer"] for p, q in zip(expected, questions)) / len(questions)

@@ -131,7 +131,7 @@ def test_a_missing_output_reruns_its_stage(tmp_path):
 
 def test_a_manifest_of_an_older_version_reruns_everything(tmp_path):
     (tmp_path / "manifest.json").write_text('{"config": {}, "stages": {"data": {"inputs": "abc"}}}')
-    assert "data" in runs(stages_for(), Manifest(tmp_path))
+    assert set(runs(stages_for(), Manifest(tmp_path))) == {stage.name for stage in stages_for()}
 
 
 def test_a_logit_kl_arm_and_the_positive_control_depend_on_their_teachers(tmp_path):

@@ -27,8 +27,14 @@ def test_synthetic_sample_is_deterministic_and_wmdp_shaped(tmp_path):
 
 
 def test_synthetic_goes_through_the_local_file_reader(tmp_path):
+    """The synthetic sample is written as a folder of wmdp-<subset>.jsonl files and read back by
+    the reader of local folders: the rows are those files' lines, in order."""
     rows = load_wmdp("synthetic", cache_dir=tmp_path)
-    assert rows == load_wmdp(str(next(tmp_path.iterdir())))
+    (folder,) = tmp_path.iterdir()
+    assert sorted(p.name for p in folder.iterdir()) == sorted(f"wmdp-{s}.jsonl" for s in SUBSETS)
+    lines = [json.loads(line) for s in SUBSETS for line in (folder / f"wmdp-{s}.jsonl").read_text().splitlines()]
+    assert [r["question"] for r in rows] == [line["question"] for line in lines] and len(rows) > 0
+    assert rows == load_wmdp(str(folder))
 
 
 def test_local_parquet_in_the_hub_layout(tmp_path):
