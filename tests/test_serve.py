@@ -153,10 +153,10 @@ def test_score_matches_transformers(services, questions, tiny_model, lora_adapte
 def test_a_question_longer_than_the_context_is_left_truncated_when_asked(services, questions, tiny_model, engine):
     """Refused (422) by default; with `truncate`, scored on the prompt's end as lm-evaluation-harness
     would, the lost tokens counted, the other questions of the request untouched."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from serve.hf_scoring import mc_logprobs
-    from serve.mc_format import format_mc_prompt, left_truncate
+    from serve.mc_format import choice_continuation, format_mc_prompt
 
     long = {**questions[0], "question": "Background: " + "0x3f 0xa1 " * 300 + questions[0]["question"]}
     refused = post(services[engine], "/score", {"questions": [long]})
@@ -165,11 +165,17 @@ def test_a_question_longer_than_the_context_is_left_truncated_when_asked(service
     alone = post(services[engine], "/score", {"questions": [questions[1]]}).json()["results"][0]
     assert short["truncated_tokens"] == 0 and short["prediction"] == alone["prediction"]
     assert max(abs(a - b) for a, b in zip(short["logprobs"], alone["logprobs"])) < 1e-4  # batch-mates move float noise only
+    # The reference, by hand: the prompt's tokens, the beginning-of-sequence token kept and the
+    # first ones after it dropped until 255 (the context less the answer token) remain.
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    prompt, lost, kept = left_truncate(tokenizer, format_mc_prompt(long["question"], long["choices"], long["subject"]), 255)
-    assert cut["truncated_tokens"] == lost > 300 and prompt.endswith("Answer:") and kept == len(tokenizer(prompt).input_ids) <= 255
-    (expected,) = mc_logprobs(AutoModelForCausalLM.from_pretrained(tiny_model).eval(), tokenizer, [prompt], [4])
+    ids = tokenizer(format_mc_prompt(long["question"], long["choices"], long["subject"])).input_ids
+    bos = ids[:1] if ids[0] == tokenizer.bos_token_id else []
+    kept = bos + ids[len(bos) :][-(255 - len(bos)) :]
+    assert cut["truncated_tokens"] == len(ids) - len(kept) > 300
+    letters = [tokenizer(choice_continuation(i), add_special_tokens=False).input_ids[0] for i in range(4)]
+    with torch.inference_mode():
+        logits = AutoModelForCausalLM.from_pretrained(tiny_model).eval()(torch.tensor([kept])).logits[0, -1]
+    expected = torch.log_softmax(logits[letters].float(), -1).tolist()
     assert max(abs(a - b) for a, b in zip(cut["logprobs"], expected)) < 1e-4
 
 
