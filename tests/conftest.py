@@ -68,17 +68,31 @@ def head_node(*extra_args: str, env: dict | None = None):
             probe.bind(("127.0.0.1", 0))
             return probe.getsockname()[1]
 
-    temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths live under it
-    # Every port its own: the job agent's default (52365) is held by the session's ray_cluster, and an
-    # agent that cannot bind it serves no job submission ("No available agent to submit job").
-    port, dashboard, metrics, agent = free_port(), free_port(), free_port(), free_port()
+    def stop(temp_dir: str) -> None:
+        mine = [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or ())]
+        for process in mine:
+            process.kill()
+        psutil.wait_procs(mine, timeout=30)
+
     ray = str(Path(sys.executable).parent / "ray")
-    subprocess.run(
-        [ray, "start", "--head", f"--port={port}", "--num-cpus=2", f"--temp-dir={temp_dir}", "--disable-usage-stats",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--metrics-export-port={metrics}",
-         f"--dashboard-agent-listen-port={agent}", *extra_args],
-        check=True, capture_output=True, timeout=180, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+    for _ in range(3):
+        temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths live under it
+        # Every port its own: the job agent's default (52365) is held by the session's ray_cluster, and an
+        # agent that cannot bind it serves no job submission ("No available agent to submit job").
+        port, dashboard, metrics, agent = free_port(), free_port(), free_port(), free_port()
+        started = subprocess.run(
+            [ray, "start", "--head", f"--port={port}", "--num-cpus=2", f"--temp-dir={temp_dir}", "--disable-usage-stats",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--metrics-export-port={metrics}",
+             f"--dashboard-agent-listen-port={agent}", *extra_args],
+            capture_output=True, text=True, timeout=180, env={**os.environ, **(env or {})},
+        )  # fmt: skip
+        if started.returncode == 0:
+            break
+        # A port found free was taken before Ray bound it (another process on this busy machine):
+        # what started of this head goes, and the next try takes other ports.
+        stop(temp_dir)
+    else:
+        raise RuntimeError(f"ray start --head failed 3 times; the last said:\n{started.stdout[-2000:]}\n{started.stderr[-2000:]}")
     token = (Path.home() / ".ray" / "auth_token").read_text().strip()
     try:
         yield {
@@ -86,10 +100,7 @@ def head_node(*extra_args: str, env: dict | None = None):
             "metrics": f"http://127.0.0.1:{metrics}/metrics", "headers": {"Authorization": f"Bearer {token}"},
         }  # fmt: skip
     finally:
-        mine = [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or ())]
-        for process in mine:
-            process.kill()
-        psutil.wait_procs(mine, timeout=30)
+        stop(temp_dir)
 
 
 @pytest.fixture(scope="module")  # gone before other modules start Serve: its proxy holds port 8000
