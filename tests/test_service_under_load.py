@@ -2,10 +2,11 @@
 serve/config.yaml` on a head node of its own started with SERVE_API_KEY set (the key is read
 where the application is built, in the cluster: docs/api.md), over real HTTP.
 
-The config is the project's own with two changes, written to a copy: a free port (the session's
-Serve proxy holds 8000) and `engine: hf`, so that generation and scoring both run on the
+The config is the project's own with three changes, written to a copy: a free port (the session's
+Serve proxy holds 8000), `engine: hf`, so that generation and scoring both run on the
 transformers engine, whose one worker thread is where a long request could once starve the
-health check (and which starts in seconds, where vLLM takes a minute of the suite's budget).
+health check (and which starts in seconds, where vLLM takes a minute of the suite's budget), and
+the replica holding both of the head's CPUs, so the load runs on two threads.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def service(keyed_head, tiny_model, tmp_path_factory):
     port = free_port()
     config["http_options"]["port"] = port
     config["applications"][0]["args"]["engine"] = "hf"
+    config["applications"][0]["deployments"][0]["ray_actor_options"]["num_cpus"] = 2  # the head's two: torch's threads for the load
     path = tmp_path_factory.mktemp("serve") / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     log = open(path.with_name("serve-run.log"), "w")  # noqa: SIM115 - open for the process's lifetime
