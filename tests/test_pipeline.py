@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -297,23 +298,30 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
 
 @pytest.mark.slow  # its pipelines start Ray
 def test_bad_input_stops_with_a_clear_message(tmp_path, cache_dir):
-    done = run_pipeline("--run-dir", str(tmp_path / "a"), "--set", "teacher.lerning_rate=1", cache_dir=cache_dir)
-    assert done.returncode == 2 and "teacher.lerning_rate" in done.stderr
-    done = run_pipeline("--run-dir", str(tmp_path / "a"), "--set", "arms={student: {loss: logit_kll}}", cache_dir=cache_dir)
-    assert done.returncode == 2 and "arms.student.loss" in done.stderr and "logit_kll" in done.stderr
-    done = run_pipeline("--config", str(tmp_path / "missing.yaml"), cache_dir=cache_dir)
-    assert done.returncode == 2 and "missing.yaml" in done.stderr
-    # A preset that cannot fit this (CPU) cluster stops before any work: not even its run directory is made.
-    done = run_pipeline("--config", "configs/llama-70b-qlora.yaml", "--run-dir", str(tmp_path / "big"), cache_dir=cache_dir)
-    assert done.returncode == 2 and "teacher.quantization=4bit needs a CUDA GPU" in done.stderr
-    assert "8 GPU workers need 8 GPUs; the cluster can have 0" in done.stderr and not (tmp_path / "big").exists()
-    done = run_pipeline("--run-dir", str(tmp_path / "b"), "--set", f"model.path={tmp_path / 'no-model'}", cache_dir=cache_dir)
-    assert done.returncode == 2 and "no-model" in done.stderr
+    """Six drivers, each stopped by one bad input with exit 2 and a message naming it; run two at
+    a time (each is mostly its imports, on one core)."""
     bad_data = tmp_path / "wmdp"
     bad_data.mkdir()
     (bad_data / "wmdp-bio.jsonl").write_text(json.dumps({"question": "q?", "choices": "not a list", "answer": 0}) + "\n")
-    done = run_pipeline("--run-dir", str(tmp_path / "c"), "--set", f"data.source={bad_data}", "--set", "data.subsets=[bio]", cache_dir=cache_dir)
-    assert done.returncode == 2 and "choices" in done.stderr and "wmdp-bio.jsonl" in done.stderr
+    cases = {
+        "typo": ("--run-dir", str(tmp_path / "a"), "--set", "teacher.lerning_rate=1"),
+        "loss": ("--run-dir", str(tmp_path / "a2"), "--set", "arms={student: {loss: logit_kll}}"),
+        "config": ("--config", str(tmp_path / "missing.yaml")),
+        # A preset that cannot fit this (CPU) cluster stops before any work: not even its run directory is made.
+        "big": ("--config", "configs/llama-70b-qlora.yaml", "--run-dir", str(tmp_path / "big")),
+        "model": ("--run-dir", str(tmp_path / "b"), "--set", f"model.path={tmp_path / 'no-model'}"),
+        "data": ("--run-dir", str(tmp_path / "c"), "--set", f"data.source={bad_data}", "--set", "data.subsets=[bio]"),
+    }
+    with ThreadPoolExecutor(2) as pool:
+        done = dict(zip(cases, pool.map(lambda args: run_pipeline(*args, cache_dir=cache_dir), cases.values())))
+    assert all(d.returncode == 2 for d in done.values()), {name: d.stderr[-500:] for name, d in done.items() if d.returncode != 2}
+    assert "teacher.lerning_rate" in done["typo"].stderr
+    assert "arms.student.loss" in done["loss"].stderr and "logit_kll" in done["loss"].stderr
+    assert "missing.yaml" in done["config"].stderr
+    assert "teacher.quantization=4bit needs a CUDA GPU" in done["big"].stderr
+    assert "8 GPU workers need 8 GPUs; the cluster can have 0" in done["big"].stderr and not (tmp_path / "big").exists()
+    assert "no-model" in done["model"].stderr
+    assert "choices" in done["data"].stderr and "wmdp-bio.jsonl" in done["data"].stderr
 
 
 def test_prompts_longer_than_the_context_are_counted_before_any_work(tiny_model):
