@@ -31,9 +31,9 @@ import shutil
 import time
 from pathlib import Path, PurePosixPath
 
-from common import files
 from common.atomic import TMP_MARK, write_json
 from common.files import file_digest
+from common.files import read_jsonl as numbered_jsonl
 
 VERSION = 2
 LOCK_FILE = ".lock"  # jobs/run_lock.py holds it while a pipeline uses the run directory; --fresh keeps it
@@ -57,7 +57,7 @@ def read_jsonl(path: Path) -> list:
     recorded without digests and a file damaged while the run reads it.
     """
     advice = ": the file is damaged; delete it to rerun the stage that wrote it, or pass --fresh"
-    return [row for _, row in files.read_jsonl(path, RunDirError, advice)]
+    return [row for _, row in numbered_jsonl(path, RunDirError, advice)]
 
 
 def clear(run_dir: Path) -> None:

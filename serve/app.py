@@ -137,16 +137,17 @@ class InferenceService:
             raise HTTPException(404, f"{field} {shown!r} is not registered (GET /adapters lists those that are)")
         return name
 
-    async def _counted(self, prompts: list[str], new_tokens: int, field: str) -> list[int]:
-        """Each prompt's token count, once each fits the context with `new_tokens` more."""
-        lengths = await self._off_loop(self.engine.count_tokens, prompts)
+    def _fitted(self, prompts: list[str], new_tokens: int, field: str) -> list[int]:
+        """Each prompt's token count, once each fits the context with `new_tokens` more (on the
+        preparation thread: it tokenizes)."""
+        lengths = self.engine.count_tokens(prompts)
         check_room(self.settings, lengths, new_tokens, lambda i: (field, i))
         return lengths
 
     async def _generate(self, prompts: list[str], sampling: Sampling, adapter: str | None):
         check_new_tokens(self.settings, sampling.max_tokens)
         check_count(len(prompts), self.settings.max_prompts_per_request, "prompts")
-        check_work(self.settings, await self._counted(prompts, sampling.max_tokens, "prompts"), sampling.max_tokens)
+        check_work(self.settings, await self._off_loop(self._fitted, prompts, sampling.max_tokens, "prompts"), sampling.max_tokens)
         if self._gathered(self.engine, prompts):
             # A seeded request is a group of its own: flattened after another, its prompts would take other seeds (seed + i).
             key = BatchKey("generate", sampling, adapter, uuid.uuid4().hex if sampling.seed is not None else None)
@@ -197,9 +198,7 @@ class InferenceService:
         for the one answer token (`truncate`) or checked to fit."""
         prompts = [format_mc_prompt(q.question, q.choices, q.subject) for q in body.questions]
         if not body.truncate:
-            lengths = self.engine.count_tokens(prompts)
-            check_room(self.settings, lengths, 1, lambda i: ("questions", i))
-            return prompts, [0] * len(prompts), lengths
+            return prompts, [0] * len(prompts), self._fitted(prompts, 1, "questions")
         try:
             fitted = [left_truncate(self.engine.counting_tokenizer, p, self.settings.max_model_len - 1) for p in prompts]
         except ValueError as error:  # a context too small to hold any of a prompt
