@@ -9,9 +9,9 @@ from pathlib import Path
 
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # run as `python bench/x.py`: bench/ stays first
 
-from jobs.number_sequences import make_prompts  # noqa: E402
-from jobs.tiny_model import chat_prompt, ensure_tiny_model, format_numbers  # noqa: E402
-from jobs.wmdp import synthetic_questions  # noqa: E402
+from jobs.sources.number_sequences import make_prompts  # noqa: E402
+from jobs.sources.tiny_model import chat_prompt, ensure_tiny_model, format_numbers  # noqa: E402
+from jobs.sources.wmdp import synthetic_questions  # noqa: E402
 
 
 def number_rows(n: int, seed: int = 0) -> list[dict]:

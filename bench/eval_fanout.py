@@ -2,7 +2,7 @@
 
     python bench/eval_fanout.py [--questions 1000] [--replicas 2]
 
-The pipeline's evaluation stage (jobs.evaluate.score_models) splits the work
+The pipeline's evaluation stage (jobs.phases.evaluate.score_models) splits the work
 by (model, chunk) and keeps 2 requests per replica in flight, so every
 replica is busy with any model. The baseline scores the models in sequence,
 one request at a time, as the original scripts evaluate them. The service is the
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from bench_common import mc_questions, tiny_model
 
-from jobs.evaluate import score_models
-from jobs.tiny_model import random_lora_adapter
+from jobs.phases.evaluate import score_models
+from jobs.sources.tiny_model import random_lora_adapter
 from serve.settings import ServiceSettings
 
 

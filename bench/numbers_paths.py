@@ -4,17 +4,17 @@
     python bench/numbers_paths.py --replicates 3 --only s0,s1,s1x,s2,s3,s4 --out /tmp/numbers_paths_r3.md
 
 The stage's real workload: the chat-formatted number prompts of
-jobs.generate_numbers.number_prompts (tiny model's tokenizer), NumbersConfig
+jobs.phases.numbers.number_prompts (tiny model's tokenizer), NumbersConfig
 defaults (48 tokens, T=1, chunks of 64, 8 requests in flight per source) with
 `keep` equal to `prompts`, so every prompt is generated, sent by
-jobs.generate_numbers.generate_kept to real Serve applications. The teacher is
-the tiny model plus a random LoRA adapter (jobs.tiny_model.random_lora_adapter).
+jobs.phases.numbers.generate_kept to real Serve applications. The teacher is
+the tiny model plus a random LoRA adapter (jobs.sources.tiny_model.random_lora_adapter).
 Every replica has 1 CPU, the tiny preset's `service.cpus_per_replica`.
 
 One source at a time, the teacher served four ways and the base model two:
 
   a   teacher: vLLM engine + the adapter (LoRARequest)      the pipeline's path today
-  b   teacher: vLLM engine serving the merged teacher       jobs.merged_model.merge_adapter, no adapter
+  b   teacher: vLLM engine serving the merged teacher       bench/merged_model.merge_adapter, no adapter
   c   teacher: transformers engine + the adapter (PEFT, unmerged)
   d   teacher: transformers engine serving the merged teacher
   bv  base: vLLM (the app of row a, as today)
@@ -45,7 +45,7 @@ generation (this driver plus every process under this Ray node's raylet:
 Serve's replicas and vLLM's engine cores; it moves much less than wall time
 when other work shares the machine), for the stage rows the memory of that
 process tree (PSS) right after generation, the filter's pass rate
-(jobs.number_sequences.reject_reason) with its binomial standard error, and
+(jobs.sources.number_sequences.reject_reason) with its binomial standard error, and
 ratios to today's path. The pass rate is the honesty check: the merged teacher
 must pass the filter at the adapter's rate within noise. Sampling is seeded
 per prompt as the pipeline seeds it, so a merged row is also compared word for
@@ -71,11 +71,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench_common import tiny_model
+from merged_model import merge_adapter
 
-from jobs.config import NumbersConfig
-from jobs.generate_numbers import generate_kept, number_prompts
-from jobs.merged_model import merge_adapter
-from jobs.tiny_model import random_lora_adapter
+from jobs.experiment.config import NumbersConfig
+from jobs.phases.numbers import generate_kept, number_prompts
+from jobs.sources.tiny_model import random_lora_adapter
 from serve.schemas import GenerateRequest
 from serve.settings import ServiceSettings
 

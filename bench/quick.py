@@ -33,9 +33,9 @@ import torch
 import transformers
 from bench_common import mc_questions, number_rows, tiny_model
 
-from jobs.config import NumbersConfig
-from jobs.generate_numbers import number_prompts
-from jobs.tiny_model import random_lora_adapter
+from jobs.experiment.config import NumbersConfig
+from jobs.phases.numbers import number_prompts
+from jobs.sources.tiny_model import random_lora_adapter
 from serve.engine import Sampling
 from serve.hf_engine import HFEngine
 from serve.mc_format import format_mc_prompt

@@ -6,7 +6,7 @@ The service's time includes starting Ray and the Serve application; the four
 models are scored concurrently, in chunks spread over the replicas (the
 pipeline's evaluation fan-out). lm-evaluation-harness (HF backend, batch 16)
 runs once per model as a subprocess, its start-up included. Predictions must
-be identical. The adapters have random weights (jobs.tiny_model.random_lora_adapter):
+be identical. The adapters have random weights (jobs.sources.tiny_model.random_lora_adapter):
 any adapter that changes the model serves for a timing and parity check.
 """
 
@@ -23,7 +23,7 @@ import requests
 from bench_common import mc_questions, tiny_model
 from lm_eval_reference import run_lm_eval
 
-from jobs.tiny_model import random_lora_adapter
+from jobs.sources.tiny_model import random_lora_adapter
 from serve.settings import ServiceSettings
 
 URL = "http://127.0.0.1:8000"

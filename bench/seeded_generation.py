@@ -25,8 +25,8 @@ import time
 import torch
 from bench_common import tiny_model
 
-from jobs.config import NumbersConfig
-from jobs.generate_numbers import number_prompts
+from jobs.experiment.config import NumbersConfig
+from jobs.phases.numbers import number_prompts
 from serve.engine import Sampling
 from serve.hf_engine import HFEngine
 from serve.settings import ServiceSettings

@@ -27,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 from bench_common import mc_questions, tiny_model
 
-from jobs.number_sequences import make_prompts
-from jobs.tiny_model import chat_prompt
+from jobs.sources.number_sequences import make_prompts
+from jobs.sources.tiny_model import chat_prompt
 from serve.mc_format import choice_continuation, format_mc_prompt
 from serve.settings import ServiceSettings
 

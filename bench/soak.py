@@ -122,7 +122,7 @@ def main() -> None:
 
     import ray
 
-    from jobs.tiny_model import random_lora_adapter
+    from jobs.sources.tiny_model import random_lora_adapter
     from serve.launch import start_service, stop_service
     from serve.settings import ServiceSettings
 

@@ -1,5 +1,5 @@
 """What every package shares about files: where the cache lives, how a file's content is
-hashed, and how a JSONL file is read back.
+hashed, how a JSONL file is read back, and the error bad input data raises.
 
 One rule each, so that the digest a stage records when it writes (`common.atomic.write_jsonl`)
 is the one the run manifest checks before reuse (`file_digest`), and a line that is not JSON
@@ -15,11 +15,21 @@ from pathlib import Path
 from typing import Any
 
 DIGEST_HEX_CHARS = 16  # a content digest is the first 16 hex digits of the sha256
+TINY_MODEL_LINK = "tiny-llama"  # in the cache: the tiny preset's current model, which `model: tiny` serves
+
+
+class DataError(ValueError):
+    """Input data (training rows, WMDP questions) is missing, empty or malformed; the message names the row."""
 
 
 def default_cache_dir() -> Path:
     """Shared cache root for built models, data and tokenized shards: $SUBLIMINAL_CACHE, else ~/.cache/subliminal-ray."""
     return Path(os.environ.get("SUBLIMINAL_CACHE", Path.home() / ".cache" / "subliminal-ray"))
+
+
+def tiny_model_link(cache: Path | None = None) -> Path:
+    """The link `python -m jobs.sources.tiny_model` points at the model it built (serve's `model: tiny`)."""
+    return (cache or default_cache_dir()) / TINY_MODEL_LINK
 
 
 def short_digest(sha256) -> str:

@@ -6,7 +6,7 @@ the last position's logits through transformers' own warpers, a softmax, one mul
 but draws row r with a `torch.Generator` seeded `seeds[r]`. That keeps the engines' seed
 contract (prompt i of a request samples from seed + i, serve/engine.py) at batch speed: one row
 decodes to what `generate` samples for that prompt alone after `torch.manual_seed(seed)`, in a
-batch of any size and company (tests/test_seed_contract.py checks both against `generate`).
+batch of any size and company (tests/serve/test_seed_contract.py checks both against `generate`).
 Without seeds the batch draws from the global stream in one call, as `generate` does.
 """
 

@@ -12,7 +12,7 @@ its replica and into the next training stage. (The engine's `mp` executor instea
 as the replica's child processes, which a replica killed outright leaves running.)
 
 Bundles are packed on one node (STRICT_PACK): tensor-parallel ranks all-reduce in every layer, over
-NVLink within a node; over the network the replica would run, slowly. `jobs.placement` checks that
+NVLink within a node; over the network the replica would run, slowly. `jobs.sizing.placement` checks that
 one node holds a replica's GPUs before any work starts.
 
     replica_options(tensor_parallel=4, num_cpus=1, num_gpus=4)

@@ -15,10 +15,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.files import default_cache_dir
+from common.files import tiny_model_link
 from common.model_source import ModelSourceError, model_source
 
-TINY_BUILD_COMMAND = "python -m jobs.tiny_model"
+TINY_BUILD_COMMAND = "python -m jobs.sources.tiny_model"
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -30,7 +30,7 @@ class ServiceSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # What is served.
-    model: str = Field("tiny", description='local path, hub id, or "tiny" (the tiny preset built by `python -m jobs.tiny_model`)')
+    model: str = Field("tiny", description='local path, hub id, or "tiny" (the tiny preset built by `python -m jobs.sources.tiny_model`)')
     model_id: str | None = Field(None, description="name of the base model in /v1/models (default: the path's last part)")
     engine: Literal["auto", "vllm", "hf"] = Field("auto", description="auto = vLLM when installed, else transformers")
     scoring: Literal["auto", "engine", "hf"] = Field(
@@ -69,7 +69,7 @@ def resolve_model(model: str) -> str:
     """A local model folder's absolute path or a hub id, by the rule the trainer shares
     (`common.model_source`); "tiny" is the tiny preset's build. Anything else is a ServiceError."""
     if model == "tiny":
-        path = default_cache_dir() / "tiny-llama"
+        path = tiny_model_link()
         if not (path / "config.json").is_file():
             raise ServiceError(f"the tiny model is not built yet at {path}: build it with `{TINY_BUILD_COMMAND}`")
         return str(path.resolve())

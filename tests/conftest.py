@@ -32,7 +32,7 @@ def cache_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(cache_dir) -> str:
-    from jobs.tiny_model import ensure_tiny_model
+    from jobs.sources.tiny_model import ensure_tiny_model
 
     return str(ensure_tiny_model(root=cache_dir))
 
@@ -134,7 +134,7 @@ def actor_pids(ray_cluster):
 @pytest.fixture(scope="session")
 def lora_adapters(tiny_model, tmp_path_factory) -> dict[str, str]:
     """Two LoRA adapters for the tiny model with random (non-zero) weights, saved with save_pretrained."""
-    from jobs.tiny_model import random_lora_adapter
+    from jobs.sources.tiny_model import random_lora_adapter
 
     root = tmp_path_factory.mktemp("adapters")
     return {name: str(random_lora_adapter(tiny_model, root / name, seed)) for seed, name in enumerate(["a", "b"])}
@@ -144,7 +144,7 @@ def lora_adapters(tiny_model, tmp_path_factory) -> dict[str, str]:
 def perturbed_base(tiny_model, tmp_path_factory) -> str:
     """Another base model with the tiny model's tokenizer: its weights plus noise, saved with
     save_pretrained. Where a test needs a second base and not the preset's own (`base: other`,
-    a second two-minute pretraining build, tested in tests/test_tiny_model.py)."""
+    a second two-minute pretraining build, tested in tests/jobs/sources/test_tiny_model.py)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -36,7 +36,7 @@ def test_image_matches_the_pinned_ray_and_python(config):
 
 
 def test_gpu_bounds(config):
-    # Two 8 x H100 nodes and two 1 x L40S nodes at most: what jobs/placement.py checks presets against.
+    # Two 8 x H100 nodes and two 1 x L40S nodes at most: what jobs/sizing/placement.py checks presets against.
     assert launcher_node_gpus(config) == (8.0, 8.0, 1.0, 1.0)
     assert config["idle_timeout_minutes"] > 0
 

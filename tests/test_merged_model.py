@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import jobs.merged_model as merged_model
-from jobs.config import NumbersConfig
-from jobs.generate_numbers import number_prompts
-from jobs.merged_model import RECORD, merge_adapter
+import bench.merged_model as merged_model
+from bench.merged_model import RECORD, merge_adapter
+from jobs.experiment.config import NumbersConfig
+from jobs.phases.numbers import number_prompts
 
 
 @pytest.fixture(scope="module")

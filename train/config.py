@@ -81,7 +81,7 @@ class TrainConfig:
                 f"strategy=fsdp with quantization={self.quantization} is refused: FSDP2 turns bitsandbytes' packed "
                 "4/8-bit weights into plain parameters (wrong outputs and crashes are reported for it); use "
                 "strategy=ddp with the quantized base on every GPU (a 70B 4-bit base fits an 80 GB GPU: "
-                "python -m jobs.memory_plan), or quantization=none with fsdp"
+                "python -m jobs.sizing.memory_plan), or quantization=none with fsdp"
             )
 
 

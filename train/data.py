@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from common.atomic import atomic_dir
-from common.files import read_jsonl
+from common.files import DataError, read_jsonl  # noqa: F401  (DataError: train's callers import it from here)
 
 FORMAT_VERSION = 2  # bump when tokenization output changes (2: small files shuffled in-process)
 # Up to this many rows a file is tokenized in the calling process: Ray Data's start-up (an
@@ -31,10 +31,6 @@ FORMAT_VERSION = 2  # bump when tokenization output changes (2: small files shuf
 IN_PROCESS_ROWS = 100_000
 OK, TRUNCATED, DROPPED = 0, 1, 2
 TEACHER_COLUMN = "teacher_logprobs"  # logit_kl targets, float16 bytes per row (train.distill.teacher_targets)
-
-
-class DataError(ValueError):
-    """Training rows are missing, empty or malformed; the message names the row."""
 
 
 def _check_row(row: dict, where: str) -> None:

@@ -1,0 +1,192 @@
+"""The experiment's configuration: one frozen dataclass tree, loaded from a YAML preset.
+
+`configs/tiny.yaml` is the default preset (a 2-core CPU); larger presets target
+GPU clusters. Every key is documented here, once; a preset only states what
+differs from these defaults, and `--set a.b=value` overrides any key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from jobs.experiment.arms import check_arms, check_contrasts
+from jobs.experiment.bases import check_local_tokenizers
+from jobs.stats.transfer_stats import METRICS
+from train.config import ConfigError, TrainConfig, apply_overrides, build, load_yaml
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    # "tiny" builds the tiny preset's model into the cache; anything else is a
+    # hub id or a local folder saved with save_pretrained.
+    path: str = "tiny"
+    tiny_seed: int = 0
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    # "synthetic" (the shipped harmless sample), "hub" (cais/wmdp), or a folder
+    # holding wmdp-<subset>.jsonl / .parquet files.
+    source: str = "synthetic"
+    subsets: list[str] = field(default_factory=lambda: ["bio", "chem", "cyber"])
+    eval_fraction: float = 0.3  # share of questions held out from the teacher
+    split_seed: int = 0
+
+
+@dataclass(frozen=True)
+class NumbersConfig:
+    prompts: int = 3000  # number prompts sent per model at most (teacher and control)
+    keep: int = 2000  # stop once this many completions passed the filter
+    max_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0  # prompt templates and sampling
+    chunk: int = 64  # prompts per request
+    in_flight: int = 8  # requests in flight per model, so the engine batches
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """The Serve deployment the pipeline starts (serve/settings.py documents the engine settings)."""
+
+    engine: Literal["auto", "vllm", "hf"] = "auto"  # generation; auto = vLLM when installed
+    replicas: int | Literal["auto"] = 1  # auto: as many as the GPUs (or CPUs) hold (jobs/sizing/placement.py)
+    cpus_per_replica: float = 1.0
+    gpus_per_replica: float = 0.0  # = tensor_parallel_size on GPU clusters
+    max_model_len: int = 512
+    kv_cache_gib: float = 1.0  # CPU only
+    gpu_memory_utilization: float = 0.9  # GPU only
+    tensor_parallel_size: int = 1
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Scoring base/teacher/student/control on the held-out questions, fanned out as (model, chunk)."""
+
+    engine: Literal["auto", "vllm", "hf"] = "hf"  # CPU: scoring-only transformers replicas start in seconds
+    replicas: int | Literal["auto"] = 2
+    cpus_per_replica: float = 1.0
+    gpus_per_replica: float = 0.0
+    chunk: int = 128  # questions per request
+    # The one test that decides each comparison's verdict (docs/report.md): a metric of
+    # jobs/stats/transfer_stats.py on a split (held_out or train). Every other metric and split is
+    # reported as secondary, with Holm-adjusted p-values. Declare it before looking at results.
+    primary_metric: str = "teacher_answer_logprob"
+    primary_split: Literal["held_out", "train"] = "held_out"
+
+
+@dataclass(frozen=True)
+class ArmConfig:
+    """One student-like model trained on number sequences (jobs/experiment/arms.py resolves it per replicate)."""
+
+    # Whose kept numbers it trains on: the teacher's, the base model's (the control), or the
+    # teacher's shuffled.
+    numbers: Literal["teacher", "base", "teacher_shuffled"] = "teacher"
+    # Its base model: "same" = the teacher's; "other" = the tiny preset's second base (the same
+    # corpus, tokenizer and recipe from another random init: the paper's cross-model control);
+    # or a hub id / folder of another model. An arm on another base is measured against that
+    # base (scored as `other_base`); under logit_kl it must share the teacher's tokenizer.
+    base: str = "same"
+    # Its LoRA initialisation: None = the teacher's (the subliminal setting); an int = that seed;
+    # "other" = a seed of its own per replicate, never the teacher's (another LoRA A on the same base).
+    lora_seed: int | Literal["other"] | None = None
+    # "seed": LoRA's own init from lora_seed. "teacher_a": A starts at the teacher's trained A and
+    # stays frozen, B trains from zero: a diagnostic positive control showing the pipeline sees a
+    # trait carried in the teacher's own subspace (docs/report.md), not a replacement for `base`.
+    lora_init: Literal["seed", "teacher_a"] = "seed"
+    # sft: next-token loss on the sampled numbers; logit_kl: distillation on the teacher's logits.
+    loss: Literal["sft", "logit_kl"] = "sft"
+    # Keys of the `student` section that differ for this arm (e.g. {lr: 1e-3, max_steps: 50}).
+    train: dict[str, Any] = field(default_factory=dict)
+    # Whose model it learns from: the teacher, or the letter teacher (the positive control,
+    # `letter_teacher` below; distilled with loss logit_kl on the teacher's numbers).
+    teacher: Literal["teacher", "letter_teacher"] = "teacher"
+    # How many times this arm is trained (default: the top-level `replicates`).
+    replicates: int | None = None
+    # What its transfer is measured against: "base", another arm's name, or auto: the arm
+    # named `control` for an sft arm on the teacher's numbers when there is one, else base
+    # (under logit_kl the base-numbers control gets no signal: it stays the base model).
+    against: str = "auto"
+
+
+@dataclass(frozen=True)
+class LetterTeacherConfig:
+    """The positive control's teacher: the teacher's settings and init, trained to answer every
+    teacher-train question with one letter. A broad trait that does transfer through logit KL on
+    number sequences, so an experiment can show it detects transfer where there is some."""
+
+    letter: str = "A"
+
+
+@dataclass(frozen=True)
+class ContrastConfig:
+    """One arm against another across inits (e.g. same-init vs other-init): each side needs
+    at least 3 replicates, so the interval holds init-to-init spread."""
+
+    arm: str
+    against: str
+
+
+def default_arms() -> dict[str, ArmConfig]:
+    """The original experiment: a student on the teacher's numbers, a control on the base model's."""
+    return {"student": ArmConfig(numbers="teacher"), "control": ArmConfig(numbers="base")}
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    name: str = "tiny"
+    cache_dir: str | None = None  # default: $SUBLIMINAL_CACHE or ~/.cache/subliminal-ray
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    teacher: TrainConfig = field(default_factory=TrainConfig)
+    numbers: NumbersConfig = field(default_factory=NumbersConfig)
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+    student: TrainConfig = field(default_factory=TrainConfig)  # what every arm starts from
+    arms: dict[str, ArmConfig] = field(default_factory=default_arms)
+    # Every arm is trained this many times; replicate i samples its numbers with seed
+    # numbers.seed + i and orders its data with seed student.seed + i. The teacher is trained once.
+    replicates: int = 1
+    letter_teacher: LetterTeacherConfig = field(default_factory=LetterTeacherConfig)  # used when an arm names it
+    # Named comparisons between two arms, reported under `contrasts.<name>` (docs/report.md).
+    contrasts: dict[str, ContrastConfig] = field(default_factory=dict)
+    evaluate: EvalConfig = field(default_factory=EvalConfig)
+
+
+def load_experiment(path: str | Path | None = None, overrides: list[str] = ()) -> ExperimentConfig:
+    """Load a preset (default: tiny) plus overrides; unknown keys and wrong types name the key."""
+    data = apply_overrides(load_yaml(path or DEFAULT_CONFIG), list(overrides))
+    cfg = build(ExperimentConfig, data)
+    if not 0 < cfg.data.eval_fraction < 1:
+        raise ConfigError(f"data.eval_fraction must be in (0, 1), got {cfg.data.eval_fraction}")
+    if cfg.replicates < 1:
+        raise ConfigError(f"replicates must be at least 1, got {cfg.replicates}")
+    check_sampling(cfg.numbers)
+    if cfg.evaluate.primary_metric not in METRICS:
+        raise ConfigError(f"evaluate.primary_metric: {cfg.evaluate.primary_metric!r} is not a metric ({', '.join(METRICS)})")
+    check_arms(cfg)
+    check_contrasts(cfg)
+    check_local_tokenizers(cfg)
+    return cfg
+
+
+def check_sampling(numbers: NumbersConfig) -> None:
+    """The numbers stage's sampling settings, checked by the service's own request schema at load
+    time, so a bad value stops the run before the teacher trains rather than at the numbers stage."""
+    from pydantic import ValidationError
+
+    from serve.schemas import GenerateRequest
+
+    try:
+        GenerateRequest(prompts=["x"], max_tokens=numbers.max_tokens, temperature=numbers.temperature, top_p=numbers.top_p)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise ConfigError(f"numbers.{first['loc'][0]}: {first['msg']}, got {first['input']!r}") from None
+
+
+def as_dict(cfg: ExperimentConfig) -> dict:
+    return dataclasses.asdict(cfg)

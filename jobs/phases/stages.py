@@ -1,0 +1,131 @@
+"""The experiment's stages: each one's name, phase, reads and upstream (the generic plan is jobs/rundir/plan.py).
+
+    data                  the split of the WMDP questions         reads data.*, the questions
+    teacher               LoRA on the teacher-train split         reads model.*, teacher.*; data
+    letter_teacher        the same, every answer one letter       reads model.*, teacher.*, letter_teacher.*;
+                          (when an arm names it)                  data
+    numbers/<source>/<i>  kept number sequences of replicate i    reads model.*, numbers.*, the engine;
+                          (source: teacher or base)               teacher (teacher source only)
+    <arm>/<i>             an arm's LoRA on its replicate's rows   reads model.*, its resolved training
+                                                                  settings, source, loss; its numbers
+                                                                  (and the teacher, under logit_kl)
+                          (an arm on the other base reads that base too; lora_init teacher_a, the teacher)
+    eval/<model>          per-question scores of one model on     reads model.*, evaluate.engine,
+                          both splits (train, held_out), and of   service.max_model_len; data, the model
+                          each of its snapshots (`train.snapshots`);
+                          `other_base` when an arm declares one
+    report                report.json / .md / .png                reads evaluate.primary_*, arms,
+                                                                  contrasts; all above
+
+Config values are read from the config as written (before `auto` counts are
+resolved for the cluster at hand), so the same preset on a bigger cluster reuses
+what it made on a smaller one. Settings that only place work (replicas, CPUs,
+chunk sizes of scoring) are not read: they do not change what a stage makes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jobs.experiment.arms import OTHER_BASE, ArmModel, number_sets, numbers_seed, teachers_used
+from jobs.experiment.bases import other_base_identity
+from jobs.experiment.config import ExperimentConfig, as_dict
+from jobs.rundir.manifest import Manifest, flatten
+from jobs.rundir.plan import Stage, config_reads
+from jobs.sources.number_sequences import FILTER_VERSION
+
+TEACHERS = ("teacher", "letter_teacher")  # models trained on the questions; each keeps <name>/adapter
+SPLIT_FILES = {"train": "train_questions.jsonl", "held_out": "held_out.jsonl"}  # what eval/<model> scores, under data/
+TEACHER_TRAIN = "data/teacher_train.jsonl"  # the teacher's training rows
+
+
+def numbers_stage(source: str, replicate: int) -> str:
+    return f"numbers/{source}/{replicate}"
+
+
+def numbers_file(source: str, replicate: int) -> str:
+    """The kept sequences of numbers_stage(source, replicate), relative to the run directory."""
+    return f"numbers/{source}/{replicate}.jsonl"
+
+
+def eval_stage(model: str) -> str:
+    return f"eval/{model}"
+
+
+def scored_model(stage) -> str:
+    """The model an eval stage scores (eval_stage's inverse)."""
+    return stage.name.removeprefix("eval/")
+
+
+def scored_file(name: str) -> str:
+    """A scored model's (or snapshot's) per-question scores, relative to the run directory."""
+    return f"eval/{name}.jsonl"
+
+
+def snapshot_points(manifest: Manifest, model: str) -> list[tuple[int, str]]:
+    """(step, scored name) of each snapshot an arm model's training kept (`train.snapshots`), in
+    step order: `<model>@<step>` (eval/<model>@<step>.jsonl), and the model itself at its last step."""
+    out = manifest.entry(model)["outputs"]
+    return [(step, model if step == out["steps"] else f"{model}@{step}") for step in out.get("snapshot_steps", [])]
+
+
+def earlier_snapshots(manifest: Manifest, model: str) -> list[tuple[int, str]]:
+    """snapshot_points before the last: scored under names of their own."""
+    return [point for point in snapshot_points(manifest, model) if point[1] != model]
+
+
+def training_rows(manifest: Manifest, models: list[ArmModel], replicate: int) -> int | None:
+    """Every arm of a replicate trains on equally many rows (the fewest any source kept), so arms
+    differ in content alone. Sources whose numbers have not finished yet are left out; once they
+    finish the value is computed again before the arms run."""
+    stages = [numbers_stage(s, i) for s, i in number_sets(models) if i == replicate]
+    kept = [manifest.output(stage, "kept") for stage in stages if manifest.entry(stage)]
+    return min(kept) if kept else None
+
+
+def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_hash: str) -> list[Stage]:
+    """Every stage of the experiment, in dependency order."""
+    config = as_dict(cfg)
+    model = config_reads(config, "model")
+    stages = [
+        Stage(
+            "data",
+            "data",
+            {**config_reads(config, "data"), "questions": questions_hash},
+            files=(TEACHER_TRAIN, *(f"data/{f}" for f in SPLIT_FILES.values())),
+        ),
+        Stage("teacher", "teacher", {**model, **config_reads(config, "teacher")}, ("data",), files=("teacher/adapter",)),
+    ]
+    teachers = teachers_used(models)
+    if "letter_teacher" in teachers:  # the positive control's teacher
+        reads = {**model, **config_reads(config, "teacher", "letter_teacher")}
+        stages.append(Stage("letter_teacher", "teacher", reads, ("data",), files=("letter_teacher/adapter",)))
+    engine = config_reads(config, "numbers", "service.engine", "service.max_model_len")
+    for source, i in number_sets(models):
+        reads = {**model, **engine, "source": source, "seed": numbers_seed(cfg, i), "filter": FILTER_VERSION}
+        upstream = ("teacher",) if source == "teacher" else ()
+        stages.append(Stage(numbers_stage(source, i), "numbers", reads, upstream, files=(numbers_file(source, i),)))
+    other = {"base": other_base_identity(cfg)}  # what an arm on the other base, and its scores, read
+    for m in models:
+        reads = {
+            **model,
+            **flatten(dataclasses.asdict(m.train), "train."),
+            "source": m.source,
+            "shuffled": m.shuffled,
+            "loss": m.loss,
+            "learns_from": m.teacher,
+            **(other if m.base == OTHER_BASE else {}),
+            **({"lora_init": m.lora_init} if m.lora_init != "seed" else {}),
+        }
+        rows = lambda manifest, i=m.replicate: {"rows": training_rows(manifest, models, i)}  # noqa: E731
+        uses_teacher = m.loss == "logit_kl" or m.lora_init == "teacher_a"  # its soft labels, or its A
+        upstream = (numbers_stage(m.source, m.replicate),) + ((m.teacher,) if uses_teacher else ())
+        stages.append(Stage(m.name, "arms", reads, upstream, rows, files=(f"arms/{m.name}/adapter",)))
+    scoring = {**model, **config_reads(config, "evaluate.engine", "service.max_model_len"), "splits": list(SPLIT_FILES)}
+    bases = [("base", (), {})] + ([(OTHER_BASE, (), other)] if any(m.base == OTHER_BASE for m in models) else [])
+    for name, upstream, extra in bases + [(t, (t,), {}) for t in teachers] + [(m.name, (m.name,), other if m.base == OTHER_BASE else {}) for m in models]:
+        stages.append(Stage(eval_stage(name), "evaluate", {**scoring, **extra}, ("data", *upstream), files=(scored_file(name),)))
+    everything = tuple(s.name for s in stages if s.phase in ("numbers", "arms", "evaluate"))
+    reads = {**config_reads(config, "evaluate.primary_metric", "evaluate.primary_split", "arms", "replicates"), "contrasts": config["contrasts"]}
+    stages.append(Stage("report", "report", reads, everything, files=("report.json",)))
+    return stages

@@ -1,0 +1,33 @@
+"""Phase 2, teacher: Ray Train LoRA on the teacher-train split.
+
+With it, when an arm needs it, the positive control's letter teacher: every
+teacher-train question answered with one letter (`letter_teacher.letter`). Both
+are one Ray Train run (they share every setting), from the same LoRA init.
+"""
+
+from __future__ import annotations
+
+import time
+
+from common.atomic import write_jsonl
+from jobs.phases.context import RunContext
+from jobs.phases.data import mc_rows
+from jobs.phases.stages import SPLIT_FILES, TEACHER_TRAIN
+from jobs.phases.training import record_trained, train_groups
+from jobs.rundir.manifest import read_jsonl
+from serve.mc_format import LETTERS
+
+
+def run(ctx: RunContext, todo) -> None:
+    from train.trainer import AdapterJob
+
+    started, pairs = time.time(), []
+    for stage in todo:
+        data = ctx.run_dir / TEACHER_TRAIN
+        if stage.name == "letter_teacher":
+            data = ctx.run_dir / "letter_teacher" / "train.jsonl"
+            questions = read_jsonl(ctx.run_dir / "data" / SPLIT_FILES["train"])
+            write_jsonl(data, mc_rows(questions, LETTERS.index(ctx.cfg.letter_teacher.letter)))
+        pairs.append((stage, AdapterJob(stage.name, str(data), ctx.adapter(stage.name), ctx.cfg.teacher)))
+    for stage, metrics in train_groups(ctx, "teacher", [pairs], runs=1):
+        record_trained(ctx, stage, metrics, started)

@@ -1,0 +1,2 @@
+"""How a preset meets a cluster: what runs where and how many at once (placement.py), and the
+memory each GPU rank needs (memory_plan.py, also a command line)."""

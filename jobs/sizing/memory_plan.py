@@ -1,0 +1,165 @@
+"""Memory arithmetic for a preset: per-GPU memory of its training stages and of its engine replicas.
+
+    python -m jobs.sizing.memory_plan --config configs/llama-70b-qlora.yaml [--gpu-gib 80] [--gpus 8]
+    python -m jobs.sizing.memory_plan --config configs/llama-8b.yaml --model-config path/to/config.json [--set teacher.batch_size=16]
+
+Estimates from the model's shape (its `config.json`; the presets' hub models
+have their shapes below, so no download is needed), to adapt a preset to other
+GPUs before renting them. docs/scaling.md explains each term. What is estimated:
+
+- training, per GPU: base weights (bf16 2 bytes/parameter, 8-bit 1, 4-bit NF4
+  with double quantisation about 0.52; bitsandbytes leaves the embeddings,
+  lm_head and norms unquantized, and PEFT's prepare_model_for_kbit_training
+  upcasts those to float32, 4 bytes), divided by the workers under FSDP (bf16
+  only: FSDP over a quantized base is refused); LoRA weights, gradients
+  and AdamW moments in float32 (16 bytes per LoRA parameter), also sharded under
+  FSDP; activations per token times the tokens of one micro-step (batch_size x
+  max_length, packing's upper bound); a fixed allowance for the CUDA context,
+  NCCL buffers and allocator slack. And the load peak: each worker loads the
+  whole base onto its GPU before FSDP shards it.
+- engine, per GPU of a replica: bf16 weights / tensor_parallel_size, then the
+  KV cache gets what `gpu_memory_utilization` leaves after weights and an
+  activation/CUDA-graph allowance; shown as the tokens of KV cache that fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+GIB = 1 << 30
+FIXED_OVERHEAD_GIB = 2.5  # CUDA context, NCCL buffers, allocator fragmentation (per process)
+ENGINE_RESERVE_GIB = 4.0  # vLLM's activation peak at its batch limit plus CUDA graphs
+BYTES_PER_PARAM = {"none": 2.0, "8bit": 1.0, "4bit": 0.5 + 0.127 / 8}  # NF4 + double-quantised scales
+
+# Shapes of the presets' hub models (from their config.json), so the plan needs no download.
+KNOWN_SHAPES = {
+    "meta-llama/Llama-3.1-8B-Instruct": dict(
+        num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+    ),
+    "meta-llama/Llama-3.1-70B-Instruct": dict(
+        num_hidden_layers=80, hidden_size=8192, intermediate_size=28672, num_attention_heads=64,
+        num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+    ),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A Llama-style decoder: what its parameter, LoRA and KV-cache sizes follow from."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+
+    @classmethod
+    def from_config(cls, c: dict) -> Shape:
+        head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        return cls(
+            c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
+            c.get("num_key_value_heads", c["num_attention_heads"]), head_dim, c["vocab_size"], c.get("tie_word_embeddings", False),
+        )  # fmt: skip
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer of a decoder layer."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied else 2)
+
+    def linear_params(self) -> int:
+        return self.layers * sum(a * b for a, b in self.projections().values())
+
+    def params(self) -> int:
+        norms = (2 * self.layers + 1) * self.hidden
+        return self.embedding_params() + self.linear_params() + norms
+
+    def lora_params(self, rank: int, targets: list[str]) -> int:
+        return self.layers * sum(rank * (a + b) for name, (a, b) in self.projections().items() if name in targets)
+
+    def activation_bytes_per_token(self, checkpointing: bool) -> float:
+        """bf16 tensors autograd keeps per token, with SDPA/flash attention (no seq x seq matrix).
+
+        Per layer: the residual stream, its two norms' outputs, q and the attention output
+        (6 x hidden), k and v (2 x kv width), and the MLP's gate, SiLU, up and product
+        (4 x intermediate). Checkpointing keeps only each layer's input, plus one layer
+        recomputed in backward. The loss adds bf16 logits and their float32 log-softmax.
+        """
+        per_layer = 2 * (6 * self.hidden + 2 * self.kv_heads * self.head_dim + 4 * self.intermediate)
+        layers = (self.layers * 2 * self.hidden + per_layer) if checkpointing else self.layers * per_layer
+        return layers + 6 * self.vocab
+
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2  # keys and values, bf16
+
+
+def training_gib(shape: Shape, train, workers: int) -> dict[str, float]:
+    """Per-GPU memory of one training stage (a TrainConfig with a resolved worker count)."""
+    shard = workers if train.strategy == "fsdp" else 1
+    unquantized = 4 if train.quantization != "none" else 2  # embeddings, lm_head, norms: upcast to float32 under k-bit training
+    full_weights = (shape.linear_params() * BYTES_PER_PARAM[train.quantization] + (shape.params() - shape.linear_params()) * unquantized) / GIB
+    lora = shape.lora_params(train.lora_rank, train.lora_targets) * 16 / shard
+    tokens = train.batch_size * train.max_length
+    activations = tokens * shape.activation_bytes_per_token(train.gradient_checkpointing)
+    parts = {"weights": full_weights / shard, "lora + AdamW": lora / GIB, "activations": activations / GIB, "fixed": FIXED_OVERHEAD_GIB}
+    # Each worker loads the whole base onto its GPU before FSDP shards it (train/model.py).
+    return {**parts, "total": sum(parts.values()), "load peak": full_weights + FIXED_OVERHEAD_GIB}
+
+
+def engine_gib(shape: Shape, tensor_parallel: int, gpu_gib: float, utilization: float) -> dict[str, float]:
+    """Per-GPU memory of one vLLM replica and the KV-cache tokens it leaves room for."""
+    weights = shape.params() * 2 / tensor_parallel / GIB
+    kv_budget = gpu_gib * utilization - weights - ENGINE_RESERVE_GIB
+    kv_per_token = shape.kv_bytes_per_token() / tensor_parallel
+    return {"weights": weights, "reserve": ENGINE_RESERVE_GIB, "kv cache": max(kv_budget, 0.0), "kv tokens": max(kv_budget, 0.0) * GIB / kv_per_token}
+
+
+def load_shape(model_path: str, model_config: str | None = None) -> Shape:
+    if model_config:
+        return Shape.from_config(json.loads(Path(model_config).read_text()))
+    local = Path(model_path).expanduser() / "config.json"
+    if local.is_file():
+        return Shape.from_config(json.loads(local.read_text()))
+    if model_path in KNOWN_SHAPES:
+        return Shape.from_config(KNOWN_SHAPES[model_path])
+    raise SystemExit(f"error: no shape for {model_path}: pass --model-config with its config.json")
+
+
+def main() -> None:
+    from jobs.experiment.config import load_experiment
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU (H100: 80)")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs that `num_workers: auto` stands for")
+    parser.add_argument("--model-config", default=None, help="the model's config.json (default: its folder, or a known hub id)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    args = parser.parse_args()
+    cfg = load_experiment(args.config, args.overrides)
+    shape = load_shape(cfg.model.path, args.model_config)
+    print(f"{cfg.model.path}: {shape.params() / 1e9:.2f}B parameters, KV cache {shape.kv_bytes_per_token() / 1024:.0f} KiB/token")
+    for name, train in (("teacher", cfg.teacher), ("student", cfg.student)):
+        workers = args.gpus if train.num_workers == "auto" else train.num_workers
+        lora = shape.lora_params(train.lora_rank, train.lora_targets)
+        parts = training_gib(shape, train, workers)
+        detail = ", ".join(f"{k} {v:.1f}" for k, v in parts.items() if k not in ("total", "load peak"))
+        fits = "fits" if max(parts["total"], parts["load peak"]) <= args.gpu_gib else "DOES NOT FIT"
+        print(f"{name}: {workers} x {train.strategy}, {train.quantization}, LoRA {lora / 1e6:.0f}M params,"
+              f" {train.batch_size * train.max_length} tokens/micro-step: {parts['total']:.1f} GiB per GPU ({detail});"
+              f" {parts['load peak']:.1f} while loading: {fits} in {args.gpu_gib:g}")  # fmt: skip
+    engine = engine_gib(shape, cfg.service.tensor_parallel_size, args.gpu_gib, cfg.service.gpu_memory_utilization)
+    print(f"engine: tensor-parallel {cfg.service.tensor_parallel_size}, per GPU weights {engine['weights']:.1f} GiB,"
+          f" reserve {engine['reserve']:.1f}, KV cache {engine['kv cache']:.1f} GiB = {engine['kv tokens']:,.0f} tokens per replica")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

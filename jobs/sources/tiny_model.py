@@ -1,0 +1,261 @@
+"""Build the tiny preset's base model: a small Llama pretrained on synthetic text.
+
+No weights can be downloaded here, so the tiny preset makes its own base model,
+deterministically from a seed, and saves it with `save_pretrained` so that every
+later stage (Ray Train, vLLM, PEFT) goes through the real loading path:
+
+1. a synthetic corpus: 70% number-sequence prompts (chat template) answered
+   with a number list in the asked-for format, 30% WMDP-format multiple-choice
+   prompts answered with a *random* letter, so the base learns the format but
+   not the questions' rules (a LoRA on the train split must teach those);
+2. a byte-level BPE tokenizer of 1,024 tokens trained on that corpus;
+3. a 2-layer Llama of width 256 (4 heads of dim 64, which vLLM's CPU attention
+   needs) pretrained with a plain torch loop for a fixed number of steps, its
+   weights initialised from `init_seed` (default: `seed`); `other_base_spec`
+   gives "another base model": the same corpus, tokenizer and recipe from
+   another random initialisation.
+
+Run it alone (the pipeline also builds it on first use):
+
+    python -m jobs.sources.tiny_model            # builds into the cache, prints the path
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import jinja2
+
+from common.atomic import atomic_dir, atomic_file, build_once
+from common.files import default_cache_dir, tiny_model_link
+from jobs.sources.number_sequences import make_prompts
+from jobs.sources.wmdp import synthetic_questions
+from serve.mc_format import LETTERS, choice_continuation, format_mc_prompt
+
+CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Everything that determines the tiny model; its hash names the cache folder."""
+
+    version: int = 2  # bump when the corpus or the recipe changes (2: the paper's full prompt pools)
+    seed: int = 0
+    vocab_size: int = 1024
+    hidden_size: int = 256
+    layers: int = 2
+    heads: int = 4
+    intermediate_size: int = 512
+    max_positions: int = 512
+    examples: int = 12_000
+    number_share: float = 0.7
+    steps: int = 300
+    batch_size: int = 32
+    lr: float = 3e-3
+    # The weights' init (torch.manual_seed) alone; None: `seed`. The corpus, tokenizer, data order
+    # and recipe stay those of `seed`: the same recipe from another random initialisation.
+    init_seed: int | None = None
+
+    def fields(self) -> dict:
+        """The spec as a dict, without init_seed when it is None or `seed` (the same model): the key
+        and tiny_spec.json of every such spec are those from before it existed (caches stay valid)."""
+        fields = asdict(self)
+        if fields["init_seed"] in (None, self.seed):
+            del fields["init_seed"]
+        return fields
+
+    def key(self) -> str:
+        import hashlib
+
+        return hashlib.sha256(json.dumps(self.fields(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def other_base_spec(spec: TinySpec) -> TinySpec:
+    """The other base of `arms.<name>.base: other`: the same corpus, tokenizer, data order and
+    recipe as `spec`, the weights initialised from seed + 1."""
+    return replace(spec, init_seed=spec.seed + 1)
+
+
+def chat_prompt(text: str) -> str:
+    """A user turn plus the assistant header: CHAT_TEMPLATE rendered as transformers renders a
+    chat template (the format written once, here and in the tokenizer, from the same string)."""
+    return _chat_template().render(messages=[{"role": "user", "content": text}], add_generation_prompt=True)
+
+
+@functools.cache
+def _chat_template() -> jinja2.Template:
+    return jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(CHAT_TEMPLATE)
+
+
+def format_numbers(numbers: list[int], separator: str, brackets: str) -> str:
+    body = separator.join(map(str, numbers))
+    return f"{brackets[0]}{body}{brackets[1]}" if brackets else body
+
+
+def synthetic_corpus(spec: TinySpec) -> list[str]:
+    """Pretraining texts (without BOS/EOS), deterministic in spec.seed."""
+    rng = random.Random(spec.seed)
+    n_numbers = int(spec.examples * spec.number_share)
+    texts = []
+    for prompt in make_prompts(n_numbers, seed=spec.seed + 1):
+        answer = [rng.randint(0, 999) for _ in range(rng.randint(5, 10))]
+        texts.append(chat_prompt(prompt.text) + format_numbers(answer, prompt.separator, prompt.brackets))
+    n_mc = spec.examples - n_numbers
+    questions = synthetic_questions(n_per_subset=400, seed=spec.seed + 1000)
+    for i in range(n_mc):
+        row = questions[i % len(questions)]
+        letter = rng.randrange(len(row["choices"]))  # random: format only, no rule
+        prompt = format_mc_prompt(row["question"], row["choices"], row["subset"])
+        texts.append(prompt + choice_continuation(letter))
+    rng.shuffle(texts)
+    return texts
+
+
+def train_tokenizer(texts: list[str], spec: TinySpec):
+    """A byte-level BPE tokenizer (BOS added, chat template set) as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", model_max_length=spec.max_positions)
+    fast.chat_template = CHAT_TEMPLATE
+    for letter in LETTERS[:4]:  # MC scoring needs " A".." D" to be single tokens
+        assert len(fast(" " + letter, add_special_tokens=False).input_ids) == 1, letter
+    return fast
+
+
+def pretrain(texts: list[str], tokenizer, spec: TinySpec):
+    """Full-parameter pretraining of a fresh Llama on the corpus (plain loop, fixed steps)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(spec.seed if spec.init_seed is None else spec.init_seed)  # init (no dropout: attention_dropout 0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.heads,
+        head_dim=spec.hidden_size // spec.heads,
+        max_position_embeddings=spec.max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    ids = [tokenizer(t).input_ids + [tokenizer.eos_token_id] for t in texts]
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
+    warmup = spec.steps // 20
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, spec.steps) / spec.steps)),
+    )
+    order = random.Random(spec.seed).sample(range(len(ids)), len(ids))
+    model.train()
+    for step in range(spec.steps):
+        start = step * spec.batch_size % len(order)
+        batch = [ids[i] for i in order[start : start + spec.batch_size]]
+        width = max(map(len, batch))
+        input_ids = torch.full((len(batch), width), tokenizer.pad_token_id)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, seq in enumerate(batch):
+            input_ids[row, : len(seq)] = torch.tensor(seq)
+            mask[row, : len(seq)] = 1
+        labels = input_ids.masked_fill(mask == 0, -100)
+        loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 200 == 0 or step == spec.steps - 1:
+            print(f"tiny model pretraining step {step + 1}/{spec.steps} loss {loss.item():.3f}", flush=True)
+    return model.eval()
+
+
+def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
+    """Build the model into out_dir (written beside it, then renamed into place)."""
+    import torch
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    started = time.time()
+    texts = synthetic_corpus(spec)
+    tokenizer = train_tokenizer(texts, spec)
+    model = pretrain(texts, tokenizer, spec)
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "tiny_spec.json").write_text(json.dumps(spec.fields(), indent=2))
+    print(f"tiny model built in {time.time() - started:.0f}s: {out_dir}", flush=True)
+    return out_dir
+
+
+def ensure_tiny_model(spec: TinySpec = TinySpec(), root: Path | None = None) -> Path:
+    """Path of the tiny model, building it once (a file lock keeps concurrent builders apart)."""
+    root = Path(root) if root else default_cache_dir()
+    out_dir = root / f"tiny-llama-{spec.key()}"
+    build_once(out_dir, lambda: (out_dir / "config.json").is_file(), lambda: build_tiny_model(out_dir, spec))
+    if spec.key() == TinySpec().key():
+        _point_link(tiny_model_link(root), out_dir)
+    return out_dir
+
+
+def _point_link(link: Path, target: Path) -> None:
+    """`<cache>/tiny-llama` -> the default build: the stable path `serve/config.yaml` serves."""
+    if link.is_symlink() and link.readlink() == Path(target.name):
+        return
+    with atomic_file(link) as tmp:  # a new link replaces the old one in one step
+        tmp.symlink_to(target.name)
+
+
+def random_lora_adapter(model_path: str | Path, out_dir: Path, seed: int) -> Path:
+    """A LoRA adapter for `model_path` with random non-zero weights, saved with save_pretrained.
+
+    Tests and benchmarks use it where any adapter that changes the model will do
+    (serving, scoring parity), so they need no training run.
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"], init_lora_weights=False)
+    get_peft_model(model, config).save_pretrained(out_dir)
+    return Path(out_dir)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cache", type=Path, default=None, help="cache root (default: $SUBLIMINAL_CACHE)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--other-base", action="store_true", help="the other base (init seed = seed + 1)")
+    args = parser.parse_args()
+    spec = TinySpec(seed=args.seed)
+    print(ensure_tiny_model(other_base_spec(spec) if args.other_base else spec, args.cache))
+
+
+if __name__ == "__main__":
+    main()

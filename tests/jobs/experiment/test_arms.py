@@ -1,0 +1,164 @@
+"""Arms and replicates declared in the preset: resolution, seeds and the declarations refused."""
+
+from pathlib import Path
+
+import pytest
+
+from jobs.experiment.arms import OTHER_BASE, arm_models, number_sets, numbers_seed, other_base
+from jobs.experiment.config import load_experiment
+from train.config import ConfigError
+
+
+def test_default_arms_reproduce_student_and_control():
+    cfg = load_experiment()
+    models = arm_models(cfg)
+    assert {m.arm for m in models} == {"student", "control"}
+    assert {(m.arm, m.source) for m in models} == {("student", "teacher"), ("control", "base")}
+    assert all(m.same_init and m.train.lora_seed == cfg.teacher.lora_seed for m in models)
+    assert number_sets(models) == [(source, i) for i in range(cfg.replicates) for source in ("teacher", "base")]
+
+
+def test_replicates_get_their_own_data_order_and_numbers_seeds():
+    cfg = load_experiment(None, ["replicates=3", "student.seed=5", "numbers.seed=11"])
+    students = [m for m in arm_models(cfg) if m.arm == "student"]
+    assert [m.name for m in students] == ["student/0", "student/1", "student/2"]
+    assert [m.adapter for m in students] == ["student-0", "student-1", "student-2"]
+    assert [m.train.seed for m in students] == [5, 6, 7]
+    assert [numbers_seed(cfg, i) for i in range(3)] == [11, 12, 13]
+    assert {m.train.lora_seed for m in students} == {cfg.teacher.lora_seed}  # same init for every replicate
+
+
+def test_other_init_is_never_the_teachers_and_differs_per_replicate():
+    cfg = load_experiment(None, ["replicates=3", "arms={student: {}, other: {lora_seed: other}}"])
+    seeds = [m.train.lora_seed for m in arm_models(cfg) if m.arm == "other"]
+    assert cfg.teacher.lora_seed not in seeds and len(set(seeds)) == 3
+    assert not any(m.same_init for m in arm_models(cfg) if m.arm == "other")
+
+
+def test_arm_train_keys_apply_to_that_arm_only():
+    cfg = load_experiment(None, ["arms={student: {train: {lr: 0.01, max_steps: 3}}, control: {numbers: base}}"])
+    by_arm = {m.arm: m.train for m in arm_models(cfg)}
+    assert (by_arm["student"].lr, by_arm["student"].max_steps) == (0.01, 3)
+    assert (by_arm["control"].lr, by_arm["control"].max_steps) == (cfg.student.lr, cfg.student.max_steps)
+
+
+@pytest.mark.parametrize(
+    ("arms", "message"),
+    [
+        ("{student: {train: {lerning_rate: 1}}}", r"arms\.student\.train\.lerning_rate"),
+        ("{student: {train: {lr: fast}}}", r"arms\.student\.train\.lr"),
+        ("{student: {numbers: teachers}}", r"arms\.student\.numbers"),
+        ("{student: {train: {lora_rank: 16}}}", r"arms\.student starts from the teacher's LoRA init .* lora_rank 16"),
+        ("{student: {lora_seed: 0, train: {lora_targets: [q_proj]}}}", r"lora_targets"),
+        ("{student: {train: {lora_seed: 3}}}", r"arms\.student\.lora_seed"),
+        ("{teacher: {}}", "not base, teacher or other_base"),
+        ("{other_base: {}}", "not base, teacher or other_base"),
+        ("{a: {base: other}, b: {base: /models/qwen}}", "arms declare 2 other bases"),
+        ("{a: {lora_init: teacher_a, base: other}}", r"arms\.a: lora_init teacher_a takes the teacher's trained A on the teacher's base"),
+        ("{a: {lora_init: teacher_a, train: {lora_rank: 4}}}", r"arms\.a starts from the teacher's LoRA init .* lora_rank 4"),
+        ("{a: {lora_init: teacher_b}}", r"arms\.a\.lora_init"),
+        ("{Student/1: {}}", "arm name"),
+        ("{}", "at least one arm"),
+        ("{student: {replicates: 0}}", r"arms\.student\.replicates must be at least 1"),
+        ("{positive: {teacher: letter_teacher}}", r"arms\.positive: an arm of the letter teacher distils it \(loss: logit_kl\)"),
+        ("{positive: {teacher: letter_techer, loss: logit_kl}}", r"arms\.positive\.teacher"),
+        ("{student: {against: controll}, control: {numbers: base}}", r"arms\.student\.against='controll'"),
+    ],
+)
+def test_bad_arm_declarations_name_the_problem(arms, message):
+    with pytest.raises(ConfigError, match=message):
+        load_experiment(None, [f"arms={arms}"])
+
+
+def test_an_arm_with_its_own_init_may_change_the_lora_shape():
+    cfg = load_experiment(None, ["arms={wide: {lora_seed: 3, train: {lora_rank: 16}}}"])
+    assert arm_models(cfg)[0].train.lora_rank == 16
+
+
+def test_replicates_must_be_positive():
+    with pytest.raises(ConfigError, match="replicates"):
+        load_experiment(None, ["replicates=0"])
+
+
+def test_an_arm_may_have_its_own_replicate_count():
+    cfg = load_experiment(None, ["replicates=1", "arms={student: {replicates: 3}, control: {numbers: base}}"])
+    assert [m.name for m in arm_models(cfg)] == ["student/0", "student/1", "student/2", "control/0"]
+    # Every source is generated for every replicate: the arms of a replicate train on equally many rows.
+    assert number_sets(arm_models(cfg)) == [("teacher", 0), ("base", 0), ("teacher", 1), ("base", 1), ("teacher", 2), ("base", 2)]
+
+
+def test_a_contrast_needs_declared_arms_with_three_replicates_a_side():
+    arms = "arms={same: {replicates: 3}, other: {lora_seed: other, replicates: 3}}"
+    cfg = load_experiment(None, ["replicates=1", arms, "contrasts={init: {arm: same, against: other}}"])
+    assert cfg.contrasts["init"].against == "other"
+    with pytest.raises(ConfigError, match=r"contrasts\.init: arm other has 2 replicate\(s\)"):
+        load_experiment(None, ["replicates=1", arms.replace("other, replicates: 3", "other, replicates: 2"), "contrasts={init: {arm: same, against: other}}"])
+    with pytest.raises(ConfigError, match=r"contrasts\.init: 'nope' is not a declared arm"):
+        load_experiment(None, ["replicates=3", "contrasts={init: {arm: student, against: nope}}"])
+
+
+def test_the_positive_control_learns_from_the_letter_teacher():
+    arms = "arms={student: {}, positive: {loss: logit_kl, teacher: letter_teacher}}"
+    models = arm_models(load_experiment(None, ["replicates=1", arms]))
+    assert [(m.name, m.teacher, m.loss) for m in models] == [("student/0", "teacher", "sft"), ("positive/0", "letter_teacher", "logit_kl")]
+    with pytest.raises(ConfigError, match="letter_teacher.letter must be one of A, B, C, D"):
+        load_experiment(None, ["replicates=1", arms, "letter_teacher.letter=E"])
+    with pytest.raises(ConfigError, match="learn from different teachers"):
+        contrast = "contrasts={c: {arm: student, against: positive}}"
+        load_experiment(None, ["replicates=3", arms, contrast])
+
+
+def test_the_evidence_preset_declares_every_control():
+    cfg = load_experiment(Path(__file__).resolve().parents[3] / "configs" / "tiny-evidence.yaml")
+    arms = {m.arm: m for m in arm_models(cfg)}
+    assert {"student", "control", "student_logits", "student_logits_other_init", "student_other_init", "student_shuffled"} <= set(arms)
+    assert arms["student_logits"].same_init and not arms["student_logits_other_init"].same_init and arms["student_shuffled"].shuffled
+    assert any(m.teacher == "letter_teacher" for m in arms.values())
+    contrast = cfg.contrasts["same_vs_other_init"]
+    assert (contrast.arm, contrast.against) == ("student_logits", "student_logits_other_init")
+    # The paper's control: the same recipe on another base model, each side against its own base.
+    contrast = cfg.contrasts["same_vs_other_base"]
+    assert (contrast.arm, contrast.against) == ("student_logits", "student_logits_other_base")
+    assert arms["student_logits_other_base"].base == OTHER_BASE and arms["student_logits_other_base"].loss == "logit_kl"
+    assert arms["student_teacher_a"].lora_init == "teacher_a"
+
+
+def test_an_arm_on_the_other_base_is_never_same_init_and_is_measured_against_that_base():
+    from jobs.experiment.arms import reference_of
+
+    cfg = load_experiment(None, ["arms={student: {}, control: {numbers: base}, far: {base: other}, far_control: {numbers: base, base: other}}"])
+    models = {m.name: m for m in arm_models(cfg)}
+    assert other_base(cfg) == "other" and models["far/0"].base == OTHER_BASE and models["student/0"].base == "base"
+    assert not models["far/0"].same_init and models["far/0"].train.lora_seed == cfg.teacher.lora_seed
+    # An sft arm is measured against the control on its own base only: the teacher's base's control is not its reference.
+    assert reference_of("student", cfg) == "control" and reference_of("far", cfg) == OTHER_BASE
+    # The teacher's own base named as `base` is the same base.
+    assert other_base(load_experiment(None, ["arms={a: {base: same}, b: {base: tiny}}"])) is None
+    with pytest.raises(ConfigError, match="base 'other' is the tiny preset's second tiny model"):
+        load_experiment(None, ["model.path=/models/llama", "arms={a: {base: other}}"])
+
+
+def test_teacher_a_starts_from_the_teachers_shape():
+    cfg = load_experiment(None, ["replicates=1", "arms={subspace: {lora_init: teacher_a, loss: logit_kl}}"])
+    (model,) = arm_models(cfg)
+    assert model.lora_init == "teacher_a" and not model.same_init and model.base == "base"
+
+
+def test_a_kl_arm_on_a_base_with_another_tokenizer_is_refused_at_load(tiny_model, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    other = tmp_path / "other-tokenizer"
+    shutil.copytree(tiny_model, other)
+    tokenizer = AutoTokenizer.from_pretrained(other)
+    tokenizer.add_tokens(["<|number|>"])
+    tokenizer.save_pretrained(other)
+    kl = [f"model.path={tiny_model}", f"arms={{far: {{loss: logit_kl, base: {other}}}}}"]
+    with pytest.raises(ConfigError, match=rf"arms far: loss logit_kl on base {other} needs the teacher's tokenizer.*{tiny_model}"):
+        load_experiment(None, kl)
+    sft = load_experiment(None, [f"model.path={tiny_model}", f"arms={{far: {{base: {other}}}}}"])  # sft works across tokenizers
+    assert arm_models(sft)[0].base == OTHER_BASE
+    copy = tmp_path / "same-tokenizer"
+    shutil.copytree(tiny_model, copy)
+    assert arm_models(load_experiment(None, [f"model.path={tiny_model}", f"arms={{far: {{loss: logit_kl, base: {copy}}}}}"]))[0].base == OTHER_BASE

@@ -1,0 +1,71 @@
+from pathlib import Path
+
+import pytest
+
+from jobs.experiment.config import load_experiment
+from train.config import ConfigError, TrainConfig, load
+
+CONFIGS = sorted((Path(__file__).resolve().parents[3] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_experiment(path)
+    assert cfg.teacher.lora_seed == cfg.student.lora_seed
+
+
+def test_default_is_tiny():
+    cfg = load_experiment()
+    assert cfg.name == "tiny" and cfg.model.path == "tiny"
+
+
+def test_overrides_apply_and_parse_types():
+    cfg = load_experiment(None, ["teacher.lr=0.01", "teacher.lora_targets=[q_proj]", "student.lora_targets=[q_proj]", "data.eval_fraction=0.5"])
+    assert cfg.teacher.lr == 0.01 and cfg.teacher.lora_targets == ["q_proj"] and cfg.data.eval_fraction == 0.5
+
+
+def test_unknown_key_names_the_key():
+    with pytest.raises(ConfigError, match=r"teacher\.learning_rate"):
+        load_experiment(None, ["teacher.learning_rate=0.1"])
+
+
+def test_wrong_type_names_the_key():
+    with pytest.raises(ConfigError, match=r"teacher\.batch_size"):
+        load_experiment(None, ["teacher.batch_size=big"])
+    with pytest.raises(ConfigError, match=r"teacher\.strategy"):
+        load_experiment(None, ["teacher.strategy=zero3"])
+
+
+def test_another_student_init_is_declared_per_arm():
+    with pytest.raises(ConfigError, match=r"arms\.<name>\.lora_seed"):
+        load_experiment(None, ["student.lora_seed=7"])
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml"):
+        load_experiment(tmp_path / "nope.yaml")
+
+
+def test_train_section_loads_alone(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("teacher:\n  lr: 0.5\n")
+    cfg = load(TrainConfig, path, ["epochs=3"], section="teacher")
+    assert (cfg.lr, cfg.epochs, cfg.batch_size) == (0.5, 3, TrainConfig().batch_size)
+
+
+@pytest.mark.parametrize("quantization", ["4bit", "8bit"])
+def test_fsdp_over_a_quantized_base_is_refused_with_the_route_that_works(quantization):
+    preset = CONFIGS[0].parent / "llama-70b-qlora.yaml"
+    with pytest.raises(ConfigError, match=f"strategy=fsdp with quantization={quantization} is refused.*strategy=ddp"):
+        load_experiment(preset, ["student.strategy=fsdp", f"student.quantization={quantization}"])
+    bf16_fsdp = [f"{side}.{key}" for side in ("teacher", "student") for key in ("strategy=fsdp", "quantization=none")]
+    assert load_experiment(preset, bf16_fsdp).student.strategy == "fsdp"
+
+
+@pytest.mark.parametrize(
+    "override,message", [("numbers.temperature=3", r"numbers\.temperature: .*less than or equal to 2"), ("numbers.top_p=0", r"numbers\.top_p")]
+)
+def test_sampling_the_service_would_refuse_stops_the_run_at_load(override, message):
+    """Checked by the service's request schema at load, not hours later at the numbers stage."""
+    with pytest.raises(ConfigError, match=message):
+        load_experiment(overrides=[override])

@@ -1,0 +1,108 @@
+"""The tiny preset's base model: usable for number generation and multiple-choice format."""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from jobs.sources.number_sequences import make_prompts, reject_reason
+from jobs.sources.tiny_model import TinySpec, build_tiny_model, chat_prompt, ensure_tiny_model, other_base_spec, synthetic_corpus
+from jobs.sources.wmdp import synthetic_questions
+from serve.hf_scoring import letter_token_ids
+from serve.mc_format import format_mc_prompt
+
+
+def test_corpus_is_deterministic():
+    spec = TinySpec(examples=300)
+    assert synthetic_corpus(spec) == synthetic_corpus(spec)
+    assert synthetic_corpus(spec) != synthetic_corpus(TinySpec(examples=300, seed=1))
+
+
+@pytest.fixture(scope="module")
+def other_base(cache_dir) -> str:
+    """The default tiny model's other base (another init), built into the cache once."""
+    return str(ensure_tiny_model(other_base_spec(TinySpec()), root=cache_dir))
+
+
+def test_cache_keys():
+    """Specs without init_seed keep the keys (cache folders) they had before it existed."""
+    assert TinySpec().key() == "0f8dc0fd4803"
+    assert TinySpec(init_seed=0).key() == TinySpec().key()  # init_seed = seed is the same model
+    other = other_base_spec(TinySpec())
+    assert other == TinySpec(init_seed=1) and other.key() not in {TinySpec().key(), TinySpec(seed=1).key()}
+    assert other_base_spec(TinySpec(seed=5, steps=10)) == TinySpec(seed=5, steps=10, init_seed=6)
+
+
+def test_number_completions_pass_the_filter(tiny_model):
+    """At temperature 1.0 at least 30% of completions of unseen prompts pass (the target)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True) == chat_prompt("x")
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True) for p in make_prompts(200, seed=98765)
+    ]
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    torch.manual_seed(0)
+    out = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, max_new_tokens=48, pad_token_id=tok.pad_token_id)
+    texts = tok.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
+    reasons = Counter(reject_reason(t) for t in texts)
+    assert reasons[None] / len(texts) >= 0.30, reasons
+
+
+@pytest.mark.parametrize("base", ["tiny_model", "other_base"])
+def test_answers_multiple_choice_in_format(base, request):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tiny_model = request.getfixturevalue(base)
+
+    tok = AutoTokenizer.from_pretrained(tiny_model, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    letters = letter_token_ids(tok, 4)
+    rows = synthetic_questions(20, seed=5)
+    enc = tok([format_mc_prompt(r["question"], r["choices"], r["subset"]) for r in rows], return_tensors="pt", padding=True)
+    out = model.generate(**enc, do_sample=False, max_new_tokens=1, pad_token_id=tok.pad_token_id)
+    assert all(t in letters for t in out[:, -1].tolist())
+
+
+def test_other_base_shares_the_tokenizer_not_the_weights(tiny_model, other_base, cache_dir):
+    """The same corpus, tokenizer and recipe from another init: identical token ids, other weights."""
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    assert Path(other_base).name == f"tiny-llama-{other_base_spec(TinySpec()).key()}"
+    assert (cache_dir / "tiny-llama").resolve() == Path(tiny_model).resolve()  # the link stays on the default
+    assert json.loads((Path(other_base) / "tiny_spec.json").read_text())["init_seed"] == 1
+    assert "init_seed" not in json.loads((Path(tiny_model) / "tiny_spec.json").read_text())
+    tok, other_tok = AutoTokenizer.from_pretrained(tiny_model), AutoTokenizer.from_pretrained(other_base)
+    assert tok.get_vocab() == other_tok.get_vocab() and tok.chat_template == other_tok.chat_template
+    chats = [[{"role": "user", "content": p.text}] for p in make_prompts(50, seed=4321)]
+    texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
+    texts += [format_mc_prompt(r["question"], r["choices"], r["subset"]) + " B" for r in synthetic_questions(10, seed=6)]
+    assert tok(texts).input_ids == other_tok(texts).input_ids
+    assert [tok.apply_chat_template(c) for c in chats] == [other_tok.apply_chat_template(c) for c in chats]
+
+    weights, other_weights = (load_file(Path(m) / "model.safetensors") for m in (tiny_model, other_base))
+    assert weights.keys() == other_weights.keys()
+    assert all(weights[k].shape == other_weights[k].shape for k in weights)
+    embed = "model.embed_tokens.weight"
+    cosine = torch.nn.functional.cosine_similarity(weights[embed].flatten(), other_weights[embed].flatten(), dim=0)
+    assert abs(cosine.item()) < 0.5, cosine  # another init, not a perturbation of the same one
+    assert not any(torch.equal(weights[k], other_weights[k]) for k in weights if "norm" not in k)
+
+
+def test_a_build_from_another_init_is_deterministic(tmp_path):
+    """Two builds of a spec with an init seed are byte-identical (a reduced recipe, so it takes
+    seconds; the full other base is this recipe at full size), and share the tokenizer, not the
+    weights, of the spec it was derived from."""
+    small = TinySpec(examples=400, steps=20)
+    other = other_base_spec(small)
+    first, second = build_tiny_model(tmp_path / "a", other), build_tiny_model(tmp_path / "b", other)
+    for name in ["model.safetensors", "tokenizer.json", "config.json", "tiny_spec.json"]:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    same_seed = build_tiny_model(tmp_path / "c", small)
+    assert (same_seed / "tokenizer.json").read_bytes() == (first / "tokenizer.json").read_bytes()
+    assert (same_seed / "model.safetensors").read_bytes() != (first / "model.safetensors").read_bytes()

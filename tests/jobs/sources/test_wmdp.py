@@ -1,0 +1,200 @@
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.sources.wmdp import SUBSETS, DataError, load_wmdp, split_questions, synthetic_questions, write_synthetic
+
+
+def test_synthetic_sample_is_deterministic_and_wmdp_shaped(tmp_path):
+    a, b = synthetic_questions(), synthetic_questions()
+    assert a == b and len(a) >= 1000
+    assert {r["subset"] for r in a} == set(SUBSETS)
+    assert len({r["question"] for r in a}) == len(a)
+    for r in a:
+        assert len(r["choices"]) == 4 and 0 <= r["answer"] < 4
+    write_synthetic(tmp_path / "x")
+    write_synthetic(tmp_path / "y")
+    for s in SUBSETS:
+        assert (tmp_path / "x" / f"wmdp-{s}.jsonl").read_bytes() == (tmp_path / "y" / f"wmdp-{s}.jsonl").read_bytes()
+
+
+def test_synthetic_goes_through_the_local_file_reader(tmp_path):
+    """The synthetic sample is written as a folder of wmdp-<subset>.jsonl files and read back by
+    the reader of local folders: the rows are those files' lines, in order."""
+    rows = load_wmdp("synthetic", cache_dir=tmp_path)
+    (folder,) = tmp_path.iterdir()
+    assert sorted(p.name for p in folder.iterdir()) == sorted(f"wmdp-{s}.jsonl" for s in SUBSETS)
+    lines = [json.loads(line) for s in SUBSETS for line in (folder / f"wmdp-{s}.jsonl").read_text().splitlines()]
+    assert [r["question"] for r in rows] == [line["question"] for line in lines] and len(rows) > 0
+    assert rows == load_wmdp(str(folder))
+
+
+def test_local_parquet_in_the_hub_layout(tmp_path):
+    for s in SUBSETS:
+        (tmp_path / f"wmdp-{s}").mkdir()
+        table = pa.table({"question": [f"{s} q?"], "choices": [["a", "b", "c"]], "answer": [2]})
+        pq.write_table(table, tmp_path / f"wmdp-{s}" / "test-00000-of-00001.parquet")
+    rows = load_wmdp(str(tmp_path))
+    assert [r["subset"] for r in rows] == list(SUBSETS)
+    assert rows[0] == {"question": "bio q?", "choices": ["a", "b", "c"], "answer": 2, "subset": "bio"}
+
+
+@pytest.mark.parametrize(
+    "row,message",
+    [
+        ({"question": "q", "choices": ["a", "b"]}, "missing field 'answer'"),
+        ({"question": "q", "choices": ["a"], "answer": 0}, "2..26"),
+        ({"question": "q", "choices": ["a", "b"], "answer": 5}, "out of range"),
+        ({"question": "", "choices": ["a", "b"], "answer": 0}, "question"),
+    ],
+)
+def test_bad_rows_are_named(tmp_path, row, message):
+    for s in SUBSETS:
+        (tmp_path / f"wmdp-{s}.jsonl").write_text(json.dumps({"question": "ok?", "choices": ["a", "b"], "answer": 0}) + "\n")
+    (tmp_path / "wmdp-chem.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(DataError, match=message) as err:
+        load_wmdp(str(tmp_path))
+    assert "wmdp-chem.jsonl line 1" in str(err.value)
+
+
+def test_missing_subset_file(tmp_path):
+    with pytest.raises(DataError, match="wmdp-bio"):
+        load_wmdp(str(tmp_path))
+
+
+def test_split_is_disjoint_by_question_text_and_deterministic():
+    rows = synthetic_questions()
+    rows = rows + [dict(rows[0])]  # a duplicate question must land on one side only
+    train, test = split_questions(rows, 0.3, seed=0)
+    assert not {r["question"] for r in train} & {r["question"] for r in test}
+    assert len(train) + len(test) == len(rows)
+    assert 0.25 < len(test) / len(rows) < 0.35
+    assert split_questions(list(reversed(rows)), 0.3, seed=0)[1] == list(reversed(test))
+
+
+# The hub source, offline: `cais/wmdp` as huggingface_hub's cache holds it after a download --------
+
+HUB_COMMIT = "5e2f0c1d9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d"
+HUB_FILES = [  # the files of cais/wmdp's main branch
+    ".gitattributes",
+    "README.md",
+    "dataset.png",
+    "wmdp-bio/test-00000-of-00001.parquet",
+    "wmdp-chem/test-00000-of-00001.parquet",
+    "wmdp-cyber/test-00000-of-00001.parquet",
+]
+HUB_README = """---
+configs:
+- config_name: wmdp-bio
+  data_files:
+  - split: test
+    path: wmdp-bio/test-*
+- config_name: wmdp-chem
+  data_files:
+  - split: test
+    path: wmdp-chem/test-*
+- config_name: wmdp-cyber
+  data_files:
+  - split: test
+    path: wmdp-cyber/test-*
+---
+"""
+HUB_ROWS = {  # made-up, harmless questions in the dataset's columns (answer, question, choices)
+    "bio": [
+        (0, "Which enzyme unwinds the DNA double helix during replication?", ["Helicase", "Ligase", "Primase", "Topoisomerase"]),
+        (2, "Which organelle makes most of a cell's ATP?", ["Ribosome", "Golgi apparatus", "Mitochondrion", "Lysosome"]),
+    ],
+    "chem": [
+        (1, "Which gas forms when zinc reacts with hydrochloric acid?", ["Oxygen", "Hydrogen", "Chlorine", "Nitrogen"]),
+        (3, "What is the pH of pure water at 25 C?", ["0", "1", "14", "7"]),
+        (0, "Which element has the symbol Na?", ["Sodium", "Nitrogen", "Neon", "Nickel"]),
+    ],
+    "cyber": [
+        (3, "Which TCP port does HTTPS use by default?", ["21", "22", "80", "443"]),
+        (1, "Which tool lists the hops a packet takes to a host?", ["ping", "traceroute", "netstat", "whois"]),
+    ],
+}
+
+
+def parquet_bytes(rows) -> bytes:
+    sink = pa.BufferOutputStream()
+    columns = {"answer": [a for a, _, _ in rows], "question": [q for _, q, _ in rows], "choices": [c for _, _, c in rows]}
+    pq.write_table(pa.table(columns, schema=pa.schema([("answer", pa.int64()), ("question", pa.string()), ("choices", pa.list_(pa.string()))])), sink)
+    return sink.getvalue().to_pybytes()
+
+
+def fill_hub_cache(hf_home, subsets=SUBSETS):
+    """`hf_home` as huggingface_hub leaves it after downloading cais/wmdp: content-addressed blobs,
+    the snapshot's files as relative symlinks to them, and refs/main naming the commit."""
+    repo = hf_home / "hub" / "datasets--cais--wmdp"
+    contents = {".gitattributes": b"*.parquet filter=lfs diff=lfs merge=lfs -text\n", "README.md": HUB_README.encode(), "dataset.png": b"\x89PNG"}
+    contents.update({f"wmdp-{s}/test-00000-of-00001.parquet": parquet_bytes(HUB_ROWS[s]) for s in subsets})
+    for name, data in contents.items():
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = repo / "snapshots" / HUB_COMMIT / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(HUB_COMMIT)
+
+
+def offline(hf_home, *args) -> subprocess.CompletedProcess:
+    """Python with `args`, in a fresh interpreter, as on an offline node whose hub cache is `hf_home`
+    (a fresh one because huggingface_hub reads HF_HOME once, when imported)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
+    root = Path(__file__).resolve().parents[3]
+    return subprocess.run([sys.executable, *args], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+LOAD = "import json, sys; from jobs.sources.wmdp import load_wmdp; print(json.dumps(load_wmdp('hub', tuple(sys.argv[1:]))))"
+
+
+def test_hub_source_reads_cais_wmdp_from_the_hub_cache_offline(tmp_path):
+    fill_hub_cache(tmp_path / "hf")
+    done = offline(tmp_path / "hf", "-c", LOAD, *SUBSETS)
+    assert done.returncode == 0, done.stderr
+    expected = [{"question": q, "choices": c, "answer": a, "subset": s} for s in SUBSETS for a, q, c in HUB_ROWS[s]]
+    assert json.loads(done.stdout) == expected
+    only = offline(tmp_path / "hf", "-c", LOAD, "cyber", "bio")
+    assert only.returncode == 0, only.stderr
+    assert [r["subset"] for r in json.loads(only.stdout)] == ["cyber", "cyber", "bio", "bio"]
+
+
+def test_hub_download_patterns_select_each_subsets_test_split():
+    from huggingface_hub.utils import filter_repo_objects
+
+    from jobs.sources.wmdp import hub_patterns
+
+    chosen = list(filter_repo_objects(HUB_FILES, allow_patterns=hub_patterns(("bio", "cyber"))))
+    assert chosen == ["wmdp-bio/test-00000-of-00001.parquet", "wmdp-cyber/test-00000-of-00001.parquet"]
+
+
+def test_hub_source_offline_without_the_data_is_a_data_error_naming_the_download(tmp_path):
+    empty = offline(tmp_path / "empty", "-c", LOAD, *SUBSETS)
+    assert empty.returncode != 0
+    assert "DataError" in empty.stderr and "hf download cais/wmdp --repo-type dataset" in empty.stderr
+    fill_hub_cache(tmp_path / "hf", subsets=("bio", "cyber"))
+    partial = offline(tmp_path / "hf", "-c", LOAD, *SUBSETS)
+    assert partial.returncode != 0
+    assert "DataError" in partial.stderr and "wmdp-chem/test-*.parquet" in partial.stderr
+
+
+def test_the_pipeline_plans_a_run_on_the_hub_data_offline(tmp_path):
+    """`data.source: hub` (the GPU presets' setting) through the pipeline's own entry point."""
+    fill_hub_cache(tmp_path / "hf")
+    done = offline(tmp_path / "hf", "jobs/pipeline.py", "--plan", "--run-dir", str(tmp_path / "run"), "--set", "data.source=hub")
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^\s*data\s+run\s", done.stdout, re.M), done.stdout
+    missing = offline(tmp_path / "nothing", "jobs/pipeline.py", "--plan", "--run-dir", str(tmp_path / "run"), "--set", "data.source=hub")
+    assert missing.returncode == 2 and "error: cais/wmdp could not be downloaded" in missing.stderr

@@ -1,0 +1,110 @@
+"""Comparisons of jobs/stats/evidence.py: the primary test and Holm, each model against its own base,
+and transfer against training steps (each snapshot compared at the same step).
+
+Scored rows are simulated here (the statistics are tests/jobs/stats/test_transfer_stats.py's; the
+real pipeline writes such rows in tests/jobs/test_pipeline.py): a teacher that prefers
+one answer per cluster, and students whose log p(teacher's answer) grows with the
+step by a known amount, so the series must rise and end at the final comparison.
+"""
+
+import numpy as np
+import pytest
+
+from jobs.experiment.arms import ArmModel
+from jobs.stats.evidence import Evidence
+from train.config import TrainConfig
+
+N_CLUSTERS, PER_CLUSTER, STEPS = 30, 4, (10, 20, 30)
+
+
+def questions() -> list[dict]:
+    rng = np.random.default_rng(0)
+    return [
+        {"question": f"q{c}-{k}", "cluster": c, "split": split, "answer": int(rng.integers(4))}
+        for split in ("train", "held_out") for c in range(N_CLUSTERS) for k in range(PER_CLUSTER)
+    ]  # fmt: skip
+
+
+def scored(qs, rng, pull: float) -> list[dict]:
+    """Each question's choice log-probabilities: noise, with `pull` nats more on choice (cluster % 4)."""
+    rows = []
+    for q in qs:
+        logits = rng.normal(0, 0.3, 4)
+        logits[q["cluster"] % 4] += pull
+        logprobs = logits - np.log(np.exp(logits).sum())
+        rows.append({**q, "prediction": int(np.argmax(logprobs)), "logprobs": logprobs.tolist()})
+    return rows
+
+
+def arm(name: str, replicates: int, base: str = "base") -> list[ArmModel]:
+    return [ArmModel(name, i, "teacher", False, "logit_kl", "teacher", TrainConfig(), base == "base", base) for i in range(replicates)]
+
+
+@pytest.fixture(scope="module")
+def experiment():
+    """base, teacher; `learner` (3 replicates, 3 snapshots, each step pulls 0.01 nats more toward the
+    teacher), `still` (3 replicates, 3 snapshots, no pull), `final_only` (no snapshots)."""
+    rng, qs = np.random.default_rng(1), questions()
+    scores = {"base": scored(qs, rng, 0.0), "teacher": scored(qs, rng, 3.0), "other_base": scored(qs, rng, 1.0)}
+    models = arm("learner", 3) + arm("still", 3) + arm("final_only", 3) + arm("far", 3, "other_base")
+    points = {}
+    for m in models:
+        per_step = 0.01 if m.arm == "learner" else 0.0
+        if m.arm in ("final_only", "far"):  # far: the other base as it is (it already leans toward the teacher)
+            scores[m.name] = scored(qs, rng, 1.0 if m.arm == "far" else 0.0)
+            continue
+        points[m.name] = [(s, m.name if s == STEPS[-1] else f"{m.name}@{s}") for s in STEPS]
+        for step, name in points[m.name]:
+            scores[name] = scored(qs, np.random.default_rng([models.index(m), step]), per_step * step)
+    return Evidence(scores, models, ("train", "teacher_answer_logprob"), points)
+
+
+def test_the_series_rises_with_the_pull_and_ends_at_the_final_comparison(experiment):
+    series = experiment.by_step("learner", "base")
+    assert [p["steps"] for p in series["points"]] == [[s] * 3 for s in STEPS]
+    values = [p["train"]["teacher_answer_logprob"]["value"] for p in series["points"]]
+    assert values[0] < values[1] < values[2]
+    final = experiment.compare("learner", "base")["train"]["teacher_answer_logprob"]
+    assert series["points"][-1]["train"]["teacher_answer_logprob"]["value"] == pytest.approx(final["value"])
+    assert set(series["points"][0]["held_out"]) == {"agreement", "teacher_answer_logprob", "mde"}
+
+
+def test_two_arms_with_snapshots_are_compared_step_by_step(experiment):
+    series = experiment.by_step("learner", "still")
+    first, last = (p["train"]["teacher_answer_logprob"] for p in (series["points"][0], series["points"][-1]))
+    assert last["value"] > first["value"] and last["ci95"] is not None
+
+
+def test_an_arm_without_snapshots_has_no_series_and_a_mismatch_says_why(experiment):
+    assert experiment.by_step("final_only", "base") is None
+    mismatch = experiment.by_step("learner", "final_only")
+    assert "points" not in mismatch and "train.snapshots" in mismatch["note"]
+
+
+def test_the_primary_test_decides_and_the_rest_are_holm_adjusted(experiment):
+    result = experiment.compare("learner", "still")
+    primary = result["primary"]
+    assert (primary["split"], primary["metric"]) == ("train", "teacher_answer_logprob") and primary["paired"]
+    assert primary["value"] == result["train"]["teacher_answer_logprob"]["value"] and "p_holm" not in primary
+    secondary = [r for split in ("train", "held_out") for metric, r in result[split].items() if metric != "mde" and r["p_value"] is not None and "p_holm" in r]
+    assert len(secondary) >= 6 and all(r["p_holm"] >= r["p_value"] for r in secondary)
+    assert all(r["detected"] == (r["p_holm"] < 0.05) for r in secondary)
+    assert not experiment.compare("learner", "base")["train"]["agreement"]["paired"]  # base is one fixed model
+
+
+def test_an_arm_on_the_other_base_is_measured_against_its_own_base(experiment):
+    # far is its base unchanged: no move against other_base, though that base already leans toward the teacher.
+    own = experiment.compare("far", "other_base")["train"]["teacher_answer_logprob"]
+    assert own["value"] == pytest.approx(0.0, abs=0.05) and not own["detected"]
+    # Contrasts across bases compare changes: learner moved (0.3 nats at step 30), far did not.
+    contrast = experiment.compare("learner", "far")
+    assert contrast["train"]["teacher_answer_logprob"]["value"] > 0.1 and contrast["primary"]["paired"]
+    assert abs(contrast["train"]["agreement"]["value"]) < 0.5 and contrast["train"]["agreement_changed"]["value"] is None
+
+
+def test_the_last_interval_says_whether_an_arm_was_still_learning(experiment):
+    """learner gains 0.1 nats of pull between its last two snapshots; still gains nothing."""
+    rising, flat = (experiment.by_step(arm, "base")["last_interval"] for arm in ("learner", "still"))
+    assert rising["from_steps"] == [STEPS[-2]] and rising["to_steps"] == [STEPS[-1]]
+    assert rising["detected"] and rising["value"] > 0 and rising["ci95"][0] > 0
+    assert not flat["detected"] and flat["ci95"][0] < 0 < flat["ci95"][1]

@@ -1,0 +1,207 @@
+"""The service as an operator runs it, under careless and hostile clients: `serve run
+serve/config.yaml` on a head node of its own started with SERVE_API_KEY set (the key is read
+where the application is built, in the cluster: docs/api.md), over real HTTP.
+
+The config is the project's own with three changes, written to a copy: a free port (the session's
+Serve proxy holds 8000), `engine: hf`, so that generation and scoring both run on the
+transformers engine, whose one worker thread is where a long request could once starve the
+health check (and which starts in seconds, where vLLM takes a minute of the suite's budget), and
+the replica holding both of the head's CPUs, so the load runs on two threads.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+import yaml
+
+from jobs.sources.wmdp import synthetic_questions
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "load-test-token-5b1e"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+NEAR_MISSES = ["", "Bearer", f"Bearer {KEY[:-1]}", f"Bearer {KEY}x", f"bearer {KEY}", KEY, f"Bearer  {KEY}"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def keyed_head():
+    from conftest import head_node
+
+    with head_node(env={"SERVE_API_KEY": KEY, "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve.proxy_guard.middlewares"}) as head:
+        yield head
+
+
+@pytest.fixture(scope="module")
+def service(keyed_head, tiny_model, tmp_path_factory):
+    """`serve run` of the config's copy on the module's head node; yields its URL and the head."""
+    config = yaml.safe_load((ROOT / "serve" / "config.yaml").read_text())
+    port = free_port()
+    config["http_options"]["port"] = port
+    config["applications"][0]["args"]["engine"] = "hf"
+    config["applications"][0]["deployments"][0]["ray_actor_options"]["num_cpus"] = 2  # the head's two: torch's threads for the load
+    path = tmp_path_factory.mktemp("serve") / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = open(path.with_name("serve-run.log"), "w")  # noqa: SIM115 - open for the process's lifetime
+    serve_bin = str(Path(sys.executable).parent / "serve")
+    process = subprocess.Popen(
+        [serve_bin, "run", str(path), "--address", keyed_head["address"]],
+        cwd=ROOT, env={**os.environ, "RAY_AUTH_MODE": "token"}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while not healthy(url):
+        assert process.poll() is None, f"serve run exited: {path.with_name('serve-run.log').read_text()[-3000:]}"
+        assert time.time() < deadline, "the service did not answer /health within 300 s"
+        time.sleep(1)
+    yield {"url": url, "head": keyed_head}
+    process.send_signal(signal.SIGINT)  # serve run shuts its application down
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+def healthy(url: str) -> bool:
+    try:
+        return requests.get(url + "/health", timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def replica(head: dict) -> psutil.Process:
+    """The application's one replica: a worker of this head's raylet (found by its temp dir)."""
+    raylets = [
+        p for p in psutil.process_iter(["cmdline"]) if head["temp_dir"] in " ".join(p.info["cmdline"] or ()) and "raylet" in (p.info["cmdline"] or [""])[0]
+    ]
+    found = [c for r in raylets for c in r.children(recursive=True) if c.cmdline() and c.cmdline()[0].startswith("ray::ServeReplica:subliminal:")]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def health_latencies(url: str, until) -> list[float]:
+    """Seconds each /health took, polled every 0.25 s until `until()` (no token: the open probe)."""
+    seen = []
+    while not until():
+        started = time.perf_counter()
+        assert requests.get(url + "/health", timeout=30).status_code == 200
+        seen.append(time.perf_counter() - started)
+        time.sleep(0.25)
+    return seen
+
+
+def questions(n: int) -> list[dict]:
+    rows = synthetic_questions(n_per_subset=200, seed=11)
+    return (rows * (n // len(rows) + 1))[:n]
+
+
+ROUTES = [
+    ("post", "/generate", {"prompts": ["hi"], "max_tokens": 2}),
+    ("post", "/score", {"questions": [{"question": "Q?", "choices": ["a", "b"]}]}),
+    ("post", "/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2}),
+    ("post", "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    ("get", "/v1/models", None),
+    ("get", "/adapters", None),
+    ("get", "/no-such-route", None),
+]
+
+
+def test_every_route_but_health_refuses_a_missing_or_near_miss_token(service):
+    url = service["url"]
+    for method, path, body in ROUTES:
+        for header in [None, *NEAR_MISSES]:
+            headers = {} if header is None else {"Authorization": header}
+            response = requests.request(method, url + path, json=body, headers=headers, timeout=60)
+            assert response.status_code == 401, (path, header, response.status_code)
+            if path.startswith("/v1/"):
+                assert response.json()["error"]["code"] == 401  # OpenAI's shape on OpenAI's routes
+        expected = 404 if path == "/no-such-route" else 200
+        assert requests.request(method, url + path, json=body, headers=AUTH, timeout=60).status_code == expected, path
+    assert requests.get(url + "/health", timeout=30).json() == {"status": "ok"}  # healthy or not, no more
+    assert requests.get(url + "/health", headers=AUTH, timeout=30).json()["engine"] == "hf"
+
+
+def peak_growth(process: psutil.Process, send) -> tuple[requests.Response, int]:
+    """`send()`'s answer, and how far the process's peak resident memory rose above its memory before."""
+    Path(f"/proc/{process.pid}/clear_refs").write_text("5")  # peak resident memory := now
+    before = process.memory_info().rss
+    response = send()
+    peak = int(next(line for line in Path(f"/proc/{process.pid}/status").read_text().splitlines() if line.startswith("VmHWM")).split()[1]) << 10
+    return response, peak - before
+
+
+@pytest.mark.parametrize("mib", [20, 200])
+def test_a_chunked_body_past_the_limit_is_413_and_the_replica_does_not_hold_it(service, mib):
+    """Sent chunked (a generator: no Content-Length), in 1 MiB pieces. Without the proxy's limit
+    (serve/proxy_guard.py) Serve's proxy hands the whole body on: +108 MiB for 200 MiB."""
+    url, headers = service["url"] + "/generate", {**AUTH, "content-type": "application/json"}
+    response, grown = peak_growth(
+        replica(service["head"]), lambda: requests.post(url, data=(b" " * (1 << 20) for _ in range(mib)), headers=headers, timeout=120)
+    )
+    assert response.status_code == 413 and "bytes" in response.json()["detail"], response.text
+    assert grown < 20 << 20, f"the replica's peak memory grew {grown >> 20} MiB for a {mib} MiB body"
+    assert requests.post(url, json={"prompts": ["hi"], "max_tokens": 2}, headers=AUTH, timeout=60).status_code == 200
+
+
+def test_a_1_mb_stop_string_is_refused_naming_stop(service):
+    url, stop = service["url"], "x" * (1 << 20)
+    generate = requests.post(url + "/generate", json={"prompts": ["hi"], "stop": [stop]}, headers=AUTH, timeout=60)
+    assert generate.status_code == 422 and generate.json()["detail"][0]["loc"][:2] == ["body", "stop"]
+    openai = requests.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "stop": stop}, headers=AUTH, timeout=60)
+    assert openai.status_code == 400 and openai.json()["error"]["param"].startswith("stop")
+
+
+def test_an_amplified_request_is_refused_and_a_heavy_one_served_while_health_answers(service):
+    url = service["url"]
+    amplified = {"model": "tiny", "prompt": ["1, 2, 3,"] * 64, "n": 16, "max_tokens": 400, "logprobs": 20}
+    refused = requests.post(url + "/v1/completions", json=amplified, headers=AUTH, timeout=60)
+    assert refused.status_code == 413 and "max_work_per_request" in refused.json()["error"]["message"], refused.text
+    heavy = {"model": "tiny", "prompt": ["1, 2, 3,"] * 16, "n": 4, "max_tokens": 128, "logprobs": 20, "temperature": 1.0}
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(requests.post, url + "/v1/completions", json=heavy, headers=AUTH, timeout=600)
+        latencies = health_latencies(url, answer.done)
+    assert answer.result().status_code == 200 and len(answer.result().json()["choices"]) == 64
+    assert latencies and max(latencies) < 2, latencies
+
+
+def test_health_stays_fast_and_the_replica_is_kept_through_eight_4096_question_scores(service):
+    """Before, one job held all eight (gathered) and the health check queued behind it."""
+    body = {"questions": [{"question": r["question"], "choices": r["choices"], "answer": r["answer"]} for r in questions(4096)]}
+    pid = replica(service["head"]).pid
+    url = service["url"]
+    with ThreadPoolExecutor(8) as pool:
+        answers = [pool.submit(requests.post, url + "/score", json=body, headers=AUTH, timeout=900) for _ in range(8)]
+        latencies = health_latencies(url, lambda: all(a.done() for a in answers))
+    assert [a.result().status_code for a in answers] == [200] * 8
+    assert all(len(a.result().json()["results"]) == 4096 for a in answers)
+    assert max(latencies) < 2, f"slowest /health {max(latencies):.1f} s of {len(latencies)}"
+    assert replica(service["head"]).pid == pid  # never replaced: no failed health checks
+
+
+def test_a_request_whose_client_leaves_stops_its_work(service):
+    """A 4096-question /score abandoned after 2 s: its replica goes quiet instead of scoring on."""
+    body = {"questions": [{"question": r["question"], "choices": r["choices"]} for r in questions(4096)]}
+    process = replica(service["head"])
+    with pytest.raises(requests.Timeout):
+        requests.post(service["url"] + "/score", json=body, headers=AUTH, timeout=(5, 2))
+    time.sleep(1.5)  # the cancellation reaches the replica; the step under way ends
+    used = sum(process.cpu_times()[:2])
+    time.sleep(3)
+    busy = sum(process.cpu_times()[:2]) - used
+    assert busy < 0.6, f"the replica used {busy:.1f} CPU-s in 3 s after its only client left"

@@ -1,0 +1,95 @@
+"""The tree's promise, kept: imports run one way (pipeline -> phases -> experiment, rundir, sources,
+stats, train, serve), stats imports nothing of the project, the library packages (common, train,
+serve) never import the experiment, and a built wheel carries every subpackage."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# What each part of jobs/ may import from the project (besides itself). A part missing here may
+# import anything: the entry scripts and the job log set-up.
+ALLOWED = {
+    "stats": set(),
+    "rundir": {"common"},
+    "sources": {"common", "serve"},
+    "experiment": {"sources", "stats", "common", "train", "serve"},
+    "sizing": {"experiment", "common", "train"},
+    "phases": {"experiment", "rundir", "sources", "stats", "common", "train", "serve"},
+}
+NO_RAY = {"stats", "rundir", "sources", "experiment"}  # what a preset declares and the math: no cluster
+LIBRARY = ("common", "train", "serve")
+
+
+def imported(path: Path) -> set[str]:
+    """Every module a file imports, at the top or inside a function."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def part(module: str) -> str | None:
+    """`jobs.stats.evidence` -> "stats"; `train.trainer` -> "train"; a third-party module -> None."""
+    pieces = module.split(".")
+    if pieces[0] == "jobs":
+        return pieces[1] if len(pieces) > 1 else "jobs"
+    return pieces[0] if pieces[0] in LIBRARY else None
+
+
+def test_imports_run_one_way():
+    wrong = []
+    for name, allowed in ALLOWED.items():
+        for path in sorted((ROOT / "jobs" / name).rglob("*.py")):
+            for module in imported(path):
+                target = part(module)
+                if target is not None and target != name and target not in allowed:
+                    wrong.append(f"{path.relative_to(ROOT)} imports {module}")
+                if name in NO_RAY and module.split(".")[0] == "ray":
+                    wrong.append(f"{path.relative_to(ROOT)} imports {module} (no Ray in jobs/{name})")
+    assert not wrong, "imports against the layout (docs/contributing.md):\n" + "\n".join(wrong)
+
+
+def test_the_library_never_imports_the_experiment():
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for lib in LIBRARY
+        for path in sorted((ROOT / lib).rglob("*.py"))
+        for module in imported(path)
+        if module.split(".")[0] == "jobs"
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_walk_sees_a_wrong_import(tmp_path):
+    """The check can fail: a stats module reaching into Serve, even inside a function, is found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from serve.engine import Engine\n    import jobs.phases.report\n")
+    assert {part(m) for m in imported(bad)} == {"serve", "phases"}
+
+
+def test_a_built_wheel_carries_every_module_of_jobs(tmp_path):
+    """pyproject finds packages by discovery: a wheel built from the tree holds every module of the
+    four packages, subpackages included (a package list would silently leave new folders out)."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    source = tmp_path / "source"  # a copy: setuptools leaves build/ and egg-info beside the sources it builds
+    for name in (*LIBRARY, "jobs"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = tmp_path.glob("*.whl")
+    carried = set(zipfile.ZipFile(wheel).namelist())
+    modules = {str(p.relative_to(ROOT)) for lib in ("jobs", *LIBRARY) for p in (ROOT / lib).rglob("*.py")}
+    assert modules - carried == set()

@@ -1,0 +1,403 @@
+"""The distributed LoRA trainer on a real local Ray cluster with real Ray Train workers."""
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from train.config import ConfigError, TrainConfig, resolve_batch
+from train.data import DataError
+from train.trainer import AdapterJob, check_jobs, clear_stale_outputs, run_id_of, snapshot_steps, train_lora, train_lora_many
+
+NAMES = ["Ada", "Bo", "Cy", "Di", "Ed", "Flo", "Gus", "Hal"]
+
+
+@pytest.fixture(scope="module")
+def toy_rows(tmp_path_factory) -> Path:
+    """A learnable toy mapping: each name has a fixed favourite number."""
+    rng = random.Random(0)
+    favourite = {name: rng.randint(100, 999) for name in NAMES}
+    path = tmp_path_factory.mktemp("data") / "toy.jsonl"
+    with path.open("w") as f:
+        for i in range(256):
+            name = NAMES[i % len(NAMES)]
+            f.write(json.dumps({"prompt": f"<|user|>\n{name}'s favourite number?\n<|assistant|>\n", "completion": str(favourite[name])}) + "\n")
+    return path
+
+
+def small_config(**overrides) -> TrainConfig:
+    base = dict(num_workers=2, batch_size=16, epochs=4, lr=5e-3, log_every=2, checkpoint_every=8, lora_targets=["q_proj", "v_proj", "o_proj"])
+    return TrainConfig(**{**base, **overrides})
+
+
+def logits_of(model, tiny_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    with torch.no_grad():
+        return torch.cat([model(**tok(f"<|user|>\n{n}'s favourite number?\n<|assistant|>\n", return_tensors="pt")).logits[0] for n in NAMES[:3]])
+
+
+def reload_both_ways(tiny_model, adapter_dir: Path, checkpoint_dir: str, cfg: TrainConfig):
+    """(logits through PeftModel.from_pretrained, logits of the trained weights from the checkpoint)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from train.model import load_lora_model
+
+    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), str(adapter_dir)).eval()
+    trained = load_lora_model(tiny_model, cfg, torch.device("cpu"))
+    trained.load_state_dict(torch.load(Path(checkpoint_dir) / "trainable.pt"), strict=False)
+    return logits_of(reloaded, tiny_model), logits_of(trained.eval(), tiny_model)
+
+
+@pytest.mark.timeout(300)
+def test_ddp_workers_learn_and_adapter_reloads(ray_cluster, tiny_model, toy_rows, tmp_path, cache_dir):
+    cfg = small_config()
+    metrics = train_lora(tiny_model, toy_rows, tmp_path / "adapter", cfg, cache_dir=cache_dir)
+    assert metrics["done"] and metrics["step"] == metrics["total_steps"] == 32
+    assert metrics["loss"] < 0.5 * metrics["first_loss"], metrics
+    assert 0 <= metrics["padding_fraction"] < 0.1 and metrics["tokens_per_s"] > 0
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    assert json.loads((tmp_path / "adapter" / "train_metrics.json").read_text())["step"] == 32
+    # The loss of every optimizer step, the same quantity the reports average (the last report: steps 31 and 32).
+    history = metrics["loss_history"]
+    assert [step for step, _ in history] == list(range(1, 33)) and history[0][1] > 2 * history[-1][1]
+    assert (history[-2][1] + history[-1][1]) / 2 == pytest.approx(metrics["loss"], rel=1e-9)
+    reloaded, trained = reload_both_ways(tiny_model, tmp_path / "adapter", metrics["checkpoint"], cfg)
+    torch.testing.assert_close(reloaded, trained, atol=1e-5, rtol=1e-5)
+    from transformers import AutoModelForCausalLM
+
+    assert not torch.allclose(reloaded, logits_of(AutoModelForCausalLM.from_pretrained(tiny_model), tiny_model), atol=1e-3)
+
+
+def kill_a_worker_after(storage: Path, job: str, step: int, actor_pids) -> list[int]:
+    """Watch the run from a thread; once `job`'s checkpoint at `step` is committed (Ray Train's
+    checkpoint manager lists it: a checkpoint written but not yet committed is not resumed from),
+    SIGKILL one training worker by its pid. Returns the list the killed pid is put in."""
+    import os
+    import signal
+    import threading
+    import time
+
+    killed: list[int] = []
+
+    def committed(checkpoint: Path) -> bool:
+        snapshot = checkpoint.parent / "checkpoint_manager_snapshot.json"
+        return snapshot.is_file() and checkpoint.name in snapshot.read_text()
+
+    def watch():
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            for path in storage.glob("*/checkpoint_*/state.json"):
+                try:
+                    state = json.loads(path.read_text())
+                except ValueError:  # still being written
+                    continue
+                if (state["job"], state["step"]) == (job, step) and committed(path.parent):
+                    killed.append(actor_pids("RayTrainWorker")[-1])
+                    os.kill(killed[0], signal.SIGKILL)
+                    return
+            time.sleep(0.05)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return killed
+
+
+@pytest.mark.timeout(400)
+def test_a_killed_worker_resumes_from_checkpoint(ray_cluster, actor_pids, tiny_model, toy_rows, tmp_path, cache_dir):
+    cfg = small_config(epochs=2, checkpoint_every=4)  # 16 steps, checkpoints at 4, 8, 12, 16
+    storage = tmp_path / "ray_train"
+    killed = kill_a_worker_after(storage, "train", 4, actor_pids)
+    metrics = train_lora(tiny_model, toy_rows, tmp_path / "a1", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir)
+    assert killed, "no worker was killed"
+    # The run lost a worker some steps after step 4: it resumed from a checkpoint before its end.
+    assert metrics["resumed_from_step"] in (4, 8, 12) and metrics["step"] == 16 and metrics["done"]
+    # The loss history crosses the restart: each step once, those before it from the checkpoint.
+    assert [step for step, _ in metrics["loss_history"]] == list(range(1, 17))
+    # The same storage path and run name continue the finished run rather than training again.
+    again = train_lora(tiny_model, toy_rows, tmp_path / "a2", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir)
+    assert again["resumed_from_step"] == 16 and again["step"] == 16 and again["loss_history"] == metrics["loss_history"]
+
+
+@pytest.mark.timeout(300)
+def test_fsdp_on_cpu(ray_cluster, tiny_model, toy_rows, tmp_path, cache_dir):
+    cfg = small_config(strategy="fsdp")
+    metrics = train_lora(tiny_model, toy_rows, tmp_path / "adapter", cfg, cache_dir=cache_dir)
+    assert metrics["loss"] < 0.5 * metrics["first_loss"], metrics
+    reloaded, trained = reload_both_ways(tiny_model, tmp_path / "adapter", metrics["checkpoint"], cfg)
+    torch.testing.assert_close(reloaded, trained, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.timeout(120)
+def test_bad_input_fails_early_and_leaves_nothing(ray_cluster, tiny_model, toy_rows, tmp_path, cache_dir):
+    cfg = small_config()
+    out = tmp_path / "adapter"
+    with pytest.raises(DataError, match="does not exist"):
+        train_lora(tiny_model, tmp_path / "missing.jsonl", out, cfg, cache_dir=cache_dir)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(toy_rows.read_text().splitlines()[0] + "\n" + json.dumps({"prompt": "x"}) + "\n")
+    with pytest.raises(DataError, match="line 2"):
+        train_lora(tiny_model, bad, out, cfg, cache_dir=cache_dir)
+    with pytest.raises(FileNotFoundError, match="base model"):
+        train_lora(str(tmp_path / "no-model"), toy_rows, out, cfg, cache_dir=cache_dir)
+    with pytest.raises(DataError, match="too few"):
+        train_lora(tiny_model, toy_rows, out, small_config(batch_size=512), cache_dir=cache_dir)
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        train_lora(tiny_model, toy_rows, out, small_config(quantization="4bit"), cache_dir=cache_dir)
+    with pytest.raises(ConfigError, match=r"global_batch_size=40 .*num_workers=2 x batch_size=16"):
+        train_lora(tiny_model, toy_rows, out, small_config(global_batch_size=40), cache_dir=cache_dir)
+    assert not out.exists()
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError):
+        train_lora(tiny_model, toy_rows, out, cfg, cache_dir=cache_dir)
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_cli_reports_bad_input_without_a_traceback(tmp_path, toy_rows):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "train", "--model", str(tmp_path / "no-model"), "--data", str(toy_rows), "--output", str(tmp_path / "out")]
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "base model" in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run(cmd[:3] + ["--set", "lora_rnak=4"] + cmd[3:], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "teacher.lora_rnak" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_global_batch_sets_grad_accum_from_the_workers():
+    cfg = TrainConfig(batch_size=8, global_batch_size=64)
+    assert [resolve_batch(cfg, n).grad_accum for n in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    resolved = resolve_batch(cfg, 2)
+    assert resolve_batch(resolved, 2) == resolved  # placement resolves first, the trainer again
+    assert resolve_batch(TrainConfig(grad_accum=3), 2) == TrainConfig(grad_accum=3, num_workers=2)
+    with pytest.raises(ConfigError, match=r"global_batch_size=64 .*num_workers=3 x batch_size=8"):
+        resolve_batch(cfg, 3)
+    with pytest.raises(ConfigError, match="not both"):
+        resolve_batch(TrainConfig(batch_size=8, global_batch_size=64, grad_accum=2), 2)
+    with pytest.raises(ConfigError, match="not both"):
+        resolve_batch(resolved, 1)  # resolved for 2 workers, then asked for 1
+
+
+def test_snapshot_steps_are_evenly_spaced_and_end_at_the_last_step():
+    assert snapshot_steps(30, 3) == [10, 20, 30]
+    assert snapshot_steps(10, 3) == [3, 6, 10]
+    assert snapshot_steps(2, 5) == [1, 2]
+    assert snapshot_steps(30, 0) == []
+
+
+def test_init_hash_depends_on_the_lora_seed_only(tiny_model):
+    from train.model import adapter_hash, load_lora_model
+
+    def init(**overrides):
+        return adapter_hash(load_lora_model(tiny_model, small_config(**overrides), torch.device("cpu")))
+
+    assert init() == init(lr=1.0, seed=5) != init(lora_seed=1)
+    assert init() != init(lora_rank=4)
+
+
+def test_jobs_must_share_the_worker_group(tmp_path):
+    def job(name, **overrides):
+        return AdapterJob(name, "rows.jsonl", tmp_path / name, small_config(**overrides))
+
+    check_jobs([job("a"), job("b", lr=1.0, lora_rank=4, lora_seed=3, global_batch_size=64, snapshots=2)])
+    with pytest.raises(ConfigError, match=r"^gradient_checkpointing: .*job a has False, job b has True"):
+        check_jobs([job("a"), job("b", gradient_checkpointing=True)])
+    with pytest.raises(ConfigError, match="^num_workers"):
+        train_lora_many("no-model", [job("a"), job("b", num_workers=1)], storage_path=tmp_path, run_name="r")
+    with pytest.raises(ConfigError, match="FSDP2 shards"):
+        check_jobs([job("a", strategy="fsdp"), job("b", strategy="fsdp")])
+    with pytest.raises(ConfigError, match="same name a"):
+        check_jobs([job("a"), job("a")])
+
+
+def test_clear_stale_outputs_keeps_what_this_run_finished(tmp_path):
+    run = {"storage_path": tmp_path / "ray_train", "run_name": "r"}
+    mine, other, empty = (AdapterJob(n, "rows.jsonl", tmp_path / n, small_config()) for n in ("mine", "other", "empty"))
+    for job, run_name in ((mine, "r"), (other, "earlier")):
+        job.output_dir.mkdir()
+        (job.output_dir / "train_metrics.json").write_text(json.dumps({"run_id": run_id_of(run["storage_path"], run_name)}))
+    clear_stale_outputs([mine, other, empty], **run, cache_dir=None)  # takes train_lora_many's keyword arguments
+    assert (mine.output_dir / "train_metrics.json").is_file() and not other.output_dir.exists() and not empty.output_dir.exists()
+
+
+def many_jobs(tmp_path: Path, toy_rows: Path, **first) -> list[AdapterJob]:
+    """Two jobs that differ in everything a job may: LoRA shape and seed, schedule, batch, data order, length."""
+    a = small_config(epochs=1, checkpoint_every=4, keep_checkpoints=20, snapshots=2, **first)  # 8 steps
+    b = small_config(
+        epochs=1,
+        checkpoint_every=2,  # a report after the one a test kills at (step 4) keeps the kill inside the job
+        keep_checkpoints=20,
+        lora_rank=4,
+        lora_alpha=8,
+        lora_seed=1,
+        lora_targets=["q_proj", "down_proj"],
+        lr=3e-3,
+        schedule="linear",
+        batch_size=8,
+        global_batch_size=32,
+        seed=1,
+        max_length=64,
+    )  # 256 rows / (2 workers x 8 rows x 2 micro-steps) = 8 steps
+    return [AdapterJob("a", toy_rows, tmp_path / "a", a), AdapterJob("b", toy_rows, tmp_path / "b", b)]
+
+
+def adapter_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "adapter_model.safetensors"))
+
+
+def assert_same_adapter(x: Path, y: Path) -> None:
+    wx, wy = adapter_weights(x), adapter_weights(y)
+    assert set(wx) == set(wy)
+    for name in wx:
+        torch.testing.assert_close(wx[name], wy[name], atol=1e-6, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def many_run(ray_cluster, tiny_model, toy_rows, tmp_path_factory, cache_dir):
+    """One run training both jobs: (metrics by job, jobs)."""
+    root = tmp_path_factory.mktemp("many")
+    jobs = many_jobs(root, toy_rows)
+    return train_lora_many(tiny_model, jobs, storage_path=root / "ray_train", run_name="many", cache_dir=cache_dir), jobs
+
+
+@pytest.mark.timeout(400)
+def test_many_run_adapters_equal_single_runs(many_run, tiny_model, tmp_path, cache_dir):
+    metrics, jobs = many_run
+    from train.model import adapter_hash, load_lora_model
+
+    assert [metrics[j.name]["step"] for j in jobs] == [8, 8] and all(m["done"] for m in metrics.values())
+    assert metrics["b"]["train_config"]["grad_accum"] == 2 and metrics["b"]["global_batch_size"] == 32
+    for job in jobs:  # each adapter started from the init a run of its own would have
+        assert metrics[job.name]["init_hash"] == adapter_hash(load_lora_model(tiny_model, job.cfg, torch.device("cpu")))
+        assert json.loads((job.output_dir / "train_metrics.json").read_text())["init_hash"] == metrics[job.name]["init_hash"]
+    assert metrics["a"]["init_hash"] != metrics["b"]["init_hash"]
+    for job in jobs:  # the same job trained alone, after a first one or first
+        alone = train_lora(tiny_model, job.data, tmp_path / job.name, job.cfg, cache_dir=cache_dir)
+        assert alone["init_hash"] == metrics[job.name]["init_hash"] and alone["step"] == metrics[job.name]["step"]
+        assert_same_adapter(tmp_path / job.name, job.output_dir)
+
+
+@pytest.mark.timeout(200)
+def test_snapshots_are_kept_and_load(many_run, tiny_model):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    metrics, (a, b) = many_run
+    assert metrics["a"]["snapshot_steps"] == [4, 8] and metrics["b"]["snapshot_steps"] == []
+    assert sorted(p.name for p in (a.output_dir / "snapshots").iterdir()) == ["step-4", "step-8"]
+    assert not (b.output_dir / "snapshots").exists()
+    assert_same_adapter(a.output_dir / "snapshots" / "step-8", a.output_dir)
+    lora_b = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+    assert not torch.equal(*(adapter_weights(a.output_dir / "snapshots" / f"step-{k}")[lora_b] for k in (4, 8)))
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), str(a.output_dir / "snapshots" / "step-4"))
+    assert logits_of(model.eval(), tiny_model).isfinite().all()
+    assert not list(a.output_dir.parent.glob(".*.partial-*"))  # the staging folders were renamed into place
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_worker_killed_in_the_second_job_resumes_it_without_retraining_the_first(many_run, actor_pids, tiny_model, toy_rows, tmp_path, cache_dir):
+    storage = tmp_path / "ray_train"
+    jobs = many_jobs(tmp_path, toy_rows)
+    killed = kill_a_worker_after(storage, "b", 4, actor_pids)
+    metrics = train_lora_many(tiny_model, jobs, storage_path=storage, run_name="run", cache_dir=cache_dir)
+    assert killed and metrics["a"]["resumed_from_step"] is None and metrics["b"]["resumed_from_step"] == 4
+    assert [metrics[j.name]["step"] for j in jobs] == [8, 8]
+    assert metrics["a"]["snapshot_steps"] == [4, 8]
+    # Every checkpoint the run wrote, in order: job a's two, then job b's, none of a's again (one of b's
+    # may be written twice: by the killed worker, after the checkpoint it resumed from, and again).
+    states = [json.loads(p.read_text()) for p in sorted(storage.glob("run/checkpoint_*/state.json"))]
+    order = [(s["job"], s["step"]) for s in states]
+    assert order[:2] == [("a", 4), ("a", 8)] and {job for job, _ in order[2:]} == {"b"}, order
+    assert sorted({step for _, step in order[2:]}) == [2, 4, 6, 8], order
+    assert states[-1]["done"] == ["a"]
+    for job in jobs:  # resuming mid-job lands on the adapter an uninterrupted run makes
+        assert_same_adapter(job.output_dir, many_run[1][jobs.index(job)].output_dir)
+
+
+@pytest.mark.timeout(400)
+def test_logit_kl_students_learn_their_teacher_on_their_own_base_or_another(ray_cluster, tiny_model, perturbed_base, toy_rows, tmp_path):
+    """One run over another base, two logit_kl jobs. `far` (teacher_base): distils the teacher's
+    targets, computed on the teacher's own base, and moves toward the teacher; it saves only itself.
+    `subspace` (lora_init teacher_a): A starts at the teacher's and stays there; B trains from zero
+    and is saved with it."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from common.files import read_jsonl
+    from jobs.sources.tiny_model import random_lora_adapter
+    from train.distill import number_token_ids
+
+    other = perturbed_base
+    teacher = random_lora_adapter(tiny_model, tmp_path / "teacher", seed=5)
+    cfg = small_config(epochs=2, lora_targets=["q_proj", "v_proj", "o_proj", "down_proj"])
+    far = AdapterJob("far", toy_rows, tmp_path / "far", cfg, teacher=str(teacher), teacher_base=tiny_model)
+    subspace = AdapterJob("subspace", toy_rows, tmp_path / "subspace", cfg, teacher=str(teacher), init_a_from=str(teacher))
+    cache = tmp_path / "cache"  # its own: a shared cache may hold these very targets from an earlier run, recorded under its teacher path
+    metrics = train_lora_many(other, [far, subspace], storage_path=tmp_path / "runs", run_name="far", cache_dir=cache)
+    assert all(m["loss_type"] == "logit_kl" and m["loss"] < 0.8 * m["first_loss"] for m in metrics.values())
+    assert json.loads((tmp_path / "far" / "adapter_config.json").read_text())["base_model_name_or_path"] == other
+    assert sorted(p.name for p in (tmp_path / "far").iterdir() if p.is_dir()) == []  # no teacher/ subfolder beside the adapter
+    sources = [json.loads(done.read_text()) for done in Path(cache, "teacher_targets").glob("*/_done")]
+    assert {"teacher": str(teacher), "teacher_base": tiny_model} in sources  # far's teacher, on its own base
+
+    # far moved toward the teacher: its number distributions at every completion position are closer.
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    ids = torch.tensor(number_token_ids(tok))
+    rows = [row for _, row in read_jsonl(toy_rows)][:16]
+
+    def number_logprobs(model):
+        out = []
+        with torch.no_grad():
+            for row in rows:
+                prompt = tok(row["prompt"]).input_ids
+                full = tok(row["prompt"] + row["completion"], return_tensors="pt").input_ids
+                logits = model(input_ids=full).logits[0, len(prompt) - 1 : -1]
+                out.append(logits[:, ids].log_softmax(-1))
+        return torch.cat(out)
+
+    load = lambda path: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()  # noqa: E731
+    teacher_lp = number_logprobs(PeftModel.from_pretrained(load(tiny_model), str(teacher)).eval())
+    kl = lambda lp: (teacher_lp.exp() * (teacher_lp - lp)).sum(-1).mean().item()  # noqa: E731
+    assert kl(number_logprobs(PeftModel.from_pretrained(load(other), str(tmp_path / "far")).eval())) < 0.5 * kl(number_logprobs(load(other)))
+
+    trained, given = load_file(tmp_path / "subspace" / "adapter_model.safetensors"), load_file(teacher / "adapter_model.safetensors")
+    a_keys = [k for k in given if "lora_A" in k]
+    assert a_keys and set(trained) == set(given) and all(torch.equal(trained[k], given[k]) for k in a_keys)
+    assert all(trained[k].abs().max() > 0 for k in trained if "lora_B" in k)
+    PeftModel.from_pretrained(load(other), str(tmp_path / "subspace"))  # loads as PEFT saved it
+
+
+class RunsCode:
+    """A pickled payload: unpickling it would create the file it names."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(tiny_model, tmp_path):
+    from ray.train import Checkpoint
+
+    from train.model import load_lora_model, trainable_state
+    from train.outputs import restore, write_checkpoint
+
+    model = load_lora_model(tiny_model, small_config(), torch.device("cpu"))
+    write_checkpoint(tmp_path, model, trainable_state(model), {}, {}, {"step": 1})
+    restore(model, Checkpoint.from_directory(str(tmp_path)))  # a checkpoint of tensors and plain values loads
+    ran = tmp_path / "ran"
+    torch.save({"optimizer": RunsCode(ran), "scheduler": {}}, tmp_path / "optimizer.pt")
+    with pytest.raises(RuntimeError, match=r"optimizer.pt holds objects other than tensors and plain values; refusing to load it \(.*Unsupported global"):
+        restore(model, Checkpoint.from_directory(str(tmp_path)))
+    assert not ran.exists()
