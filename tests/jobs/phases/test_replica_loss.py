@@ -11,6 +11,7 @@ replica restarts in seconds.
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -44,12 +45,28 @@ def replica_pid(actor_pids):
 
 
 class KillingHandle:
-    """The real deployment handle; once `after` requests are sent, the replica is SIGKILLed `delay`
-    seconds later, while those requests are still in flight: `delay` must be well under the time
-    the replica takes to answer them (else the kill hits an idle replica and takes nothing with it)."""
+    """The real deployment handle; the `after`-th request sent is watched, and the replica is
+    SIGKILLed the moment that request is known to be in flight: routed to the replica and not yet
+    answered. No timer tuned to this machine: `killed_in_flight` is set only if the kill came then."""
 
-    def __init__(self, handle, pid: int, after: int, delay: float):
-        self.handle, self.pid, self.after, self.delay, self.sent = handle, pid, after, delay, 0
+    def __init__(self, handle, pid: int, after: int):
+        self.handle, self.pid, self.after, self.sent, self.lock = handle, pid, after, 0, threading.Lock()
+        self.killed_in_flight = threading.Event()
+
+    def _kill_when_in_flight(self, response) -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                response.result(timeout_s=0)
+                return  # answered before it was seen on the replica: no kill, and the test fails
+            except TimeoutError:
+                # Ray 2.60's DeploymentResponse keeps its replica's result handle once the router
+                # has handed the request to that replica.
+                if response._replica_result is not None:
+                    os.kill(self.pid, signal.SIGKILL)
+                    self.killed_in_flight.set()
+                    return
+            time.sleep(0.002)
 
     def __getattr__(self, method: str):
         outer = self
@@ -57,9 +74,11 @@ class KillingHandle:
         class Method:
             def remote(self, request):
                 response = getattr(outer.handle, method).remote(request)
-                outer.sent += 1
-                if outer.sent == outer.after:
-                    threading.Timer(outer.delay, os.kill, (outer.pid, signal.SIGKILL)).start()
+                with outer.lock:  # evaluation sends from several threads
+                    outer.sent += 1
+                    watch = outer.sent == outer.after
+                if watch:
+                    threading.Thread(target=outer._kill_when_in_flight, args=(response,), daemon=True).start()
                 return response
 
         return Method()
@@ -73,19 +92,19 @@ def test_a_killed_replica_loses_no_chunk_and_counts_none_twice(handle, replica_p
     prompts = number_prompts(AutoTokenizer.from_pretrained(tiny_model), cfg)
     undisturbed = generate_kept(handle, prompts, "a", cfg, "teacher")
     first = replica_pid()
-    disturbed = generate_kept(KillingHandle(handle, first, after=3, delay=0.2), prompts, "a", cfg, "teacher")  # a chunk: seconds
-    assert "replica lost" in capsys.readouterr().out  # the kill did take chunks with it
+    killer = KillingHandle(handle, first, after=3)
+    disturbed = generate_kept(killer, prompts, "a", cfg, "teacher")
+    assert killer.killed_in_flight.is_set() and "replica lost" in capsys.readouterr().out  # the kill took chunks with it
     assert disturbed == undisturbed
     assert replica_pid() != first
 
-    # Chunks of 32 questions take ~0.2 s each here (chunks of 4 took ~25 ms: a kill 0.2 s after
-    # the third was sent once found all three answered and took nothing with it).
     questions = [{"question": q["question"], "choices": q["choices"], "answer": q["answer"], "subset": q["subset"]} for q in synthetic_questions(32, seed=5)]
     models = {"base": None, "a": "a"}
     undisturbed = score_models(handle, models, questions, chunk=32, in_flight=3)
     second = replica_pid()
-    disturbed = score_models(KillingHandle(handle, second, after=3, delay=0.05), models, questions, chunk=32, in_flight=3)
-    assert "replica lost" in capsys.readouterr().out
+    killer = KillingHandle(handle, second, after=3)
+    disturbed = score_models(killer, models, questions, chunk=32, in_flight=3)
+    assert killer.killed_in_flight.is_set() and "replica lost" in capsys.readouterr().out
     assert replica_pid() != second
     for name in models:
         # Scores of requests batched with others differ by float noise; the answers do not.
