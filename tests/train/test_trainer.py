@@ -120,6 +120,13 @@ def test_a_killed_worker_resumes_from_checkpoint(ray_cluster, actor_pids, tiny_m
     # The same storage path and run name continue the finished run rather than training again.
     again = train_lora(tiny_model, toy_rows, tmp_path / "a2", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir)
     assert again["resumed_from_step"] == 16 and again["step"] == 16 and again["loss_history"] == metrics["loss_history"]
+    # Resuming lands where an uninterrupted run does: the same adapter, the same loss at every step.
+    whole = train_lora(tiny_model, toy_rows, tmp_path / "whole", cfg, storage_path=storage, run_name="whole", cache_dir=cache_dir)
+    assert whole["resumed_from_step"] is None
+    assert_same_adapter(tmp_path / "a1", tmp_path / "whole")
+    assert [step for step, _ in whole["loss_history"]] == list(range(1, 17))
+    for (_, resumed), (_, uninterrupted) in zip(metrics["loss_history"], whole["loss_history"]):
+        assert resumed == pytest.approx(uninterrupted, rel=1e-5)
 
 
 @pytest.mark.timeout(300)
