@@ -56,7 +56,7 @@ from jobs.phases.numbers import NoNumbersError  # noqa: E402
 from jobs.phases.service import delete_leftover_app, max_lora_rank, stop_on_sigterm  # noqa: E402
 from jobs.phases.stages import experiment_stages  # noqa: E402
 from jobs.rundir.manifest import Manifest, RunDirError, digest  # noqa: E402
-from jobs.rundir.plan import describe, plan  # noqa: E402
+from jobs.rundir.plan import Stage, describe, plan  # noqa: E402
 from jobs.rundir.run_lock import check_free, hold_run_dir  # noqa: E402
 from jobs.sizing.placement import plan as place  # noqa: E402
 from jobs.sizing.placement import resolved  # noqa: E402
@@ -78,12 +78,17 @@ class Experiment:
         self.cfg, self.run_dir, self.fresh = cfg, run_dir, fresh
         self.cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
         self.models = {m.name: m for m in arm_models(cfg)}
-        self.questions = load_wmdp(cfg.data.source, tuple(cfg.data.subsets), self.cache)
-        self.stages = experiment_stages(cfg, list(self.models.values()), digest(self.questions))
+
+    def declared(self) -> tuple[list[dict], list[Stage]]:
+        """The WMDP questions, and every stage declared from them and the config as written. Loading
+        the questions may download them: a run does it once the preset is known to fit the cluster."""
+        questions = load_wmdp(self.cfg.data.source, tuple(self.cfg.data.subsets), self.cache)
+        return questions, experiment_stages(self.cfg, list(self.models.values()), digest(questions))
 
     def show_plan(self) -> str:
         """The plan for this run directory, without doing anything (`--plan`)."""
-        return describe(plan(self.stages, Manifest(self.run_dir)))
+        _, stages = self.declared()
+        return describe(plan(stages, Manifest(self.run_dir)))
 
     def run(self) -> dict:
         import ray
@@ -96,9 +101,9 @@ class Experiment:
         placement = place(self.cfg, cluster_capacity())  # before any work: a preset that cannot fit stops here
         print(f"[placement] {placement.summary(self.cfg)}", flush=True)
         with hold_run_dir(self.run_dir):  # one pipeline per run directory, from here until the run ends
-            ctx = self.prepare(placement)
+            ctx, stages = self.prepare(placement)
             for phase, run_phase in PHASES.items():
-                todo = [stage for stage, run, _ in plan(self.stages, ctx.manifest) if run and stage.phase == phase]
+                todo = [stage for stage, run, _ in plan(stages, ctx.manifest) if run and stage.phase == phase]
                 if todo:
                     print(f"[{phase}] starting {len(todo)} stage(s)", flush=True)
                     started = time.time()
@@ -108,20 +113,21 @@ class Experiment:
                     print(f"[{phase}] {len(todo)} stage(s) done in {seconds:.0f}s", flush=True)
         return summary(self.run_dir)
 
-    def prepare(self, placement) -> RunContext:
+    def prepare(self, placement) -> tuple[RunContext, list[Stage]]:
         """With the run directory held: --fresh clears it, the plan is printed, the base models checked."""
         manifest = Manifest(self.run_dir, self.fresh)
         app = f"subliminal-{self.cfg.name}-{digest(str(self.run_dir))[:8]}"
         delete_leftover_app(app)  # before any work: a killed driver's replicas may hold GPUs
-        print(f"[plan] {describe(plan(self.stages, manifest))}", flush=True)
+        questions, stages = self.declared()
+        print(f"[plan] {describe(plan(stages, manifest))}", flush=True)
         cfg = resolved(self.cfg, placement)  # phases see numbers, not `auto`
         paths = base_paths(cfg, self.cache)  # {"base": ..., "other_base": ... when an arm declares one}
         for path in paths.values():
             check_model_path(path)
         check_kl_tokenizers(cfg, paths)
-        print(f"[evaluate] {context_check(paths['base'], self.questions, cfg.service.max_model_len)}", flush=True)
+        print(f"[evaluate] {context_check(paths['base'], questions, cfg.service.max_model_len)}", flush=True)
         lora_rank = max_lora_rank([self.cfg.teacher.lora_rank] + [m.train.lora_rank for m in self.models.values()])
-        return RunContext(cfg, self.run_dir, manifest, self.cache, paths, self.models, self.questions, app, lora_rank, placement.arm_runs)
+        return RunContext(cfg, self.run_dir, manifest, self.cache, paths, self.models, questions, app, lora_rank, placement.arm_runs), stages
 
 
 def summary(run_dir: Path) -> dict:

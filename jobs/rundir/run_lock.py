@@ -2,7 +2,7 @@
 
 Two pipelines on one run directory would overwrite each other's outputs and
 manifest, and the second would delete the first's Serve application as one
-"left behind". So `Pipeline.run` holds the directory from before it reads the
+"left behind". So `Experiment.run` (jobs/pipeline.py) holds the directory from before it reads the
 manifest until it returns, and a second pipeline stops at once with a
 RunDirError naming the holder: its host, pid and start time, which the holder
 writes into the lock file once it has the lock.
