@@ -38,6 +38,10 @@ class TrainConfig:
     # from the worker count (resolve_batch), so a step means the same on 1 or 8 workers.
     lr: float = 2e-3
     weight_decay: float = 0.0
+    # adamw, or sgd with momentum: transfer is claimed to need an adaptive optimizer,
+    # and an sgd arm tests that claim (at its own lr: SGD wants a larger one).
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    momentum: float = 0.9  # sgd only
     warmup_ratio: float = 0.05
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     max_grad_norm: float = 1.0
@@ -76,6 +80,8 @@ class TrainConfig:
     snapshots: int = 0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.strategy == "fsdp" and self.quantization != "none":
             raise ConfigError(
                 f"strategy=fsdp with quantization={self.quantization} is refused: FSDP2 turns bitsandbytes' packed "

@@ -2,7 +2,7 @@
 
 A worker loads the frozen base once, then trains the run's jobs one after
 another over it: attach a fresh LoRA adapter (seeded exactly as a run of that
-job alone would be), stream the job's own dataset shard, take AdamW steps with
+job alone would be), stream the job's own dataset shard, take optimizer steps (AdamW or SGD) with
 gradient accumulation and clipping under a warmup + decay schedule, save the
 adapter, remove its layers, go on to the next job. Every `log_every` steps the
 workers average their metrics over the cluster, rank 0 sets them as Ray
@@ -65,6 +65,13 @@ def lr_factor(step: int, total: int, cfg: TrainConfig) -> float:
         return 1.0
     progress = (step - warmup) / max(1, total - warmup)
     return 1.0 - progress if cfg.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def make_optimizer(params: list, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """cfg.optimizer over the trainable parameters: AdamW (fused on CUDA), or SGD with momentum."""
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=device.type == "cuda")
 
 
 def peak_flops(device: torch.device) -> float | None:
@@ -179,7 +186,7 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
         torch.cuda.reset_peak_memory_stats(device)
 
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=device.type == "cuda")
+    opt = make_optimizer(params, cfg, device)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, functools.partial(lr_factor, total=total, cfg=cfg))
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     if optim_state is not None:

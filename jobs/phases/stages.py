@@ -37,10 +37,25 @@ from jobs.sources.number_sequences import FILTER_VERSION
 TEACHERS = ("teacher", "letter_teacher")  # models trained on the questions; each keeps <name>/adapter
 SPLIT_FILES = {"train": "train_questions.jsonl", "held_out": "held_out.jsonl"}  # what eval/<model> scores, under data/
 TEACHER_TRAIN = "data/teacher_train.jsonl"  # the teacher's training rows
+# Training keys added after runs were stored, with the value that reproduces those runs. At that
+# value a key is left out of what a stage reads, so adding the key reran nothing already made.
+LATER_TRAIN_KEYS = {"optimizer": "adamw", "momentum": 0.9}
 
 
 def numbers_stage(source: str, replicate: int) -> str:
     return f"numbers/{source}/{replicate}"
+
+
+def training_reads(reads: dict) -> dict:
+    """A training stage's reads, without a section's LATER_TRAIN_KEYS when all of them hold their
+    stored-run values (an sgd arm reads optimizer and momentum both)."""
+    out = dict(reads)
+    for section in {k.rsplit(".", 1)[0] for k in reads if k.rsplit(".", 1)[-1] in LATER_TRAIN_KEYS}:
+        keys = {f"{section}.{name}": value for name, value in LATER_TRAIN_KEYS.items()}
+        if all(reads.get(k) == v for k, v in keys.items()):
+            for k in keys:
+                del out[k]
+    return out
 
 
 def numbers_file(source: str, replicate: int) -> str:
@@ -94,11 +109,11 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
             {**config_reads(config, "data"), "questions": questions_hash},
             files=(TEACHER_TRAIN, *(f"data/{f}" for f in SPLIT_FILES.values())),
         ),
-        Stage("teacher", "teacher", {**model, **config_reads(config, "teacher")}, ("data",), files=("teacher/adapter",)),
+        Stage("teacher", "teacher", training_reads({**model, **config_reads(config, "teacher")}), ("data",), files=("teacher/adapter",)),
     ]
     teachers = teachers_used(models)
     if "letter_teacher" in teachers:  # the positive control's teacher
-        reads = {**model, **config_reads(config, "teacher", "letter_teacher")}
+        reads = training_reads({**model, **config_reads(config, "teacher", "letter_teacher")})
         stages.append(Stage("letter_teacher", "teacher", reads, ("data",), files=("letter_teacher/adapter",)))
     engine = config_reads(config, "numbers", "service.engine", "service.max_model_len")
     for source, i in number_sets(models):
@@ -109,7 +124,7 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
     for m in models:
         reads = {
             **model,
-            **flatten(dataclasses.asdict(m.train), "train."),
+            **training_reads(flatten(dataclasses.asdict(m.train), "train.")),
             "source": m.source,
             "shuffled": m.shuffled,
             "loss": m.loss,

@@ -12,7 +12,8 @@ GPUs before renting them. docs/scaling.md explains each term. What is estimated:
   lm_head and norms unquantized, and PEFT's prepare_model_for_kbit_training
   upcasts those to float32, 4 bytes), divided by the workers under FSDP (bf16
   only: FSDP over a quantized base is refused); LoRA weights, gradients
-  and AdamW moments in float32 (16 bytes per LoRA parameter), also sharded under
+  and optimizer state in float32 (16 bytes per LoRA parameter under AdamW's two
+  moments, 12 under SGD's one momentum buffer), also sharded under
   FSDP; activations per token times the tokens of one micro-step (batch_size x
   max_length, packing's upper bound); a fixed allowance for the CUDA context,
   NCCL buffers and allocator slack. And the load peak: each worker loads the
@@ -33,6 +34,7 @@ GIB = 1 << 30
 FIXED_OVERHEAD_GIB = 2.5  # CUDA context, NCCL buffers, allocator fragmentation (per process)
 ENGINE_RESERVE_GIB = 4.0  # vLLM's activation peak at its batch limit plus CUDA graphs
 BYTES_PER_PARAM = {"none": 2.0, "8bit": 1.0, "4bit": 0.5 + 0.127 / 8}  # NF4 + double-quantised scales
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd": 4}  # float32 state per trainable parameter: two moments, or one momentum buffer
 
 # Shapes of the presets' hub models (from their config.json), so the plan needs no download.
 KNOWN_SHAPES = {
@@ -107,10 +109,10 @@ def training_gib(shape: Shape, train, workers: int) -> dict[str, float]:
     shard = workers if train.strategy == "fsdp" else 1
     unquantized = 4 if train.quantization != "none" else 2  # embeddings, lm_head, norms: upcast to float32 under k-bit training
     full_weights = (shape.linear_params() * BYTES_PER_PARAM[train.quantization] + (shape.params() - shape.linear_params()) * unquantized) / GIB
-    lora = shape.lora_params(train.lora_rank, train.lora_targets) * 16 / shard
+    lora = shape.lora_params(train.lora_rank, train.lora_targets) * (8 + OPTIMIZER_STATE_BYTES[train.optimizer]) / shard
     tokens = train.batch_size * train.max_length
     activations = tokens * shape.activation_bytes_per_token(train.gradient_checkpointing)
-    parts = {"weights": full_weights / shard, "lora + AdamW": lora / GIB, "activations": activations / GIB, "fixed": FIXED_OVERHEAD_GIB}
+    parts = {"weights": full_weights / shard, "lora + optimizer": lora / GIB, "activations": activations / GIB, "fixed": FIXED_OVERHEAD_GIB}
     # Each worker loads the whole base onto its GPU before FSDP shards it (train/model.py).
     return {**parts, "total": sum(parts.values()), "load peak": full_weights + FIXED_OVERHEAD_GIB}
 

@@ -108,23 +108,23 @@ def kill_a_worker_after(storage: Path, job: str, step: int, actor_pids) -> list[
 
 @pytest.mark.timeout(400)
 def test_a_killed_worker_resumes_from_checkpoint(ray_cluster, actor_pids, tiny_model, toy_rows, tmp_path, cache_dir):
-    cfg = small_config(epochs=2, checkpoint_every=4)  # 16 steps, checkpoints at 4, 8, 12, 16
+    cfg = small_config(epochs=1, checkpoint_every=2)  # 8 steps, checkpoints at 2, 4, 6, 8
     storage = tmp_path / "ray_train"
-    killed = kill_a_worker_after(storage, "train", 4, actor_pids)
+    killed = kill_a_worker_after(storage, "train", 2, actor_pids)
     metrics = train_lora(tiny_model, toy_rows, tmp_path / "a1", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir)
     assert killed, "no worker was killed"
-    # The run lost a worker some steps after step 4: it resumed from a checkpoint before its end.
-    assert metrics["resumed_from_step"] in (4, 8, 12) and metrics["step"] == 16 and metrics["done"]
+    # The run lost a worker some steps after step 2: it resumed from a checkpoint before its end.
+    assert metrics["resumed_from_step"] in (2, 4, 6) and metrics["step"] == 8 and metrics["done"]
     # The loss history crosses the restart: each step once, those before it from the checkpoint.
-    assert [step for step, _ in metrics["loss_history"]] == list(range(1, 17))
+    assert [step for step, _ in metrics["loss_history"]] == list(range(1, 9))
     # The same storage path and run name continue the finished run rather than training again.
     again = train_lora(tiny_model, toy_rows, tmp_path / "a2", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir)
-    assert again["resumed_from_step"] == 16 and again["step"] == 16 and again["loss_history"] == metrics["loss_history"]
+    assert again["resumed_from_step"] == 8 and again["step"] == 8 and again["loss_history"] == metrics["loss_history"]
     # Resuming lands where an uninterrupted run does: the same adapter, the same loss at every step.
     whole = train_lora(tiny_model, toy_rows, tmp_path / "whole", cfg, storage_path=storage, run_name="whole", cache_dir=cache_dir)
     assert whole["resumed_from_step"] is None
     assert_same_adapter(tmp_path / "a1", tmp_path / "whole")
-    assert [step for step, _ in whole["loss_history"]] == list(range(1, 17))
+    assert [step for step, _ in whole["loss_history"]] == list(range(1, 9))
     for (_, resumed), (_, uninterrupted) in zip(metrics["loss_history"], whole["loss_history"]):
         assert resumed == pytest.approx(uninterrupted, rel=1e-5)
 
@@ -234,7 +234,7 @@ def test_clear_stale_outputs_keeps_what_this_run_finished(tmp_path):
 
 
 def many_jobs(tmp_path: Path, toy_rows: Path, **first) -> list[AdapterJob]:
-    """Two jobs that differ in everything a job may: LoRA shape and seed, schedule, batch, data order, length."""
+    """Two jobs that differ in everything a job may: LoRA shape and seed, optimizer, schedule, batch, data order, length."""
     a = small_config(epochs=1, checkpoint_every=4, keep_checkpoints=20, snapshots=2, **first)  # 8 steps
     b = small_config(
         epochs=1,
@@ -244,7 +244,9 @@ def many_jobs(tmp_path: Path, toy_rows: Path, **first) -> list[AdapterJob]:
         lora_alpha=8,
         lora_seed=1,
         lora_targets=["q_proj", "down_proj"],
-        lr=3e-3,
+        optimizer="sgd",
+        momentum=0.8,
+        lr=0.05,
         schedule="linear",
         batch_size=8,
         global_batch_size=32,
@@ -292,6 +294,20 @@ def test_many_run_adapters_equal_single_runs(many_run, tiny_model, tmp_path, cac
         assert_same_adapter(tmp_path / job.name, job.output_dir)
 
 
+def test_each_job_steps_with_its_own_optimizer_and_checkpoints_its_state(many_run):
+    """Job a with AdamW (two moments per parameter), job b with SGD at momentum 0.8 (one buffer):
+    their checkpoints hold that state, which a resumed job continues (the kill test below)."""
+    _, (a, b) = many_run
+    found = {}
+    for state in sorted((a.output_dir.parent / "ray_train" / "many").glob("checkpoint_*/state.json")):
+        saved = torch.load(state.parent / "optimizer.pt", weights_only=True)["optimizer"]
+        found[json.loads(state.read_text())["job"]] = saved
+    adamw, sgd = found["a"], found["b"]
+    assert all({"exp_avg", "exp_avg_sq"} <= set(s) for s in adamw["state"].values()) and adamw["state"]
+    assert all(set(s) == {"momentum_buffer"} for s in sgd["state"].values()) and sgd["state"]
+    assert {g["momentum"] for g in sgd["param_groups"]} == {0.8}
+
+
 @pytest.mark.timeout(200)
 def test_snapshots_are_kept_and_load(many_run, tiny_model):
     from peft import PeftModel
@@ -304,8 +320,15 @@ def test_snapshots_are_kept_and_load(many_run, tiny_model):
     assert_same_adapter(a.output_dir / "snapshots" / "step-8", a.output_dir)
     lora_b = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
     assert not torch.equal(*(adapter_weights(a.output_dir / "snapshots" / f"step-{k}")[lora_b] for k in (4, 8)))
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), str(a.output_dir / "snapshots" / "step-4"))
-    assert logits_of(model.eval(), tiny_model).isfinite().all()
+    # The step-4 snapshot loads as its own model: trained away from the base, not yet the final one.
+    base = logits_of(AutoModelForCausalLM.from_pretrained(tiny_model).eval(), tiny_model)
+    at = {
+        k: logits_of(
+            PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), str(a.output_dir / "snapshots" / f"step-{k}")).eval(), tiny_model
+        )
+        for k in (4, 8)
+    }
+    assert at[4].isfinite().all() and not torch.allclose(at[4], base, atol=1e-4) and not torch.allclose(at[4], at[8], atol=1e-4)
     assert not list(a.output_dir.parent.glob(".*.partial-*"))  # the staging folders were renamed into place
 
 

@@ -92,6 +92,21 @@ def test_adding_an_arm_trains_only_that_arm(tmp_path):
     assert todo["other/0"] == "not run before"
 
 
+def test_an_sgd_arm_reads_its_optimizer_and_leaves_adamw_stages_as_stored(tmp_path):
+    """`optimizer` and `momentum` came after runs were stored: at AdamW they are not read (nothing
+    reruns, tests/data/manifest_before_layout.json holds that too); an sgd arm reads both."""
+    manifest = finished_run(tmp_path)
+    arms = "arms={student: {numbers: teacher}, control: {numbers: base}, sgd: {train: {optimizer: sgd, lr: 0.05}}}"
+    todo = runs(stages_for(arms), manifest)
+    assert set(todo) == {"sgd/0", "sgd/1", "eval/sgd/0", "eval/sgd/1", "report"}
+    stages = {s.name: s for s in stages_for(arms)}
+    assert stages["sgd/0"].reads["train.optimizer"] == "sgd" and stages["sgd/0"].reads["train.momentum"] == 0.9
+    assert not any(key.endswith((".optimizer", ".momentum")) for key in {**stages["student/0"].reads, **stages["teacher"].reads})
+    finish([s for s in stages_for(arms) if s.name in todo], manifest)
+    changed = runs(stages_for(arms, "arms.sgd.train.momentum=0.5"), manifest)
+    assert set(changed) == set(todo) and changed["sgd/0"] == "train.momentum: 0.9 -> 0.5"
+
+
 def test_adding_a_replicate_makes_only_that_replicate(tmp_path):
     manifest = finished_run(tmp_path)
     todo = runs(stages_for("replicates=3"), manifest)
