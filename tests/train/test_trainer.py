@@ -53,20 +53,28 @@ def reload_both_ways(tiny_model, adapter_dir: Path, checkpoint_dir: str, cfg: Tr
     return logits_of(reloaded, tiny_model), logits_of(trained.eval(), tiny_model)
 
 
+@pytest.fixture(scope="module")
+def plain_run(ray_cluster, tiny_model, toy_rows, tmp_path_factory, cache_dir) -> tuple[dict, Path]:
+    """small_config() trained once, uninterrupted: (metrics, adapter folder). The kill test below
+    compares its resumed run with it."""
+    out = tmp_path_factory.mktemp("plain") / "adapter"
+    return train_lora(tiny_model, toy_rows, out, small_config(), cache_dir=cache_dir), out
+
+
 @pytest.mark.timeout(300)
-def test_ddp_workers_learn_and_adapter_reloads(ray_cluster, tiny_model, toy_rows, tmp_path, cache_dir):
+def test_ddp_workers_learn_and_adapter_reloads(plain_run, tiny_model):
     cfg = small_config()
-    metrics = train_lora(tiny_model, toy_rows, tmp_path / "adapter", cfg, cache_dir=cache_dir)
+    metrics, adapter = plain_run
     assert metrics["done"] and metrics["step"] == metrics["total_steps"] == 32
     assert metrics["loss"] < 0.5 * metrics["first_loss"], metrics
     assert 0 <= metrics["padding_fraction"] < 0.1 and metrics["tokens_per_s"] > 0
-    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
-    assert json.loads((tmp_path / "adapter" / "train_metrics.json").read_text())["step"] == 32
+    assert (adapter / "adapter_config.json").is_file()
+    assert json.loads((adapter / "train_metrics.json").read_text())["step"] == 32
     # The loss of every optimizer step, the same quantity the reports average (the last report: steps 31 and 32).
     history = metrics["loss_history"]
     assert [step for step, _ in history] == list(range(1, 33)) and history[0][1] > 2 * history[-1][1]
     assert (history[-2][1] + history[-1][1]) / 2 == pytest.approx(metrics["loss"], rel=1e-9)
-    reloaded, trained = reload_both_ways(tiny_model, tmp_path / "adapter", metrics["checkpoint"], cfg)
+    reloaded, trained = reload_both_ways(tiny_model, adapter, metrics["checkpoint"], cfg)
     torch.testing.assert_close(reloaded, trained, atol=1e-5, rtol=1e-5)
     from transformers import AutoModelForCausalLM
 
@@ -107,25 +115,24 @@ def kill_a_worker_after(storage: Path, job: str, step: int, actor_pids) -> list[
 
 
 @pytest.mark.timeout(400)
-def test_a_killed_worker_resumes_from_checkpoint(ray_cluster, actor_pids, tiny_model, toy_rows, tmp_path, cache_dir):
-    cfg = small_config(epochs=1, checkpoint_every=2)  # 8 steps, checkpoints at 2, 4, 6, 8
+def test_a_killed_worker_resumes_from_checkpoint(plain_run, actor_pids, tiny_model, toy_rows, tmp_path, cache_dir):
+    cfg = small_config()  # 32 steps, checkpoints at 8, 16, 24, 32: the settings of plain_run
     storage = tmp_path / "ray_train"
-    killed = kill_a_worker_after(storage, "train", 2, actor_pids)
+    killed = kill_a_worker_after(storage, "train", 8, actor_pids)
     metrics = train_lora(tiny_model, toy_rows, tmp_path / "a1", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir)
     assert killed, "no worker was killed"
-    # The run lost a worker some steps after step 2: it resumed from a checkpoint before its end.
-    assert metrics["resumed_from_step"] in (2, 4, 6) and metrics["step"] == 8 and metrics["done"]
+    # The run lost a worker some steps after step 8: it resumed from a checkpoint before its end.
+    assert metrics["resumed_from_step"] in (8, 16, 24) and metrics["step"] == 32 and metrics["done"]
     # The loss history crosses the restart: each step once, those before it from the checkpoint.
-    assert [step for step, _ in metrics["loss_history"]] == list(range(1, 9))
+    assert [step for step, _ in metrics["loss_history"]] == list(range(1, 33))
     # The same storage path and run name continue the finished run rather than training again.
     again = train_lora(tiny_model, toy_rows, tmp_path / "a2", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir)
-    assert again["resumed_from_step"] == 8 and again["step"] == 8 and again["loss_history"] == metrics["loss_history"]
-    # Resuming lands where an uninterrupted run does: the same adapter, the same loss at every step.
-    whole = train_lora(tiny_model, toy_rows, tmp_path / "whole", cfg, storage_path=storage, run_name="whole", cache_dir=cache_dir)
+    assert again["resumed_from_step"] == 32 and again["step"] == 32 and again["loss_history"] == metrics["loss_history"]
+    # Resuming lands where the uninterrupted run does: the same adapter, the same loss at every step.
+    whole, whole_adapter = plain_run
     assert whole["resumed_from_step"] is None
-    assert_same_adapter(tmp_path / "a1", tmp_path / "whole")
-    assert [step for step, _ in whole["loss_history"]] == list(range(1, 9))
-    for (_, resumed), (_, uninterrupted) in zip(metrics["loss_history"], whole["loss_history"]):
+    assert_same_adapter(tmp_path / "a1", whole_adapter)
+    for (_, resumed), (_, uninterrupted) in zip(metrics["loss_history"], whole["loss_history"], strict=True):
         assert resumed == pytest.approx(uninterrupted, rel=1e-5)
 
 
