@@ -51,7 +51,7 @@ from jobs.experiment.config import ExperimentConfig, load_experiment  # noqa: E4
 from jobs.job_log import quiet_driver, runtime_env  # noqa: E402
 from jobs.phases import PHASES  # noqa: E402
 from jobs.phases.context import RunContext  # noqa: E402
-from jobs.phases.evaluate import context_check  # noqa: E402
+from jobs.phases.evaluate import check_orders, context_check  # noqa: E402
 from jobs.phases.numbers import NoNumbersError  # noqa: E402
 from jobs.phases.service import delete_leftover_app, max_lora_rank, stop_on_sigterm  # noqa: E402
 from jobs.phases.stages import experiment_stages  # noqa: E402
@@ -125,6 +125,7 @@ class Experiment:
         for path in paths.values():
             check_model_path(path)
         check_kl_tokenizers(cfg, paths)
+        check_orders(questions, cfg.evaluate.permutations)
         print(f"[evaluate] {context_check(paths['base'], questions, cfg.service.max_model_len)}", flush=True)
         lora_rank = max_lora_rank([self.cfg.teacher.lora_rank] + [m.train.lora_rank for m in self.models.values()])
         return RunContext(cfg, self.run_dir, manifest, self.cache, paths, self.models, questions, app, lora_rank, placement.arm_runs), stages

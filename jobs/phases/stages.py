@@ -12,8 +12,8 @@
                           (an arm on the other base reads that base too; lora_init teacher_a, the teacher)
     eval/<model>          per-question scores of one model on     reads model.*, evaluate.engine,
                           both splits (train, held_out), and of   service.max_model_len; data, the model
-                          each of its snapshots (`train.snapshots`);
-                          `other_base` when an arm declares one
+                          each of its snapshots (`train.snapshots`);  (evaluate.permutations when
+                          `other_base` when an arm declares one   above 1)
     report                report.json / .md / .png                reads evaluate.primary_*, arms,
                                                                   contrasts; all above
 
@@ -137,6 +137,8 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         upstream = (numbers_stage(m.source, m.replicate),) + ((m.teacher,) if uses_teacher else ())
         stages.append(Stage(m.name, "arms", reads, upstream, rows, files=(f"arms/{m.name}/adapter",)))
     scoring = {**model, **config_reads(config, "evaluate.engine", "service.max_model_len"), "splits": list(SPLIT_FILES)}
+    if cfg.evaluate.permutations > 1:  # read only when set: runs stored before the key stay reused
+        scoring["evaluate.permutations"] = cfg.evaluate.permutations
     bases = [("base", (), {})] + ([(OTHER_BASE, (), other)] if any(m.base == OTHER_BASE for m in models) else [])
     for name, upstream, extra in bases + [(t, (t,), {}) for t in teachers] + [(m.name, (m.name,), other if m.base == OTHER_BASE else {}) for m in models]:
         stages.append(Stage(eval_stage(name), "evaluate", {**scoring, **extra}, ("data", *upstream), files=(scored_file(name),)))

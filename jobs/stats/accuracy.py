@@ -1,4 +1,4 @@
-"""Accuracy of a model on scored questions, with its Wilson interval; rows of one split.
+"""Accuracy of a model on scored questions, with its Wilson interval; its letter prior; rows of one split.
 
 The rows are the evaluate phase's per-question scores (`prediction`, `answer`,
 `subset`, `split`); the transfer statistics, which compare models, are
@@ -13,6 +13,29 @@ import math
 def on_split(rows: list[dict], split: str) -> list[dict]:
     """The rows scored on one split ("train" or "held_out")."""
     return [r for r in rows if r["split"] == split]
+
+
+def picked(row: dict) -> list[int]:
+    """The original choice a model picked in each scored order (one order: its prediction)."""
+    return row.get("order_predictions", [row["prediction"]])
+
+
+def accuracy_over_orders(rows: list[dict]) -> float:
+    """Accuracy over every (question, order of its choices) scored."""
+    hits = [p == r["answer"] for r in rows for p in picked(r)]
+    return sum(hits) / max(len(hits), 1)
+
+
+def letter_prior(rows: list[dict]) -> list[float]:
+    """How often each letter (A, B, ...) was picked over every (question, order): in order k the
+    letter shown for original choice i is (i - k) mod n. With the choices rotated, a model without
+    a letter preference picks each letter about equally often, whatever the answers' letters."""
+    letters = max(len(r["logprobs"]) for r in rows)
+    counts = [0] * letters
+    for r in rows:
+        for order, choice in enumerate(picked(r)):
+            counts[(choice - order) % len(r["logprobs"])] += 1
+    return [c / max(sum(counts), 1) for c in counts]
 
 
 def wilson_ci(correct: int, n: int, z: float = 1.96) -> list[float]:

@@ -69,3 +69,12 @@ def test_sampling_the_service_would_refuse_stops_the_run_at_load(override, messa
     """Checked by the service's request schema at load, not hours later at the numbers stage."""
     with pytest.raises(ConfigError, match=message):
         load_experiment(overrides=[override])
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [("evaluate.permutations=0", r"evaluate\.permutations must be at least 1, got 0"), ("student.momentum=1.0", r"momentum must be in \[0, 1\), got 1\.0")],
+)
+def test_scoring_orders_and_sgd_momentum_out_of_range_are_refused_at_load(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_experiment(overrides=[override])

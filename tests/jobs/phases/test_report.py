@@ -103,6 +103,9 @@ def test_the_weight_space_init_numbers_and_timings_come_from_the_run_directory(s
     assert report["numbers"]["teacher"]["generated"] == 240 and report["numbers"]["control"]["rejected"] == {"invalid format": 40}
     assert report["timings"] == {phase: 2.5 for phase in ("data", "teacher", "numbers", "arms", "evaluate")}
     assert report["truncated_questions"] == {"train": 0, "held_out": 0} and report["provenance"]["model_path"] == "tiny-model-path"
+    prior = report["letter_prior"]  # one order: the choices as written (answers i mod 4, so every letter equally often)
+    assert prior["orders"] == 1 and prior["models"]["teacher"] == {"prior": [0.25] * 4, "accuracy_over_orders": 1.0}
+    assert prior["models"]["base"]["accuracy_over_orders"] == 0.0 and set(prior["models"]) == {"base", "teacher", *(f"{a}/{i}" for a in AGREE for i in (0, 1))}
 
 
 def test_report_md_and_the_pictures_are_written(stored_run):
@@ -112,6 +115,7 @@ def test_report_md_and_the_pictures_are_written(stored_run):
     for model in ("base", "teacher", "student/0", "student/1", "control/0", "control/1"):
         assert f"| {model} |" in markdown
     assert f"**Transfer** (held-out agreement with the teacher, student minus control, 2 replicate(s) each): {report['transfer']['value']:+.3f}" in markdown
+    assert "| teacher | 0.250 | 0.250 | 0.250 | 0.250 | 1.000 |" in markdown  # the letter prior table
     for picture in ("transfer.png", "accuracy.png", "training.png"):
         with Image.open(run_dir / picture) as image:
             assert image.format == "PNG" and min(image.size) > 200

@@ -107,6 +107,13 @@ def test_an_sgd_arm_reads_its_optimizer_and_leaves_adamw_stages_as_stored(tmp_pa
     assert set(changed) == set(todo) and changed["sgd/0"] == "train.momentum: 0.9 -> 0.5"
 
 
+def test_scoring_in_more_orders_reruns_evaluation_and_report_only(tmp_path):
+    manifest = finished_run(tmp_path)
+    todo = runs(stages_for("evaluate.permutations=2"), manifest)
+    assert {name.split("/")[0] for name in todo} == {"eval", "report"}
+    assert todo["eval/base"] == "evaluate.permutations: '(none)' -> 2" and "eval/student/1" in todo
+
+
 def test_adding_a_replicate_makes_only_that_replicate(tmp_path):
     manifest = finished_run(tmp_path)
     todo = runs(stages_for("replicates=3"), manifest)

@@ -1,0 +1,97 @@
+"""The evaluate phase's scoring (jobs/phases/evaluate.py) with the choices in several cyclic orders
+(`evaluate.permutations`): the rotation and its inverse, the averaged log-probabilities, and the
+letter prior (jobs/stats/accuracy.py) they make visible; then the same through a real service."""
+
+import math
+
+import pytest
+
+from jobs.phases.evaluate import check_orders, over_orders, rotated, score_models, unrotated
+from jobs.sources.wmdp import synthetic_questions
+from jobs.stats.accuracy import accuracy_over_orders, letter_prior
+from serve.launch import start_service, stop_service
+from serve.schemas import Question, ScoreResult
+from serve.settings import ServiceSettings
+from train.config import ConfigError
+
+APP = "t-orders"
+
+
+def scored_by(prefers, questions: list[dict], orders: int) -> list[dict]:
+    """Rows as score_models makes them, from a stand-in scorer: `prefers(question shown)` gives the
+    probability of each letter shown. It stands in for the model so the arithmetic has known truth."""
+    rows = []
+    for q in questions:
+        body = Question(question=q["question"], choices=q["choices"], answer=q["answer"])
+        results = []
+        for order in range(orders):
+            shown = rotated(body, order)
+            logprobs = [math.log(p) for p in prefers(shown)]
+            results.append(ScoreResult(prediction=max(range(4), key=logprobs.__getitem__), logprobs=logprobs, truncated_tokens=0))
+        rows.append({**q, **over_orders(results)})
+    return rows
+
+
+QUESTIONS = [{"question": f"q{i}", "choices": ["w", "x", "y", "z"], "answer": 0, "subset": "bio"} for i in range(20)]  # every answer is A
+
+
+def test_a_rotation_and_its_inverse_put_each_log_probability_back_on_its_choice():
+    q = Question(question="q", choices=["w", "x", "y", "z"], answer=1)
+    for order in range(4):
+        shown = rotated(q, order)
+        assert shown.choices[shown.answer] == "x"  # the answer follows its text
+        by_letter = [float(ord(c)) for c in shown.choices]  # a log-probability that names its choice
+        assert unrotated(by_letter, order) == [float(ord(c)) for c in q.choices]
+
+
+def test_a_pure_letter_preference_scores_chance_once_the_choices_are_rotated():
+    """A model that always picks A, on questions whose answer is always A: 100% with the choices as
+    written, exactly 1/4 over 4 orders, and its letter prior shows where the score came from."""
+    always_a = lambda shown: [0.7, 0.1, 0.1, 0.1]  # noqa: E731
+    as_written = scored_by(always_a, QUESTIONS, 1)
+    assert accuracy_over_orders(as_written) == 1.0 and letter_prior(as_written) == [1.0, 0.0, 0.0, 0.0]
+    rotated_rows = scored_by(always_a, QUESTIONS, 4)
+    assert accuracy_over_orders(rotated_rows) == 0.25 and letter_prior(rotated_rows) == [1.0, 0.0, 0.0, 0.0]
+    for row in rotated_rows:  # averaged, no choice is preferred: the letter carried no knowledge
+        assert max(row["logprobs"]) - min(row["logprobs"]) < 1e-12
+
+
+def test_knowledge_survives_the_rotation_and_the_letter_prior_spreads():
+    knows = lambda shown: [0.7 if j == shown.answer else 0.1 for j in range(4)]  # noqa: E731
+    rows = scored_by(knows, QUESTIONS, 4)
+    assert accuracy_over_orders(rows) == 1.0 and all(r["prediction"] == 0 for r in rows)
+    assert letter_prior(rows) == [0.25, 0.25, 0.25, 0.25]  # the answer is shown under each letter once
+    assert all(r["order_predictions"] == [0, 0, 0, 0] for r in rows)
+
+
+def test_more_orders_than_choices_is_refused():
+    check_orders(QUESTIONS, 4)
+    with pytest.raises(ConfigError, match="evaluate.permutations 5 exceeds the fewest choices a question has \\(4\\)"):
+        check_orders(QUESTIONS, 5)
+
+
+@pytest.fixture(scope="module")
+def handle(ray_cluster, tiny_model, lora_adapters):
+    handle = start_service(ServiceSettings(engine="hf", model=tiny_model, max_model_len=256), lora_adapters, name=APP, route_prefix=f"/{APP}", num_cpus=0.5)
+    yield handle
+    stop_service(APP)
+
+
+def test_scoring_in_four_orders_through_the_service_averages_each_orders_own_scores(handle):
+    """score_models with 4 orders equals scoring each rotated question set on its own (one order
+    each) and averaging by hand; one order is the rows exactly as before."""
+    questions = synthetic_questions(12, seed=7)
+    models = {"base": None, "a": "a"}
+    averaged = score_models(handle, models, questions, chunk=6, in_flight=3, orders=4)
+    once = score_models(handle, models, questions, chunk=6, in_flight=3)
+    for name in models:
+        assert all("order_predictions" not in r for r in once[name])
+        by_hand = []
+        for order in range(4):
+            shown = [{**q, "choices": q["choices"][order:] + q["choices"][:order], "answer": (q["answer"] - order) % 4} for q in questions]
+            by_hand.append([unrotated(r["logprobs"], order) for r in score_models(handle, {name: models[name]}, shown, chunk=6, in_flight=3)[name]])
+        for i, row in enumerate(averaged[name]):
+            expected = [sum(values) / 4 for values in zip(*(lps[i] for lps in by_hand))]
+            assert row["logprobs"] == pytest.approx(expected, abs=1e-4)  # batch-mates move float noise only
+            assert row["order_predictions"][0] == once[name][i]["prediction"]
+        assert row["question"] == questions[-1]["question"] and len(averaged[name]) == len(questions)
