@@ -15,8 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+from common.files import DataError
 from train.config import ConfigError, TrainConfig, load
-from train.data import DataError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 

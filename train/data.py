@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from common.atomic import atomic_dir
-from common.files import DataError, read_jsonl  # noqa: F401  (DataError: train's callers import it from here)
+from common.files import DataError, read_jsonl
 
 FORMAT_VERSION = 2  # bump when tokenization output changes (2: small files shuffled in-process)
 # Up to this many rows a file is tokenized in the calling process: Ray Data's start-up (an

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.files import default_cache_dir
+from common.files import DataError, default_cache_dir
 from train.cluster import Capacity, auto_workers, cluster_capacity, describe
 from train.config import ConfigError, TrainConfig, resolve_batch, to_dict
-from train.data import DataError, read_parquet, same_tokenizer, tokenize_to_cache
+from train.data import read_parquet, same_tokenizer, tokenize_to_cache
 from train.distill import TargetsSpec, number_token_ids, teacher_targets
 from train.loop import train_loop
 from train.model import check_hardware, check_model_path

@@ -122,8 +122,8 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
     bases = ["base"] + ([OTHER_BASE] if any(m.base == OTHER_BASE for m in models) else [])
     points = {m.name: snapshot_points(manifest, m.name) for m in models}
     earlier = [name for m in models for _, name in earlier_snapshots(manifest, m.name)]  # scored under names of their own
-    scored_names = [*bases, *teachers] + [m.name for m in models] + earlier
-    both = {name: read_scores(run_dir, name) for name in scored_names}
+    final = [*bases, *teachers] + [m.name for m in models]  # every model as trained (no earlier snapshots)
+    both = {name: read_scores(run_dir, name) for name in final + earlier}
     scores = {name: on_split(rows, "held_out") for name, rows in both.items()}  # `models` and `transfer`: held out
     teacher_init = manifest.output("teacher", "init_hash")
     report_models = {
@@ -176,10 +176,9 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
         }  # fmt: skip
     # Questions whose prompt was cut from the left to fit the context (the same for every model).
     report["truncated_questions"] = {split: sum(r.get("truncated_tokens", 0) > 0 for r in both["base"] if r["split"] == split) for split in SPLITS}
-    scored_models = [*bases, *teachers] + [m.name for m in models]  # held out; every transfer metric uses the same rows
-    report["letter_prior"] = {
+    report["letter_prior"] = {  # held out: the rows every transfer metric reads
         "orders": cfg.evaluate.permutations,
-        "models": {name: {"prior": letter_prior(scores[name]), "accuracy_over_orders": accuracy_over_orders(scores[name])} for name in scored_models},
+        "models": {name: {"prior": letter_prior(scores[name]), "accuracy_over_orders": accuracy_over_orders(scores[name])} for name in final},
     }
     used = {m.source for m in models}
     report["numbers"] = {name: _numbers(manifest, source, models) for name, source in NUMBER_SOURCES.items() if source in used}

@@ -37,9 +37,6 @@ from jobs.sources.number_sequences import FILTER_VERSION
 TEACHERS = ("teacher", "letter_teacher")  # models trained on the questions; each keeps <name>/adapter
 SPLIT_FILES = {"train": "train_questions.jsonl", "held_out": "held_out.jsonl"}  # what eval/<model> scores, under data/
 TEACHER_TRAIN = "data/teacher_train.jsonl"  # the teacher's training rows
-# Training keys added after runs were stored, with the value that reproduces those runs. At that
-# value a key is left out of what a stage reads, so adding the key reran nothing already made.
-LATER_TRAIN_KEYS = {"optimizer": "adamw", "momentum": 0.9}
 
 
 def numbers_stage(source: str, replicate: int) -> str:
@@ -47,14 +44,12 @@ def numbers_stage(source: str, replicate: int) -> str:
 
 
 def training_reads(reads: dict) -> dict:
-    """A training stage's reads, without a section's LATER_TRAIN_KEYS when all of them hold their
-    stored-run values (an sgd arm reads optimizer and momentum both)."""
+    """A training stage's reads, without `optimizer` and `momentum` under AdamW: the keys came after
+    runs were stored, all of them AdamW, and momentum is SGD's alone; so adding them reran nothing."""
     out = dict(reads)
-    for section in {k.rsplit(".", 1)[0] for k in reads if k.rsplit(".", 1)[-1] in LATER_TRAIN_KEYS}:
-        keys = {f"{section}.{name}": value for name, value in LATER_TRAIN_KEYS.items()}
-        if all(reads.get(k) == v for k, v in keys.items()):
-            for k in keys:
-                del out[k]
+    for key, value in reads.items():
+        if key.endswith(".optimizer") and value == "adamw":
+            del out[key], out[key.removesuffix("optimizer") + "momentum"]
     return out
 
 
