@@ -23,7 +23,12 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Settings of one LoRA fine-tune (teacher, student or control)."""
+    """Settings of one fine-tune (teacher, student or control): LoRA, or every weight."""
+
+    # lora: an adapter over the frozen base, the paper's setup. full: every weight trains
+    # in float32 (bf16 compute on GPU), the critics' control (transfer is said to vanish
+    # without LoRA); the result is a model folder of its own, served as its own base.
+    method: Literal["lora", "full"] = "lora"
 
     # LoRA. One init seed for every adapter of an experiment: subliminal transfer
     # needs teacher and students to start from the same adapter weights.
@@ -82,6 +87,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.momentum < 1:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.method == "full" and self.quantization != "none":
+            raise ConfigError(
+                f"method=full with quantization={self.quantization} is refused: full fine-tuning updates every "
+                "weight, and 4/8-bit weights cannot be trained in place; use quantization=none (and strategy=fsdp "
+                "to shard weights, gradients and optimizer state over the GPUs)"
+            )
         if self.strategy == "fsdp" and self.quantization != "none":
             raise ConfigError(
                 f"strategy=fsdp with quantization={self.quantization} is refused: FSDP2 turns bitsandbytes' packed "

@@ -1,10 +1,13 @@
-"""The training loop every Ray Train worker runs: one loop for DDP and FSDP, for one adapter or several.
+"""The training loop every Ray Train worker runs: one loop for DDP and FSDP, LoRA and full fine-tuning,
+one job or several.
 
-A worker loads the frozen base once, then trains the run's jobs one after
+A LoRA worker loads the frozen base once, then trains the run's jobs one after
 another over it: attach a fresh LoRA adapter (seeded exactly as a run of that
 job alone would be), stream the job's own dataset shard, take optimizer steps (AdamW or SGD) with
 gradient accumulation and clipping under a warmup + decay schedule, save the
-adapter, remove its layers, go on to the next job. Every `log_every` steps the
+adapter, remove its layers, go on to the next job. Under `method: full` the
+same steps train every weight of a base loaded afresh for each job, and save a
+model folder. Every `log_every` steps the
 workers average their metrics over the cluster, rank 0 sets them as Ray
 metrics tagged with the job and prints one progress line (`[train] <job>: step
 k/n, loss, tokens/s`: the run's progress in the job log, where Ray Train's own
@@ -132,7 +135,8 @@ def train_loop(config: dict) -> None:
     # Tagged "adapter", not "job": Prometheus owns the "job" label (its scrape job) and renames ours.
     gauges = {key: Gauge(f"lora_train_{key}", description=f"LoRA training {key}", tag_keys=("run", "adapter")) for key in GAUGES}
 
-    base = load_base(config["model_path"], shared, device)
+    lora = shared.method == "lora"  # else each job trains a base of its own, every weight
+    base = load_base(config["model_path"], shared, device) if lora else None
     checkpoint = ray.train.get_checkpoint()
     state = read_state(checkpoint, jobs[0]["name"])
     done = list(state["done"])
@@ -140,15 +144,18 @@ def train_loop(config: dict) -> None:
         if job["name"] in done:
             continue
         resume = checkpoint if state["job"] == job["name"] else None
-        model = attach_lora(base, build(TrainConfig, job["train"], "train"))
+        cfg = build(TrainConfig, job["train"], "train")
+        model = attach_lora(base, cfg) if lora else load_base(config["model_path"], cfg, device)
         train_job(model, job, config, resume, done, gauges)
         done.append(job["name"])
-        if i < len(jobs) - 1:
+        if lora and i < len(jobs) - 1:
             base = detach_lora(model)
+        del model  # a fully fine-tuned model is freed before the next job loads its own
 
 
 def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauges: dict) -> None:
-    """Train one adapter (already attached to the base) to its last step and write its output folder.
+    """Train one adapter (already attached to the base), or one whole model, to its last step and
+    write its output folder.
 
     `checkpoint` is the run's latest checkpoint when it belongs to this job, else None;
     `done` lists the jobs finished before this one (recorded in every checkpoint).
@@ -170,7 +177,8 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
     device = ray.train.torch.get_device()
     if job.get("init_a_from"):  # lora_init teacher_a: A frozen at the teacher's, B trains
         freeze_a_at(model, job["init_a_from"])
-    init_hash = adapter_hash(model)  # before any restore: the init this adapter started from
+    # Before any restore: the LoRA init this adapter started from (a full model starts from the base itself).
+    init_hash = adapter_hash(model) if cfg.method == "lora" else None
     optim_state = sched_state = None
     if checkpoint is not None:
         optim_state, sched_state = restore(model, checkpoint)
@@ -237,8 +245,8 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
         }
         if device.type == "cuda":
             metrics["gpu_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-            if flops_peak:  # LoRA: forward 2N + activation gradients 2N per token, no base weight gradients
-                metrics["mfu"] = 4 * n_params * metrics["tokens_per_s"] / (flops_peak * world)
+            if flops_peak:  # forward 2N + activation gradients 2N per token, + weight gradients 2N under full fine-tuning
+                metrics["mfu"] = (6 if cfg.method == "full" else 4) * n_params * metrics["tokens_per_s"] / (flops_peak * world)
         if rank == 0:
             for key, gauge in gauges.items():
                 if metrics.get(key) is not None:

@@ -1,11 +1,13 @@
-"""Model setup for LoRA training: load the base, attach (and later remove) an adapter, shard or replicate.
+"""Model setup for training: load the base, attach (and later remove) a LoRA adapter, shard or replicate.
 
 Loading the base and attaching a LoRA adapter are separate steps, so a worker
-that trains several adapters loads the base once (train/loop.py). The other
-choices are made here, once, from the config and the hardware: attention
-implementation (flash-attn 2 when installed on CUDA, else SDPA), bf16 + TF32 on
-GPU and float32 on CPU, optional 4/8-bit base through bitsandbytes (GPU only),
-non-reentrant gradient checkpointing, and DDP or FSDP2.
+that trains several adapters loads the base once (train/loop.py). Under
+`method: full` the loaded base itself is what trains: every weight in float32,
+saved as a model folder (weights, config and tokenizer) rather than an adapter.
+The other choices are made here, once, from the config and the hardware:
+attention implementation (flash-attn 2 when installed on CUDA, else SDPA), bf16
++ TF32 on GPU and float32 on CPU, optional 4/8-bit base through bitsandbytes
+(GPU only, LoRA only), non-reentrant gradient checkpointing, and DDP or FSDP2.
 """
 
 from __future__ import annotations
@@ -64,14 +66,17 @@ def autocast_for(device: torch.device):
 
 
 def load_base(model_path: str, cfg: TrainConfig, device: torch.device):
-    """The frozen base model on `device`, ready for adapters (quantization, checkpointing, no KV cache).
+    """The base model on `device` (quantization, checkpointing, no KV cache): frozen, ready for
+    adapters, or under `method: full` every weight trainable, in float32 (the optimizer's master
+    copy; on GPU the forward runs in bf16 under autocast).
 
-    Only the settings a worker group shares are read (quantization, attention,
+    Only the settings a worker group shares are read (method, quantization, attention,
     gradient_checkpointing), so one base serves every adapter of a many-run.
     """
     from transformers import AutoModelForCausalLM
 
-    dtype = compute_dtype(device)
+    full = cfg.method == "full"
+    dtype = torch.float32 if full else compute_dtype(device)
     kwargs: dict = {"dtype": dtype, "attn_implementation": attention_impl(cfg, device)}
     if cfg.quantization != "none":
         from transformers import BitsAndBytesConfig
@@ -94,7 +99,7 @@ def load_base(model_path: str, cfg: TrainConfig, device: torch.device):
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for p in model.parameters():
-        p.requires_grad_(False)
+        p.requires_grad_(full)
     return model if cfg.quantization != "none" else model.to(device)  # a bitsandbytes model is placed by device_map
 
 
@@ -144,9 +149,10 @@ def _module_key(name: str) -> str:
     return name.replace(".default.", ".")
 
 
-def adapter_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
-    """The student adapter's weights, in name order: the trainable ones, and LoRA weights frozen at
-    an init of their own (`freeze_a_at`), which the saved adapter must still hold."""
+def trained_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
+    """The weights a job trains and saves, in name order: the adapter's (the trainable ones, and LoRA
+    weights frozen at an init of their own, `freeze_a_at`, which the saved adapter must still hold),
+    or every weight of a fully fine-tuned model."""
     params = [(n, p) for n, p in unwrap(model).named_parameters() if p.requires_grad or ("lora_" in n and ".default." in n)]
     return sorted(params, key=lambda item: item[0])
 
@@ -168,7 +174,7 @@ def load_lora_model(model_path: str, cfg: TrainConfig, device: torch.device):
 
 
 def adapter_hash(model) -> str:
-    """Fingerprint of the trainable weights: sha256 over names and float32 bytes in name order, 16 hex chars.
+    """Fingerprint of the adapter's weights: sha256 over names and float32 bytes in name order, 16 hex chars.
 
     Taken right after attach_lora, it records which init an adapter started from:
     equal for equal lora_seed, rank, alpha, targets and base.
@@ -176,7 +182,7 @@ def adapter_hash(model) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for name, p in adapter_parameters(model):
+    for name, p in trained_parameters(model):
         h.update(name.encode())
         h.update(p.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
@@ -195,7 +201,8 @@ def wrap_distributed(model, cfg: TrainConfig, device: torch.device):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype(device), reduce_dtype=torch.float32)
-    layer_types = set(getattr(model.get_base_model(), "_no_split_modules", None) or [])
+    base = model.get_base_model() if is_adapter_model(model) else model
+    layer_types = set(getattr(base, "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in layer_types]
     if not layers:
         raise ValueError(f"FSDP: found no decoder layers ({sorted(layer_types)}) to shard in {type(model).__name__}")
@@ -206,24 +213,38 @@ def wrap_distributed(model, cfg: TrainConfig, device: torch.device):
 
 
 def unwrap(model):
-    """The PeftModel inside a DDP wrapper (FSDP2 shards in place and needs no unwrapping)."""
+    """The model inside a DDP wrapper (FSDP2 shards in place and needs no unwrapping)."""
     return model.module if hasattr(model, "module") else model
 
 
+def is_adapter_model(model) -> bool:
+    """Whether `model` (or the model a DDP wrapper holds) is a PeftModel, not a fully fine-tuned one."""
+    return hasattr(unwrap(model), "peft_config")
+
+
 def trainable_state(model) -> dict[str, torch.Tensor]:
-    """Full (gathered) tensors of the adapter's weights (`adapter_parameters`); collective under FSDP."""
+    """Full (gathered) tensors of the trained weights (`trained_parameters`); collective under FSDP."""
     from torch.distributed.tensor import DTensor
 
     state = {}
-    for name, p in adapter_parameters(model):
+    for name, p in trained_parameters(model):
         full = p.full_tensor() if isinstance(p, DTensor) else p
         state[name] = full.detach().to("cpu", torch.float32).clone()
     return state
 
 
-def save_adapter(model, state: dict[str, torch.Tensor], out_dir: Path) -> None:
-    """Write a PEFT adapter folder (adapter_config.json + safetensors) from gathered weights."""
-    unwrap(model).save_pretrained(str(out_dir), state_dict=state, selected_adapters=["default"])  # not a distillation teacher
+def save_trained(model, state: dict[str, torch.Tensor], out_dir: Path) -> None:
+    """Write what a job made from its gathered weights: a PEFT adapter folder (adapter_config.json +
+    safetensors), or for a fully fine-tuned model a model folder that loads and serves on its own
+    (config, float32 safetensors and the base's tokenizer)."""
+    model = unwrap(model)
+    if is_adapter_model(model):
+        model.save_pretrained(str(out_dir), state_dict=state, selected_adapters=["default"])  # not a distillation teacher
+        return
+    from transformers import AutoTokenizer
+
+    model.save_pretrained(str(out_dir), state_dict=state)
+    AutoTokenizer.from_pretrained(model.name_or_path).save_pretrained(str(out_dir))
 
 
 def logical_numel(param) -> int:

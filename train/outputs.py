@@ -1,7 +1,8 @@
-"""What a training run leaves on disk: checkpoints, snapshots and the finished adapter folders.
+"""What a training run leaves on disk: checkpoints, snapshots and the finished adapter (or model) folders.
 
 A checkpoint (reported through `ray.train.report`) holds the current adapter
-(a PEFT folder), its full trainable weights, the optimizer and scheduler state,
+(a PEFT folder; none under full fine-tuning, whose weights file is the model),
+its full trained weights, the optimizer and scheduler state,
 and `state.json`: the jobs already finished, the job in progress, its step and
 its loss per step so far.
 That is all a restarted worker group needs to skip finished jobs and resume the
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from train.model import adapter_parameters, save_adapter
+from train.model import is_adapter_model, save_trained, trained_parameters
 
 METRICS_FILE = "train_metrics.json"
 
@@ -63,9 +64,9 @@ def restore(model, checkpoint) -> tuple[dict, dict]:
     with checkpoint.as_directory() as d:
         d = Path(d)
         weights = load_plain(d / "trainable.pt")
-        trainable = {name for name, _ in adapter_parameters(model)}
-        if set(weights) != trainable:
-            raise RuntimeError(f"checkpoint {d} does not match the model's adapter: {sorted(set(weights) ^ trainable)[:3]}")
+        trained = {name for name, _ in trained_parameters(model)}
+        if set(weights) != trained:
+            raise RuntimeError(f"checkpoint {d} does not match the model's trained weights: {sorted(set(weights) ^ trained)[:3]}")
         model.load_state_dict(weights, strict=False)
         optim = load_plain(d / "optimizer.pt")
     return optim["optimizer"], optim["scheduler"]
@@ -84,7 +85,8 @@ def load_plain(path: Path):
 
 def write_checkpoint(d: Path, model, weights: dict, optim: dict, sched: dict, state: dict) -> None:
     """Fill folder `d` with a checkpoint (see the module docstring)."""
-    save_adapter(model, weights, d / "adapter")
+    if is_adapter_model(model):  # a full model's copy would double the checkpoint: trainable.pt is it
+        save_trained(model, weights, d / "adapter")
     torch.save(weights, d / "trainable.pt")
     torch.save({"optimizer": optim, "scheduler": sched}, d / "optimizer.pt")
     (d / "state.json").write_text(json.dumps(state))
@@ -97,12 +99,12 @@ def _replace_dir(tmp: Path, target: Path) -> None:
 
 
 def write_snapshot(staging: Path, step: int, model, weights: dict) -> None:
-    """Save the adapter at `step` as `<staging>/snapshots/step-<step>/` (temporary folder, then rename)."""
+    """Save the adapter (or model) at `step` as `<staging>/snapshots/step-<step>/` (temporary folder, then rename)."""
     folder = staging / "snapshots"
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".step-{step}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        save_adapter(model, weights, tmp)
+        save_trained(model, weights, tmp)
         _replace_dir(tmp, folder / f"step-{step}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -115,7 +117,7 @@ def snapshot_steps_in(staging: Path) -> list[int]:
 
 
 def finalize(output_dir: Path, run_id: str, model, weights: dict, metrics: dict, with_final_snapshot: bool) -> dict:
-    """Write the final adapter and metrics into the staging folder and rename it to `output_dir`.
+    """Write the final adapter (or model) and metrics into the staging folder and rename it to `output_dir`.
 
     Does nothing if this run already finished `output_dir` (a restart re-reached
     the end of a job). Returns the metrics as written.
@@ -126,7 +128,7 @@ def finalize(output_dir: Path, run_id: str, model, weights: dict, metrics: dict,
     staging.mkdir(parents=True, exist_ok=True)
     if with_final_snapshot:
         write_snapshot(staging, metrics["step"], model, weights)
-    save_adapter(model, weights, staging)
+    save_trained(model, weights, staging)
     metrics = {**metrics, "snapshot_steps": snapshot_steps_in(staging), "run_id": run_id}
     (staging / METRICS_FILE).write_text(json.dumps(metrics, indent=2, default=str))
     if output_dir.exists():

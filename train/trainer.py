@@ -1,4 +1,5 @@
-"""`train_lora` and `train_lora_many`: `{prompt, completion}` rows in, LoRA adapters out.
+"""`train_lora` and `train_lora_many`: `{prompt, completion}` rows in, LoRA adapters out (or, under
+`method: full`, fully fine-tuned model folders).
 
 `train_lora_many` trains several adapters in ONE Ray Train run over one copy of
 the base model per worker (train/loop.py): the base loads once, and every job
@@ -34,9 +35,10 @@ from train.loop import train_loop
 from train.model import check_hardware, check_model_path
 from train.outputs import METRICS_FILE, finished_by, staging_dir
 
-# Settings of the worker group itself, which every job of a run must share.
+# Settings of the worker group itself, which every job of a run must share (and `method`: a LoRA
+# run keeps one frozen base for all its jobs, a full one loads a base of its own per job).
 SHARED_KEYS = (
-    "num_workers", "use_gpu", "strategy", "quantization", "attention",
+    "method", "num_workers", "use_gpu", "strategy", "quantization", "attention",
     "gradient_checkpointing", "max_failures", "keep_checkpoints", "cpus_per_worker",
 )  # fmt: skip
 MATERIALIZE_BYTES = 256 * 2**20  # tokenized data up to this size is read before the workers start (job_dataset)
@@ -129,6 +131,8 @@ def check_jobs(jobs: list[AdapterJob]) -> None:
         for role, folder in (("teacher", job.teacher), ("init_a_from", job.init_a_from)):
             if folder is not None and not (Path(folder) / "adapter_config.json").is_file():
                 raise ConfigError(f"job {job.name}: its {role} {folder} is not a PEFT adapter folder (no adapter_config.json)")
+        if job.init_a_from is not None and job.cfg.method != "lora":
+            raise ConfigError(f"job {job.name}: init_a_from starts a LoRA adapter from another's A; method {job.cfg.method} trains no adapter")
         if job.teacher_base is not None and job.teacher is None:
             raise ConfigError(f"job {job.name}: teacher_base is the base of a logit_kl teacher; the job names no teacher")
     if first.cfg.strategy == "fsdp" and len(jobs) > 1:

@@ -18,6 +18,13 @@ GPUs before renting them. docs/scaling.md explains each term. What is estimated:
   max_length, packing's upper bound); a fixed allowance for the CUDA context,
   NCCL buffers and allocator slack. And the load peak: each worker loads the
   whole base onto its GPU before FSDP shards it.
+- full fine-tuning (`method: full`), per GPU: float32 weights, float32 gradients
+  and the optimizer's float32 state (8 bytes a parameter under AdamW, 4 under
+  SGD), all divided by the workers under FSDP; the bf16 copies the forward
+  computes with (under DDP autocast keeps one of every weight until backward;
+  FSDP gathers about two layers at a time); DDP's gradient buckets, another
+  float32 copy of the gradients. A stage that does not fit is refused (exit 1)
+  with what would: FSDP, more GPUs.
 - engine, per GPU of a replica: bf16 weights / tensor_parallel_size, then the
   KV cache gets what `gpu_memory_utilization` leaves after weights and an
   activation/CUDA-graph allowance; shown as the tokens of KV cache that fit.
@@ -26,6 +33,7 @@ GPUs before renting them. docs/scaling.md explains each term. What is estimated:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,8 +112,31 @@ class Shape:
         return 2 * self.layers * self.kv_heads * self.head_dim * 2  # keys and values, bf16
 
 
+def full_training_gib(shape: Shape, train, workers: int) -> dict[str, float]:
+    """Per-GPU memory of one full fine-tuning stage (see the module docstring)."""
+    fsdp = train.strategy == "fsdp"
+    shard = workers if fsdp else 1
+    params = shape.params()
+    layer = (shape.linear_params() + 2 * shape.hidden * shape.layers) / shape.layers
+    bf16_copies = 2 * layer * 2 if fsdp else params * 2
+    tokens = train.batch_size * train.max_length
+    parts = {
+        "weights": params * 4 / shard / GIB,
+        "gradients": params * 4 / shard / GIB,
+        "optimizer": params * OPTIMIZER_STATE_BYTES[train.optimizer] / shard / GIB,
+        "bf16 copies": bf16_copies / GIB,
+        "ddp buckets": 0.0 if fsdp else params * 4 / GIB,
+        "activations": tokens * shape.activation_bytes_per_token(train.gradient_checkpointing) / GIB,
+        "fixed": FIXED_OVERHEAD_GIB,
+    }
+    # Each worker loads the whole float32 model onto its GPU before FSDP shards it (train/model.py).
+    return {**parts, "total": sum(parts.values()), "load peak": params * 4 / GIB + FIXED_OVERHEAD_GIB}
+
+
 def training_gib(shape: Shape, train, workers: int) -> dict[str, float]:
     """Per-GPU memory of one training stage (a TrainConfig with a resolved worker count)."""
+    if train.method == "full":
+        return full_training_gib(shape, train, workers)
     shard = workers if train.strategy == "fsdp" else 1
     unquantized = 4 if train.quantization != "none" else 2  # embeddings, lm_head, norms: upcast to float32 under k-bit training
     full_weights = (shape.linear_params() * BYTES_PER_PARAM[train.quantization] + (shape.params() - shape.linear_params()) * unquantized) / GIB
@@ -136,6 +167,35 @@ def load_shape(model_path: str, model_config: str | None = None) -> Shape:
     raise SystemExit(f"error: no shape for {model_path}: pass --model-config with its config.json")
 
 
+def fits(parts: dict[str, float], gpu_gib: float) -> bool:
+    return max(parts["total"], parts["load peak"]) <= gpu_gib
+
+
+def fit_advice(shape: Shape, train, workers: int, gpu_gib: float) -> str:
+    """What would make a stage that does not fit on `workers` GPUs of `gpu_gib` fit: FSDP over the
+    same GPUs, or the fewest GPUs (up to 64) that would under FSDP; else why neither does."""
+    sharded = dataclasses.replace(train, strategy="fsdp")
+    if train.quantization != "none":
+        return "FSDP over a quantized base is refused (train/config.py); fewer tokens per micro-step, or a larger GPU"
+    if train.strategy == "ddp" and fits(training_gib(shape, sharded, workers), gpu_gib):
+        return f"strategy: fsdp over the {workers} GPU(s) ({training_gib(shape, sharded, workers)['total']:.1f} GiB each)"
+    more = next((n for n in (2, 4, 8, 16, 32, 64) if n > workers and fits(training_gib(shape, sharded, n), gpu_gib)), None)
+    if more is not None:
+        return f"{more} GPUs under strategy: fsdp ({training_gib(shape, sharded, more)['total']:.1f} GiB each)"
+    peak = training_gib(shape, sharded, 64)["load peak"]
+    return f"no GPU count does: each worker loads the whole model ({peak:.0f} GiB) before FSDP shards it; a larger GPU, or LoRA"
+
+
+def stage_plans(cfg) -> dict[str, object]:
+    """The training configs a preset runs: the teacher's, and each arm's (its first replicate's)."""
+    from jobs.experiment.arms import arm_models
+
+    plans = {"teacher": cfg.teacher}
+    for m in arm_models(cfg):
+        plans.setdefault(f"arms.{m.arm}", m.train)
+    return plans
+
+
 def main() -> None:
     from jobs.experiment.config import load_experiment
 
@@ -149,18 +209,25 @@ def main() -> None:
     cfg = load_experiment(args.config, args.overrides)
     shape = load_shape(cfg.model.path, args.model_config)
     print(f"{cfg.model.path}: {shape.params() / 1e9:.2f}B parameters, KV cache {shape.kv_bytes_per_token() / 1024:.0f} KiB/token")
-    for name, train in (("teacher", cfg.teacher), ("student", cfg.student)):
+    refused = []
+    for name, train in stage_plans(cfg).items():
         workers = args.gpus if train.num_workers == "auto" else train.num_workers
-        lora = shape.lora_params(train.lora_rank, train.lora_targets)
         parts = training_gib(shape, train, workers)
         detail = ", ".join(f"{k} {v:.1f}" for k, v in parts.items() if k not in ("total", "load peak"))
-        fits = "fits" if max(parts["total"], parts["load peak"]) <= args.gpu_gib else "DOES NOT FIT"
-        print(f"{name}: {workers} x {train.strategy}, {train.quantization}, LoRA {lora / 1e6:.0f}M params,"
+        lora = shape.lora_params(train.lora_rank, train.lora_targets)
+        what = f"full fine-tuning {shape.params() / 1e9:.1f}B" if train.method == "full" else f"LoRA {lora / 1e6:.0f}M"
+        verdict = f"fits in {args.gpu_gib:g}"
+        if not fits(parts, args.gpu_gib):
+            verdict = f"DOES NOT FIT in {args.gpu_gib:g}; would fit: {fit_advice(shape, train, workers, args.gpu_gib)}"
+            refused.append(name)
+        print(f"{name}: {workers} x {train.strategy}, {train.quantization}, {what} params,"
               f" {train.batch_size * train.max_length} tokens/micro-step: {parts['total']:.1f} GiB per GPU ({detail});"
-              f" {parts['load peak']:.1f} while loading: {fits} in {args.gpu_gib:g}")  # fmt: skip
+              f" {parts['load peak']:.1f} while loading: {verdict}")  # fmt: skip
     engine = engine_gib(shape, cfg.service.tensor_parallel_size, args.gpu_gib, cfg.service.gpu_memory_utilization)
     print(f"engine: tensor-parallel {cfg.service.tensor_parallel_size}, per GPU weights {engine['weights']:.1f} GiB,"
           f" reserve {engine['reserve']:.1f}, KV cache {engine['kv cache']:.1f} GiB = {engine['kv tokens']:,.0f} tokens per replica")  # fmt: skip
+    if refused:
+        raise SystemExit(f"error: refused, {' and '.join(refused)} would not fit {args.gpus} GPU(s) of {args.gpu_gib:g} GiB (see above)")
 
 
 if __name__ == "__main__":

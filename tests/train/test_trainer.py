@@ -145,6 +145,63 @@ def test_fsdp_on_cpu(ray_cluster, tiny_model, toy_rows, tmp_path, cache_dir):
     torch.testing.assert_close(reloaded, trained, atol=1e-5, rtol=1e-5)
 
 
+def full_config(**overrides) -> TrainConfig:
+    """small_config under full fine-tuning: every weight trains, at a learning rate fit for that."""
+    return small_config(method="full", lr=1e-3, **overrides)
+
+
+@pytest.fixture(scope="module")
+def full_run(ray_cluster, tiny_model, toy_rows, tmp_path_factory, cache_dir) -> tuple[dict, list[AdapterJob]]:
+    """Two full fine-tunes in one DDP run, uninterrupted: `a` (32 steps, what the FSDP test below
+    resumes to) and `b` (the same rows, one epoch), which must start from the base, not from `a`."""
+    root = tmp_path_factory.mktemp("full")
+    jobs = [AdapterJob("a", toy_rows, root / "a", full_config()), AdapterJob("b", toy_rows, root / "b", full_config(epochs=1))]
+    return train_lora_many(tiny_model, jobs, storage_path=root / "ray_train", run_name="full", cache_dir=cache_dir), jobs
+
+
+def model_weights(folder) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    return {name: p.detach() for name, p in AutoModelForCausalLM.from_pretrained(str(folder)).named_parameters()}
+
+
+@pytest.mark.timeout(300)
+def test_full_fine_tuning_trains_every_weight_into_a_model_of_its_own(full_run, tiny_model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    metrics, (a, b) = full_run
+    assert metrics["a"]["step"] == 32 and metrics["a"]["loss"] < 0.5 * metrics["a"]["first_loss"], metrics["a"]
+    assert metrics["a"]["init_hash"] is None and metrics["a"]["train_config"]["method"] == "full"
+    # A model folder that loads and tokenizes on its own (what the service is given), no adapter.
+    assert not (a.output_dir / "adapter_config.json").exists()
+    assert AutoTokenizer.from_pretrained(str(a.output_dir)).get_vocab() == AutoTokenizer.from_pretrained(tiny_model).get_vocab()
+    trained, base = model_weights(a.output_dir), model_weights(tiny_model)
+    assert set(trained) == set(base) and all(not torch.equal(trained[n], base[n]) for n in base)  # every tensor moved
+    # The saved model is the checkpoint's weights, which resume reads.
+    reloaded = AutoModelForCausalLM.from_pretrained(tiny_model)
+    reloaded.load_state_dict(torch.load(Path(metrics["b"]["checkpoint"]) / "trainable.pt"), strict=False)
+    torch.testing.assert_close(logits_of(reloaded.eval(), tiny_model), logits_of(AutoModelForCausalLM.from_pretrained(str(b.output_dir)).eval(), tiny_model))
+    # b started from the base, not from a's trained weights: its first step's loss is a's first step's.
+    assert metrics["b"]["loss_history"][0][1] == pytest.approx(metrics["a"]["loss_history"][0][1], rel=1e-5)
+
+
+@pytest.mark.timeout(400)
+def test_full_fine_tuning_under_fsdp_killed_and_resumed_lands_where_ddp_does(full_run, actor_pids, tiny_model, toy_rows, tmp_path, cache_dir):
+    storage = tmp_path / "ray_train"
+    killed = kill_a_worker_after(storage, "train", 8, actor_pids)
+    metrics = train_lora(tiny_model, toy_rows, tmp_path / "model", full_config(strategy="fsdp"), storage_path=storage, run_name="run", cache_dir=cache_dir)
+    assert killed, "no worker was killed"
+    assert metrics["resumed_from_step"] in (8, 16, 24) and metrics["step"] == 32
+    # Sharded weights and optimizer state, gathered into the checkpoint and restored: the same model
+    # and the same loss at every step as the uninterrupted DDP run (float32 on CPU; reductions differ in order).
+    whole, (a, _) = full_run
+    resumed, uninterrupted = model_weights(tmp_path / "model"), model_weights(a.output_dir)
+    for name in uninterrupted:
+        torch.testing.assert_close(resumed[name], uninterrupted[name], atol=1e-4, rtol=1e-4)
+    for (_, x), (_, y) in zip(metrics["loss_history"], whole["a"]["loss_history"], strict=True):
+        assert x == pytest.approx(y, rel=1e-4)
+
+
 @pytest.mark.timeout(120)
 def test_bad_input_fails_early_and_leaves_nothing(ray_cluster, tiny_model, toy_rows, tmp_path, cache_dir):
     cfg = small_config()
@@ -228,6 +285,15 @@ def test_jobs_must_share_the_worker_group(tmp_path):
         check_jobs([job("a", strategy="fsdp"), job("b", strategy="fsdp")])
     with pytest.raises(ConfigError, match="same name a"):
         check_jobs([job("a"), job("a")])
+    with pytest.raises(ConfigError, match=r"^method: .*job a has 'lora', job b has 'full'"):
+        check_jobs([job("a"), job("b", method="full")])
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    (teacher / "adapter_config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="method full trains no adapter"):
+        check_jobs([AdapterJob("a", "rows.jsonl", tmp_path / "a", small_config(method="full"), init_a_from=str(teacher))])
+    with pytest.raises(ConfigError, match="method=full with quantization=4bit is refused"):
+        small_config(method="full", quantization="4bit")
 
 
 def test_clear_stale_outputs_keeps_what_this_run_finished(tmp_path):

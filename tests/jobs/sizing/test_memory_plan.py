@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jobs.experiment.config import load_experiment
-from jobs.sizing.memory_plan import KNOWN_SHAPES, Shape, engine_gib, training_gib
+from jobs.sizing.memory_plan import GIB, KNOWN_SHAPES, Shape, engine_gib, training_gib
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -29,6 +29,53 @@ def test_counts_match_a_real_model_and_peft(tiny_model):
     assert sum(p.numel() for p in model.parameters()) - trainable == shape.params()
     q_only = replace(train, lora_targets=["q_proj"])
     assert shape.lora_params(8, ["q_proj"]) == sum(p.numel() for p in load_lora_model(tiny_model, q_only, torch.device("cpu")).parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_full_fine_tuning_figures_match_the_tensors_of_a_real_step(tiny_model, optimizer):
+    """Weights, gradients and optimizer state of the tiny model fully fine-tuned one step (train.model,
+    train.loop's optimizer), byte for byte against the plan at one worker, and sharded by FSDP."""
+    import torch
+    from transformers import AutoConfig
+
+    from train.loop import make_optimizer
+    from train.model import load_base
+
+    train = replace(load_experiment().student, method="full", optimizer=optimizer)
+    model = load_base(tiny_model, train, torch.device("cpu"))
+    ids = torch.tensor([[1, 2, 3, 4]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    params = [p for p in model.parameters()]
+    opt = make_optimizer(params, train, torch.device("cpu"))
+    opt.step()
+    measured = {
+        "weights": sum(p.nbytes for p in params),
+        "gradients": sum(p.grad.nbytes for p in params),
+        "optimizer": sum(t.nbytes for state in opt.state.values() for t in state.values() if torch.is_tensor(t) and t.dim() > 0),
+    }
+    shape = Shape.from_config(AutoConfig.from_pretrained(tiny_model).to_dict())
+    plan = training_gib(shape, train, 1)
+    assert {k: round(plan[k] * GIB) for k in measured} == measured
+    assert all(p.dtype == torch.float32 and p.requires_grad for p in params)
+    sharded = training_gib(shape, replace(train, strategy="fsdp"), 4)
+    assert {k: round(sharded[k] * GIB * 4) for k in measured} == measured and sharded["ddp buckets"] == 0
+    assert plan["ddp buckets"] * GIB == measured["gradients"]  # DDP's buckets: another float32 copy
+
+
+def test_a_preset_that_does_not_fit_is_refused_with_what_would():
+    full = "arms={full: {numbers: teacher, train: {method: full}}}"
+    args = [sys.executable, "-m", "jobs.sizing.memory_plan", "--config", "configs/llama-8b.yaml", "--set", full]
+
+    def plan(*extra):
+        return subprocess.run([*args, *extra], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    one = plan("--gpus", "1")
+    assert one.returncode == 1 and "arms.full would not fit 1 GPU(s)" in one.stderr
+    assert "arms.full: 1 x ddp, none, full fine-tuning 8.0B params" in one.stdout and "would fit: 4 GPUs under strategy: fsdp" in one.stdout
+    eight = plan("--gpus", "8")
+    assert eight.returncode == 1 and "would fit: strategy: fsdp over the 8 GPU(s)" in eight.stdout
+    sharded = plan("--set", "arms.full.train.strategy=fsdp", "--gpus", "8")
+    assert sharded.returncode == 0 and sharded.stdout.count(": fits in 80") == 2
 
 
 def test_published_sizes_of_the_presets_models():
@@ -55,4 +102,4 @@ def test_cli_prints_a_fitting_plan(preset):
     done = subprocess.run([sys.executable, "-m", "jobs.sizing.memory_plan", "--config", f"configs/{preset}.yaml"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count(": fits in 80") == 2 and "tokens per replica" in done.stdout
+    assert done.stdout.count(": fits in 80") == 3 and "tokens per replica" in done.stdout  # teacher, student, control
