@@ -53,6 +53,11 @@ class ArmModel:
     def adapter(self) -> str:
         return f"{self.arm}-{self.replicate}"
 
+    @property
+    def full(self) -> bool:
+        """Fully fine-tuned (`train.method: full`): a model of its own, served and scored as one."""
+        return self.train.method == "full"
+
 
 def numbers_seed(cfg, replicate: int) -> int:
     """Replicate i samples (and draws its prompts) with seed numbers.seed + i."""
@@ -75,6 +80,19 @@ def _check_same_init(name: str, train: TrainConfig, teacher: TrainConfig) -> Non
                 f"{getattr(train, key)!r} differs from the teacher's {getattr(teacher, key)!r}; "
                 "match it, or give the arm another lora_seed (an int or 'other')"
             )
+
+
+def _check_full(name: str, arm, train: TrainConfig) -> None:
+    """A fully fine-tuned arm has no LoRA init to choose, and its snapshots would be whole models."""
+    if arm.lora_init != "seed" or arm.lora_seed is not None:
+        raise ConfigError(f"arms.{name}: train.method full trains every weight from the base; lora_init and lora_seed do not apply")
+    if train.snapshots:
+        raise ConfigError(f"arms.{name}: train.snapshots with train.method full would keep and serve a whole model per snapshot; set snapshots 0")
+
+
+def method_of(cfg, arm: str) -> str:
+    """An arm's training method as declared (its `train.method`, else the student's)."""
+    return cfg.arms[arm].train.get("method", cfg.student.method)
 
 
 def arm_models(cfg) -> list[ArmModel]:
@@ -112,9 +130,11 @@ def arm_models(cfg) -> list[ArmModel]:
             if on_other or arm.lora_seed is not None:
                 raise ConfigError(f"arms.{name}: lora_init teacher_a takes the teacher's trained A on the teacher's base; drop base and lora_seed")
             _check_same_init(name, train, teacher)
+        if train.method == "full":
+            _check_full(name, arm, train)
         for i in range(arm.replicates or cfg.replicates):
             lora_seed = _lora_seed(arm.lora_seed, teacher.lora_seed, i)
-            same_init = lora_seed == teacher.lora_seed and not on_other and arm.lora_init == "seed"
+            same_init = lora_seed == teacher.lora_seed and not on_other and arm.lora_init == "seed" and train.method == "lora"
             if same_init:
                 _check_same_init(name, train, teacher)
             resolved = dataclasses.replace(train, lora_seed=lora_seed, seed=train.seed + i)
@@ -150,14 +170,15 @@ def check_arms(cfg) -> None:
 
 def reference_of(arm: str, cfg) -> str:
     """What an arm's transfer is measured against (see ArmConfig.against): under auto, the arm named
-    `control` when it is an sft arm on the teacher's numbers and the control shares its base, else
-    its own base (`base`, or `other_base` for an arm on the other base)."""
+    `control` when it is an sft arm on the teacher's numbers and the control shares its base and
+    training method, else its own base (`base`, or `other_base` for an arm on the other base)."""
     declared = cfg.arms[arm]
     if declared.against != "auto":
         return declared.against
     control = cfg.arms.get("control")
     own = base_of(cfg, arm)
-    if arm != "control" and control is not None and control.numbers == "base" and declared.loss == "sft" and base_of(cfg, "control") == own:
+    alike = control is not None and base_of(cfg, "control") == own and method_of(cfg, "control") == method_of(cfg, arm)
+    if arm != "control" and alike and control.numbers == "base" and declared.loss == "sft":
         return "control"
     return own
 

@@ -114,8 +114,10 @@ class ArmConfig:
     # How many times this arm is trained (default: the top-level `replicates`).
     replicates: int | None = None
     # What its transfer is measured against: "base", another arm's name, or auto: the arm
-    # named `control` for an sft arm on the teacher's numbers when there is one, else base
-    # (under logit_kl the base-numbers control gets no signal: it stays the base model).
+    # named `control` for an sft arm on the teacher's numbers when there is one on the same
+    # base with the same train.method, else base (under logit_kl the base-numbers control
+    # gets no signal: it stays the base model). A fully fine-tuned student's fair reference
+    # is a fully fine-tuned control: name it here.
     against: str = "auto"
 
 
@@ -175,6 +177,11 @@ def load_experiment(path: str | Path | None = None, overrides: list[str] = ()) -
         raise ConfigError(f"evaluate.primary_metric: {cfg.evaluate.primary_metric!r} is not a metric ({', '.join(METRICS)})")
     if cfg.evaluate.permutations < 1:
         raise ConfigError(f"evaluate.permutations must be at least 1, got {cfg.evaluate.permutations}")
+    if cfg.teacher.method != "lora":
+        raise ConfigError(
+            "teacher.method: the teacher is a LoRA adapter (the numbers are generated through it, and the arms "
+            "measure transfer through its LoRA init); full fine-tuning is an arm's: arms.<name>.train.method full"
+        )
     check_arms(cfg)
     check_contrasts(cfg)
     check_local_tokenizers(cfg)

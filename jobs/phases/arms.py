@@ -48,8 +48,8 @@ def run(ctx: RunContext, todo) -> None:
         kept = read_jsonl(ctx.run_dir / numbers_file(m.source, m.replicate))[:rows]
         write_jsonl(data, shuffle_numbers(kept, numbers_seed(ctx.cfg, m.replicate)) if m.shuffled else kept)
         # Job names key Ray datasets, whose log files are named after them: no '/' (m.adapter is "<arm>-<i>").
-        teacher = str(ctx.adapter(m.teacher))
-        job = AdapterJob(m.adapter, str(data), ctx.adapter(m.name), m.train)
+        teacher = str(ctx.trained(m.teacher))
+        job = AdapterJob(m.adapter, str(data), ctx.trained(m.name), m.train)
         if m.loss == "logit_kl":  # on another base, the teacher's targets come from its own base
             job = dataclasses.replace(job, teacher=teacher, teacher_base=ctx.model_path if m.base == OTHER_BASE else None)
         if m.lora_init == "teacher_a":

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from jobs.experiment.arms import ArmModel
 from jobs.experiment.config import ExperimentConfig
-from jobs.phases.stages import TEACHERS
+from jobs.phases.stages import trained_folder
 from jobs.rundir.manifest import Manifest
 from jobs.rundir.plan import Stage
 
@@ -36,10 +36,10 @@ class RunContext:
     def model_path(self) -> str:
         return self.paths["base"]
 
-    def adapter(self, name: str) -> Path:
-        """Where a trained model keeps its adapter: a teacher at `<name>/adapter`, an arm model at
-        `arms/<arm>/<i>/adapter`."""
-        return self.run_dir / name / "adapter" if name in TEACHERS else self.run_dir / "arms" / name / "adapter"
+    def trained(self, name: str) -> Path:
+        """Where a trained model keeps what training made (stages.trained_folder): a teacher's or
+        arm model's adapter, or a fully fine-tuned arm model's model folder."""
+        return self.run_dir / trained_folder(name, name in self.models and self.models[name].full)
 
     def record(self, stage: Stage, started: float, outputs: dict, files=()) -> None:
         """Record a finished stage with the digests of its output files: those it declares, and `files`."""

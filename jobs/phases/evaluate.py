@@ -2,7 +2,8 @@
 
 One service per base model (the other base's after the teacher's) serves the
 base itself and the adapters over it: teachers, arm models and the earlier
-snapshots of arms that keep them (transfer against training steps). Work is
+snapshots of arms that keep them (transfer against training steps). A fully
+fine-tuned arm model is a model of its own: a service of its own after those. Work is
 split by (model, chunk of questions) and sent concurrently, so the service's
 replicas share it (one per GPU on GPU clusters); a chunk whose replica died is
 resent. Scoring is the service's one-pass `/score`; with `evaluate.permutations`
@@ -118,19 +119,20 @@ def context_check(model_path: str, questions: list[dict], max_model_len: int) ->
 
 def scoring_targets(ctx: RunContext, base: str, names: list[str], snapshots: dict) -> tuple[dict, dict]:
     """({scored name: adapter or None for the base itself}, {adapter: folder}) of the models over
-    `base` ("base" or "other_base"), with the earlier snapshots of arms that keep them."""
+    `base` ("base" or "other_base"): the base, its LoRA adapters, and the earlier snapshots of
+    arms that keep them (a fully fine-tuned arm model is served on its own: `run`)."""
     targets, adapters = {}, {}
     for n in names:
         if n == base:
             targets[n] = None
         elif n in TEACHERS and base == "base":
-            targets[n], adapters[n] = n, str(ctx.adapter(n))
-        elif n in ctx.models and ctx.models[n].base == base:
+            targets[n], adapters[n] = n, str(ctx.trained(n))
+        elif n in ctx.models and ctx.models[n].base == base and not ctx.models[n].full:
             m = ctx.models[n]
-            targets[n], adapters[m.adapter] = m.adapter, str(ctx.adapter(n))
+            targets[n], adapters[m.adapter] = m.adapter, str(ctx.trained(n))
             for step, scored_name in snapshots[n]:  # earlier snapshots, for transfer against training steps
                 targets[scored_name] = f"{m.adapter}-step{step}"
-                adapters[targets[scored_name]] = str(ctx.adapter(n) / "snapshots" / f"step-{step}")
+                adapters[targets[scored_name]] = str(ctx.trained(n) / "snapshots" / f"step-{step}")
     return targets, adapters
 
 
@@ -140,11 +142,12 @@ def run(ctx: RunContext, todo) -> None:
     names = [scored_model(stage) for stage in todo]
     snapshots = {n: earlier_snapshots(ctx.manifest, n) for n in names if n in ctx.models}
     questions = [{**q, "split": split} for split, file in SPLIT_FILES.items() for q in read_jsonl(ctx.run_dir / "data" / file)]
+    services = [(ctx.paths[base], *scoring_targets(ctx, base, names, snapshots)) for base in ctx.paths]
+    services += [(str(ctx.trained(n)), {n: None}, {}) for n in names if n in ctx.models and ctx.models[n].full]
     scored = {}
-    for base in ctx.paths:
-        targets, adapters = scoring_targets(ctx, base, names, snapshots)
+    for model_path, targets, adapters in services:
         if targets:
-            with running_service(ctx.app, ctx.paths[base], adapters, ctx.cfg, True, ctx.lora_rank) as handle:
+            with running_service(ctx.app, model_path, adapters, ctx.cfg, True, ctx.lora_rank) as handle:
                 scored.update(score_models(handle, targets, questions, ctx.cfg.evaluate.chunk, 2 * ctx.cfg.evaluate.replicas, ctx.cfg.evaluate.permutations))
     for stage, name in zip(todo, names):
         earlier = [scored_name for _, scored_name in snapshots.get(name, [])]

@@ -117,7 +117,7 @@ def run(ctx: RunContext, todo) -> None:
         source, replicate = sets[stage.name]
         numbers = dataclasses.replace(ctx.cfg.numbers, seed=numbers_seed(ctx.cfg, replicate))
         requests[stage.name] = (number_prompts(tokenizer, numbers), "teacher" if source == "teacher" else None, numbers)
-    adapters = {"teacher": str(ctx.adapter("teacher"))} if any(adapter for _, adapter, _ in requests.values()) else {}
+    adapters = {"teacher": str(ctx.trained("teacher"))} if any(adapter for _, adapter, _ in requests.values()) else {}
     errors = []
     with running_service(ctx.app, ctx.model_path, adapters, ctx.cfg, False, ctx.lora_rank) as handle:
         started = time.time()

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from common.atomic import atomic_file
+from jobs.phases.stages import trained_folder
 from jobs.stats.evidence import SERIES, SPLITS
 
 TEACHER_STYLE = {"color": "black", "lw": 2.0}
@@ -133,9 +134,10 @@ def training_curves(run_dir: Path, report: dict) -> list[dict]:
     adapter was trained before the history was kept)."""
     curves = []
     teachers = [name for name in ("teacher", "letter_teacher") if name in report["models"]]
-    folders = [(name, None, "sft", run_dir / name / "adapter") for name in teachers]
+    folders = [(name, None, "sft", run_dir / trained_folder(name)) for name in teachers]
     for arm, entry in report["arms"].items():
-        folders += [(r["model"], arm, entry["loss"], run_dir / "arms" / r["model"] / "adapter") for r in entry["replicates"]]
+        full = entry.get("method") == "full"  # reports written before the key held LoRA arms only
+        folders += [(r["model"], arm, entry["loss"], run_dir / trained_folder(r["model"], full)) for r in entry["replicates"]]
     for model, arm, loss, folder in folders:
         history = json.loads((folder / "train_metrics.json").read_text()).get("loss_history", [])
         curves.append({"model": model, "arm": arm, "loss": loss, "steps": [h[0] for h in history], "losses": [h[1] for h in history]})

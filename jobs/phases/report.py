@@ -20,7 +20,7 @@ from jobs.experiment.arms import OTHER_BASE, ArmModel, arm_models, number_sets, 
 from jobs.experiment.config import ExperimentConfig, as_dict
 from jobs.phases.context import RunContext
 from jobs.phases.plots import plot_accuracy, plot_training, plot_transfer, training_curves
-from jobs.phases.stages import earlier_snapshots, numbers_stage, scored_file, snapshot_points
+from jobs.phases.stages import earlier_snapshots, numbers_stage, scored_file, snapshot_points, trained_folder
 from jobs.rundir.manifest import Manifest, read_jsonl
 from jobs.sources.tiny_model import TinySpec, other_base_spec
 from jobs.stats.accuracy import accuracy_over_orders, letter_prior, on_split, summarise, wilson_ci
@@ -142,14 +142,14 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
                 "teacher_agreement": evidence.model_mean(m.name, m.teacher, "held_out", "agreement"),
                 "lora_seed": m.train.lora_seed, "init_hash": out["init_hash"], "same_init_as_teacher": out["init_hash"] == teacher_init,
                 "steps": out["steps"], "final_loss": out["loss"], "rows": out["rows"],
-                "update_cosine": _update_cosine(run_dir / "arms" / m.name / "adapter", run_dir / m.teacher / "adapter"),
+                "update_cosine": None if m.full else _update_cosine(run_dir / trained_folder(m.name), run_dir / trained_folder(m.teacher)),
             })  # fmt: skip
         report_models[arm] = _mean_model([scores[m.name] for m in members])
         against = reference_of(arm, cfg)
         cosines = np.array([r["update_cosine"] for r in replicates if r["update_cosine"] is not None])
         arms[arm] = {
             "numbers": declared.numbers, "loss": declared.loss, "lora_seed": declared.lora_seed, "teacher": declared.teacher, "replicates": replicates,
-            "base": members[0].base, "lora_init": declared.lora_init,
+            "base": members[0].base, "lora_init": declared.lora_init, "method": members[0].train.method,
             "mean": {**report_models[arm], "teacher_agreement": sum(r["teacher_agreement"] for r in replicates) / len(replicates)},
             "update_cosine": {"mean": float(cosines.mean()) if len(cosines) else None, "sd": float(cosines.std(ddof=1)) if len(cosines) > 1 else None},
             "against": against, "transfer": evidence.compare(arm, against),

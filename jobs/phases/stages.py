@@ -43,11 +43,21 @@ def numbers_stage(source: str, replicate: int) -> str:
     return f"numbers/{source}/{replicate}"
 
 
+def trained_folder(name: str, full: bool = False) -> str:
+    """What training made for a model, relative to the run directory: a teacher's adapter at
+    `<name>/adapter`, an arm model's at `arms/<arm>/<i>/adapter`, or, fully fine-tuned (`full`),
+    its model folder at `arms/<arm>/<i>/model`."""
+    return f"{name}/adapter" if name in TEACHERS else f"arms/{name}/{'model' if full else 'adapter'}"
+
+
 def training_reads(reads: dict) -> dict:
-    """A training stage's reads, without `optimizer` and `momentum` under AdamW: the keys came after
-    runs were stored, all of them AdamW, and momentum is SGD's alone; so adding them reran nothing."""
+    """A training stage's reads, without `method` under LoRA and `optimizer` and `momentum` under
+    AdamW: the keys came after runs were stored, all of them LoRA and AdamW, and momentum is SGD's
+    alone; so adding them reran nothing."""
     out = dict(reads)
     for key, value in reads.items():
+        if key.endswith(".method") and value == "lora":
+            del out[key]
         if key.endswith(".optimizer") and value == "adamw":
             del out[key], out[key.removesuffix("optimizer") + "momentum"]
     return out
@@ -104,12 +114,12 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
             {**config_reads(config, "data"), "questions": questions_hash},
             files=(TEACHER_TRAIN, *(f"data/{f}" for f in SPLIT_FILES.values())),
         ),
-        Stage("teacher", "teacher", training_reads({**model, **config_reads(config, "teacher")}), ("data",), files=("teacher/adapter",)),
+        Stage("teacher", "teacher", training_reads({**model, **config_reads(config, "teacher")}), ("data",), files=(trained_folder("teacher"),)),
     ]
     teachers = teachers_used(models)
     if "letter_teacher" in teachers:  # the positive control's teacher
         reads = training_reads({**model, **config_reads(config, "teacher", "letter_teacher")})
-        stages.append(Stage("letter_teacher", "teacher", reads, ("data",), files=("letter_teacher/adapter",)))
+        stages.append(Stage("letter_teacher", "teacher", reads, ("data",), files=(trained_folder("letter_teacher"),)))
     engine = config_reads(config, "numbers", "service.engine", "service.max_model_len")
     for source, i in number_sets(models):
         reads = {**model, **engine, "source": source, "seed": numbers_seed(cfg, i), "filter": FILTER_VERSION}
@@ -130,7 +140,7 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         rows = lambda manifest, i=m.replicate: {"rows": training_rows(manifest, models, i)}  # noqa: E731
         uses_teacher = m.loss == "logit_kl" or m.lora_init == "teacher_a"  # its soft labels, or its A
         upstream = (numbers_stage(m.source, m.replicate),) + ((m.teacher,) if uses_teacher else ())
-        stages.append(Stage(m.name, "arms", reads, upstream, rows, files=(f"arms/{m.name}/adapter",)))
+        stages.append(Stage(m.name, "arms", reads, upstream, rows, files=(trained_folder(m.name, m.full),)))
     scoring = {**model, **config_reads(config, "evaluate.engine", "service.max_model_len"), "splits": list(SPLIT_FILES)}
     if cfg.evaluate.permutations > 1:  # read only when set: runs stored before the key stay reused
         scoring["evaluate.permutations"] = cfg.evaluate.permutations

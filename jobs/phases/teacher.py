@@ -28,6 +28,6 @@ def run(ctx: RunContext, todo) -> None:
             data = ctx.run_dir / "letter_teacher" / "train.jsonl"
             questions = read_jsonl(ctx.run_dir / "data" / SPLIT_FILES["train"])
             write_jsonl(data, mc_rows(questions, LETTERS.index(ctx.cfg.letter_teacher.letter)))
-        pairs.append((stage, AdapterJob(stage.name, str(data), ctx.adapter(stage.name), ctx.cfg.teacher)))
+        pairs.append((stage, AdapterJob(stage.name, str(data), ctx.trained(stage.name), ctx.cfg.teacher)))
     for stage, metrics in train_groups(ctx, "teacher", [pairs], runs=1):
         record_trained(ctx, stage, metrics, started)

@@ -63,11 +63,14 @@ def _finished_group(pending: dict) -> list[tuple]:
 
 
 def record_trained(ctx: RunContext, stage, metrics: dict, started: float) -> None:
-    """The stage's progress line, and its manifest entry: the adapter's digest and the run's figures."""
-    adapter: Path = ctx.adapter(stage.name)
+    """The stage's progress line, and its manifest entry: the digest of the weights it made (an adapter's
+    file, or every weights file of a fully fine-tuned model) and the run's figures."""
+    folder: Path = ctx.trained(stage.name)
+    adapter = folder / "adapter_model.safetensors"
+    weights = file_digest(adapter) if adapter.is_file() else digest(*(file_digest(f) for f in sorted(folder.glob("*.safetensors"))))
     print(f"[{stage.phase}] {stage.name}: {metrics['step']} steps, loss {metrics['first_loss']:.3f} -> {metrics['loss']:.3f}", flush=True)
     outputs = {
-        "hash": file_digest(adapter / "adapter_model.safetensors"), "steps": metrics["step"], "loss": metrics["loss"],
+        "hash": weights, "steps": metrics["step"], "loss": metrics["loss"],
         "init_hash": metrics["init_hash"], "rows": metrics["rows"], "snapshot_steps": metrics.get("snapshot_steps", []),
     }  # fmt: skip
     ctx.record(stage, started, outputs)

@@ -6,8 +6,9 @@ generated (its Serve application is left running), rerun and stopped (SIGTERM,
 what `ray job stop` sends) while its arms train, then rerun: each rerun deletes
 what a killed driver left, reuses the finished stages, leaves their outputs
 untouched, and the last completes the report. Then, on the finished run:
-`--plan` reuses everything; a new primary test reruns the report alone; an
-added arm (logit KL from another base) trains only that arm, scores it and that base. Along the way: the job log stays readable (the
+`--plan` reuses everything; a new primary test reruns the report alone; two
+added arms (logit KL from another base; a fully fine-tuned student) train only
+themselves, and are scored with that base and as a model of its own. Along the way: the job log stays readable (the
 pipeline's stage lines, none of Ray's per-dataset or per-checkpoint lines), and
 the finished run directory holds exactly the files docs/report.md lists.
 """
@@ -269,14 +270,17 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert "evaluate.primary_metric: 'teacher_answer_logprob' -> 'agreement'" in changed.stdout
     assert {stage for stage, decision in plan_lines(changed.stdout).items() if decision == "run"} == {"report"}
 
-    # An added arm trains only that arm (and scores it, its snapshots and its base); the others are reused as they are.
-    # It is the paper's control: logit KL to the teacher from another base (a folder; `base: other`, the preset's
-    # second tiny model, takes the same path after a two-minute build), with its own LoRA seeds.
-    arms = f"arms={{student: {{numbers: teacher}}, control: {{numbers: base}}, other: {{base: {perturbed_base}, loss: logit_kl, lora_seed: other, train: {{snapshots: 2}}}}}}"
+    # Added arms train only themselves (and are scored, with their snapshots and their base); the others are reused as
+    # they are. `other` is the paper's control: logit KL to the teacher from another base (a folder; `base: other`, the
+    # preset's second tiny model, takes the same path after a two-minute build), with its own LoRA seeds. `full` is a
+    # critics' control: every weight fine-tuned, served and scored as a model of its own.
+    other = f"other: {{base: {perturbed_base}, loss: logit_kl, lora_seed: other, train: {{snapshots: 2}}}}"
+    arms = f"arms={{student: {{numbers: teacher}}, control: {{numbers: base}}, {other}, full: {{replicates: 1, train: {{method: full, lr: 1.0e-4}}}}}}"
     added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", primary, "--set", arms, cache_dir=cache_dir, head=ray_head)
     assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
     ran = {k for k, v in stamps(run_dir).items() if v != stamped.get(k)} - {"report"}
-    assert ran == {"other/0", "other/1", "eval/other/0", "eval/other/1", "eval/other_base"} and adapter_bytes(run_dir).items() >= made.items()
+    assert ran == {"other/0", "other/1", "eval/other/0", "eval/other/1", "eval/other_base", "full/0", "eval/full/0"}
+    assert adapter_bytes(run_dir).items() >= made.items()
     report = json.loads((run_dir / "report.json").read_text())
     assert report["arms"]["student"]["transfer"]["primary"]["metric"] == "agreement"
     other, other_base = report["arms"]["other"], report["provenance"]["other_base_path"]
@@ -292,6 +296,17 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert (run_dir / "eval" / "other" / "0@1.jsonl").exists() and not (run_dir / "eval" / "other" / f"0@{final_step}.jsonl").exists()
     assert points[-1]["train"]["teacher_answer_logprob"]["value"] == pytest.approx(other["transfer"]["train"]["teacher_answer_logprob"]["value"])
     assert points[0]["train"]["teacher_answer_logprob"]["value"] != points[-1]["train"]["teacher_answer_logprob"]["value"]
+    # The fully fine-tuned student: a model folder, scored from it (it answers unlike the base and the LoRA
+    # student), measured against the base under auto (a LoRA control is not its like), with no LoRA figures.
+    full = report["arms"]["full"]
+    assert full["method"] == "full" and full["against"] == "base" and full["update_cosine"] == {"mean": None, "sd": None}
+    assert full["replicates"][0]["init_hash"] is None and not full["replicates"][0]["same_init_as_teacher"]
+    assert (run_dir / "arms" / "full" / "0" / "model" / "config.json").is_file() and not (run_dir / "arms" / "full" / "0" / "adapter").exists()
+    logprobs = {
+        name: [json.loads(line)["logprobs"] for line in (run_dir / "eval" / f"{name}.jsonl").read_text().splitlines()]
+        for name in ("full/0", "student/0", "base")
+    }
+    assert logprobs["full/0"] != logprobs["base"] and logprobs["full/0"] != logprobs["student/0"]
 
     # The run directory holds what docs/report.md lists, and all of it (snapshots included; no letter teacher here).
     assert undocumented_and_missing(run_dir) == ([], [])

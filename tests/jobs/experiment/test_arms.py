@@ -63,6 +63,10 @@ def test_arm_train_keys_apply_to_that_arm_only():
         ("{positive: {teacher: letter_teacher}}", r"arms\.positive: an arm of the letter teacher distils it \(loss: logit_kl\)"),
         ("{positive: {teacher: letter_techer, loss: logit_kl}}", r"arms\.positive\.teacher"),
         ("{student: {against: controll}, control: {numbers: base}}", r"arms\.student\.against='controll'"),
+        ("{full: {lora_seed: other, train: {method: full}}}", r"arms\.full: train\.method full trains every weight from the base"),
+        ("{full: {lora_init: teacher_a, loss: logit_kl, train: {method: full}}}", r"arms\.full: train\.method full .* lora_init"),
+        ("{full: {train: {method: full, snapshots: 2}}}", r"arms\.full: train\.snapshots with train\.method full"),
+        ("{full: {train: {method: full, quantization: 4bit}}}", r"method=full with quantization=4bit is refused"),
     ],
 )
 def test_bad_arm_declarations_name_the_problem(arms, message):
@@ -136,6 +140,21 @@ def test_an_arm_on_the_other_base_is_never_same_init_and_is_measured_against_tha
     assert other_base(load_experiment(None, ["arms={a: {base: same}, b: {base: tiny}}"])) is None
     with pytest.raises(ConfigError, match="base 'other' is the tiny preset's second tiny model"):
         load_experiment(None, ["model.path=/models/llama", "arms={a: {base: other}}"])
+
+
+def test_a_fully_fine_tuned_arm_claims_no_lora_init_and_is_measured_against_its_like():
+    from jobs.experiment.arms import reference_of
+
+    full = "train: {method: full, lr: 1.0e-4}"
+    cfg = load_experiment(None, [f"arms={{student: {{}}, control: {{numbers: base}}, full: {{{full}}}, full_control: {{numbers: base, {full}}}}}"])
+    models = {m.name: m for m in arm_models(cfg)}
+    assert models["full/0"].full and not models["full/0"].same_init and models["student/0"].same_init and not models["student/0"].full
+    # A LoRA control is not a fully fine-tuned student's reference: under auto it is the base; name the full control.
+    assert reference_of("student", cfg) == "control" and reference_of("full", cfg) == "base"
+    mixed = load_experiment(None, [f"arms={{full: {{{full}}}, control: {{numbers: base, {full}}}}}"])
+    assert reference_of("full", mixed) == "control"
+    with pytest.raises(ConfigError, match="teacher.method: the teacher is a LoRA adapter"):
+        load_experiment(None, ["teacher.method=full"])
 
 
 def test_teacher_a_starts_from_the_teachers_shape():

@@ -107,6 +107,18 @@ def test_an_sgd_arm_reads_its_optimizer_and_leaves_adamw_stages_as_stored(tmp_pa
     assert set(changed) == set(todo) and changed["sgd/0"] == "train.momentum: 0.9 -> 0.5"
 
 
+def test_a_fully_fine_tuned_arm_reads_its_method_and_declares_its_model_folder(tmp_path):
+    """`method` came after runs were stored: under LoRA it is not read; a full arm reads it and
+    keeps a model folder, not an adapter."""
+    manifest = finished_run(tmp_path)
+    arms = "arms={student: {numbers: teacher}, control: {numbers: base}, full: {train: {method: full, lr: 1.0e-4}}}"
+    assert set(runs(stages_for(arms), manifest)) == {"full/0", "full/1", "eval/full/0", "eval/full/1", "report"}
+    stages = {s.name: s for s in stages_for(arms)}
+    assert stages["full/0"].reads["train.method"] == "full" and stages["full/0"].files == ("arms/full/0/model",)
+    assert not any(key.endswith(".method") for key in {**stages["student/0"].reads, **stages["teacher"].reads})
+    assert stages["student/0"].files == ("arms/student/0/adapter",)
+
+
 def test_scoring_in_more_orders_reruns_evaluation_and_report_only(tmp_path):
     manifest = finished_run(tmp_path)
     todo = runs(stages_for("evaluate.permutations=2"), manifest)
