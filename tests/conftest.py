@@ -69,10 +69,16 @@ def head_node(*extra_args: str, env: dict | None = None):
             return probe.getsockname()[1]
 
     def stop(temp_dir: str) -> None:
+        """Kill the head's processes and their children: the raylet's agents rename themselves
+        (`ray::DashboardAgent`, about 15% of a core each), so their command lines do not name the dir."""
         mine = [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or ())]
-        for process in mine:
-            process.kill()
-        psutil.wait_procs(mine, timeout=30)
+        for process in list(mine):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                mine += process.children(recursive=True)
+        for process in set(mine):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(set(mine), timeout=30)
 
     ray = str(Path(sys.executable).parent / "ray")
     for _ in range(3):
