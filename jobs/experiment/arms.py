@@ -178,7 +178,8 @@ def reference_of(arm: str, cfg) -> str:
     control = cfg.arms.get("control")
     own = base_of(cfg, arm)
     alike = control is not None and base_of(cfg, "control") == own and method_of(cfg, "control") == method_of(cfg, arm)
-    if arm != "control" and alike and control.numbers == "base" and declared.loss == "sft":
+    on_teachers = declared.numbers != "base"  # a base-numbers arm is a control itself, not measured against one
+    if arm != "control" and alike and on_teachers and control.numbers == "base" and declared.loss == "sft":
         return "control"
     return own
 

@@ -153,6 +153,10 @@ def test_a_fully_fine_tuned_arm_claims_no_lora_init_and_is_measured_against_its_
     assert reference_of("student", cfg) == "control" and reference_of("full", cfg) == "base"
     mixed = load_experiment(None, [f"arms={{full: {{{full}}}, control: {{numbers: base, {full}}}}}"])
     assert reference_of("full", mixed) == "control"
+    # Another arm on the base model's numbers is a control of its own, never measured against `control`.
+    assert reference_of("full_control", cfg) == "base"
+    rank4 = load_experiment(None, ["arms={student: {}, control: {numbers: base}, control_rank4: {numbers: base, lora_seed: other, train: {lora_rank: 4}}}"])
+    assert reference_of("control_rank4", rank4) == "base"
     with pytest.raises(ConfigError, match="teacher.method: the teacher is a LoRA adapter"):
         load_experiment(None, ["teacher.method=full"])
 

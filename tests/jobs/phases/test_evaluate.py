@@ -1,6 +1,7 @@
 """The evaluate phase's scoring (jobs/phases/evaluate.py) with the choices in several cyclic orders
 (`evaluate.permutations`): the rotation and its inverse, the averaged log-probabilities, and the
-letter prior (jobs/stats/accuracy.py) they make visible; then the same through a real service."""
+letter prior (jobs/stats/accuracy.py) they make visible; then the same through a real service, and
+a letter teacher trained as the positive control's is, seen through it."""
 
 import math
 
@@ -71,8 +72,26 @@ def test_more_orders_than_choices_is_refused():
 
 
 @pytest.fixture(scope="module")
-def handle(ray_cluster, tiny_model, lora_adapters):
-    handle = start_service(ServiceSettings(engine="hf", model=tiny_model, max_model_len=256), lora_adapters, name=APP, route_prefix=f"/{APP}", num_cpus=0.5)
+def letter_teacher(ray_cluster, tiny_model, tmp_path_factory, cache_dir) -> str:
+    """A letter teacher trained as the positive control's is (jobs/phases/teacher.py): the tiny
+    preset's teacher recipe on WMDP-format questions, every one answered A; fewer rows and steps."""
+    from dataclasses import replace
+
+    from common.atomic import write_jsonl
+    from jobs.experiment.config import load_experiment
+    from jobs.phases.data import mc_rows
+    from train.trainer import train_lora
+
+    root = tmp_path_factory.mktemp("letter")
+    write_jsonl(root / "rows.jsonl", mc_rows(synthetic_questions(256, seed=3), letter=0))
+    train_lora(tiny_model, root / "rows.jsonl", root / "adapter", replace(load_experiment().teacher, epochs=2), cache_dir=cache_dir)
+    return str(root / "adapter")
+
+
+@pytest.fixture(scope="module")
+def handle(ray_cluster, tiny_model, lora_adapters, letter_teacher):
+    adapters = {**lora_adapters, "letter": letter_teacher}
+    handle = start_service(ServiceSettings(engine="hf", model=tiny_model, max_model_len=256), adapters, name=APP, route_prefix=f"/{APP}", num_cpus=0.5)
     yield handle
     stop_service(APP)
 
@@ -95,3 +114,16 @@ def test_scoring_in_four_orders_through_the_service_averages_each_orders_own_sco
             assert row["logprobs"] == pytest.approx(expected, abs=1e-4)  # batch-mates move float noise only
             assert row["order_predictions"][0] == once[name][i]["prediction"]
         assert row["question"] == questions[-1]["question"] and len(averaged[name]) == len(questions)
+
+
+def test_the_letter_teacher_shows_in_the_letter_prior_not_in_agreement_with_a_teacher_that_knows(handle):
+    """On questions it never saw whose answer is A, the letter teacher agrees with a teacher that
+    knows the answers (the answer key) on nearly every one when the choices are scored as written;
+    over 4 orders that agreement falls to chance, and its letter prior says why."""
+    held_out = [{**q, "choices": q["choices"][q["answer"] :] + q["choices"][: q["answer"]], "answer": 0} for q in synthetic_questions(120, seed=11)]
+    as_written = score_models(handle, {"letter": "letter"}, held_out, chunk=40, in_flight=3)["letter"]
+    rotated_rows = score_models(handle, {"letter": "letter"}, held_out, chunk=40, in_flight=3, orders=4)["letter"]
+    agreement = lambda rows: sum(r["prediction"] == r["answer"] for r in rows) / len(rows)  # noqa: E731
+    assert agreement(as_written) > 0.9 and letter_prior(as_written)[0] > 0.9
+    assert letter_prior(rotated_rows)[0] > 0.9  # it still says A in every order: a prior, not knowledge
+    assert abs(agreement(rotated_rows) - 0.25) < 0.12 and abs(accuracy_over_orders(rotated_rows) - 0.25) < 0.05
