@@ -1,5 +1,6 @@
 """Arms and replicates declared in the preset: resolution, seeds and the declarations refused."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,26 @@ def test_the_evidence_preset_declares_every_control():
     assert (contrast.arm, contrast.against) == ("student_logits", "student_logits_other_base")
     assert arms["student_logits_other_base"].base == OTHER_BASE and arms["student_logits_other_base"].loss == "logit_kl"
     assert arms["student_teacher_a"].lora_init == "teacher_a"
+
+
+def test_the_critics_preset_measures_each_student_against_a_control_trained_alike():
+    """configs/tiny-critics.yaml: every student on the teacher's numbers is measured against an arm
+    on the base model's numbers whose models differ from its own in the numbers' source alone."""
+    from jobs.experiment.arms import reference_of
+
+    cfg = load_experiment(Path(__file__).resolve().parents[3] / "configs" / "tiny-critics.yaml")
+    models = {m.name: m for m in arm_models(cfg)}
+    students = [arm for arm, declared in cfg.arms.items() if declared.numbers == "teacher"]
+    assert len(students) == 5 and cfg.evaluate.permutations == 4
+    for student in students:
+        control = reference_of(student, cfg)
+        assert cfg.arms[control].numbers == "base", student
+        for i in range(3):
+            mine, theirs = models[f"{student}/{i}"], models[f"{control}/{i}"]
+            assert dataclasses.replace(mine, arm=control, source="base") == theirs, student
+    methods = {models[f"{s}/0"].train.method for s in students}
+    ranks = {models[f"{s}/0"].train.lora_rank for s in students if models[f"{s}/0"].train.method == "lora"}
+    assert methods == {"lora", "full"} and ranks == {4, 8, 32} and "sgd" in {models[f"{s}/0"].train.optimizer for s in students}
 
 
 def test_an_arm_on_the_other_base_is_never_same_init_and_is_measured_against_that_base():
