@@ -174,16 +174,15 @@ def fits(parts: dict[str, float], gpu_gib: float) -> bool:
 def fit_advice(shape: Shape, train, workers: int, gpu_gib: float) -> str:
     """What would make a stage that does not fit on `workers` GPUs of `gpu_gib` fit: FSDP over the
     same GPUs, or the fewest GPUs (up to 64) that would under FSDP; else why neither does."""
-    sharded = dataclasses.replace(train, strategy="fsdp")
     if train.quantization != "none":
         return "FSDP over a quantized base is refused (train/config.py); fewer tokens per micro-step, or a larger GPU"
-    if train.strategy == "ddp" and fits(training_gib(shape, sharded, workers), gpu_gib):
-        return f"strategy: fsdp over the {workers} GPU(s) ({training_gib(shape, sharded, workers)['total']:.1f} GiB each)"
-    more = next((n for n in (2, 4, 8, 16, 32, 64) if n > workers and fits(training_gib(shape, sharded, n), gpu_gib)), None)
-    if more is not None:
-        return f"{more} GPUs under strategy: fsdp ({training_gib(shape, sharded, more)['total']:.1f} GiB each)"
-    peak = training_gib(shape, sharded, 64)["load peak"]
-    return f"no GPU count does: each worker loads the whole model ({peak:.0f} GiB) before FSDP shards it; a larger GPU, or LoRA"
+    sharded = dataclasses.replace(train, strategy="fsdp")
+    for n in [workers] + [n for n in (2, 4, 8, 16, 32, 64) if n > workers]:
+        parts = training_gib(shape, sharded, n)
+        if fits(parts, gpu_gib):
+            where = f"strategy: fsdp over the {n} GPU(s)" if n == workers else f"{n} GPUs under strategy: fsdp"
+            return f"{where} ({parts['total']:.1f} GiB each)"
+    return f"no GPU count does: each worker loads the whole model ({parts['load peak']:.0f} GiB) before FSDP shards it; a larger GPU, or LoRA"
 
 
 def stage_plans(cfg) -> dict[str, object]:
