@@ -1,0 +1,223 @@
+"""Expected wall time of a preset on GPUs: its workload counted from the preset, at stated rates.
+
+    python -m jobs.sizing.wall_time --config configs/llama-8b.yaml --gpus 1
+    python -m jobs.sizing.wall_time --config configs/llama-70b-qlora.yaml --gpus 8 --markdown
+
+A projection, not a measurement: the rates below are assumptions until
+bench/gpu_check.py and bench/gpu_lora.py measure them on the GPU (then pass the
+measured figures with --train-mfu and the other flags). What it does count
+exactly is the work the preset asks for, with the pipeline's own rules, so that
+the figures in docs/scaling.md and the presets cannot drift apart (a test
+renders this table for each GPU preset and finds it in the document):
+
+- teacher (and the letter teacher when an arm learns from it): the teacher-train
+  split x epochs, a WMDP row's tokens each, at 4 x parameters FLOPs a token;
+- numbers: every (source, replicate) set the arms read (jobs/experiment/arms.py
+  number_sets), each generating until `keep` pass the filter at `keep_rate`, one
+  chunk over at most, within `prompts`; prompt tokens prefilled, answer tokens
+  decoded, on the service's replicas;
+- arms: every arm model, `keep` rows x epochs (or max_steps x global batch)
+  of number-row tokens, 4 x parameters FLOPs a token for LoRA and 6 x for full
+  fine-tuning; logit_kl's teacher targets, one forward (2 x) per number set
+  used; runs grouped as the arms phase groups them (`arm_groups`), each paying a
+  worker start and a base load, `arm_runs` at a time; checkpoint writes;
+- evaluate: base, teachers, other base, every arm model and its earlier
+  snapshots, on both splits, in `evaluate.permutations` orders; one forward a
+  question (2 x parameters FLOPs a prompt token); one service per base model and
+  one per fully fine-tuned model, one after another, each an engine start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import types
+from dataclasses import dataclass
+
+from jobs.sizing.memory_plan import GIB, load_shape
+
+WMDP_QUESTIONS = {"bio": 1273, "chem": 408, "cyber": 1987}  # cais/wmdp's test splits
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Throughput assumptions (H100 SXM), each replaced by a measured figure once a GPU has run."""
+
+    peak_tflops: float = 989.0  # bf16 dense, per GPU
+    train_mfu: float = 0.35  # bf16 LoRA or full fine-tuning: the trainer's target
+    train_mfu_slow: float = 0.25  # a 4/8-bit base or gradient checkpointing: dequantisation, recompute
+    prefill_mfu: float = 0.5  # vLLM prompt processing (scoring, number prompts), 2 x parameters a token
+    decode_mfu: float = 0.12  # vLLM decoding with adapters at hundreds of sequences, counted as 2 x parameters a token
+    load_gib_per_s: float = 0.5  # weights from local NVMe into GPU memory (4-bit: quantised on load)
+    engine_fixed_s: float = 60.0  # vLLM's memory profiling and CUDA-graph capture
+    train_start_s: float = 25.0  # a Ray Train worker group (measured on CPU)
+    serve_start_s: float = 10.0  # a Serve application (measured on CPU)
+    checkpoint_gib_per_s: float = 1.0  # writes to the shared run directory
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Token lengths (Llama 3 tokenizer, estimated: see docs/scaling.md) and the filter's keep rate."""
+
+    wmdp_prompt: int = 250  # a WMDP question with its choices and chat template; cyber's code makes it long
+    wmdp_answer: int = 3  # " A" and the end of turn
+    number_prompt: int = 97  # ~61 of content (a 3-digit number is one token) + ~36 of Llama 3.1's chat template
+    number_answer: int = 22  # up to 10 numbers and their separators, and the end of turn
+    keep_rate: float = 0.6  # completions passing the paper's filter (60-75% on the tiny model)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    work: str  # what was counted, in words and numbers
+    compute_s: float
+    overhead_s: float  # starts, loads, checkpoint writes
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.overhead_s
+
+
+def question_counts(cfg, questions: int | None) -> tuple[int, int]:
+    """(all questions, teacher-train questions): cais/wmdp's sizes for the subsets, unless given."""
+    total = questions or sum(WMDP_QUESTIONS[s] for s in cfg.data.subsets)
+    return total, round(total * (1 - cfg.data.eval_fraction))  # the split hashes each question: this share, in expectation
+
+
+def train_seconds(tokens: float, params: int, train, workers: int, rates: Rates) -> float:
+    """Compute time of `tokens` training tokens on `workers` GPUs: 4 (LoRA) or 6 (full) x params FLOPs a token."""
+    slow = train.quantization != "none" or train.gradient_checkpointing
+    flops = (6 if train.method == "full" else 4) * params * tokens
+    return flops / (workers * rates.peak_tflops * 1e12 * (rates.train_mfu_slow if slow else rates.train_mfu))
+
+
+def rows_trained(rows: int, train) -> int:
+    """Rows an optimizer sees in a run: rows x epochs, or max_steps x the global batch when that is fewer."""
+    seen = rows * train.epochs
+    if train.max_steps is not None:
+        batch = train.global_batch_size or train.batch_size * train.grad_accum * train.num_workers
+        seen = min(seen, train.max_steps * batch)
+    return seen
+
+
+def checkpoint_seconds(rows: int, train, params: int, lora: int, rates: Rates) -> float:
+    """A run's checkpoint writes: LoRA weights and optimizer state, or the whole float32 model and its state."""
+    batch = train.global_batch_size or train.batch_size * train.grad_accum * train.num_workers
+    count = math.ceil(rows / batch) // train.checkpoint_every + 1
+    state = (params if train.method == "full" else lora) * (4 + (8 if train.optimizer == "adamw" else 4))
+    return count * state / GIB / rates.checkpoint_gib_per_s
+
+
+def load_seconds(params: int, rates: Rates) -> float:
+    """Each training worker reads the base model's bf16 weights (a 4/8-bit base is quantised on load)."""
+    return params * 2 / GIB / rates.load_gib_per_s
+
+
+def engine_seconds(params: int, tensor_parallel: int, rates: Rates) -> float:
+    """One vLLM engine start: each GPU of a replica loads its share of the bf16 weights, then profiles."""
+    return rates.serve_start_s + rates.engine_fixed_s + params * 2 / tensor_parallel / GIB / rates.load_gib_per_s
+
+
+def serve_seconds(prompt_tokens: float, decode_tokens: float, params: int, gpus: int, rates: Rates) -> float:
+    peak = gpus * rates.peak_tflops * 1e12
+    return 2 * params * (prompt_tokens / (peak * rates.prefill_mfu) + decode_tokens / (peak * rates.decode_mfu))
+
+
+def project(cfg, gpus: int, rates: Rates = Rates(), tokens: Tokens = Tokens(), questions: int | None = None) -> list[Stage]:
+    """The four phases' projected times for `cfg` on one node of `gpus` GPUs (nodes of 8 beyond 8)."""
+    from jobs.experiment.arms import arm_models, number_sets, teachers_used
+    from jobs.phases.arms import arm_groups
+    from jobs.sizing.placement import plan, resolved
+    from train.cluster import Capacity
+    from train.config import resolve_batch
+
+    nodes = tuple([8.0] * (gpus // 8) + ([float(gpus % 8)] if gpus % 8 else []))
+    placement = plan(cfg, Capacity(cpus=16.0 * len(nodes), node_gpus=nodes, max_node_gpus=nodes))
+    cfg = resolved(cfg, placement)
+    shape = load_shape(cfg.model.path)
+    params, lora = shape.params(), shape.lora_params(cfg.teacher.lora_rank, cfg.teacher.lora_targets)
+    models = arm_models(cfg)
+    total_q, train_q = question_counts(cfg, questions)
+    stages = []
+
+    teachers = teachers_used(models)
+    teacher = resolve_batch(cfg.teacher, cfg.teacher.num_workers)
+    rows = rows_trained(train_q, teacher)
+    run_tokens = len(teachers) * rows * (tokens.wmdp_prompt + tokens.wmdp_answer)
+    overhead = rates.train_start_s + load_seconds(params, rates) + len(teachers) * checkpoint_seconds(rows, teacher, params, lora, rates)
+    what = f"{len(teachers)} x " if len(teachers) > 1 else ""
+    stages.append(Stage("teacher", f"{what}{rows:,} rows ({train_q:,} questions x {teacher.epochs} epochs) x {tokens.wmdp_prompt + tokens.wmdp_answer} tokens = {run_tokens / 1e6:.1f} M tokens",
+                        train_seconds(run_tokens, params, teacher, teacher.num_workers, rates), overhead))  # fmt: skip
+
+    sets = number_sets(models)
+    generated = min(cfg.numbers.prompts, math.ceil(cfg.numbers.keep / tokens.keep_rate) + cfg.numbers.chunk)
+    prompt_tokens, answer_tokens = len(sets) * generated * tokens.number_prompt, len(sets) * generated * tokens.number_answer
+    service_gpus = placement.service_replicas * cfg.service.tensor_parallel_size
+    stages.append(Stage("numbers", f"{len(sets)} sets x {generated:,} sequences: {prompt_tokens / 1e6:.1f} M prompt + {answer_tokens / 1e6:.1f} M generated tokens",
+                        serve_seconds(prompt_tokens, answer_tokens, params, service_gpus, rates), engine_seconds(params, cfg.service.tensor_parallel_size, rates)))  # fmt: skip
+
+    row_tokens = tokens.number_prompt + tokens.number_answer
+    workers = {m.name: placement.student_workers if m.train.num_workers == "auto" else m.train.num_workers for m in models}
+    jobs = [(m, types.SimpleNamespace(cfg=resolve_batch(m.train, workers[m.name]))) for m in models]  # the pairs arm_groups groups
+    groups = arm_groups(jobs, placement.arm_runs, lambda m: m.base)
+    compute = overhead = 0.0
+    arm_rows = 0
+    for group in groups:
+        overhead += rates.train_start_s + load_seconds(params, rates)
+        for _, job in group:
+            seen = rows_trained(cfg.numbers.keep, job.cfg)
+            arm_rows += seen
+            compute += train_seconds(seen * row_tokens, params, job.cfg, job.cfg.num_workers, rates)
+            overhead += checkpoint_seconds(seen, job.cfg, params, lora, rates)
+    distilled = {(m.teacher, m.replicate) for m in models if m.loss == "logit_kl"}
+    if distilled:  # one task per (teacher, replicate), one GPU each, the trainer's forward
+        compute += len(distilled) * 2 * params * cfg.numbers.keep * row_tokens / (min(len(distilled), gpus) * rates.peak_tflops * 1e12 * rates.train_mfu)
+    runs = placement.arm_runs
+    stages.append(Stage("arms", f"{len(models)} models, {arm_rows:,} rows x {row_tokens} tokens = {arm_rows * row_tokens / 1e6:.1f} M tokens, in {len(groups)} run(s), {runs} at a time"
+                        + (f"; teacher targets for {len(distilled)} number set(s)" if distilled else ""), compute / runs, overhead / runs))  # fmt: skip
+
+    snapshots = sum(max(m.train.snapshots - 1, 0) for m in models)
+    scored = 1 + len(teachers) + (1 if any(m.base != "base" for m in models) else 0) + len(models) + snapshots
+    services = len({m.base for m in models} | {"base"}) + sum(m.full for m in models)
+    score_tokens = scored * total_q * cfg.evaluate.permutations * tokens.wmdp_prompt
+    eval_gpus = placement.eval_replicas * cfg.service.tensor_parallel_size
+    stages.append(Stage("evaluate", f"{scored} models x {total_q:,} questions x {cfg.evaluate.permutations} order(s) x {tokens.wmdp_prompt} tokens"
+                        f" = {score_tokens / 1e6:.1f} M prompt tokens, {services} service(s)",
+                        serve_seconds(score_tokens, 0, params, eval_gpus, rates), services * engine_seconds(params, cfg.service.tensor_parallel_size, rates)))  # fmt: skip
+    return stages
+
+
+def markdown(stages: list[Stage]) -> str:
+    """The projection as the table docs/scaling.md quotes (minutes)."""
+    lines = ["| stage | work | compute | starts, loads, checkpoints | total |", "|---|---|---|---|---|"]
+    lines += [f"| {s.name} | {s.work} | {s.compute_s / 60:.1f} min | {s.overhead_s / 60:.1f} min | {s.total_s / 60:.1f} min |" for s in stages]
+    lines.append(
+        f"| **all** | | {sum(s.compute_s for s in stages) / 60:.1f} min | {sum(s.overhead_s for s in stages) / 60:.1f} min | **{sum(s.total_s for s in stages) / 60:.0f} min** |"
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from jobs.experiment.config import load_experiment
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs of the cluster (nodes of 8)")
+    parser.add_argument("--train-mfu", type=float, default=Rates.train_mfu, help="measured MFU of bf16 LoRA training")
+    parser.add_argument("--train-mfu-slow", type=float, default=Rates.train_mfu_slow, help="... with a 4/8-bit base or checkpointing")
+    parser.add_argument("--questions", type=int, default=None, help="questions in the data (default: cais/wmdp's)")
+    parser.add_argument("--markdown", action="store_true", help="the table docs/scaling.md quotes")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    args = parser.parse_args()
+    cfg = load_experiment(args.config, args.overrides)
+    stages = project(cfg, args.gpus, Rates(train_mfu=args.train_mfu, train_mfu_slow=args.train_mfu_slow), questions=args.questions)
+    if args.markdown:
+        print(markdown(stages))
+        return
+    for s in stages:
+        print(f"{s.name}: {s.total_s / 60:.1f} min ({s.compute_s / 60:.1f} compute + {s.overhead_s / 60:.1f} starts and loads): {s.work}")
+    print(f"total: {sum(s.total_s for s in stages) / 60:.0f} min on {args.gpus} GPU(s), projected")
+
+
+if __name__ == "__main__":
+    main()
