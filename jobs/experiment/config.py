@@ -62,6 +62,10 @@ class ServiceConfig:
     kv_cache_gib: float = 1.0  # CPU only
     gpu_memory_utilization: float = 0.9  # GPU only
     tensor_parallel_size: int = 1
+    # Sequences and tokens in one engine step (vLLM); None: sized for an H100 on GPU (1024 and
+    # 16384, serve/vllm_engine.py), vLLM's own defaults on CPU.
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -80,15 +80,18 @@ def max_lora_rank(ranks: list[int]) -> int:
     return next((r for r in VLLM_LORA_RANKS if r >= largest), largest)
 
 
-def service_settings(cfg: ExperimentConfig, model_path: str, evaluation: bool, lora_rank: int):
-    """ServiceSettings for a phase: every `service`/`evaluate` field that ServiceSettings also has."""
+def service_settings(cfg: ExperimentConfig, model_path: str, evaluation: bool, lora_rank: int, adapters: int = 0):
+    """ServiceSettings for a phase: every `service`/`evaluate` field that ServiceSettings also has;
+    vLLM's host cache of adapters holds all `adapters` the phase registers, so none is reread from
+    disk while the phase runs."""
     from serve.settings import ServiceSettings
 
     known = set(ServiceSettings.model_fields)
     values = {k: v for k, v in dataclasses.asdict(cfg.service).items() if k in known}
     if evaluation:
         values.update({k: v for k, v in dataclasses.asdict(cfg.evaluate).items() if k in known})
-    return ServiceSettings(**values, model=model_path, max_lora_rank=lora_rank)
+    cached = max(ServiceSettings.model_fields["max_cpu_loras"].default, adapters)
+    return ServiceSettings(**values, model=model_path, max_lora_rank=lora_rank, max_cpu_loras=cached)
 
 
 @contextlib.contextmanager
@@ -97,7 +100,7 @@ def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentCo
     from serve.launch import start_service, stop_service
 
     place = cfg.evaluate if evaluation else cfg.service
-    settings = service_settings(cfg, model_path, evaluation, lora_rank)
+    settings = service_settings(cfg, model_path, evaluation, lora_rank, len(adapters))
     print(f"[serve] starting {app}: {place.replicas} replica(s), engine {settings.engine}, {len(adapters)} adapter(s)", flush=True)
     handle = start_service(
         settings, adapters, name=app, route_prefix=f"/{app}", replicas=place.replicas,
