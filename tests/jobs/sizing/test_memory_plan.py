@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jobs.experiment.config import load_experiment
-from jobs.sizing.memory_plan import GIB, KNOWN_SHAPES, Shape, engine_gib, training_gib
+from jobs.sizing.memory_plan import GIB, KNOWN_SHAPES, Precision, Shape, engine_gib, training_gib
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -95,6 +95,30 @@ def test_seventy_b_needs_sharding_or_quantisation_and_tensor_parallel_serving():
     assert bf16_fsdp["total"] < 80 < bf16_fsdp["load peak"]  # sharded it would fit; loading whole per GPU does not
     assert engine_gib(shape, 1, 80, 0.9)["kv tokens"] == 0  # one GPU cannot even hold the weights
     assert engine_gib(shape, 4, 80, 0.9)["kv tokens"] > 100_000
+
+
+def test_stages_are_sized_in_the_dtypes_they_train_in():
+    """Activations are counted in each stage's dtypes on its device (test_activation_memory.py measures each
+    term per dtype): bf16 over a bf16 base; over a 4-bit base a float32 residual stream (PEFT's upcast
+    embeddings and norms) and float32 projection outputs (Linear4bit returns its input's dtype)."""
+
+    def dtypes(train, gpu=True):
+        p = Precision.of(train, gpu)
+        return p.compute, p.stream, p.linear_out, p.quantized, p.attention
+
+    eight = load_experiment(ROOT / "configs" / "llama-8b.yaml").teacher
+    seventy = load_experiment(ROOT / "configs" / "llama-70b-qlora.yaml").teacher
+    assert dtypes(eight) == (2, 2, 2, False, "sdpa")  # attention: auto is sized as SDPA, the larger
+    assert dtypes(replace(eight, attention="flash_attention_2")) == (2, 2, 2, False, "flash")
+    assert dtypes(seventy) == (2, 4, 4, True, "sdpa")
+    assert dtypes(replace(eight, method="full")) == (2, 4, 2, False, "sdpa")  # float32 weights under bf16 autocast
+    assert dtypes(eight, gpu=False) == (4, 4, 4, False, "sdpa")
+    # 70B under checkpointing: each layer's float32 input, RoPE's float32 cos and sin, then the loss's peak
+    # (the final norm's float32 input and rsqrt, log-softmax and its two gradients, the labels), over one recomputed layer
+    shape = Shape.from_config(KNOWN_SHAPES[load_experiment(ROOT / "configs" / "llama-70b-qlora.yaml").model.path])
+    per_token = 80 * 4 * 8192 + 2 * 128 * 4 + (4 * 8192 + 4) + 12 * 128256 + 8
+    assert shape.activation_bytes_per_token(Precision.of(seventy), 512, checkpointing=True) == per_token
+    assert training_gib(shape, seventy, 8)["activations"] * GIB == seventy.batch_size * seventy.max_length * per_token
 
 
 @pytest.mark.parametrize("preset", ["llama-8b", "llama-70b-qlora"])
