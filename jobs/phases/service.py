@@ -97,10 +97,13 @@ def service_settings(cfg: ExperimentConfig, model_path: str, evaluation: bool, l
 @contextlib.contextmanager
 def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentConfig, evaluation: bool, lora_rank: int):
     """The Serve application for one phase, deleted when the phase ends however it ends."""
+    from jobs.phases.handoff import wait_for_gpus
     from serve.launch import start_service, stop_service
 
     place = cfg.evaluate if evaluation else cfg.service
     settings = service_settings(cfg, model_path, evaluation, lora_rank, len(adapters))
+    if place.gpus_per_replica:  # the last stage's workers or replicas may still hold these GPUs
+        wait_for_gpus(settings.gpu_memory_utilization, f"starting {app}")
     print(f"[serve] starting {app}: {place.replicas} replica(s), engine {settings.engine}, {len(adapters)} adapter(s)", flush=True)
     handle = start_service(
         settings, adapters, name=app, route_prefix=f"/{app}", replicas=place.replicas,

@@ -29,7 +29,11 @@ def train_groups(ctx: RunContext, prefix: str, groups: list[list[tuple]], runs: 
     `runs` at once."""
     import ray
 
+    from jobs.phases.handoff import wait_for_gpus
     from train.trainer import clear_stale_outputs, train_lora_many
+
+    if any(job.cfg.use_gpu for group in groups for _, job in group):  # a Serve app's engines may still hold the GPUs
+        wait_for_gpus(ctx.cfg.service.gpu_memory_utilization, prefix)
 
     def call(group):
         jobs = [job for _, job in group]
