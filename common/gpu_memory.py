@@ -11,8 +11,8 @@ GIB = 2**30
 
 def gpu_memory() -> list[tuple[int, int, int]]:
     """(index, free bytes, total bytes) of every GPU of this machine; [] without one. Read through
-    NVML (the nvidia-ml-py package), which creates no CUDA context and sees every GPU whatever
-    CUDA_VISIBLE_DEVICES says (a Ray task without GPUs has it empty); else through torch, which
+    NVML (the nvidia-ml-py package, which vLLM installs), which creates no CUDA context and sees
+    every GPU of the machine whatever CUDA_VISIBLE_DEVICES says; else through torch, which
     sees only the GPUs CUDA_VISIBLE_DEVICES leaves and creates a CUDA context on each in this
     process (about 0.5 GiB, held for the process's life)."""
     try:

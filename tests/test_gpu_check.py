@@ -1,22 +1,77 @@
-"""bench/gpu_check.py, the GPU machine's first command, runs here on CPU (`--smoke`) as it will there."""
+"""bench/gpu_check.py, the GPU machine's first command, runs here on CPU (`--smoke`) as it will there:
+every check that can run without CUDA runs, at narrow widths, and passes."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+CHECKS = ["8b_lora", "packing", "logit_kl_ddp", "gradient_checkpointing", "fsdp2_world_size_1", "70b_slice_4bit_ddp", "handoff"]
 
 
-def test_smoke_run_passes_every_check_it_can_make_on_cpu(tmp_path):
-    out = tmp_path / "gpu_check.json"
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("gpu_check") / "gpu_check.json"
     done = subprocess.run([sys.executable, "bench/gpu_check.py", "--smoke", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    checks = json.loads(out.read_text())["checks"]
-    assert {name for name, c in checks.items() if c["ok"]} == {"packing", "lora", "gradient_checkpointing", "fsdp2_world_size_1"}
-    assert checks["4bit_base"]["ok"] is None and checks["4bit_base"]["skipped"]
-    assert checks["packing"]["found_packed"] == checks["packing"]["examples"] > checks["packing"]["packed_rows"]
-    assert checks["lora"]["last_loss"] < checks["lora"]["first_loss"]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_every_check_runs_and_passes_on_cpu(smoke):
+    assert list(smoke["checks"]) == CHECKS
+    assert {name: c["ok"] for name, c in smoke["checks"].items()} == dict.fromkeys(CHECKS, True)
+    assert all(c["seconds"] >= 0 for c in smoke["checks"].values())
+
+
+def test_lora_training_learns_on_multi_row_packed_batches(smoke):
+    check = smoke["checks"]["8b_lora"]
+    assert check["parameters"] > check["parameters_without_embeddings"] > 0
+    for name, shape in check["shapes"].items():
+        assert shape["last_loss"] < shape["first_loss"], name
+        assert shape["tokens_per_s"] > 0 and shape["mfu"] is None  # no peak FLOP/s on CPU
+        assert shape["sdpa_kernels"] and not any("unknown" in k for k in shape["sdpa_kernels"])  # the dispatcher's choice was read
+    assert check["shapes"]["student"]["packed_rows"] < check["shapes"]["student"]["rows"]
+
+
+def test_packed_examples_get_their_own_losses_and_gradients(smoke):
+    check = smoke["checks"]["packing"]
+    assert check["attention"] == "sdpa"
+    for shape in check["shapes"].values():
+        assert shape["examples"] == shape["rows"] and shape["examples_sharing_a_row"] > 0
+        assert shape["worst_loss_gap"] <= 1e-4 and shape["worst_gradient_gap"] <= 1e-4
+        assert shape["least_logits_gap_if_leaking"] > 0.1 > 1000 * shape["worst_logits_gap"]  # a leak would show
+
+
+def test_logit_kl_under_ddp_matches_the_teacher_it_was_computed_from(smoke):
+    check = smoke["checks"]["logit_kl_ddp"]
+    assert check["ddp"]
+    assert check["untrained"]["kl"] < 1e-5 < check["trained"]["kl"] / 100
+    trained = check["trained"]
+    assert trained["gradient_gap_stored_vs_in_loop"] < 1e-2  # float16 storage of the targets
+    assert trained["kl_after_steps"] < trained["kl"]
+    assert trained["teacher_frozen"] and trained["teacher_outside_optimizer"] and trained["teacher_unchanged"]
+
+
+def test_70b_slice_trains_in_ddp_and_resumes_from_the_trainers_checkpoint(smoke):
+    check = smoke["checks"]["70b_slice_4bit_ddp"]
+    assert check["backend"] == "gloo" and check["quantization"] == "none" and check["4bit"] == {"ok": None, "skipped": "bitsandbytes needs CUDA"}
+    assert check["ddp_vs_plain_gradient_gap"] <= 1e-5
+    ckpt = check["checkpoint"]
+    assert ckpt["weights_restored_exactly"] and ckpt["step_after_resume_gap"] <= 1e-5
+    assert {"optimizer.pt", "trainable.pt", "state.json"} <= set(ckpt["files_bytes"]) and ckpt["state_step"] > 0
+    deep, shallow = check["depths"]["4"], check["depths"]["2"]
+    assert check["per_layer"]["parameters"] == (deep["parameters"] - shallow["parameters"]) / 2 > 0
+    assert check["extrapolated_80_layers"]["parameters"] == deep["parameters"] + 76 * check["per_layer"]["parameters"]
+    assert "x(80)" in check["extrapolated_80_layers"]["formula"]
+
+
+def test_handoff_kills_the_training_child(smoke):
+    check = smoke["checks"]["handoff"]
+    assert check["child_exit_code"] == -9 and check["seconds_until_reaped"] < 30
+    assert check["gpu_memory"]["ok"] is None and check["gpu_memory"]["skipped"]
 
 
 def test_it_needs_neither_ray_nor_vllm_and_asks_for_a_gpu_without_smoke():

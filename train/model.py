@@ -188,11 +188,13 @@ def adapter_hash(model) -> str:
     return h.hexdigest()[:16]
 
 
-def wrap_distributed(model, cfg: TrainConfig, device: torch.device):
-    """Replicate (DDP) or shard (FSDP2 over each decoder layer, then the root)."""
+def wrap_distributed(model, cfg: TrainConfig, device: torch.device, ddp_alone: bool = False):
+    """Replicate (DDP) or shard (FSDP2 over each decoder layer, then the root). A lone DDP worker
+    trains its model bare, unless `ddp_alone` asks for the wrapper a larger group would get
+    (bench/gpu_check.py builds DDP so on one GPU)."""
     import torch.distributed as dist
 
-    if not dist.is_initialized() or (dist.get_world_size() == 1 and cfg.strategy == "ddp"):
+    if not dist.is_initialized() or (dist.get_world_size() == 1 and cfg.strategy == "ddp" and not ddp_alone):
         return model
     if cfg.strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
