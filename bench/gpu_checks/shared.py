@@ -36,7 +36,7 @@ SMOKE_WIDTHS = {
 # Micro-batches as the presets feed them (configs/llama-8b.yaml; the student at the paper's 16 rows
 # its comment gives, the preset's 8 the lighter case), rows x max_length, row lengths drawn from
 # [shortest, longest]: means of 256 and 112 tokens (docs/scaling.md assumes ~250 for a WMDP row,
-# ~105 for a number row), so several rows share most packed sequences.
+# ~119 for a number row), so several rows share most packed sequences.
 SHAPES = {"teacher": dict(rows=8, max_length=512, shortest=64, longest=448), "student": dict(rows=16, max_length=256, shortest=64, longest=160)}
 SMOKE_SHAPES = {"teacher": dict(rows=8, max_length=64, shortest=8, longest=56), "student": dict(rows=16, max_length=32, shortest=8, longest=20)}
 
