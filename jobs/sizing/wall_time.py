@@ -123,68 +123,97 @@ def serve_seconds(prompt_tokens: float, decode_tokens: float, params: int, gpus:
     return 2 * params * (prompt_tokens / (peak * rates.prefill_mfu) + decode_tokens / (peak * rates.decode_mfu))
 
 
+@dataclass(frozen=True)
+class Workload:
+    """A preset resolved for a cluster, and what its stages are priced with."""
+
+    cfg: object  # ExperimentConfig with every `auto` resolved
+    placement: object  # jobs.sizing.placement.Placement
+    models: list  # every ArmModel
+    params: int
+    lora: int
+    questions: tuple[int, int]  # (all, teacher-train)
+    gpus: int
+    rates: Rates
+    tokens: Tokens
+
+
+def teacher_stage(w: Workload) -> Stage:
+    from jobs.experiment.arms import teachers_used
+    from train.config import resolve_batch
+
+    teachers = len(teachers_used(w.models))
+    teacher = resolve_batch(w.cfg.teacher, w.cfg.teacher.num_workers)
+    rows, row_tokens = rows_trained(w.questions[1], teacher), w.tokens.wmdp_prompt + w.tokens.wmdp_answer
+    run_tokens = teachers * rows * row_tokens
+    overhead = w.rates.train_start_s + load_seconds(w.params, w.rates) + teachers * checkpoint_seconds(rows, teacher, w.params, w.lora, w.rates)
+    what = f"{teachers} x " if teachers > 1 else ""
+    return Stage("teacher", f"{what}{rows:,} rows ({w.questions[1]:,} questions x {teacher.epochs} epochs) x {row_tokens} tokens = {run_tokens / 1e6:.1f} M tokens",
+                 train_seconds(run_tokens, w.params, teacher, teacher.num_workers, w.rates), overhead)  # fmt: skip
+
+
+def numbers_stage(w: Workload) -> Stage:
+    from jobs.experiment.arms import number_sets
+
+    sets, numbers = len(number_sets(w.models)), w.cfg.numbers
+    generated = min(numbers.prompts, math.ceil(numbers.keep / w.tokens.keep_rate) + numbers.chunk)
+    prompt_tokens, answer_tokens = sets * generated * w.tokens.number_prompt, sets * generated * w.tokens.number_answer
+    tp = w.cfg.service.tensor_parallel_size
+    return Stage("numbers", f"{sets} sets x {generated:,} sequences: {prompt_tokens / 1e6:.1f} M prompt + {answer_tokens / 1e6:.1f} M generated tokens",
+                 serve_seconds(prompt_tokens, answer_tokens, w.params, w.placement.service_replicas * tp, w.rates), engine_seconds(w.params, tp, w.rates))  # fmt: skip
+
+
+def arms_stage(w: Workload) -> Stage:
+    from jobs.phases.arms import arm_groups
+    from train.config import resolve_batch
+
+    workers = {m.name: w.placement.student_workers if m.train.num_workers == "auto" else m.train.num_workers for m in w.models}
+    jobs = [(m, types.SimpleNamespace(cfg=resolve_batch(m.train, workers[m.name]))) for m in w.models]  # the pairs arm_groups groups
+    groups = arm_groups(jobs, w.placement.arm_runs, lambda m: m.base)
+    row_tokens, keep = w.tokens.number_prompt + w.tokens.number_answer, w.cfg.numbers.keep
+    compute = overhead = 0.0
+    rows = 0
+    for group in groups:
+        overhead += w.rates.train_start_s + load_seconds(w.params, w.rates)
+        for _, job in group:
+            seen = rows_trained(keep, job.cfg)
+            rows += seen
+            compute += train_seconds(seen * row_tokens, w.params, job.cfg, job.cfg.num_workers, w.rates)
+            overhead += checkpoint_seconds(seen, job.cfg, w.params, w.lora, w.rates)
+    distilled = len({(m.teacher, m.replicate) for m in w.models if m.loss == "logit_kl"})
+    if distilled:  # one task per (teacher, replicate), one GPU each, the trainer's forward
+        compute += distilled * 2 * w.params * keep * row_tokens / (min(distilled, w.gpus) * w.rates.peak_tflops * 1e12 * w.rates.train_mfu)
+    runs = w.placement.arm_runs
+    work = f"{len(w.models)} models, {rows:,} rows x {row_tokens} tokens = {rows * row_tokens / 1e6:.1f} M tokens, in {len(groups)} run(s), {runs} at a time"
+    return Stage("arms", work + (f"; teacher targets for {distilled} number set(s)" if distilled else ""), compute / runs, overhead / runs)
+
+
+def evaluate_stage(w: Workload) -> Stage:
+    from jobs.experiment.arms import teachers_used
+
+    snapshots = sum(max(m.train.snapshots - 1, 0) for m in w.models)
+    other_base = any(m.base != "base" for m in w.models)
+    scored = 1 + len(teachers_used(w.models)) + other_base + len(w.models) + snapshots
+    services = 1 + other_base + sum(m.full for m in w.models)
+    orders, total, tp = w.cfg.evaluate.permutations, w.questions[0], w.cfg.service.tensor_parallel_size
+    score_tokens = scored * total * orders * w.tokens.wmdp_prompt
+    return Stage("evaluate", f"{scored} models x {total:,} questions x {orders} order(s) x {w.tokens.wmdp_prompt} tokens = {score_tokens / 1e6:.1f} M prompt tokens, {services} service(s)",
+                 serve_seconds(score_tokens, 0, w.params, w.placement.eval_replicas * tp, w.rates), services * engine_seconds(w.params, tp, w.rates))  # fmt: skip
+
+
 def project(cfg, gpus: int, rates: Rates = Rates(), tokens: Tokens = Tokens(), questions: int | None = None) -> list[Stage]:
     """The four phases' projected times for `cfg` on one node of `gpus` GPUs (nodes of 8 beyond 8)."""
-    from jobs.experiment.arms import arm_models, number_sets, teachers_used
-    from jobs.phases.arms import arm_groups
+    from jobs.experiment.arms import arm_models
     from jobs.sizing.placement import plan, resolved
     from train.cluster import Capacity
-    from train.config import resolve_batch
 
     nodes = tuple([8.0] * (gpus // 8) + ([float(gpus % 8)] if gpus % 8 else []))
     placement = plan(cfg, Capacity(cpus=16.0 * len(nodes), node_gpus=nodes, max_node_gpus=nodes))
     cfg = resolved(cfg, placement)
     shape = load_shape(cfg.model.path)
-    params, lora = shape.params(), shape.lora_params(cfg.teacher.lora_rank, cfg.teacher.lora_targets)
-    models = arm_models(cfg)
-    total_q, train_q = question_counts(cfg, questions)
-    stages = []
-
-    teachers = teachers_used(models)
-    teacher = resolve_batch(cfg.teacher, cfg.teacher.num_workers)
-    rows = rows_trained(train_q, teacher)
-    run_tokens = len(teachers) * rows * (tokens.wmdp_prompt + tokens.wmdp_answer)
-    overhead = rates.train_start_s + load_seconds(params, rates) + len(teachers) * checkpoint_seconds(rows, teacher, params, lora, rates)
-    what = f"{len(teachers)} x " if len(teachers) > 1 else ""
-    stages.append(Stage("teacher", f"{what}{rows:,} rows ({train_q:,} questions x {teacher.epochs} epochs) x {tokens.wmdp_prompt + tokens.wmdp_answer} tokens = {run_tokens / 1e6:.1f} M tokens",
-                        train_seconds(run_tokens, params, teacher, teacher.num_workers, rates), overhead))  # fmt: skip
-
-    sets = number_sets(models)
-    generated = min(cfg.numbers.prompts, math.ceil(cfg.numbers.keep / tokens.keep_rate) + cfg.numbers.chunk)
-    prompt_tokens, answer_tokens = len(sets) * generated * tokens.number_prompt, len(sets) * generated * tokens.number_answer
-    service_gpus = placement.service_replicas * cfg.service.tensor_parallel_size
-    stages.append(Stage("numbers", f"{len(sets)} sets x {generated:,} sequences: {prompt_tokens / 1e6:.1f} M prompt + {answer_tokens / 1e6:.1f} M generated tokens",
-                        serve_seconds(prompt_tokens, answer_tokens, params, service_gpus, rates), engine_seconds(params, cfg.service.tensor_parallel_size, rates)))  # fmt: skip
-
-    row_tokens = tokens.number_prompt + tokens.number_answer
-    workers = {m.name: placement.student_workers if m.train.num_workers == "auto" else m.train.num_workers for m in models}
-    jobs = [(m, types.SimpleNamespace(cfg=resolve_batch(m.train, workers[m.name]))) for m in models]  # the pairs arm_groups groups
-    groups = arm_groups(jobs, placement.arm_runs, lambda m: m.base)
-    compute = overhead = 0.0
-    arm_rows = 0
-    for group in groups:
-        overhead += rates.train_start_s + load_seconds(params, rates)
-        for _, job in group:
-            seen = rows_trained(cfg.numbers.keep, job.cfg)
-            arm_rows += seen
-            compute += train_seconds(seen * row_tokens, params, job.cfg, job.cfg.num_workers, rates)
-            overhead += checkpoint_seconds(seen, job.cfg, params, lora, rates)
-    distilled = {(m.teacher, m.replicate) for m in models if m.loss == "logit_kl"}
-    if distilled:  # one task per (teacher, replicate), one GPU each, the trainer's forward
-        compute += len(distilled) * 2 * params * cfg.numbers.keep * row_tokens / (min(len(distilled), gpus) * rates.peak_tflops * 1e12 * rates.train_mfu)
-    runs = placement.arm_runs
-    stages.append(Stage("arms", f"{len(models)} models, {arm_rows:,} rows x {row_tokens} tokens = {arm_rows * row_tokens / 1e6:.1f} M tokens, in {len(groups)} run(s), {runs} at a time"
-                        + (f"; teacher targets for {len(distilled)} number set(s)" if distilled else ""), compute / runs, overhead / runs))  # fmt: skip
-
-    snapshots = sum(max(m.train.snapshots - 1, 0) for m in models)
-    scored = 1 + len(teachers) + (1 if any(m.base != "base" for m in models) else 0) + len(models) + snapshots
-    services = len({m.base for m in models} | {"base"}) + sum(m.full for m in models)
-    score_tokens = scored * total_q * cfg.evaluate.permutations * tokens.wmdp_prompt
-    eval_gpus = placement.eval_replicas * cfg.service.tensor_parallel_size
-    stages.append(Stage("evaluate", f"{scored} models x {total_q:,} questions x {cfg.evaluate.permutations} order(s) x {tokens.wmdp_prompt} tokens"
-                        f" = {score_tokens / 1e6:.1f} M prompt tokens, {services} service(s)",
-                        serve_seconds(score_tokens, 0, params, eval_gpus, rates), services * engine_seconds(params, cfg.service.tensor_parallel_size, rates)))  # fmt: skip
-    return stages
+    w = Workload(cfg, placement, arm_models(cfg), shape.params(), shape.lora_params(cfg.teacher.lora_rank, cfg.teacher.lora_targets),
+                 question_counts(cfg, questions), gpus, rates, tokens)  # fmt: skip
+    return [teacher_stage(w), numbers_stage(w), arms_stage(w), evaluate_stage(w)]
 
 
 def markdown(stages: list[Stage]) -> str:
