@@ -11,6 +11,9 @@ setting resolved, and refuses declarations that cannot mean what they say:
   or its "same init" would be false;
 - a contrast needs declared arms with enough replicates (`check_contrasts`).
 
+`arm_groups` says which arm models can share a Ray Train run (the arms phase trains
+them so, and jobs/sizing/wall_time.py prices them so).
+
 Names: the model `<arm>/<i>` in files and logs (`student/0`), the adapter
 `<arm>-<i>` in the inference service and as a training job (those names cannot hold
 "/" or "."; arm names hold no "-", so the name is unambiguous).
@@ -205,6 +208,22 @@ def check_contrasts(cfg) -> None:
 def teachers_used(models: list[ArmModel]) -> list[str]:
     """The teacher, and the letter teacher when some arm learns from it."""
     return ["teacher"] + (["letter_teacher"] if any(m.teacher == "letter_teacher" for m in models) else [])
+
+
+def arm_groups(pairs: list, runs: int, base_of) -> list[list]:
+    """(stage, AdapterJob) pairs split into training runs: jobs that can share a worker group (the same
+    base model, `base_of(stage)`, worker count, hardware, strategy...) go together, `runs` runs' worth
+    at a time; under FSDP one job per run, since FSDP2 shards the adapter in place once."""
+    from train.trainer import SHARED_KEYS
+
+    kinds: dict[tuple, list] = {}
+    for pair in pairs:
+        kinds.setdefault((base_of(pair[0]), *(str(getattr(pair[1].cfg, k)) for k in SHARED_KEYS)), []).append(pair)
+    groups = []
+    for members in kinds.values():
+        per_run = 1 if members[0][1].cfg.strategy == "fsdp" else -(-len(members) // runs)
+        groups += [members[i : i + per_run] for i in range(0, len(members), per_run)]
+    return groups
 
 
 def number_sets(models: list[ArmModel]) -> list[tuple[str, int]]:

@@ -13,28 +13,12 @@ import dataclasses
 import time
 
 from common.atomic import write_jsonl
-from jobs.experiment.arms import OTHER_BASE, numbers_seed
+from jobs.experiment.arms import OTHER_BASE, arm_groups, numbers_seed
 from jobs.phases.context import RunContext
 from jobs.phases.stages import numbers_file, training_rows
 from jobs.phases.training import record_trained, train_groups
 from jobs.rundir.manifest import read_jsonl
 from jobs.sources.number_sequences import shuffle_numbers
-
-
-def arm_groups(pairs: list, runs: int, base_of) -> list[list]:
-    """(stage, AdapterJob) pairs split into training runs: jobs that can share a worker group (the same
-    base model, `base_of(stage)`, worker count, hardware, strategy...) go together, `runs` runs' worth
-    at a time; under FSDP one job per run, since FSDP2 shards the adapter in place once."""
-    from train.trainer import SHARED_KEYS
-
-    kinds: dict[tuple, list] = {}
-    for pair in pairs:
-        kinds.setdefault((base_of(pair[0]), *(str(getattr(pair[1].cfg, k)) for k in SHARED_KEYS)), []).append(pair)
-    groups = []
-    for members in kinds.values():
-        per_run = 1 if members[0][1].cfg.strategy == "fsdp" else -(-len(members) // runs)
-        groups += [members[i : i + per_run] for i in range(0, len(members), per_run)]
-    return groups
 
 
 def run(ctx: RunContext, todo) -> None:

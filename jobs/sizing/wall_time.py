@@ -164,7 +164,7 @@ def numbers_stage(w: Workload) -> Stage:
 
 
 def arms_stage(w: Workload) -> Stage:
-    from jobs.phases.arms import arm_groups
+    from jobs.experiment.arms import arm_groups
     from train.config import resolve_batch
 
     workers = {m.name: w.placement.student_workers if m.train.num_workers == "auto" else m.train.num_workers for m in w.models}
