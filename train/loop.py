@@ -153,6 +153,26 @@ def train_loop(config: dict) -> None:
         del model  # a fully fine-tuned model is freed before the next job loads its own
 
 
+def accumulate(model, batch: dict, grad_accum: int, last_micro: bool, number_ids=None) -> torch.Tensor:
+    """One micro-step of an optimizer step: the forward and the backward of loss / grad_accum, the
+    workers synchronising gradients only on the step's last micro-step (DDP's no_sync, FSDP2's
+    set_requires_gradient_sync). Returns the micro-batch's loss, detached."""
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(last_micro)
+    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    with model.no_sync() if ddp and not last_micro else contextlib.nullcontext():
+        loss = forward_loss(model, batch, number_ids)
+        (loss / grad_accum).backward()
+    return loss.detach()
+
+
+def apply_step(params: list, opt, max_grad_norm: float) -> None:
+    """The optimizer step once a step's gradients are accumulated: clip, step, clear."""
+    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauges: dict) -> None:
     """Train one adapter (already attached to the base), or one whole model, to its last step and
     write its output folder.
@@ -201,8 +221,6 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
         set_optimizer_state_dict(model, opt, optim_state, options=full)
         sched.load_state_dict(sched_state)
 
-    fsdp = cfg.strategy == "fsdp" and hasattr(model, "set_requires_gradient_sync")
-    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
     micro = step * cfg.grad_accum
     shard = ray.train.get_dataset_shard(name)
     collate = PackBatch(cfg.max_length, config["pad_id"], packs_into_one_row(unwrap(model)))
@@ -287,23 +305,16 @@ def train_job(model, job: dict, config: dict, checkpoint, done: list[str], gauge
             if i < skip:  # resumed mid-epoch: these batches were trained before the checkpoint
                 continue
             last_micro = (micro + 1) % cfg.grad_accum == 0
-            if fsdp:
-                model.set_requires_gradient_sync(last_micro)
-            sync = model.no_sync() if ddp and not last_micro else contextlib.nullcontext()
-            with sync:
-                loss = forward_loss(model, batch, number_ids)
-                (loss / cfg.grad_accum).backward()
-            window += torch.stack([loss.detach().double(), one, batch["real_tokens"].double(), batch["total_tokens"].double()])
+            loss = accumulate(model, batch, cfg.grad_accum, last_micro, number_ids)
+            window += torch.stack([loss.double(), one, batch["real_tokens"].double(), batch["total_tokens"].double()])
             if micro % cfg.grad_accum == 0:  # the first micro-step of an optimizer step
                 step_losses.append(torch.zeros(2, dtype=torch.float64, device=device))
-            step_losses[-1] += torch.stack([loss.detach().double(), one])
+            step_losses[-1] += torch.stack([loss.double(), one])
             micro += 1
             if not last_micro:
                 continue
-            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            opt.step()
+            apply_step(params, opt, cfg.max_grad_norm)
             sched.step()
-            opt.zero_grad(set_to_none=True)
             step += 1
             window_steps += 1
             if step in job["snapshot_steps"] and step < total:  # the final one is written with the adapter

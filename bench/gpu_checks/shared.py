@@ -21,7 +21,7 @@ import torch
 
 from train.config import TrainConfig
 from train.data import pack_batch
-from train.loop import forward_loss
+from train.loop import accumulate, apply_step
 from train.model import compute_dtype, packs_into_one_row, trained_parameters, unwrap
 
 LLAMA_3 = dict(vocab_size=128256, max_position_embeddings=4096, rope_theta=500000.0)
@@ -118,22 +118,14 @@ def packed(rows: dict, max_length: int, model, device: torch.device) -> dict:
 
 
 def optimizer_step(model, opt, sched, micro_batches: list[dict], cfg: TrainConfig, number_ids=None) -> float:
-    """One optimizer step as train/loop.py's train_job takes it (that function needs Ray Train):
-    DDP's no_sync on every micro-batch but the last, loss / grad_accum, clipping, step, schedule."""
-    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    total = 0.0
-    for i, batch in enumerate(micro_batches):
-        last = i == len(micro_batches) - 1
-        with model.no_sync() if ddp and not last else contextlib.nullcontext():
-            loss = forward_loss(model, batch, number_ids)
-            (loss / len(micro_batches)).backward()
-        total += loss.detach()
-    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.max_grad_norm)
-    opt.step()
+    """One optimizer step over `micro_batches` as train/loop.py's train_job takes it (that function
+    needs Ray Train), through its own `accumulate` and `apply_step`; returns the mean loss."""
+    last = len(micro_batches) - 1
+    losses = [accumulate(model, batch, len(micro_batches), i == last, number_ids) for i, batch in enumerate(micro_batches)]
+    apply_step([p for p in model.parameters() if p.requires_grad], opt, cfg.max_grad_norm)
     if sched is not None:
         sched.step()
-    opt.zero_grad(set_to_none=True)
-    return float(total) / len(micro_batches)
+    return float(sum(losses)) / len(micro_batches)
 
 
 def flat_grads(model) -> torch.Tensor:
