@@ -91,19 +91,20 @@ def train_seconds(tokens: float, params: int, train, workers: int, rates: Rates)
     return flops / (workers * rates.peak_tflops * 1e12 * (rates.train_mfu_slow if slow else rates.train_mfu))
 
 
+def rows_per_step(train) -> int:
+    """The global batch of a TrainConfig resolved for its workers (train.config.resolve_batch)."""
+    return train.batch_size * train.grad_accum * train.num_workers
+
+
 def rows_trained(rows: int, train) -> int:
     """Rows an optimizer sees in a run: rows x epochs, or max_steps x the global batch when that is fewer."""
     seen = rows * train.epochs
-    if train.max_steps is not None:
-        batch = train.global_batch_size or train.batch_size * train.grad_accum * train.num_workers
-        seen = min(seen, train.max_steps * batch)
-    return seen
+    return seen if train.max_steps is None else min(seen, train.max_steps * rows_per_step(train))
 
 
 def checkpoint_seconds(rows: int, train, params: int, lora: int, rates: Rates) -> float:
     """A run's checkpoint writes: LoRA weights and optimizer state, or the whole float32 model and its state."""
-    batch = train.global_batch_size or train.batch_size * train.grad_accum * train.num_workers
-    count = math.ceil(rows / batch) // train.checkpoint_every + 1
+    count = math.ceil(rows / rows_per_step(train)) // train.checkpoint_every + 1
     state = (params if train.method == "full" else lora) * (4 + (8 if train.optimizer == "adamw" else 4))
     return count * state / GIB / rates.checkpoint_gib_per_s
 
