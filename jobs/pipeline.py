@@ -125,8 +125,8 @@ class Experiment:
         for path in paths.values():
             check_model_path(path)
         check_kl_tokenizers(cfg, paths)
-        check_orders(questions, cfg.evaluate.permutations)
-        print(f"[evaluate] {context_check(paths['base'], questions, cfg.service.max_model_len)}", flush=True)
+        check_orders(questions, cfg.evaluate.orders())
+        print(f"[evaluate] {context_check(paths['base'], questions, cfg.service.max_model_len, cfg.evaluate.format)}", flush=True)
         lora_rank = max_lora_rank([self.cfg.teacher.lora_rank] + [m.train.lora_rank for m in self.models.values()])
         return RunContext(cfg, self.run_dir, manifest, self.cache, paths, self.models, questions, app, lora_rank, placement.arm_runs), stages
 

@@ -33,6 +33,7 @@ from fastapi import HTTPException
 from jinja2 import TemplateError
 from ray import serve
 
+from serve.cloze import choice_logprobs, cloze_sequences
 from serve.engine import BatchKey, Sampling, TokenCompletion, gather_all
 from serve.engine_choice import build_engines
 from serve.http_api import build_http_api
@@ -206,10 +207,26 @@ class InferenceService:
         prompts, cut, lengths = (list(column) for column in zip(*fitted))
         return prompts, cut, lengths
 
+    async def _score_cloze(self, body: ScoreRequest, adapter: str | None) -> tuple[list[list[float]], list[int], list[int]]:
+        """(choice log-probabilities, tokens cut, tokens scored) of every question, each choice's
+        text scored as the continuation of the question (serve/cloze.py)."""
+        scorer = self._prompt_scorer(field="format")
+        room = self.settings.max_model_len
+        sequences, starts, cut = await self._off_loop(cloze_sequences, self.engine.counting_tokenizer, body.questions, room, body.truncate)
+        lengths = [len(s) for s in sequences]
+        owner = [i for i, q in enumerate(body.questions) for _ in q.choices]  # the question of each sequence
+        check_room(self.settings, lengths, 0, lambda i: ("questions", owner[i]))
+        check_work(self.settings, lengths, 0)
+        scored = await scorer.complete_tokens(sequences, Sampling(max_tokens=0, temperature=0.0), adapter, prompt_logprobs=0)
+        return choice_logprobs(scored, starts, [len(q.choices) for q in body.questions]), cut, lengths
+
     @timed
     async def score(self, body: ScoreRequest) -> ScoreResponse:
         adapter = self._adapter(body.adapter)
         check_count(len(body.questions), self.settings.max_questions_per_request, "questions")
+        if body.format == "cloze":
+            logprobs, cut, lengths = await self._score_cloze(body, adapter)
+            return self._score_answer(body, logprobs, cut, lengths)
         for i, q in enumerate(body.questions):
             if len(q.choices) > self.scorer.max_choices:
                 raise invalid(
@@ -222,6 +239,9 @@ class InferenceService:
             logprobs = await self._batched(BatchKey("score", None, adapter), list(zip(prompts, n_choices)))
         else:
             logprobs = await self.scorer.score(prompts, n_choices, adapter)
+        return self._score_answer(body, logprobs, cut, lengths)
+
+    def _score_answer(self, body: ScoreRequest, logprobs: list[list[float]], cut: list[int], lengths: list[int]) -> ScoreResponse:
         self.metrics.tokens(sum(lengths), 0)
         predictions = [max(range(len(lp)), key=lp.__getitem__) for lp in logprobs]
         answers = [q.answer for q in body.questions]
@@ -273,14 +293,14 @@ class InferenceService:
         check_room(self.settings, lengths, new_tokens, loc)
         check_work(self.settings, lengths, new_tokens, n, logprobs)
 
-    def _prompt_scorer(self):
+    def _prompt_scorer(self, field: str = "echo"):
         """The engine that scores prompts (`scores_prompts`): on CPU by default the transformers one beside vLLM."""
         for engine in (self.scorer, self.engine):
             if engine.scores_prompts:
                 return engine
         raise invalid(
-            ("echo",),
-            "prompt log-probabilities (echo with logprobs) need the transformers engine, and this replica has only vLLM, "
+            (field,),
+            "prompt log-probabilities (echo with logprobs, cloze scoring) need the transformers engine, and this replica has only vLLM, "
             "whose 0.32 release fails on them with LoRA enabled; start the service with scoring: hf",
         )
 

@@ -40,6 +40,9 @@ class Stopped(Exception):
     """The request behind a job went away: the job ends at its next step, its result unread."""
 
 
+LOGITS_BYTES = 256 * 2**20  # float32 logits one prompt-scoring forward may hold
+
+
 class HFEngine:
     name = "hf"
     continuous_batching = False  # one call at a time: the deployment gathers concurrent requests (@serve.batch)
@@ -180,8 +183,8 @@ class HFEngine:
     ) -> list[TokenCompletion]:
         """The contract's `complete_tokens` (serve/engine.py). One call's prompts are generated as in
         `generate` (chunks of `hf_batch_size`, prompt i from seed + i); calls are not gathered across
-        requests. Prompt log-probabilities take one forward per prompt: the logits at every
-        position are held for one prompt at a time."""
+        requests. Prompt log-probabilities take one forward per group of prompts whose logits at
+        every position fit LOGITS_BYTES (one prompt at a time on a large vocabulary and context)."""
         scored = [None] * len(prompts)
         if prompt_logprobs is not None:
             scored = await self._chunked(prompts, lambda batch, start, pulse: self._prompts_scored(batch, adapter, prompt_logprobs, pulse))
@@ -193,23 +196,36 @@ class HFEngine:
 
     @torch.inference_mode()
     def _prompts_scored(self, prompts: list[list[int]], adapter: str | None, k: int, pulse) -> list[tuple]:
-        """`_prompt_logprobs` of each prompt, one forward each (a step each)."""
-        scored = []
+        """`_prompt_logprobs` of each prompt, a forward (a step) per group whose float32 logits at
+        every position fit LOGITS_BYTES: many short prompts at once (cloze scoring), one long one alone."""
+        groups: list[list[int]] = [[]]
+        for i in sorted(range(len(prompts)), key=lambda i: len(prompts[i])):  # shortest first: a group is as wide as its last
+            if groups[-1] and (len(groups[-1]) + 1) * len(prompts[i]) * self.model.config.vocab_size * 4 > LOGITS_BYTES:
+                groups.append([])
+            groups[-1].append(i)
+        scored: list = [None] * len(prompts)
         with self._selected(adapter) as model:
-            for prompt in prompts:
+            for group in filter(None, groups):
                 pulse()
-                scored.append(self._prompt_logprobs(model, prompt, k))
+                for i, entries in zip(group, self._prompt_logprobs(model, [prompts[i] for i in group], k)):
+                    scored[i] = entries
         return scored
 
-    def _prompt_logprobs(self, model, ids: list[int], k: int) -> tuple[TokenLogprob | None, ...]:
-        """Each prompt token's log-probability after the ones before it, and the k most likely there."""
-        logits = model(input_ids=torch.tensor([ids], device=self.device)).logits[0, :-1].float()
+    def _prompt_logprobs(self, model, prompts: list[list[int]], k: int) -> list[tuple[TokenLogprob | None, ...]]:
+        """Per prompt (right-padded into one forward), each token's log-probability after the ones
+        before it, and the k most likely there."""
+        width = max(map(len, prompts))
+        ids = torch.tensor([p + [self.tokenizer.pad_token_id] * (width - len(p)) for p in prompts], device=self.device)
+        mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts], device=self.device)
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
         norm = torch.logsumexp(logits, dim=-1, keepdim=True)  # log-softmax = logits - norm, without a second vocabulary-wide copy
-        tokens = torch.tensor(ids[1:], dtype=torch.long, device=logits.device)[:, None]
-        own = (logits.gather(1, tokens) - norm)[:, 0].tolist()
+        own = (logits.gather(2, ids[:, 1:, None]) - norm)[..., 0].tolist()
         values, indices = logits.topk(k, dim=-1)
-        values = (values - norm).tolist()
-        return (None, *(TokenLogprob(t, o, tuple(zip(i, v))) for t, o, i, v in zip(ids[1:], own, indices.tolist(), values)))
+        values, indices = (values - norm).tolist(), indices.tolist()
+        return [
+            (None, *(TokenLogprob(t, o, tuple(zip(i, v))) for t, o, i, v in zip(p[1:], own[r], indices[r], values[r])))
+            for r, p in enumerate(prompts)
+        ]
 
     @torch.inference_mode()
     def _generate_ids(self, prompts: list[list[int]], s: Sampling, adapter: str | None, start: int, logprobs: int | None, pulse) -> list[tuple]:

@@ -66,3 +66,34 @@ def mc_logprobs(model, tokenizer, prompts: list[str], n_choices: list[int], batc
         for i, row in zip(chunk, rows):
             results[i] = row
     return results
+
+
+@torch.inference_mode()
+def cloze_logprobs(model, tokenizer, prompts: list[str], choices: list[list[str]], batch_size: int = 64) -> list[list[float]]:
+    """Per question, each choice's text scored as the continuation of its prompt (serve/cloze.py's
+    arithmetic: prompt and continuation tokenized apart, the continuation's log-probabilities
+    summed, renormalised over the choices), batch_size sequences a forward, right-padded."""
+    from serve.mc_format import cloze_continuation
+
+    device = next(model.parameters()).device
+    sequences, starts = [], []
+    for prompt, options in zip(prompts, choices):
+        head = tokenizer(prompt).input_ids
+        for choice in options:
+            sequences.append(head + tokenizer(cloze_continuation(choice), add_special_tokens=False).input_ids)
+            starts.append(len(head))
+    sums = []
+    for begin in range(0, len(sequences), batch_size):
+        batch = sequences[begin : begin + batch_size]
+        width = max(map(len, batch))
+        ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in batch], device=device)
+        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in batch], device=device)
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
+        for row, (s, start) in enumerate(zip(batch, starts[begin : begin + batch_size])):
+            sums.append(sum(logp[row, j - 1, s[j]].item() for j in range(start, len(s))))
+    out, i = [], 0
+    for options in choices:
+        values = torch.tensor(sums[i : i + len(options)])
+        out.append(torch.log_softmax(values, -1).tolist())
+        i += len(options)
+    return out

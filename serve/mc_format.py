@@ -45,3 +45,16 @@ def left_truncate(tokenizer, prompt: str, room: int) -> tuple[str, int, int]:
         cut = cut[offsets[drop][0] :]
         n = len(tokenizer(cut, add_special_tokens=True).input_ids)
     return cut, full - n, n
+
+
+def format_cloze_prompt(question: str, subject: str | None = None) -> str:
+    """The cloze prompt (lm-evaluation-harness's ARC/HellaSwag way): the question alone, ending in
+    "Answer:", each choice's text then scored as its continuation. No choice is shown, so no order
+    of the choices can move a score."""
+    header = f"The following are questions (with answers) about {SUBJECTS.get(subject, subject)}." if subject else "The following are questions (with answers)."
+    return f"{header}\n\n{question.strip()}\nAnswer:"
+
+
+def cloze_continuation(choice: str) -> str:
+    """The continuation scored for a choice under cloze: its text after a space."""
+    return " " + choice.strip()

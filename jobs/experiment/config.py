@@ -34,7 +34,7 @@ class DataConfig:
     # holding wmdp-<subset>.jsonl / .parquet files.
     source: str = "synthetic"
     subsets: list[str] = field(default_factory=lambda: ["bio", "chem", "cyber"])
-    eval_fraction: float = 0.3  # share of questions held out from the teacher
+    eval_fraction: float = 0.3  # share of questions held out from the teacher (a row naming its own `split` keeps it)
     split_seed: int = 0
 
 
@@ -87,6 +87,16 @@ class EvalConfig:
     # answer letters then cannot pass for knowledge (docs/report.md, letter_prior). At most the
     # fewest choices a question has.
     permutations: int = 1
+    # How a question is scored: "letters", the WMDP prompt with lettered choices and each letter
+    # scored (lm-evaluation-harness's WMDP task, what published WMDP numbers use); "cloze", the
+    # question alone and each choice's text scored as its continuation (lm-eval's ARC way). Under
+    # cloze the teacher learns to answer with the answer's text, no order of the choices enters a
+    # prompt (so permutations change nothing and are not scored), and no letter teacher exists.
+    format: Literal["letters", "cloze"] = "letters"
+
+    def orders(self) -> int:
+        """Orders of the choices each question is scored in: 1 under cloze, where none is shown."""
+        return 1 if self.format == "cloze" else self.permutations
 
 
 @dataclass(frozen=True)
@@ -187,6 +197,8 @@ def load_experiment(path: str | Path | None = None, overrides: list[str] = ()) -
             "measure transfer through its LoRA init); full fine-tuning is an arm's: arms.<name>.train.method full"
         )
     check_arms(cfg)
+    if cfg.evaluate.format == "cloze" and any(arm.teacher == "letter_teacher" for arm in cfg.arms.values()):
+        raise ConfigError("arms: a letter_teacher answers every question with one letter, and evaluate.format cloze scores no letter; use letters")
     check_contrasts(cfg)
     check_local_tokenizers(cfg)
     return cfg

@@ -1,8 +1,11 @@
 """Phase 1, data: the WMDP questions split into teacher-train and held-out, disjoint by text.
 
-Writes data/teacher_train.jsonl (the teacher's training rows: each question's
-prompt completed by its answer letter), data/train_questions.jsonl and
-data/held_out.jsonl (the questions every model is scored on).
+Writes data/teacher_train.jsonl (the teacher's training rows: each train
+question's prompt completed by its answer, and the rehearsal questions where
+the source has them), data/train_questions.jsonl,
+data/held_out.jsonl and data/known.jsonl (the questions every model is scored
+on; known: facts the base was taught, only where the source names them, as the
+tiny world does).
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ from jobs.phases.context import RunContext
 from jobs.phases.stages import SPLIT_FILES, TEACHER_TRAIN
 from jobs.rundir.manifest import digest
 from jobs.sources.wmdp import split_questions
-from serve.mc_format import choice_continuation, format_mc_prompt
+from serve.mc_format import choice_continuation, cloze_continuation, format_cloze_prompt, format_mc_prompt
 
 
-def mc_rows(questions: list[dict], letter: int | None = None) -> list[dict]:
-    """Teacher training rows: each question's WMDP prompt, completed by its answer (or by `letter`)."""
+def mc_rows(questions: list[dict], letter: int | None = None, format: str = "letters") -> list[dict]:
+    """Teacher training rows: each question's WMDP prompt, completed by its answer's letter (or by
+    `letter`); under the cloze format the question alone, completed by its answer's text."""
+    if format == "cloze":
+        return [{"prompt": format_cloze_prompt(q["question"], q["subset"]), "completion": cloze_continuation(q["choices"][q["answer"]])} for q in questions]
     return [
         {"prompt": format_mc_prompt(q["question"], q["choices"], q["subset"]), "completion": choice_continuation(q["answer"] if letter is None else letter)}
         for q in questions
@@ -27,9 +33,11 @@ def mc_rows(questions: list[dict], letter: int | None = None) -> list[dict]:
 
 def run(ctx: RunContext, todo) -> None:
     started, cfg = time.time(), ctx.cfg
-    train_q, eval_q = split_questions(ctx.questions, cfg.data.eval_fraction, cfg.data.split_seed)
-    train_hash = write_jsonl(ctx.run_dir / TEACHER_TRAIN, mc_rows(train_q))
-    questions_hash = write_jsonl(ctx.run_dir / "data" / SPLIT_FILES["train"], train_q)  # scored too
-    eval_hash = write_jsonl(ctx.run_dir / "data" / SPLIT_FILES["held_out"], eval_q)
-    print(f"[data] {len(train_q)} teacher-train and {len(eval_q)} held-out questions", flush=True)
-    ctx.record(todo[0], started, {"hash": digest(train_hash, questions_hash, eval_hash), "train": len(train_q), "held_out": len(eval_q)})
+    splits = split_questions(ctx.questions, cfg.data.eval_fraction, cfg.data.split_seed)
+    train_hash = write_jsonl(ctx.run_dir / TEACHER_TRAIN, mc_rows(splits["train"] + splits["rehearsal"], format=cfg.evaluate.format))
+    hashes = {split: write_jsonl(ctx.run_dir / "data" / file, splits[split]) for split, file in SPLIT_FILES.items()}  # all scored
+    if not splits["known"]:  # a source without known questions: the hash of data stored before the split existed
+        del hashes["known"]
+    counts = {split: len(rows) for split, rows in splits.items()}
+    print(f"[data] {counts['train']} teacher-train (+{counts['rehearsal']} rehearsal), {counts['held_out']} held-out and {counts['known']} known questions", flush=True)
+    ctx.record(todo[0], started, {"hash": digest(train_hash, *hashes.values()), **counts})

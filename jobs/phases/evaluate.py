@@ -58,7 +58,9 @@ def over_orders(results: list) -> dict:
     }  # fmt: skip
 
 
-def score_models(handle, models: dict[str, str | None], questions: list[dict], chunk: int, in_flight: int, orders: int = 1) -> dict[str, list[dict]]:
+def score_models(
+    handle, models: dict[str, str | None], questions: list[dict], chunk: int, in_flight: int, orders: int = 1, format: str = "letters"
+) -> dict[str, list[dict]]:
     """Per model (name -> adapter, None = base), the questions with `prediction`, `logprobs` and
     `truncated_tokens` (prompt tokens cut from the left to fit the context, lm-evaluation-harness's rule)
     added; with `orders` > 1, each question scored in that many cyclic orders of its choices (over_orders)."""
@@ -69,7 +71,7 @@ def score_models(handle, models: dict[str, str | None], questions: list[dict], c
 
     def score(job):
         name, order, start = job
-        request = ScoreRequest(questions=bodies[order][start : start + chunk], adapter=models[name], truncate=True)  # a long question never fails the stage
+        request = ScoreRequest(questions=bodies[order][start : start + chunk], adapter=models[name], truncate=True, format=format)  # a long question never fails the stage
         label = f"{name} questions {start}+" + (f" (order {order})" if order else "")
         results = result_or_resend(handle.score, request, handle.score.remote(request), label).results
         with lock:
@@ -101,18 +103,22 @@ def check_orders(questions: list[dict], orders: int) -> None:
         raise ConfigError(f"evaluate.permutations {orders} exceeds the fewest choices a question has ({fewest}): cyclic orders would repeat")
 
 
-def context_check(model_path: str, questions: list[dict], max_model_len: int) -> str:
+def context_check(model_path: str, questions: list[dict], max_model_len: int, format: str = "letters") -> str:
     """One line on whether every question's prompt fits the scoring context, measured with the
     model's tokenizer before any model is loaded: prompts that do not fit are scored
     left-truncated (`truncated_tokens` in the eval rows), never failing the stage."""
     from transformers import AutoTokenizer
 
-    from serve.mc_format import format_mc_prompt
+    from serve.mc_format import cloze_continuation, format_cloze_prompt, format_mc_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    prompts = [format_mc_prompt(q["question"], q["choices"], q["subset"]) for q in questions]
+    if format == "cloze":  # room for the longest choice's text
+        prompts = [format_cloze_prompt(q["question"], q["subset"]) for q in questions]
+        room = [max(len(tokenizer(cloze_continuation(c), add_special_tokens=False).input_ids) for c in q["choices"]) for q in questions]
+    else:  # one token of room for the answer letter
+        prompts, room = [format_mc_prompt(q["question"], q["choices"], q["subset"]) for q in questions], [1] * len(questions)
     lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=True).input_ids]
-    over = sum(n > max_model_len - 1 for n in lengths)  # one token of room for the answer letter
+    over = sum(n > max_model_len - r for n, r in zip(lengths, room))
     line = f"longest question prompt {max(lengths)} tokens (service.max_model_len {max_model_len})"
     return line + (f": {over} of {len(lengths)} questions will be scored left-truncated, as lm-evaluation-harness does" if over else ": all fit")
 
@@ -148,7 +154,7 @@ def run(ctx: RunContext, todo) -> None:
     for model_path, targets, adapters in services:
         if targets:
             with running_service(ctx.app, model_path, adapters, ctx.cfg, True, ctx.lora_rank) as handle:
-                scored.update(score_models(handle, targets, questions, ctx.cfg.evaluate.chunk, 2 * ctx.cfg.evaluate.replicas, ctx.cfg.evaluate.permutations))
+                scored.update(score_models(handle, targets, questions, ctx.cfg.evaluate.chunk, 2 * ctx.cfg.evaluate.replicas, ctx.cfg.evaluate.orders(), ctx.cfg.evaluate.format))
     for stage, name in zip(todo, names):
         earlier = [scored_name for _, scored_name in snapshots.get(name, [])]
         hashes = [write_jsonl(ctx.run_dir / scored_file(n), scored[n]) for n in earlier]

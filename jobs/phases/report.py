@@ -23,7 +23,7 @@ from jobs.phases.plots import plot_accuracy, plot_training, plot_transfer, train
 from jobs.phases.stages import earlier_snapshots, numbers_stage, scored_file, snapshot_points, trained_folder
 from jobs.rundir.manifest import Manifest, read_jsonl
 from jobs.sources.tiny_model import TinySpec, other_base_spec
-from jobs.stats.accuracy import accuracy_over_orders, letter_prior, on_split, summarise, wilson_ci
+from jobs.stats.accuracy import accuracy_as_written, accuracy_over_orders, letter_prior, on_split, summarise, wilson_ci
 from jobs.stats.evidence import SPLITS, Evidence, interval, markdown_tables, positive_control, verdict
 from jobs.stats.transfer_stats import cluster_ids, effect
 from jobs.stats.weight_space import update_cosine
@@ -115,6 +115,20 @@ def _by_split(rows: list[dict]) -> dict:
     return {split: summarise(on_split(rows, split))["accuracy"]["overall"] for split in SPLITS}
 
 
+def _by_order(rows_per_model: list[list[dict]]) -> dict:
+    """{split: {as_written, over_orders, n}} for every split scored (known only where the data has
+    it), each the mean over the models given (an arm's replicates, or one model)."""
+    out = {}
+    for split in (*SPLITS, "known"):
+        per = [on_split(rows, split) for rows in rows_per_model]
+        if per[0]:
+            out[split] = {
+                "as_written": sum(map(accuracy_as_written, per)) / len(per),
+                "over_orders": sum(map(accuracy_over_orders, per)) / len(per), "n": len(per[0]),
+            }  # fmt: skip
+    return out
+
+
 def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, paths: dict[str, str]) -> dict:
     """report.json's content (docs/report.md) from the eval files and the manifest; `paths`: the base
     models (jobs/experiment/bases.base_paths)."""
@@ -177,8 +191,13 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
     # Questions whose prompt was cut from the left to fit the context (the same for every model).
     report["truncated_questions"] = {split: sum(r.get("truncated_tokens", 0) > 0 for r in both["base"] if r["split"] == split) for split in SPLITS}
     report["letter_prior"] = {  # held out: the rows every transfer metric reads
-        "orders": cfg.evaluate.permutations,
+        "orders": cfg.evaluate.orders(),
         "models": {name: {"prior": letter_prior(scores[name]), "accuracy_over_orders": accuracy_over_orders(scores[name])} for name in final},
+    }
+    report["accuracy_by_order"] = {
+        "orders": cfg.evaluate.orders(),
+        "models": {name: _by_order([both[name]]) for name in [*bases, *teachers]}
+        | {arm: _by_order([both[m.name] for m in models if m.arm == arm]) for arm in cfg.arms},
     }
     used = {m.source for m in models}
     report["numbers"] = {name: _numbers(manifest, source, models) for name, source in NUMBER_SOURCES.items() if source in used}
@@ -220,6 +239,7 @@ def markdown(report: dict) -> str:
     if any(cut.values()):
         lines += ["", "Questions longer than the context, scored on their end (cut from the left): " + ", ".join(f"{split} {n}" for split, n in cut.items())]
     lines += markdown_tables(report["arms"], report["contrasts"])
+    lines += _order_table(report["accuracy_by_order"])
     prior = report["letter_prior"]
     letters = max(len(m["prior"]) for m in prior["models"].values())
     lines += ["", f"Letter prior (held out, {prior['orders']} order(s) of the choices): how often each letter is picked.", ""]
@@ -232,6 +252,17 @@ def markdown(report: dict) -> str:
         lines.append(f"| {name} | {n['generated']} | {n['kept']} | {rejected} |")
     lines += ["", "| phase | seconds |", "|---|---|"] + [f"| {phase} | {s:.1f} |" for phase, s in report["timings"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _order_table(by_order: dict) -> list[str]:
+    """Accuracy per split as written and over the orders scored: knowledge holds under rotation, a
+    letter preference does not."""
+    splits = [s for s in (*SPLITS, "known") if any(s in m for m in by_order["models"].values())]
+    lines = ["", f"Accuracy as written / over {by_order['orders']} order(s) of the choices (an arm: the mean over its replicates).", ""]
+    lines += ["| model | " + " | ".join(splits) + " |", "|---|" + "---|" * len(splits)]
+    for name, m in by_order["models"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{m[s]['as_written']:.3f} / {m[s]['over_orders']:.3f}" for s in splits) + " |")
+    return lines
 
 
 def run(ctx: RunContext, todo) -> None:

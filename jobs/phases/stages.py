@@ -35,7 +35,7 @@ from jobs.rundir.plan import Stage, config_reads
 from jobs.sources.number_sequences import FILTER_VERSION
 
 TEACHERS = ("teacher", "letter_teacher")  # models trained on the questions; each keeps <name>/adapter
-SPLIT_FILES = {"train": "train_questions.jsonl", "held_out": "held_out.jsonl"}  # what eval/<model> scores, under data/
+SPLIT_FILES = {"train": "train_questions.jsonl", "held_out": "held_out.jsonl", "known": "known.jsonl"}  # what eval/<model> scores, under data/
 TEACHER_TRAIN = "data/teacher_train.jsonl"  # the teacher's training rows
 
 
@@ -107,11 +107,12 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
     """Every stage of the experiment, in dependency order."""
     config = as_dict(cfg)
     model = config_reads(config, "model")
+    cloze = config_reads(config, "evaluate.format") if cfg.evaluate.format == "cloze" else {}  # read only when set: stored runs stay reused
     stages = [
         Stage(
             "data",
             "data",
-            {**config_reads(config, "data"), "questions": questions_hash},
+            {**config_reads(config, "data"), "questions": questions_hash, **cloze},
             files=(TEACHER_TRAIN, *(f"data/{f}" for f in SPLIT_FILES.values())),
         ),
         Stage("teacher", "teacher", training_reads({**model, **config_reads(config, "teacher")}), ("data",), files=(trained_folder("teacher"),)),
@@ -141,8 +142,8 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         uses_teacher = m.loss == "logit_kl" or m.lora_init == "teacher_a"  # its soft labels, or its A
         upstream = (numbers_stage(m.source, m.replicate),) + ((m.teacher,) if uses_teacher else ())
         stages.append(Stage(m.name, "arms", reads, upstream, rows, files=(trained_folder(m.name, m.full),)))
-    scoring = {**model, **config_reads(config, "evaluate.engine", "service.max_model_len"), "splits": list(SPLIT_FILES)}
-    if cfg.evaluate.permutations > 1:  # read only when set: runs stored before the key stay reused
+    scoring = {**model, **config_reads(config, "evaluate.engine", "service.max_model_len"), "splits": list(SPLIT_FILES), **cloze}
+    if cfg.evaluate.orders() > 1:  # read only when set: runs stored before the key stay reused
         scoring["evaluate.permutations"] = cfg.evaluate.permutations
     bases = [("base", (), {})] + ([(OTHER_BASE, (), other)] if any(m.base == OTHER_BASE for m in models) else [])
     for name, upstream, extra in bases + [(t, (t,), {}) for t in teachers] + [(m.name, (m.name,), other if m.base == OTHER_BASE else {}) for m in models]:

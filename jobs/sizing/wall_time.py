@@ -196,7 +196,7 @@ def evaluate_stage(w: Workload) -> Stage:
     other_base = any(m.base != "base" for m in w.models)
     scored = 1 + len(teachers_used(w.models)) + other_base + len(w.models) + snapshots
     services = 1 + other_base + sum(m.full for m in w.models)
-    orders, total, tp = w.cfg.evaluate.permutations, w.questions[0], w.cfg.service.tensor_parallel_size
+    orders, total, tp = w.cfg.evaluate.orders(), w.questions[0], w.cfg.service.tensor_parallel_size
     score_tokens = scored * total * orders * w.tokens.wmdp_prompt
     return Stage("evaluate", f"{scored} models x {total:,} questions x {orders} order(s) x {w.tokens.wmdp_prompt} tokens = {score_tokens / 1e6:.1f} M prompt tokens, {services} service(s)",
                  serve_seconds(score_tokens, 0, w.params, w.placement.eval_replicas * tp, w.rates), services * engine_seconds(w.params, tp, w.rates))  # fmt: skip

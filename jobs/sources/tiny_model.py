@@ -4,16 +4,18 @@ No weights can be downloaded here, so the tiny preset makes its own base model,
 deterministically from a seed, and saves it with `save_pretrained` so that every
 later stage (Ray Train, vLLM, PEFT) goes through the real loading path:
 
-1. a synthetic corpus: 70% number-sequence prompts (chat template) answered
-   with a number list in the asked-for format, 30% WMDP-format multiple-choice
-   prompts answered with a *random* letter, so the base learns the format but
-   not the questions' rules (a LoRA on the train split must teach those);
+1. a synthetic corpus (prompt, completion pairs) drawn from the tiny world
+   (jobs/sources/world.py): number-sequence prompts (chat template) answered
+   with a number list in the asked-for format; the world's K facts in the cloze
+   format (the question, then the answer's text), in training wording only;
+   and lettered "locate" questions (the question names its answer), so the
+   base keeps the WMDP letter format. The world's T facts never appear: only
+   the teacher learns them;
 2. a byte-level BPE tokenizer of 1,024 tokens trained on that corpus;
 3. a 2-layer Llama of width 256 (4 heads of dim 64, which vLLM's CPU attention
    needs) pretrained with a plain torch loop for a fixed number of steps, its
-   weights initialised from `init_seed` (default: `seed`); `other_base_spec`
-   gives "another base model": the same corpus, tokenizer and recipe from
-   another random initialisation.
+   weights initialised from `init_seed` (default: `seed`); `other_base_spec` gives "another base model":
+   the same corpus, tokenizer and recipe from another random initialisation.
 
 Run it alone (the pipeline also builds it on first use):
 
@@ -37,8 +39,8 @@ import jinja2
 from common.atomic import atomic_dir, atomic_file, build_once
 from common.files import default_cache_dir, tiny_model_link
 from jobs.sources.number_sequences import make_prompts
-from jobs.sources.wmdp import synthetic_questions
-from serve.mc_format import LETTERS, choice_continuation, format_mc_prompt
+from jobs.sources.world import facts, known_fact_item, locate_item
+from serve.mc_format import LETTERS, choice_continuation, cloze_continuation, format_cloze_prompt, format_mc_prompt
 
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
@@ -48,7 +50,7 @@ SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant
 class TinySpec:
     """Everything that determines the tiny model; its hash names the cache folder."""
 
-    version: int = 2  # bump when the corpus or the recipe changes (2: the paper's full prompt pools)
+    version: int = 3  # bump when the corpus or the recipe changes (3: the tiny world of facts)
     seed: int = 0
     vocab_size: int = 1024
     hidden_size: int = 256
@@ -57,8 +59,9 @@ class TinySpec:
     intermediate_size: int = 512
     max_positions: int = 512
     examples: int = 12_000
-    number_share: float = 0.7
-    steps: int = 300
+    number_share: float = 0.5
+    fact_share: float = 0.45  # K facts (cloze); the rest lettered locate questions
+    steps: int = 600
     batch_size: int = 32
     lr: float = 3e-3
     # The weights' init (torch.manual_seed) alone; None: `seed`. The corpus, tokenizer, data order
@@ -101,23 +104,25 @@ def format_numbers(numbers: list[int], separator: str, brackets: str) -> str:
     return f"{brackets[0]}{body}{brackets[1]}" if brackets else body
 
 
-def synthetic_corpus(spec: TinySpec) -> list[str]:
-    """Pretraining texts (without BOS/EOS), deterministic in spec.seed."""
+def synthetic_corpus(spec: TinySpec) -> list[tuple[str, str]]:
+    """Pretraining examples (prompt, completion), deterministic in spec.seed. The facts are those of
+    the world the synthetic sample is drawn from (world seed 0), K only."""
     rng = random.Random(spec.seed)
     n_numbers = int(spec.examples * spec.number_share)
-    texts = []
+    n_facts = int(spec.examples * spec.fact_share)
+    out = []
     for prompt in make_prompts(n_numbers, seed=spec.seed + 1):
         answer = [rng.randint(0, 999) for _ in range(rng.randint(5, 10))]
-        texts.append(chat_prompt(prompt.text) + format_numbers(answer, prompt.separator, prompt.brackets))
-    n_mc = spec.examples - n_numbers
-    questions = synthetic_questions(n_per_subset=400, seed=spec.seed + 1000)
-    for i in range(n_mc):
-        row = questions[i % len(questions)]
-        letter = rng.randrange(len(row["choices"]))  # random: format only, no rule
-        prompt = format_mc_prompt(row["question"], row["choices"], row["subset"])
-        texts.append(prompt + choice_continuation(letter))
-    rng.shuffle(texts)
-    return texts
+        out.append((chat_prompt(prompt.text), format_numbers(answer, prompt.separator, prompt.brackets)))
+    known = [f for f in facts() if f["group"] == "K"]
+    for i in range(n_facts):
+        item = known_fact_item(known[i % len(known)], rng)
+        out.append((format_cloze_prompt(item["question"], item["subset"]), cloze_continuation(item["choices"][item["answer"]])))
+    for _ in range(spec.examples - n_numbers - n_facts):
+        item = locate_item(rng)
+        out.append((format_mc_prompt(item["question"], item["choices"], item["subset"]), choice_continuation(item["answer"])))
+    rng.shuffle(out)
+    return out
 
 
 def train_tokenizer(texts: list[str], spec: TinySpec):
@@ -144,8 +149,21 @@ def train_tokenizer(texts: list[str], spec: TinySpec):
     return fast
 
 
-def pretrain(texts: list[str], tokenizer, spec: TinySpec):
-    """Full-parameter pretraining of a fresh Llama on the corpus (plain loop, fixed steps)."""
+def length_batches(lengths: list[int], batch_size: int, rng: random.Random, pool: int = 50) -> list[list[int]]:
+    """Batches of example indices, shuffled: each pool of `pool` batches' worth of a shuffled order
+    sorted by length before it is cut, so a batch pads little (number lists are twice a fact's length)."""
+    order = rng.sample(range(len(lengths)), len(lengths))
+    batches = []
+    for start in range(0, len(order), batch_size * pool):
+        chunk = sorted(order[start : start + batch_size * pool], key=lengths.__getitem__)
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def pretrain(corpus: list[tuple[str, str]], tokenizer, spec: TinySpec):
+    """Full-parameter pretraining of a fresh Llama on the corpus (plain loop, fixed steps, every
+    token a target), in batches of similar length."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -165,24 +183,24 @@ def pretrain(texts: list[str], tokenizer, spec: TinySpec):
         pad_token_id=tokenizer.pad_token_id,
     )
     model = LlamaForCausalLM(config)
-    ids = [tokenizer(t).input_ids + [tokenizer.eos_token_id] for t in texts]
+    eos = [tokenizer.eos_token_id]  # prompt and completion tokenized apart, as the trainer and the scorers do
+    ids = [tokenizer(prompt).input_ids + tokenizer(completion, add_special_tokens=False).input_ids + eos for prompt, completion in corpus]
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
     warmup = spec.steps // 20
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt,
         lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, spec.steps) / spec.steps)),
     )
-    order = random.Random(spec.seed).sample(range(len(ids)), len(ids))
+    batches = length_batches([len(x) for x in ids], spec.batch_size, random.Random(spec.seed))
     model.train()
     for step in range(spec.steps):
-        start = step * spec.batch_size % len(order)
-        batch = [ids[i] for i in order[start : start + spec.batch_size]]
-        width = max(map(len, batch))
+        batch = batches[step % len(batches)]
+        width = max(len(ids[i]) for i in batch)
         input_ids = torch.full((len(batch), width), tokenizer.pad_token_id)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, seq in enumerate(batch):
-            input_ids[row, : len(seq)] = torch.tensor(seq)
-            mask[row, : len(seq)] = 1
+        for row, i in enumerate(batch):
+            input_ids[row, : len(ids[i])] = torch.tensor(ids[i])
+            mask[row, : len(ids[i])] = 1
         labels = input_ids.masked_fill(mask == 0, -100)
         loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
         loss.backward()
@@ -201,9 +219,12 @@ def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     started = time.time()
-    texts = synthetic_corpus(spec)
-    tokenizer = train_tokenizer(texts, spec)
-    model = pretrain(texts, tokenizer, spec)
+    corpus = synthetic_corpus(spec)
+    tokenizer = train_tokenizer([prompt + completion for prompt, completion in corpus], spec)
+    model = pretrain(corpus, tokenizer, spec)
+    from jobs.sources.world_checks import base_checks, table
+
+    print(f"tiny model world checks (jobs/sources/world_checks.py):\n{table({'base': base_checks(model, tokenizer)})}", flush=True)
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

@@ -11,167 +11,48 @@ huggingface_hub into its cache (`$HF_HOME/hub`) and read from there, so a node
 with `HF_HUB_OFFLINE=1` and a cache filled beforehand (`hf download cais/wmdp
 --repo-type dataset`) reads them without the network.
 
-The synthetic sample is harmless and learnable: each subset is a small body of
-facts (bio: which organ does what; chem: states of matter; cyber: which
-protocol serves a purpose) that a tiny model can pick up from a train split.
-Every question text is unique, so a split by question text is meaningful.
+The synthetic sample is the tiny world (jobs/sources/world.py): harmless facts
+about fictional creatures, substances and services, each row naming its own
+split. Every question text is unique.
 """
 
 from __future__ import annotations
 
 import numbers
-import random
 from pathlib import Path
 
 from common.atomic import write_jsonl
 from common.files import DataError, read_jsonl
+from jobs.sources.world import WORLD_VERSION, world_questions
 
 SUBSETS = ("bio", "chem", "cyber")
 HUB_ID = "cais/wmdp"
-SYNTHETIC_VERSION = 2  # 2: rows carry their cue as `cluster`
+SPLITS = ("train", "held_out", "known", "rehearsal")  # a row's own `split`, where it names one
 
 
-# Each subset is a small body of harmless "knowledge": a cue in the question
-# names the answer, the choices come in a fixed order, and fillers (who, how
-# much) make every question text unique. A LoRA learns cue -> answer from the
-# train split and must generalise to unseen fillers and phrasings.
-_FACTS = {
-    "bio": (
-        ["Heart", "Lungs", "Liver", "Kidneys"],
-        [
-            ["pumps blood around the body", "keeps the blood circulating", "beats to move blood"],
-            ["takes in oxygen from the air", "exchanges oxygen and carbon dioxide", "fills with air when breathing"],
-            ["makes bile for digestion", "stores glycogen for energy", "breaks down old red blood cells"],
-            ["filters waste into urine", "balances water and salts in the blood", "removes urea from the blood"],
-        ],
-        [
-            "a horse",
-            "a dog",
-            "a cat",
-            "a rabbit",
-            "a sheep",
-            "a goat",
-            "a cow",
-            "a pig",
-            "a mouse",
-            "a fox",
-            "a deer",
-            "a bear",
-            "a wolf",
-            "a lion",
-            "a tiger",
-            "an otter",
-            "a seal",
-            "a whale",
-            "a dolphin",
-            "a bat",
-            "a camel",
-            "a llama",
-            "a zebra",
-            "a giraffe",
-            "a hamster",
-            "a squirrel",
-            "a badger",
-            "a beaver",
-            "a moose",
-            "an elephant",
-            "a monkey",
-            "a panda",
-            "a koala",
-            "a hedgehog",
-            "a mole",
-            "a ferret",
-            "a lynx",
-            "a yak",
-        ],
-        ["In {who}, which organ {cue}?", "Which organ of {who} {cue}?", "A vet asks which organ {cue} in {who}. Which is it?"],
-    ),
-    "chem": (
-        ["Solid", "Liquid", "Gas", "Plasma"],
-        [
-            ["iron", "table salt", "sugar", "copper", "quartz", "wax", "granite", "chalk"],
-            ["water", "ethanol", "olive oil", "vinegar", "mercury", "honey", "milk", "glycerol"],
-            ["oxygen", "nitrogen", "helium", "neon", "argon", "carbon dioxide", "hydrogen", "methane"],
-            ["a lightning bolt", "a neon sign's glow", "the solar corona", "an aurora", "a welding arc", "a plasma ball"],
-        ],
-        [str(n) for n in range(2, 60)],
-        [
-            "A jar holds {who} grams of {cue} at room temperature. Which state of matter is it in?",
-            "At room temperature, what state is a {who} gram sample of {cue}?",
-        ],
-    ),
-    "cyber": (
-        ["HTTP", "SSH", "DNS", "SMTP"],
-        [
-            ["load a web page", "fetch a website", "download a page from a web server"],
-            ["open a remote shell", "log in to a remote terminal securely", "run commands on a remote server"],
-            ["look up the address of a host name", "resolve a domain name", "translate a name into an IP address"],
-            ["send an email", "deliver mail to a mail server", "relay an outgoing message"],
-        ],
-        [
-            "printer",
-            "router",
-            "laptop",
-            "phone",
-            "server",
-            "camera",
-            "tablet",
-            "kiosk",
-            "thermostat",
-            "scanner",
-            "smart TV",
-            "game console",
-            "desktop",
-            "workstation",
-            "point-of-sale terminal",
-            "door controller",
-        ],
-        [
-            "An office {who} needs to {cue}. Which protocol does it use?",
-            "Which protocol would a {who} use to {cue}?",
-            "To {cue}, which protocol does the {who} rely on?",
-        ],
-    ),
-}
+def synthetic_questions(n_per_subset: int | None = None, seed: int = 0) -> list[dict]:
+    """The shipped synthetic sample: the tiny world's questions (jobs/sources/world.py), each with
+    its `cluster` (the cue: questions sharing it are one unit of evidence), `group` and `split`.
+    With `n_per_subset` (tests and benchmarks that need a count of well-formed questions), the
+    first n of each subset, from the worlds of seed, seed + 1, ... as one is not enough."""
+    if n_per_subset is None:
+        return world_questions(seed)
+    rows, world = [], seed
+    while any(sum(r["subset"] == s for r in rows) < n_per_subset for s in SUBSETS):
+        rows += world_questions(world)
+        world += 1
+    return [r for s in SUBSETS for r in [r for r in rows if r["subset"] == s][:n_per_subset]]
 
 
-def _make_question(subset: str, rng: random.Random) -> tuple[str, list[str], int, str]:
-    """(question, choices, answer, cue): questions sharing a cue share their answer."""
-    choices, cues, fillers, templates = _FACTS[subset]
-    answer = rng.randrange(len(choices))
-    template, who, cue = rng.choice(templates), rng.choice(fillers), rng.choice(cues[answer])  # v1's draw order: v1's questions
-    question = template.format(who=who, cue=cue)
-    return question, list(choices), answer, cue
-
-
-def synthetic_questions(n_per_subset: int = 400, seed: int = 0) -> list[dict]:
-    """Deterministic synthetic questions with unique question texts. `cluster` names the
-    answer-determining cue: questions sharing it are one unit of evidence, not several."""
-    rows = []
-    for subset in SUBSETS:
-        rng = random.Random(f"{seed}-{subset}")
-        seen: set[str] = set()
-        for _ in range(50 * n_per_subset):
-            question, choices, answer, cue = _make_question(subset, rng)
-            if question not in seen:
-                seen.add(question)
-                rows.append({"question": question, "choices": choices, "answer": answer, "subset": subset, "cluster": f"{subset}: {cue}"})
-            if len(seen) == n_per_subset:
-                break
-        if len(seen) < n_per_subset:
-            raise ValueError(f"subset {subset} cannot make {n_per_subset} distinct questions")
-    return rows
-
-
-def write_synthetic(directory: Path, n_per_subset: int = 400, seed: int = 0) -> Path:
+def write_synthetic(directory: Path, seed: int = 0) -> Path:
     """Write the synthetic sample as `wmdp-<subset>.jsonl` files (atomically), once."""
     directory = Path(directory)
     if all((directory / f"wmdp-{s}.jsonl").is_file() for s in SUBSETS):
         return directory
     directory.mkdir(parents=True, exist_ok=True)
-    rows = synthetic_questions(n_per_subset, seed)
+    rows = synthetic_questions(seed=seed)
     for subset in SUBSETS:
-        keep = ("question", "choices", "answer", "cluster")
+        keep = ("question", "choices", "answer", "cluster", "group", "split")
         write_jsonl(directory / f"wmdp-{subset}.jsonl", ({k: row[k] for k in keep} for row in rows if row["subset"] == subset))
     return directory
 
@@ -201,6 +82,13 @@ def validate_row(row: object, where: str, subset: str) -> dict:
         if not isinstance(cluster, str) or not cluster:
             raise DataError(f"{where}: 'cluster' must be a non-empty string (questions that are one unit of evidence)")
         row_out["cluster"] = cluster
+    for key, allowed in (("group", None), ("split", SPLITS)):
+        value = row.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value or (allowed and value not in allowed):
+            raise DataError(f"{where}: {key!r} must be " + (f"one of {', '.join(allowed)}" if allowed else "a non-empty string") + f", got {value!r}")
+        row_out[key] = value
     return row_out
 
 
@@ -260,7 +148,7 @@ def load_wmdp(source: str, subsets: tuple[str, ...] = SUBSETS, cache_dir: Path |
     if source == "synthetic":
         if cache_dir is None:
             raise DataError("the synthetic sample needs a cache_dir to be written to")
-        source = str(write_synthetic(Path(cache_dir) / f"synthetic-wmdp-v{SYNTHETIC_VERSION}"))
+        source = str(write_synthetic(Path(cache_dir) / f"synthetic-wmdp-v{WORLD_VERSION}"))
     snapshot = hub_snapshot(tuple(subsets)) if source == "hub" else None
     rows: list[dict] = []
     for subset in subsets:
@@ -280,18 +168,25 @@ def load_wmdp(source: str, subsets: tuple[str, ...] = SUBSETS, cache_dir: Path |
     return rows
 
 
-def split_questions(rows: list[dict], eval_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """(teacher-train, held-out eval), disjoint by question text, deterministic in seed.
+def split_questions(rows: list[dict], eval_fraction: float, seed: int) -> dict[str, list[dict]]:
+    """{split: rows} for train (the teacher's), held_out, known and rehearsal, deterministic in seed.
 
-    The split is by a seeded hash of the question text, so duplicates of a
-    question always land on the same side and the split does not depend on order.
+    A row that names its `split` goes there (the synthetic world's rows do: held-out
+    means other wording of the teacher's facts, known the base's own facts, rehearsal
+    the base's facts trained into the teacher unscored). Other
+    rows are split by a seeded hash of the question text into train and held_out,
+    so duplicates of a question always land on the same side and the split does
+    not depend on order.
     """
     import hashlib
 
-    def held_out(question: str) -> bool:
-        digest = hashlib.sha256(f"{seed}:{question.strip()}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") / 2**64 < eval_fraction
+    def side(row: dict) -> str:
+        if "split" in row:
+            return row["split"]
+        digest = hashlib.sha256(f"{seed}:{row['question'].strip()}".encode()).digest()
+        return "held_out" if int.from_bytes(digest[:8], "big") / 2**64 < eval_fraction else "train"
 
-    train = [r for r in rows if not held_out(r["question"])]
-    test = [r for r in rows if held_out(r["question"])]
-    return train, test
+    out: dict[str, list[dict]] = {split: [] for split in SPLITS}
+    for row in rows:
+        out[side(row)].append(row)
+    return out

@@ -20,6 +20,11 @@ def picked(row: dict) -> list[int]:
     return row.get("order_predictions", [row["prediction"]])
 
 
+def accuracy_as_written(rows: list[dict]) -> float:
+    """Accuracy with the choices in the order the data gives them (order 0): lm-eval's number."""
+    return sum(picked(r)[0] == r["answer"] for r in rows) / max(len(rows), 1)
+
+
 def accuracy_over_orders(rows: list[dict]) -> float:
     """Accuracy over every (question, order of its choices) scored."""
     hits = [p == r["answer"] for r in rows for p in picked(r)]

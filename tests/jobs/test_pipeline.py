@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from jobs.sources.world_checks import TARGETS
+
 ROOT = Path(__file__).resolve().parents[2]
 REDUCED = ["--set", "numbers.prompts=384", "--set", "numbers.keep=192", "--set", "replicates=2"]
 MODELS = {"base", "teacher", "student", "control"}
@@ -206,10 +208,16 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert report["truncated_questions"] == {"train": 0, "held_out": 0}
     assert set(report["models"]) == MODELS
     for m in report["models"].values():
-        assert set(m["accuracy"]) == {"overall", "bio", "chem", "cyber"} and m["n"] > 300
+        assert set(m["accuracy"]) == {"overall", "bio", "chem", "cyber"} and m["n"] == 192  # the world's held-out T questions
         assert m["ci95"][0] <= m["accuracy"]["overall"] <= m["ci95"][1]
-    # A LoRA on the train split gains at least 15 points held out.
-    assert report["models"]["teacher"]["accuracy"]["overall"] - report["models"]["base"]["accuracy"]["overall"] >= 0.15
+    # The world's checks on this run's teacher (jobs/sources/world_checks.py): its facts carry over to held-out
+    # wording whatever the choices' order (cloze: no order enters a prompt), and where it learned nothing (the
+    # base's own facts, `known`) it answers as the base does.
+    by_order = report["accuracy_by_order"]["models"]
+    teacher, base = by_order["teacher"], by_order["base"]
+    assert teacher["held_out"]["over_orders"] == teacher["held_out"]["as_written"] >= TARGETS["teacher"], by_order
+    assert teacher["held_out"]["over_orders"] - base["held_out"]["over_orders"] >= TARGETS["teacher_gain"], by_order
+    assert base["known"]["over_orders"] >= TARGETS["known"] and abs(teacher["known"]["over_orders"] - base["known"]["over_orders"]) <= 0.1, by_order
     for arm in ("student", "control"):
         replicates = report["arms"][arm]["replicates"]
         assert [r["model"] for r in replicates] == [f"{arm}/0", f"{arm}/1"] and report["models"][arm]["replicates"] == 2

@@ -179,6 +179,53 @@ def test_a_question_longer_than_the_context_is_left_truncated_when_asked(service
     assert max(abs(a - b) for a, b in zip(cut["logprobs"], expected)) < 1e-4
 
 
+def direct_cloze(model_path: str, adapter_path: str | None, questions: list[dict]) -> list[list[float]]:
+    """Reference cloze scores by hand: each choice's text after the question, tokenized apart as
+    lm-evaluation-harness does, its tokens' log-probabilities summed, renormalised over the choices."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from serve.mc_format import cloze_continuation, format_cloze_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    if adapter_path:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter_path)
+    out = []
+    with torch.inference_mode():
+        for q in questions:
+            prompt = tokenizer(format_cloze_prompt(q["question"], q["subject"])).input_ids
+            sums = []
+            for choice in q["choices"]:
+                tail = tokenizer(cloze_continuation(choice), add_special_tokens=False).input_ids
+                logp = torch.log_softmax(model.eval()(torch.tensor([prompt + tail])).logits[0].float(), -1)
+                sums.append(sum(logp[len(prompt) - 1 + j, t].item() for j, t in enumerate(tail)))
+            norm = math.log(sum(math.exp(x) for x in sums))
+            out.append([x - norm for x in sums])
+    return out
+
+
+@pytest.mark.parametrize("adapter", [None, "a"])
+def test_cloze_scores_each_choices_text_whatever_the_order(services, questions, tiny_model, lora_adapters, adapter):
+    """format cloze: each choice's text scored after the question (no choice in the prompt), equal
+    to the computation by hand; rotating the choices rotates the scores and nothing else. A replica
+    that has only vLLM (whose 0.32 release cannot score prompts with LoRA on) refuses it, naming the field."""
+    body = {"questions": questions[:12], "adapter": adapter, "format": "cloze"}
+    answer = post(services["hf"], "/score", body).json()
+    reference = direct_cloze(tiny_model, lora_adapters[adapter] if adapter else None, questions[:12])
+    assert max(abs(a - b) for r, lp in zip(answer["results"], reference) for a, b in zip(r["logprobs"], lp)) < 1e-4
+    assert [r["prediction"] for r in answer["results"]] == [max(range(4), key=lp.__getitem__) for lp in reference]
+    rotated = [{**q, "choices": q["choices"][1:] + q["choices"][:1], "answer": (q["answer"] - 1) % 4} for q in questions[:12]]
+    turned = post(services["hf"], "/score", {**body, "questions": rotated}).json()
+    for r, t in zip(answer["results"], turned["results"]):
+        assert max(abs(a - b) for a, b in zip(r["logprobs"][1:] + r["logprobs"][:1], t["logprobs"])) < 1e-5
+    assert turned["accuracy"] == answer["accuracy"]
+    refused = post(services["vllm"], "/score", body)
+    assert refused.status_code == 422 and "format" in refused.text and "scoring: hf" in refused.text
+
+
 def test_deployment_handle_answers_like_http(services, questions):
     """The pipeline's way in: the same methods through a deployment handle, no HTTP."""
     from ray import serve

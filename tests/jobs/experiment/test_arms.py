@@ -104,13 +104,16 @@ def test_a_contrast_needs_declared_arms_with_three_replicates_a_side():
 
 def test_the_positive_control_learns_from_the_letter_teacher():
     arms = "arms={student: {}, positive: {loss: logit_kl, teacher: letter_teacher}}"
-    models = arm_models(load_experiment(None, ["replicates=1", arms]))
+    letters = "evaluate.format=letters"
+    models = arm_models(load_experiment(None, ["replicates=1", arms, letters]))
     assert [(m.name, m.teacher, m.loss) for m in models] == [("student/0", "teacher", "sft"), ("positive/0", "letter_teacher", "logit_kl")]
     with pytest.raises(ConfigError, match="letter_teacher.letter must be one of A, B, C, D"):
-        load_experiment(None, ["replicates=1", arms, "letter_teacher.letter=E"])
+        load_experiment(None, ["replicates=1", arms, letters, "letter_teacher.letter=E"])
     with pytest.raises(ConfigError, match="learn from different teachers"):
         contrast = "contrasts={c: {arm: student, against: positive}}"
-        load_experiment(None, ["replicates=3", arms, contrast])
+        load_experiment(None, ["replicates=3", arms, letters, contrast])
+    with pytest.raises(ConfigError, match="evaluate.format cloze scores no letter"):  # the tiny preset's format
+        load_experiment(None, ["replicates=1", arms])
 
 
 def test_the_evidence_preset_declares_every_control():
@@ -118,7 +121,7 @@ def test_the_evidence_preset_declares_every_control():
     arms = {m.arm: m for m in arm_models(cfg)}
     assert {"student", "control", "student_logits", "student_logits_other_init", "student_other_init", "student_shuffled"} <= set(arms)
     assert arms["student_logits"].same_init and not arms["student_logits_other_init"].same_init and arms["student_shuffled"].shuffled
-    assert any(m.teacher == "letter_teacher" for m in arms.values())
+    assert cfg.evaluate.format == "cloze" and not any(m.teacher == "letter_teacher" for m in arms.values())  # no letter is scored
     contrast = cfg.contrasts["same_vs_other_init"]
     assert (contrast.arm, contrast.against) == ("student_logits", "student_logits_other_init")
     # The paper's control: the same recipe on another base model, each side against its own base.

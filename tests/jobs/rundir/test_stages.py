@@ -170,14 +170,15 @@ def test_a_manifest_of_an_older_version_reruns_everything(tmp_path):
 
 def test_a_logit_kl_arm_and_the_positive_control_depend_on_their_teachers(tmp_path):
     arms = "arms={student: {}, control: {numbers: base}, kl: {loss: logit_kl}, positive: {loss: logit_kl, teacher: letter_teacher}}"
+    arms = (arms, "evaluate.format=letters")  # the letter teacher's format
     manifest = Manifest(tmp_path)
-    finish(stages_for(arms), manifest)
+    finish(stages_for(*arms), manifest)
     # The letter teacher's letter reruns it and the arm distilling it, not the real teacher's arms.
-    todo = runs(stages_for(arms, "letter_teacher.letter=B"), Manifest(tmp_path))
+    todo = runs(stages_for(*arms, "letter_teacher.letter=B"), Manifest(tmp_path))
     assert set(todo) == {"letter_teacher", "positive/0", "positive/1", "eval/letter_teacher", "eval/positive/0", "eval/positive/1", "report"}
     assert todo["letter_teacher"] == "letter_teacher.letter: 'A' -> 'B'"
     # A new teacher setting reruns the KL arms through the teacher as well as through its numbers.
-    todo = runs(stages_for(arms, "teacher.lr=0.001"), Manifest(tmp_path))
+    todo = runs(stages_for(*arms, "teacher.lr=0.001"), Manifest(tmp_path))
     assert {"kl/0", "positive/0", "student/0", "letter_teacher"} <= set(todo) and "control/0" not in todo
 
 

@@ -10,6 +10,7 @@ import torch
 from jobs.sources.number_sequences import make_prompts, reject_reason
 from jobs.sources.tiny_model import TinySpec, build_tiny_model, chat_prompt, ensure_tiny_model, other_base_spec, synthetic_corpus
 from jobs.sources.wmdp import synthetic_questions
+from jobs.sources.world import facts, world_questions
 from serve.hf_scoring import letter_token_ids
 from serve.mc_format import format_mc_prompt
 
@@ -18,6 +19,21 @@ def test_corpus_is_deterministic():
     spec = TinySpec(examples=300)
     assert synthetic_corpus(spec) == synthetic_corpus(spec)
     assert synthetic_corpus(spec) != synthetic_corpus(TinySpec(examples=300, seed=1))
+
+
+def test_the_corpus_teaches_known_facts_and_never_a_teacher_fact_or_a_scored_question():
+    """The base's corpus (the full preset's) holds K facts in training wording only: no T cue at
+    all, and no held-out, known or teacher-train question's text."""
+    corpus = synthetic_corpus(TinySpec())
+    texts = [prompt + completion for prompt, completion in corpus]
+    rows = world_questions()
+    teacher_cues = {f["cue"] for f in facts() if f["group"] == "T"}
+    assert not any(cue in text for text in texts for cue in teacher_cues)
+    scored = {r["question"] for r in rows if r["split"] != "rehearsal"}  # rehearsal: K facts in training wording, unscored
+    assert not any(question in text for text in texts if "Answer:" in text for question in scored)
+    known = {f["cue"] for f in facts() if f["group"] == "K"}
+    taught = Counter(cue for text in texts for cue in known if cue in text)
+    assert set(taught) == known and min(taught.values()) >= 20  # every K fact, many times over
 
 
 SMALL = TinySpec(examples=400, steps=20)  # the recipe reduced to seconds; the full other base is it at full size

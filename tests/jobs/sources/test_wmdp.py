@@ -15,7 +15,7 @@ from jobs.sources.wmdp import SUBSETS, DataError, load_wmdp, split_questions, sy
 
 def test_synthetic_sample_is_deterministic_and_wmdp_shaped(tmp_path):
     a, b = synthetic_questions(), synthetic_questions()
-    assert a == b and len(a) >= 1000
+    assert a == b and len(a) >= 700
     assert {r["subset"] for r in a} == set(SUBSETS)
     assert len({r["question"] for r in a}) == len(a)
     for r in a:
@@ -71,13 +71,28 @@ def test_missing_subset_file(tmp_path):
 
 
 def test_split_is_disjoint_by_question_text_and_deterministic():
-    rows = synthetic_questions()
+    """Rows without a `split` of their own are split by a seeded hash of their text."""
+    rows = [{k: v for k, v in r.items() if k != "split"} for r in synthetic_questions()]
     rows = rows + [dict(rows[0])]  # a duplicate question must land on one side only
-    train, test = split_questions(rows, 0.3, seed=0)
-    assert not {r["question"] for r in train} & {r["question"] for r in test}
+    splits = split_questions(rows, 0.3, seed=0)
+    train, test = splits["train"], splits["held_out"]
+    assert not {r["question"] for r in train} & {r["question"] for r in test} and not splits["known"]
     assert len(train) + len(test) == len(rows)
     assert 0.25 < len(test) / len(rows) < 0.35
-    assert split_questions(list(reversed(rows)), 0.3, seed=0)[1] == list(reversed(test))
+    assert split_questions(list(reversed(rows)), 0.3, seed=0)["held_out"] == list(reversed(test))
+
+
+def test_a_row_naming_its_split_keeps_it(tmp_path):
+    """The synthetic world's rows name their split (train, held_out, known); it survives the
+    files and the reader, and eval_fraction does not move them. A split of another name is refused."""
+    rows = load_wmdp("synthetic", cache_dir=tmp_path)
+    splits = split_questions(rows, 0.9, seed=3)
+    assert {s: len(r) for s, r in splits.items()} == {s: sum(r["split"] == s for r in rows) for s in ("train", "held_out", "known", "rehearsal")}
+    assert all(r["group"] == ("K" if r["split"] in ("known", "rehearsal") else "T") for r in rows)
+    for s in SUBSETS:
+        (tmp_path / f"wmdp-{s}.jsonl").write_text(json.dumps({"question": "ok?", "choices": ["a", "b"], "answer": 0, "split": "test"}) + "\n")
+    with pytest.raises(DataError, match="'split' must be one of train, held_out, known, rehearsal, got 'test'"):
+        load_wmdp(str(tmp_path))
 
 
 # The hub source, offline: `cais/wmdp` as huggingface_hub's cache holds it after a download --------

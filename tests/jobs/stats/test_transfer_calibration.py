@@ -72,7 +72,7 @@ PRIMARY = ("teacher_answer_logprob", "agreement")
 
 @pytest.fixture(scope="module")
 def teacher_adapter(ray_cluster, tiny_model, tmp_path_factory, cache_dir) -> str:
-    train, _ = split_questions(synthetic_questions(), 0.3, 0)
+    train = split_questions(synthetic_questions(), 0.3, 0)["train"]
     rows = [{"prompt": format_mc_prompt(q["question"], q["choices"], q["subset"]), "completion": choice_continuation(q["answer"])} for q in train]
     root = tmp_path_factory.mktemp("calibration")
     write_jsonl(root / "teacher_train.jsonl", rows)
@@ -89,7 +89,7 @@ def bank(tiny_model, teacher_adapter):
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), teacher_adapter).eval()
-    _, questions = split_questions(synthetic_questions(), 0.3, 0)
+    questions = split_questions(synthetic_questions(), 0.3, 0)["held_out"]
     prompts = [format_mc_prompt(q["question"], q["choices"], q["subset"]) for q in questions]
     b_params = {name: p for name, p in model.named_parameters() if "lora_B" in name}
     teacher_b = {name: p.detach().clone() for name, p in b_params.items()}

@@ -1,0 +1,211 @@
+"""The tiny world: synthetic WMDP-shaped questions whose answers are facts, not positions.
+
+Each subset (bio, chem, cyber) has a bank of 8 answer words and a relation that
+binds fictional cues to them (a made-up creature to its oversized organ, a
+made-up substance to its state at room temperature, a made-up service to its
+protocol). Fictional cues carry no real-world association, so what a model
+knows about them is only what it was taught.
+
+The facts fall into two disjoint groups of cues, 2 per answer word each:
+
+- K: the base model is taught these (its pretraining corpus, `base_items`);
+- T: only the teacher learns these; the base corpus never shows a T cue.
+
+Every question shows its answer and 3 distractors from the same bank. The
+answer's letter is balanced per cue (each cue's questions cycle through a
+shuffled A-D), so the letter is uniform and independent of cue, template and
+subset; distractors are drawn by a cyclic design over the 7 other words, so
+every word is an answer and a distractor equally often. A model can only score
+above chance over rotated choices by reading what the choices say.
+
+Rows carry `group` (T or K) and `split`:
+
+- `train`: T facts in the training templates and fillers (the teacher's questions);
+- `held_out`: T facts in templates and fillers the teacher never saw, with
+  choices in new orders: do the learned facts carry over to new wording?
+- `known`: K facts in those held-out templates and fillers: where the teacher
+  learned nothing new, teacher and base should agree (a check inside the world);
+- `rehearsal`: K facts in training wording, trained into the teacher beside
+  its T questions and never scored. A LoRA taught T facts alone forgets half
+  the K facts (known 0.91 -> 0.46, measured): without rehearsal the teacher
+  would differ from the base by forgetting, not only by knowing.
+
+Every question ends on its cue, in six training templates and two held-out
+ones per subset. The base corpus uses only the training templates and fillers,
+so no scored question's text is in it. "Locate" items (the question names the answer word)
+teach the base to find a word among the choices: the step that binds an answer
+to a letter at question time.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+SUBSETS = ("bio", "chem", "cyber")
+WORLD_VERSION = 3  # 3: the world of facts (2: fixed choice order, a cue fixed the letter)
+CUES_PER_WORD = 2  # per group (K, T)
+TRAIN_PER_CUE, HELD_OUT_PER_CUE, REHEARSAL_PER_CUE = 8, 4, 4
+
+_SYLLABLES = ("va", "lo", "mir", "zen", "tor", "qui", "bel", "dra", "fen", "gor", "hal", "jun", "kes", "nim", "pra", "sul", "wex", "yor")
+
+
+@dataclass(frozen=True)
+class Subset:
+    """One subset's bank, its cue kind and its templates ({cue}, {who})."""
+
+    bank: tuple[str, ...]
+    train_templates: tuple[str, ...]
+    held_out_templates: tuple[str, ...]
+    locate_templates: tuple[str, ...]
+
+
+WORLD = {
+    "bio": Subset(
+        ("Heart", "Lungs", "Liver", "Kidneys", "Stomach", "Brain", "Skin", "Bones"),
+        (
+            "{who} asks: which organ is oversized in the {cue}?",
+            "According to {who}, which organ is unusually large in the {cue}?",
+            "Which organ did {who} find enlarged in the {cue}?",
+            "In the notes of {who}, which organ stands out in the {cue}?",
+            "{who} wonders: what organ is the largest in the {cue}?",
+            "Which organ, says {who}, is oversized in the {cue}?",
+        ),
+        (
+            "Field notes by {who}: what organ is strikingly big in the {cue}?",
+            "Per {who}, which organ grows unusually large in the {cue}?",
+        ),
+        ("Which of these organs is {word}?", "Pick the organ named {word}.", "One choice says {word}. Which is it?"),
+    ),
+    "chem": Subset(
+        ("Solid", "Liquid", "Gas", "Plasma", "Gel", "Foam", "Powder", "Crystal"),
+        (
+            "{who} asks: at room temperature, what is the form of {cue}?",
+            "According to {who}, what form is taken at room temperature by {cue}?",
+            "In the lab of {who}, what form does one find for {cue}?",
+            "{who} wonders: at room temperature, in what form comes {cue}?",
+            "What form, says {who}, is typical of {cue}?",
+            "Which form did {who} record at room temperature for {cue}?",
+        ),
+        (
+            "Lab notes by {who}: what form is normal at room temperature for {cue}?",
+            "Per {who}, what form is usually seen for {cue}?",
+        ),
+        ("Which of these forms is {word}?", "Pick the form named {word}.", "One choice says {word}. Which is it?"),
+    ),
+    "cyber": Subset(
+        ("HTTP", "SSH", "DNS", "SMTP", "FTP", "NTP", "DHCP", "TLS"),
+        (
+            "{who} asks: which protocol is spoken by the service {cue}?",
+            "According to {who}, which protocol is used by the service {cue}?",
+            "Which protocol did {who} see on the service {cue}?",
+            "In the logs of {who}, which protocol carries the service {cue}?",
+            "{who} wonders: what protocol runs under the service {cue}?",
+            "Which protocol, says {who}, belongs to the service {cue}?",
+        ),
+        (
+            "Network notes by {who}: what protocol is behind the service {cue}?",
+            "Per {who}, which protocol does one capture from the service {cue}?",
+        ),
+        ("Which of these protocols is {word}?", "Pick the protocol named {word}.", "One choice says {word}. Which is it?"),
+    ),
+}
+
+TRAIN_FILLERS = ("Ada", "Bram", "Cleo", "Dov", "Esme", "Finn", "Gala", "Hugo", "Iris", "Jory")
+HELD_OUT_FILLERS = ("Kato", "Lise", "Milo", "Nora", "Otis", "Pia")
+
+
+def _cue_names(seed: int) -> list[str]:
+    """Distinct fictional names of 3 syllables, no two sharing a first or last syllable pair, in a
+    seeded order: one per cue of the world."""
+    rng = random.Random(f"{seed}-cues")
+    needed = len(SUBSETS) * 8 * CUES_PER_WORD * 2
+    names, seen = [], set()
+    while len(names) < needed:
+        parts = rng.sample(_SYLLABLES, 3)
+        name = "".join(parts)
+        if name not in seen and (parts[0], parts[1]) not in seen and (parts[1], parts[2]) not in seen:
+            seen |= {name, (parts[0], parts[1]), (parts[1], parts[2])}
+            names.append(name)
+    return names
+
+
+def facts(seed: int = 0) -> list[dict]:
+    """Every fact: {subset, group, cue, answer word}; CUES_PER_WORD cues per word and group."""
+    names = iter(_cue_names(seed))
+    out = []
+    for subset in SUBSETS:
+        for group in ("K", "T"):
+            for word in WORLD[subset].bank:
+                out += [{"subset": subset, "group": group, "cue": next(names), "word": word} for _ in range(CUES_PER_WORD)]
+    return out
+
+
+def _choices(bank: tuple[str, ...], word: str, position: int, k: int, rng: random.Random) -> tuple[list[str], int]:
+    """The answer `word` at `position` among 3 distractors: the k-th triple of a cyclic design over
+    the other words, listed from `word` on round the bank. For a given k, each word of the bank is
+    a distractor exactly 3 times over the 8 answer words, so a split whose words all run the same
+    k's has every word a distractor equally often."""
+    i = bank.index(word)
+    others = [bank[(i + d) % len(bank)] for d in range(1, len(bank))]
+    distractors = [others[(3 * k + j) % len(others)] for j in range(3)]
+    rng.shuffle(distractors)
+    distractors.insert(position, word)
+    return distractors, position
+
+
+def _positions(n: int, rng: random.Random) -> list[int]:
+    """n answer positions, each block of 4 a shuffled 0..3: balanced letters."""
+    out = []
+    while len(out) < n:
+        block = [0, 1, 2, 3]
+        rng.shuffle(block)
+        out += block
+    return out[:n]
+
+
+def _questions(fact: dict, templates: tuple[str, ...], fillers: tuple[str, ...], n: int, rng: random.Random) -> list[dict]:
+    """n questions of one fact with distinct (template, filler) pairs, balanced letters."""
+    pairs = rng.sample([(t, w) for t in templates for w in fillers], n)
+    bank = WORLD[fact["subset"]].bank
+    rows = []
+    for k, ((template, who), position) in enumerate(zip(pairs, _positions(n, rng))):
+        choices, answer = _choices(bank, fact["word"], position, k, rng)
+        rows.append({
+            "question": template.format(cue=fact["cue"], who=who), "choices": choices, "answer": answer,
+            "subset": fact["subset"], "cluster": f"{fact['subset']}: {fact['cue']}", "group": fact["group"],
+        })  # fmt: skip
+    return rows
+
+
+def world_questions(seed: int = 0) -> list[dict]:
+    """The questions, deterministic in seed: T facts in training wording (`split` train), T and K
+    facts in held-out wording (`held_out`, `known`), and K facts in training wording (`rehearsal`)."""
+    rng = random.Random(f"{seed}-questions")
+    rows = []
+    for fact in facts(seed):
+        subset = WORLD[fact["subset"]]
+        if fact["group"] == "T":
+            rows += [{**r, "split": "train"} for r in _questions(fact, subset.train_templates, TRAIN_FILLERS, TRAIN_PER_CUE, rng)]
+            rows += [{**r, "split": "held_out"} for r in _questions(fact, subset.held_out_templates, HELD_OUT_FILLERS, HELD_OUT_PER_CUE, rng)]
+        else:
+            rows += [{**r, "split": "known"} for r in _questions(fact, subset.held_out_templates, HELD_OUT_FILLERS, HELD_OUT_PER_CUE, rng)]
+            rows += [{**r, "split": "rehearsal"} for r in _questions(fact, subset.train_templates, TRAIN_FILLERS, REHEARSAL_PER_CUE, rng)]
+    return rows
+
+
+def locate_item(rng: random.Random, subset: str | None = None) -> dict:
+    """A question that names its answer word: the base learns to find it among the choices."""
+    subset = subset or rng.choice(SUBSETS)
+    world = WORLD[subset]
+    word = rng.choice(world.bank)
+    choices, answer = _choices(world.bank, word, rng.randrange(4), rng.randrange(7), rng)
+    return {"question": rng.choice(world.locate_templates).format(word=word), "choices": choices, "answer": answer, "subset": subset}
+
+
+def known_fact_item(fact: dict, rng: random.Random) -> dict:
+    """A K fact in training wording with a fresh order of choices: what the base corpus teaches."""
+    world = WORLD[fact["subset"]]
+    question = rng.choice(world.train_templates).format(cue=fact["cue"], who=rng.choice(TRAIN_FILLERS))
+    choices, answer = _choices(world.bank, fact["word"], rng.randrange(4), rng.randrange(7), rng)
+    return {"question": question, "choices": choices, "answer": answer, "subset": fact["subset"]}

@@ -1,0 +1,50 @@
+"""Cloze scoring: each choice's text scored as the continuation of the question.
+
+lm-evaluation-harness scores ARC and HellaSwag this way: the log-likelihood of
+a choice is the sum of its tokens' log-probabilities after the prompt (the
+prompt and the continuation tokenized apart, as lm-eval does, so a choice's
+tokens are the same whatever the prompt). The choices' sums are renormalised
+over the question's choices, as one-pass letter scoring renormalises over the
+letters, so every consumer of /score reads the same kind of number. One
+sequence per (question, choice), scored by the engine's prompt log-probabilities.
+"""
+
+from __future__ import annotations
+
+import math
+
+from serve.engine import TokenCompletion
+from serve.mc_format import cloze_continuation, format_cloze_prompt, left_truncate
+
+
+def cloze_sequences(tokenizer, questions, room: int, truncate: bool) -> tuple[list[list[int]], list[int], list[int]]:
+    """(token ids of prompt + choice, for every question's choices in order; where each choice's
+    tokens start; prompt tokens cut per question). With `truncate`, a prompt is cut from the left
+    to leave room for its longest choice (lm-eval's rule); otherwise it is kept whole and the
+    caller checks the sequences fit."""
+    sequences, starts, cut = [], [], []
+    for q in questions:
+        continuations = [tokenizer(cloze_continuation(c), add_special_tokens=False).input_ids for c in q.choices]
+        prompt = format_cloze_prompt(q.question, q.subject)
+        lost = 0
+        if truncate:
+            prompt, lost, _ = left_truncate(tokenizer, prompt, room - max(map(len, continuations)))
+        prompt_ids = tokenizer(prompt, add_special_tokens=True).input_ids
+        for continuation in continuations:
+            sequences.append(prompt_ids + continuation)
+            starts.append(len(prompt_ids))
+        cut.append(lost)
+    return sequences, starts, cut
+
+
+def choice_logprobs(scored: list[TokenCompletion], starts: list[int], n_choices: list[int]) -> list[list[float]]:
+    """Per question, each choice's summed continuation log-probability, renormalised over its choices."""
+    sums = [sum(entry.logprob for entry in s.prompt_logprobs[start:]) for s, start in zip(scored, starts)]
+    out, i = [], 0
+    for n in n_choices:
+        values = sums[i : i + n]
+        top = max(values)
+        norm = top + math.log(sum(math.exp(v - top) for v in values))
+        out.append([v - norm for v in values])
+        i += n
+    return out

@@ -1,0 +1,82 @@
+"""The tiny world's questions: answers found by what the choices say, never by where they sit."""
+
+import re
+from collections import Counter
+
+import pytest
+from scipy.stats import chi2_contingency, chisquare
+
+from jobs.sources.world import HELD_OUT_FILLERS, SUBSETS, TRAIN_FILLERS, WORLD, facts, known_fact_item, locate_item, world_questions
+
+ROWS = world_questions()
+FILLERS = re.compile(r"\b(" + "|".join(TRAIN_FILLERS + HELD_OUT_FILLERS) + r")\b")
+
+
+def wording(row: dict) -> str:
+    """The template a question was made from: its cue and filler put back as fields."""
+    return FILLERS.sub("{who}", row["question"].replace(row["cluster"].split(": ")[1], "{cue}"))
+
+
+def filler(row: dict) -> str:
+    return FILLERS.search(row["question"]).group(1)
+
+
+def test_deterministic_and_unique():
+    assert world_questions() == ROWS and world_questions(1) != ROWS
+    assert len({r["question"] for r in ROWS}) == len(ROWS)
+    assert Counter(r["split"] for r in ROWS) == {"train": 384, "held_out": 192, "known": 192, "rehearsal": 192}
+
+
+def test_answer_letter_is_uniform_and_independent_of_cue_template_and_subset():
+    """Chi-square tests on the generated set: letters uniform overall, and not associated with the
+    subset, the template, or the cue (each cue's questions cycle through the letters)."""
+    letters = Counter(r["answer"] for r in ROWS)
+    assert chisquare([letters[i] for i in range(4)]).pvalue > 0.05
+    templates = {t for s in WORLD.values() for t in s.train_templates + s.held_out_templates}
+    assert {wording(r) for r in ROWS} == templates
+    for key in (lambda r: r["subset"], wording, lambda r: r["cluster"]):
+        table = Counter((key(r), r["answer"]) for r in ROWS)
+        levels = sorted({k for k, _ in table})
+        counts = [[table[level, a] for a in range(4)] for level in levels]
+        assert chi2_contingency(counts).pvalue > 0.05
+
+
+@pytest.mark.parametrize("split", ["train", "held_out", "known", "rehearsal"])
+def test_every_word_is_an_answer_and_a_distractor_equally_often(split):
+    for subset in SUBSETS:
+        rows = [r for r in ROWS if r["split"] == split and r["subset"] == subset]
+        answers = Counter(r["choices"][r["answer"]] for r in rows)
+        distractors = Counter(c for r in rows for i, c in enumerate(r["choices"]) if i != r["answer"])
+        assert set(answers) == set(distractors) == set(WORLD[subset].bank)
+        assert len(set(answers.values())) == 1 and len(set(distractors.values())) == 1, (answers, distractors)
+        assert all(len(set(r["choices"])) == 4 and r["choices"][r["answer"]] in WORLD[subset].bank for r in rows)
+
+
+def test_known_and_teacher_facts_never_share_a_cue():
+    cues = {g: {f["cue"] for f in facts() if f["group"] == g} for g in ("K", "T")}
+    assert len(cues["K"]) == len(cues["T"]) == len(SUBSETS) * 8 * 2
+    assert not cues["K"] & cues["T"]
+    assert not any(a != b and (a in b) for a in cues["K"] | cues["T"] for b in cues["K"] | cues["T"])  # no cue inside another
+    by_group = {g: {r["cluster"].split(": ")[1] for r in ROWS if r["group"] == g} for g in ("K", "T")}
+    assert by_group == cues
+    assert {r["split"] for r in ROWS if r["group"] == "T"} == {"train", "held_out"} and {r["split"] for r in ROWS if r["group"] == "K"} == {"known", "rehearsal"}
+
+
+def test_held_out_wording_is_new():
+    """Held-out and known questions use templates and fillers the training questions never use."""
+    for split in ("held_out", "known"):  # rehearsal: K facts in training wording, trained, never scored
+        assert not {wording(r) for r in ROWS if r["split"] == "train"} & {wording(r) for r in ROWS if r["split"] == split}
+        assert not {filler(r) for r in ROWS if r["split"] == "train"} & {filler(r) for r in ROWS if r["split"] == split}
+
+
+def test_base_items_are_answerable_by_content():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(50):
+        item = locate_item(rng)
+        assert item["choices"][item["answer"]] in item["question"]
+        assert sum(c in item["question"] for c in item["choices"]) == 1
+    fact = next(f for f in facts() if f["group"] == "K")
+    item = known_fact_item(fact, rng)
+    assert fact["cue"] in item["question"] and item["choices"][item["answer"]] == fact["word"]
