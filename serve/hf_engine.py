@@ -222,10 +222,7 @@ class HFEngine:
         own = (logits.gather(2, ids[:, 1:, None]) - norm)[..., 0].tolist()
         values, indices = logits.topk(k, dim=-1)
         values, indices = (values - norm).tolist(), indices.tolist()
-        return [
-            (None, *(TokenLogprob(t, o, tuple(zip(i, v))) for t, o, i, v in zip(p[1:], own[r], indices[r], values[r])))
-            for r, p in enumerate(prompts)
-        ]
+        return [(None, *(TokenLogprob(t, o, tuple(zip(i, v))) for t, o, i, v in zip(p[1:], own[r], indices[r], values[r]))) for r, p in enumerate(prompts)]
 
     @torch.inference_mode()
     def _generate_ids(self, prompts: list[list[int]], s: Sampling, adapter: str | None, start: int, logprobs: int | None, pulse) -> list[tuple]:

@@ -39,5 +39,8 @@ def run(ctx: RunContext, todo) -> None:
     if not splits["known"]:  # a source without known questions: the hash of data stored before the split existed
         del hashes["known"]
     counts = {split: len(rows) for split, rows in splits.items()}
-    print(f"[data] {counts['train']} teacher-train (+{counts['rehearsal']} rehearsal), {counts['held_out']} held-out and {counts['known']} known questions", flush=True)
+    print(
+        f"[data] {counts['train']} teacher-train (+{counts['rehearsal']} rehearsal), {counts['held_out']} held-out and {counts['known']} known questions",
+        flush=True,
+    )
     ctx.record(todo[0], started, {"hash": digest(train_hash, *hashes.values()), **counts})

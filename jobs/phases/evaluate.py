@@ -71,7 +71,9 @@ def score_models(
 
     def score(job):
         name, order, start = job
-        request = ScoreRequest(questions=bodies[order][start : start + chunk], adapter=models[name], truncate=True, format=format)  # a long question never fails the stage
+        request = ScoreRequest(
+            questions=bodies[order][start : start + chunk], adapter=models[name], truncate=True, format=format
+        )  # a long question never fails the stage
         label = f"{name} questions {start}+" + (f" (order {order})" if order else "")
         results = result_or_resend(handle.score, request, handle.score.remote(request), label).results
         with lock:
@@ -154,7 +156,11 @@ def run(ctx: RunContext, todo) -> None:
     for model_path, targets, adapters in services:
         if targets:
             with running_service(ctx.app, model_path, adapters, ctx.cfg, True, ctx.lora_rank) as handle:
-                scored.update(score_models(handle, targets, questions, ctx.cfg.evaluate.chunk, 2 * ctx.cfg.evaluate.replicas, ctx.cfg.evaluate.orders(), ctx.cfg.evaluate.format))
+                scored.update(
+                    score_models(
+                        handle, targets, questions, ctx.cfg.evaluate.chunk, 2 * ctx.cfg.evaluate.replicas, ctx.cfg.evaluate.orders(), ctx.cfg.evaluate.format
+                    )
+                )
     for stage, name in zip(todo, names):
         earlier = [scored_name for _, scored_name in snapshots.get(name, [])]
         hashes = [write_jsonl(ctx.run_dir / scored_file(n), scored[n]) for n in earlier]

@@ -30,8 +30,9 @@ Rows carry `group` (T or K) and `split`:
   the K facts (known 0.91 -> 0.46, measured): without rehearsal the teacher
   would differ from the base by forgetting, not only by knowing.
 
-Every question ends on its cue, in six training templates and two held-out
-ones per subset. The base corpus uses only the training templates and fillers,
+Every question ends on its cue. Its template is a lead naming a person (six
+for training, two held out) and a stem (four and two), so a held-out question
+is new in both halves. The base corpus uses only the training templates and fillers,
 so no scored question's text is in it. "Locate" items (the question names the answer word)
 teach the base to find a word among the choices: the step that binds an answer
 to a letter at question time.
@@ -52,61 +53,67 @@ _SYLLABLES = ("va", "lo", "mir", "zen", "tor", "qui", "bel", "dra", "fen", "gor"
 
 @dataclass(frozen=True)
 class Subset:
-    """One subset's bank, its cue kind and its templates ({cue}, {who})."""
+    """One subset's bank and its wording. A question's template is a lead ({who}) and a stem ending
+    on its cue ({cue}); training and held-out questions share no lead and no stem, so a held-out
+    question's wording is new in both its halves."""
 
     bank: tuple[str, ...]
-    train_templates: tuple[str, ...]
-    held_out_templates: tuple[str, ...]
+    train_leads: tuple[str, ...]
+    train_stems: tuple[str, ...]
+    held_out_leads: tuple[str, ...]
+    held_out_stems: tuple[str, ...]
     locate_templates: tuple[str, ...]
 
+    @property
+    def train_templates(self) -> tuple[str, ...]:
+        return tuple(f"{lead} {stem}" for lead in self.train_leads for stem in self.train_stems)
+
+    @property
+    def held_out_templates(self) -> tuple[str, ...]:
+        return tuple(f"{lead} {stem}" for lead in self.held_out_leads for stem in self.held_out_stems)
+
+
+_TRAIN_LEADS = ("{who} asks:", "According to {who},", "In the notes of {who},", "{who} wonders:", "Says {who}:", "A question from {who}:")
+_HELD_OUT_LEADS = ("Field notes by {who}:", "Per {who},")
 
 WORLD = {
     "bio": Subset(
         ("Heart", "Lungs", "Liver", "Kidneys", "Stomach", "Brain", "Skin", "Bones"),
+        _TRAIN_LEADS,
         (
-            "{who} asks: which organ is oversized in the {cue}?",
-            "According to {who}, which organ is unusually large in the {cue}?",
-            "Which organ did {who} find enlarged in the {cue}?",
-            "In the notes of {who}, which organ stands out in the {cue}?",
-            "{who} wonders: what organ is the largest in the {cue}?",
-            "Which organ, says {who}, is oversized in the {cue}?",
+            "which organ is oversized in the {cue}?",
+            "which organ is unusually large in the {cue}?",
+            "what organ is the largest in the {cue}?",
+            "which organ stands out in the {cue}?",
         ),
-        (
-            "Field notes by {who}: what organ is strikingly big in the {cue}?",
-            "Per {who}, which organ grows unusually large in the {cue}?",
-        ),
+        _HELD_OUT_LEADS,
+        ("what organ is strikingly big in the {cue}?", "which organ grows unusually large in the {cue}?"),
         ("Which of these organs is {word}?", "Pick the organ named {word}.", "One choice says {word}. Which is it?"),
     ),
     "chem": Subset(
         ("Solid", "Liquid", "Gas", "Plasma", "Gel", "Foam", "Powder", "Crystal"),
+        _TRAIN_LEADS,
         (
-            "{who} asks: at room temperature, what is the form of {cue}?",
-            "According to {who}, what form is taken at room temperature by {cue}?",
-            "In the lab of {who}, what form does one find for {cue}?",
-            "{who} wonders: at room temperature, in what form comes {cue}?",
-            "What form, says {who}, is typical of {cue}?",
-            "Which form did {who} record at room temperature for {cue}?",
+            "at room temperature, what is the form of {cue}?",
+            "what form is taken at room temperature by {cue}?",
+            "in what form does one find {cue}?",
+            "what form is typical of {cue}?",
         ),
-        (
-            "Lab notes by {who}: what form is normal at room temperature for {cue}?",
-            "Per {who}, what form is usually seen for {cue}?",
-        ),
+        _HELD_OUT_LEADS,
+        ("what form is normal at room temperature for {cue}?", "in which form is one to store {cue}?"),
         ("Which of these forms is {word}?", "Pick the form named {word}.", "One choice says {word}. Which is it?"),
     ),
     "cyber": Subset(
         ("HTTP", "SSH", "DNS", "SMTP", "FTP", "NTP", "DHCP", "TLS"),
+        _TRAIN_LEADS,
         (
-            "{who} asks: which protocol is spoken by the service {cue}?",
-            "According to {who}, which protocol is used by the service {cue}?",
-            "Which protocol did {who} see on the service {cue}?",
-            "In the logs of {who}, which protocol carries the service {cue}?",
-            "{who} wonders: what protocol runs under the service {cue}?",
-            "Which protocol, says {who}, belongs to the service {cue}?",
+            "which protocol is spoken by the service {cue}?",
+            "which protocol is used by the service {cue}?",
+            "what protocol runs under the service {cue}?",
+            "which protocol belongs to the service {cue}?",
         ),
-        (
-            "Network notes by {who}: what protocol is behind the service {cue}?",
-            "Per {who}, which protocol does one capture from the service {cue}?",
-        ),
+        _HELD_OUT_LEADS,
+        ("what protocol is behind the service {cue}?", "which protocol does one capture from the service {cue}?"),
         ("Which of these protocols is {word}?", "Pick the protocol named {word}.", "One choice says {word}. Which is it?"),
     ),
 }

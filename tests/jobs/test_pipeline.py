@@ -211,13 +211,13 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
         assert set(m["accuracy"]) == {"overall", "bio", "chem", "cyber"} and m["n"] == 192  # the world's held-out T questions
         assert m["ci95"][0] <= m["accuracy"]["overall"] <= m["ci95"][1]
     # The world's checks on this run's teacher (jobs/sources/world_checks.py): its facts carry over to held-out
-    # wording whatever the choices' order (cloze: no order enters a prompt), and where it learned nothing (the
-    # base's own facts, `known`) it answers as the base does.
+    # wording whatever the choices' order (cloze: no order enters a prompt), and it keeps the base's own facts
+    # (`known`; trained on T alone, a teacher forgets half of them).
     by_order = report["accuracy_by_order"]["models"]
     teacher, base = by_order["teacher"], by_order["base"]
     assert teacher["held_out"]["over_orders"] == teacher["held_out"]["as_written"] >= TARGETS["teacher"], by_order
     assert teacher["held_out"]["over_orders"] - base["held_out"]["over_orders"] >= TARGETS["teacher_gain"], by_order
-    assert base["known"]["over_orders"] >= TARGETS["known"] and abs(teacher["known"]["over_orders"] - base["known"]["over_orders"]) <= 0.1, by_order
+    assert base["known"]["over_orders"] >= TARGETS["known"] and teacher["known"]["over_orders"] >= TARGETS["known"], by_order  # no forgetting
     for arm in ("student", "control"):
         replicates = report["arms"][arm]["replicates"]
         assert [r["model"] for r in replicates] == [f"{arm}/0", f"{arm}/1"] and report["models"][arm]["replicates"] == 2

@@ -59,7 +59,10 @@ def test_known_and_teacher_facts_never_share_a_cue():
     assert not any(a != b and (a in b) for a in cues["K"] | cues["T"] for b in cues["K"] | cues["T"])  # no cue inside another
     by_group = {g: {r["cluster"].split(": ")[1] for r in ROWS if r["group"] == g} for g in ("K", "T")}
     assert by_group == cues
-    assert {r["split"] for r in ROWS if r["group"] == "T"} == {"train", "held_out"} and {r["split"] for r in ROWS if r["group"] == "K"} == {"known", "rehearsal"}
+    assert {r["split"] for r in ROWS if r["group"] == "T"} == {"train", "held_out"} and {r["split"] for r in ROWS if r["group"] == "K"} == {
+        "known",
+        "rehearsal",
+    }
 
 
 def test_held_out_wording_is_new():
