@@ -38,7 +38,7 @@ from serve.engine import BatchKey, Sampling, TokenCompletion, gather_all
 from serve.engine_choice import build_engines
 from serve.http_api import build_http_api
 from serve.limits import check_count, check_new_tokens, check_room, check_work, invalid
-from serve.mc_format import format_mc_prompt, left_truncate
+from serve.mc_format import format_cloze_prompt, format_mc_prompt, left_truncate
 from serve.metrics import ServiceMetrics
 from serve.openai_format import NoChatTemplate, chat_logprobs, chat_prompt_ids, completion_logprobs, openai_answer
 from serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
@@ -212,7 +212,9 @@ class InferenceService:
         text scored as the continuation of the question (serve/cloze.py)."""
         scorer = self._prompt_scorer(field="format")
         room = self.settings.max_model_len
-        sequences, starts, cut = await self._off_loop(cloze_sequences, self.engine.counting_tokenizer, body.questions, room, body.truncate)
+        prompts = [format_cloze_prompt(q.question, q.subject) for q in body.questions]
+        choices = [q.choices for q in body.questions]
+        sequences, starts, cut = await self._off_loop(cloze_sequences, self.engine.counting_tokenizer, prompts, choices, room, body.truncate)
         lengths = [len(s) for s in sequences]
         owner = [i for i, q in enumerate(body.questions) for _ in q.choices]  # the question of each sequence
         check_room(self.settings, lengths, 0, lambda i: ("questions", owner[i]))

@@ -14,18 +14,17 @@ from __future__ import annotations
 import math
 
 from serve.engine import TokenCompletion
-from serve.mc_format import cloze_continuation, format_cloze_prompt, left_truncate
+from serve.mc_format import cloze_continuation, left_truncate
 
 
-def cloze_sequences(tokenizer, questions, room: int, truncate: bool) -> tuple[list[list[int]], list[int], list[int]]:
+def cloze_sequences(tokenizer, prompts: list[str], choices: list[list[str]], room: int, truncate: bool) -> tuple[list[list[int]], list[int], list[int]]:
     """(token ids of prompt + choice, for every question's choices in order; where each choice's
     tokens start; prompt tokens cut per question). With `truncate`, a prompt is cut from the left
     to leave room for its longest choice (lm-eval's rule); otherwise it is kept whole and the
     caller checks the sequences fit."""
     sequences, starts, cut = [], [], []
-    for q in questions:
-        continuations = [tokenizer(cloze_continuation(c), add_special_tokens=False).input_ids for c in q.choices]
-        prompt = format_cloze_prompt(q.question, q.subject)
+    for prompt, options in zip(prompts, choices):
+        continuations = [tokenizer(cloze_continuation(c), add_special_tokens=False).input_ids for c in options]
         lost = 0
         if truncate:
             prompt, lost, _ = left_truncate(tokenizer, prompt, room - max(map(len, continuations)))
@@ -38,8 +37,13 @@ def cloze_sequences(tokenizer, questions, room: int, truncate: bool) -> tuple[li
 
 
 def choice_logprobs(scored: list[TokenCompletion], starts: list[int], n_choices: list[int]) -> list[list[float]]:
-    """Per question, each choice's summed continuation log-probability, renormalised over its choices."""
-    sums = [sum(entry.logprob for entry in s.prompt_logprobs[start:]) for s, start in zip(scored, starts)]
+    """Per question, each choice's summed continuation log-probability (from the engine's prompt
+    log-probabilities), renormalised over its choices."""
+    return renormalised([sum(entry.logprob for entry in s.prompt_logprobs[start:]) for s, start in zip(scored, starts)], n_choices)
+
+
+def renormalised(sums: list[float], n_choices: list[int]) -> list[list[float]]:
+    """Each question's run of `n` choice log-likelihoods as a log-softmax over them."""
     out, i = [], 0
     for n in n_choices:
         values = sums[i : i + n]

@@ -70,18 +70,13 @@ def mc_logprobs(model, tokenizer, prompts: list[str], n_choices: list[int], batc
 
 @torch.inference_mode()
 def cloze_logprobs(model, tokenizer, prompts: list[str], choices: list[list[str]], batch_size: int = 64) -> list[list[float]]:
-    """Per question, each choice's text scored as the continuation of its prompt (serve/cloze.py's
-    arithmetic: prompt and continuation tokenized apart, the continuation's log-probabilities
-    summed, renormalised over the choices), batch_size sequences a forward, right-padded."""
-    from serve.mc_format import cloze_continuation
+    """Per question, each choice's text scored as the continuation of its prompt with the service's
+    arithmetic (serve/cloze.py), batch_size sequences a forward, right-padded: what the tiny
+    world's checks score a model with outside a service."""
+    from serve.cloze import cloze_sequences, renormalised
 
     device = next(model.parameters()).device
-    sequences, starts = [], []
-    for prompt, options in zip(prompts, choices):
-        head = tokenizer(prompt).input_ids
-        for choice in options:
-            sequences.append(head + tokenizer(cloze_continuation(choice), add_special_tokens=False).input_ids)
-            starts.append(len(head))
+    sequences, starts, _ = cloze_sequences(tokenizer, prompts, choices, 0, truncate=False)
     sums = []
     for begin in range(0, len(sequences), batch_size):
         batch = sequences[begin : begin + batch_size]
@@ -91,9 +86,4 @@ def cloze_logprobs(model, tokenizer, prompts: list[str], choices: list[list[str]
         logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
         for row, (s, start) in enumerate(zip(batch, starts[begin : begin + batch_size])):
             sums.append(sum(logp[row, j - 1, s[j]].item() for j in range(start, len(s))))
-    out, i = [], 0
-    for options in choices:
-        values = torch.tensor(sums[i : i + len(options)])
-        out.append(torch.log_softmax(values, -1).tolist())
-        i += len(options)
-    return out
+    return renormalised(sums, [len(c) for c in choices])

@@ -48,8 +48,8 @@ def test_numbers_generate_a_set_per_source_and_replicate_until_keep():
 
 def test_evaluation_scores_every_model_on_both_splits_in_every_order():
     evaluate = stages()["evaluate"]
-    assert "8 models x 3,668 questions x 1 order(s)" in evaluate.work  # base, teacher, 3 students, 3 controls
-    assert tokens_in(stages(["evaluate.permutations=4"])["evaluate"].work) == pytest.approx(4 * tokens_in(evaluate.work), rel=0.01)
+    assert "8 models x 3,668 questions x 4 order(s)" in evaluate.work  # base, teacher, 3 students, 3 controls
+    assert tokens_in(stages(["evaluate.permutations=1"])["evaluate"].work) == pytest.approx(tokens_in(evaluate.work) / 4, rel=0.01)
     assert "20 models" in stages(["student.snapshots=3"])["evaluate"].work  # and each arm model's 2 earlier snapshots
     assert "9 models" in stages(["arms.student.teacher=letter_teacher", "arms.student.loss=logit_kl"])["evaluate"].work  # and the letter teacher
     full = stages(["arms.full_student={numbers: teacher, train: {method: full, strategy: fsdp}}"])
@@ -73,8 +73,12 @@ def test_more_gpus_divide_the_compute():
         assert eight[name].compute_s == pytest.approx(one[name].compute_s / 8, rel=0.02)
 
 
-def test_the_8b_preset_runs_in_under_30_minutes_on_one_h100_by_its_own_projection():
-    assert sum(s.total_s for s in stages().values()) < 30 * 60
+def test_the_8b_preset_runs_in_under_30_minutes_on_one_h100_with_one_order_by_its_own_projection():
+    """Sized for 30 minutes with every question scored once; the 4 orders it declares (so a letter
+    prior cannot pass for knowledge) add scoring alone: 40 minutes projected (docs/scaling.md)."""
+    one, four = stages(["evaluate.permutations=1"]), stages()
+    assert sum(s.total_s for s in one.values()) < 30 * 60
+    assert {n for n in four if four[n].total_s != one[n].total_s} == {"evaluate"}
 
 
 @pytest.mark.parametrize("preset,gpus", DOC_TABLES)

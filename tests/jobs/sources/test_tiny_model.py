@@ -10,7 +10,7 @@ import torch
 from jobs.sources.number_sequences import make_prompts
 from jobs.sources.tiny_model import TinySpec, build_tiny_model, ensure_tiny_model, other_base_spec, synthetic_corpus
 from jobs.sources.wmdp import synthetic_questions
-from jobs.sources.world import facts, world_questions
+from jobs.sources.world import facts, locate_item, world_questions
 from serve.hf_scoring import letter_token_ids
 from serve.mc_format import format_mc_prompt
 
@@ -56,13 +56,18 @@ def test_cache_keys():
     assert other_base_spec(TinySpec(seed=5, steps=10)) == TinySpec(seed=5, steps=10, init_seed=6)
 
 
-def test_answers_multiple_choice_in_format(tiny_model):
+def test_answers_lettered_questions_with_a_letter(tiny_model):
+    """The base keeps the WMDP letter format where its corpus teaches it (lettered locate questions);
+    the tiny presets score by cloze, so it is never asked for a letter on a fact."""
+    import random
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
     letters = letter_token_ids(tok, 4)
-    rows = synthetic_questions(20, seed=5)
+    rng = random.Random(5)
+    rows = [locate_item(rng) for _ in range(30)]
     enc = tok([format_mc_prompt(r["question"], r["choices"], r["subset"]) for r in rows], return_tensors="pt", padding=True)
     out = model.generate(**enc, do_sample=False, max_new_tokens=1, pad_token_id=tok.pad_token_id)
     assert all(t in letters for t in out[:, -1].tolist())
