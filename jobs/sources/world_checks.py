@@ -1,10 +1,11 @@
 """The tiny world's checks: does the base know its facts and not the teacher's, and can it count?
 
 Printed by the base model's builder and asserted by the tests on the built
-models (tests/jobs/sources/test_world_checks.py). Questions are scored by cloze
+base (tests/jobs/sources/test_world_checks.py) and on a real pipeline run's
+teacher (tests/jobs/test_pipeline.py). Questions are scored by cloze
 (each choice's text after the question, serve/hf_scoring.cloze_logprobs), the
 format the tiny presets use: no order of the choices enters the prompt, so
-"over orders" reads "as scored". Targets (docs/report.md, "What held-out means"):
+"over orders" reads "as scored". Targets (measured figures in BENCHMARKS.md):
 
     base     K held-out (known)        >= 0.6
     base     T held-out                <= 0.35
