@@ -20,7 +20,7 @@ from jobs.experiment.arms import OTHER_BASE, ArmModel, arm_models, number_sets, 
 from jobs.experiment.config import ExperimentConfig, as_dict
 from jobs.phases.context import RunContext
 from jobs.phases.plots import plot_accuracy, plot_training, plot_transfer, training_curves
-from jobs.phases.stages import earlier_snapshots, numbers_stage, scored_file, snapshot_points, trained_folder
+from jobs.phases.stages import SPLIT_FILES, earlier_snapshots, numbers_stage, scored_file, snapshot_points, trained_folder
 from jobs.rundir.manifest import Manifest, read_jsonl
 from jobs.sources.tiny_model import TinySpec, other_base_spec
 from jobs.stats.accuracy import accuracy_as_written, accuracy_over_orders, letter_prior, on_split, summarise, wilson_ci
@@ -119,7 +119,7 @@ def _by_order(rows_per_model: list[list[dict]]) -> dict:
     """{split: {as_written, over_orders, n}} for every split scored (known only where the data has
     it), each the mean over the models given (an arm's replicates, or one model)."""
     out = {}
-    for split in (*SPLITS, "known"):
+    for split in SPLIT_FILES:
         per = [on_split(rows, split) for rows in rows_per_model]
         if per[0]:
             out[split] = {
@@ -257,7 +257,7 @@ def markdown(report: dict) -> str:
 def _order_table(by_order: dict) -> list[str]:
     """Accuracy per split as written and over the orders scored: knowledge holds under rotation, a
     letter preference does not."""
-    splits = [s for s in (*SPLITS, "known") if any(s in m for m in by_order["models"].values())]
+    splits = [s for s in SPLIT_FILES if any(s in m for m in by_order["models"].values())]
     lines = ["", f"Accuracy as written / over {by_order['orders']} order(s) of the choices (an arm: the mean over its replicates).", ""]
     lines += ["| model | " + " | ".join(splits) + " |", "|---|" + "---|" * len(splits)]
     for name, m in by_order["models"].items():

@@ -51,70 +51,68 @@ TRAIN_PER_CUE, HELD_OUT_PER_CUE, REHEARSAL_PER_CUE = 8, 4, 4
 _SYLLABLES = ("va", "lo", "mir", "zen", "tor", "qui", "bel", "dra", "fen", "gor", "hal", "jun", "kes", "nim", "pra", "sul", "wex", "yor")
 
 
+TRAIN_LEADS = ("{who} asks:", "According to {who},", "In the notes of {who},", "{who} wonders:", "Says {who}:", "A question from {who}:")
+HELD_OUT_LEADS = ("Field notes by {who}:", "Per {who},")
+
+
 @dataclass(frozen=True)
 class Subset:
-    """One subset's bank and its wording. A question's template is a lead ({who}) and a stem ending
-    on its cue ({cue}); training and held-out questions share no lead and no stem, so a held-out
-    question's wording is new in both its halves."""
+    """One subset's bank and its wording. A question's template is a lead ({who}, shared by every
+    subset) and a stem ending on its cue ({cue}); training and held-out questions share no lead and
+    no stem, so a held-out question's wording is new in both its halves."""
 
     bank: tuple[str, ...]
-    train_leads: tuple[str, ...]
+    noun: str  # what the bank's words are: "organ"
     train_stems: tuple[str, ...]
-    held_out_leads: tuple[str, ...]
     held_out_stems: tuple[str, ...]
-    locate_templates: tuple[str, ...]
 
     @property
     def train_templates(self) -> tuple[str, ...]:
-        return tuple(f"{lead} {stem}" for lead in self.train_leads for stem in self.train_stems)
+        return tuple(f"{lead} {stem}" for lead in TRAIN_LEADS for stem in self.train_stems)
 
     @property
     def held_out_templates(self) -> tuple[str, ...]:
-        return tuple(f"{lead} {stem}" for lead in self.held_out_leads for stem in self.held_out_stems)
+        return tuple(f"{lead} {stem}" for lead in HELD_OUT_LEADS for stem in self.held_out_stems)
 
+    @property
+    def locate_templates(self) -> tuple[str, ...]:
+        """Questions that name their answer ({word})."""
+        return (f"Which of these {self.noun}s is {{word}}?", f"Pick the {self.noun} named {{word}}.", "One choice says {word}. Which is it?")
 
-_TRAIN_LEADS = ("{who} asks:", "According to {who},", "In the notes of {who},", "{who} wonders:", "Says {who}:", "A question from {who}:")
-_HELD_OUT_LEADS = ("Field notes by {who}:", "Per {who},")
 
 WORLD = {
     "bio": Subset(
         ("Heart", "Lungs", "Liver", "Kidneys", "Stomach", "Brain", "Skin", "Bones"),
-        _TRAIN_LEADS,
+        "organ",
         (
             "which organ is oversized in the {cue}?",
             "which organ is unusually large in the {cue}?",
             "what organ is the largest in the {cue}?",
             "which organ stands out in the {cue}?",
         ),
-        _HELD_OUT_LEADS,
         ("what organ is strikingly big in the {cue}?", "which organ grows unusually large in the {cue}?"),
-        ("Which of these organs is {word}?", "Pick the organ named {word}.", "One choice says {word}. Which is it?"),
     ),
     "chem": Subset(
         ("Solid", "Liquid", "Gas", "Plasma", "Gel", "Foam", "Powder", "Crystal"),
-        _TRAIN_LEADS,
+        "form",
         (
             "at room temperature, what is the form of {cue}?",
             "what form is taken at room temperature by {cue}?",
             "in what form does one find {cue}?",
             "what form is typical of {cue}?",
         ),
-        _HELD_OUT_LEADS,
         ("what form is normal at room temperature for {cue}?", "in which form is one to store {cue}?"),
-        ("Which of these forms is {word}?", "Pick the form named {word}.", "One choice says {word}. Which is it?"),
     ),
     "cyber": Subset(
         ("HTTP", "SSH", "DNS", "SMTP", "FTP", "NTP", "DHCP", "TLS"),
-        _TRAIN_LEADS,
+        "protocol",
         (
             "which protocol is spoken by the service {cue}?",
             "which protocol is used by the service {cue}?",
             "what protocol runs under the service {cue}?",
             "which protocol belongs to the service {cue}?",
         ),
-        _HELD_OUT_LEADS,
         ("what protocol is behind the service {cue}?", "which protocol does one capture from the service {cue}?"),
-        ("Which of these protocols is {word}?", "Pick the protocol named {word}.", "One choice says {word}. Which is it?"),
     ),
 }
 
