@@ -3,9 +3,10 @@
     python -m jobs.sizing.wall_time --config configs/llama-8b.yaml --gpus 1
     python -m jobs.sizing.wall_time --config configs/llama-70b-qlora.yaml --gpus 8 --markdown
 
-A projection, not a measurement: the rates below are assumptions until
-bench/gpu_check.py and bench/gpu_lora.py measure them on the GPU (then pass the
-measured figures with --train-mfu and the other flags). What it does count
+A projection, not a measurement: the training rates below were measured by
+bench/gpu_check.py on one H100 80GB HBM3 (2026-11-26, BENCHMARKS.md); the
+serving rates are still assumptions until bench/serving.py runs on a GPU with
+vLLM (pass other figures with --train-mfu and the other flags). What it does count
 exactly is the work the preset asks for, with the pipeline's own rules, so that
 the figures in docs/scaling.md and the presets cannot drift apart (a test
 renders this table for each GPU preset and finds it in the document):
@@ -41,11 +42,15 @@ WMDP_QUESTIONS = {"bio": 1273, "chem": 408, "cyber": 1987}  # cais/wmdp's test s
 
 @dataclass(frozen=True)
 class Rates:
-    """Throughput assumptions (H100 SXM), each replaced by a measured figure once a GPU has run."""
+    """Throughput on an H100 SXM: training measured (bench/gpu_check.py), serving still assumed."""
 
     peak_tflops: float = 989.0  # bf16 dense, per GPU
-    train_mfu: float = 0.35  # bf16 LoRA or full fine-tuning: the trainer's target
-    train_mfu_slow: float = 0.25  # a 4/8-bit base or gradient checkpointing: dequantisation, recompute
+    # measured: full-depth 8B bf16 LoRA r16, SDPA (cuDNN), packed teacher rows 8 x 512 (0.28 at the
+    # student shape 16 x 256, 0.33 on full 512-token rows): the lowest of the presets' shapes
+    train_mfu: float = 0.25
+    # measured: 4-bit 70B-width slice with gradient checkpointing, extrapolated per layer to 80 layers,
+    # world size 1 (no cross-GPU traffic counted)
+    train_mfu_slow: float = 0.165
     prefill_mfu: float = 0.5  # vLLM prompt processing (scoring, number prompts), 2 x parameters a token
     decode_mfu: float = 0.12  # vLLM decoding with adapters at hundreds of sequences, counted as 2 x parameters a token
     load_gib_per_s: float = 0.5  # weights from local NVMe into GPU memory (4-bit: quantised on load)
