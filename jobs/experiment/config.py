@@ -82,6 +82,10 @@ class EvalConfig:
     # reported as secondary, with Holm-adjusted p-values. Declare it before looking at results.
     primary_metric: str = "teacher_answer_logprob"
     primary_split: Literal["held_out", "train"] = "held_out"
+    # The preset's family of primary verdicts: arm names (each against its reference) and contrast
+    # names. Holm runs across the family's primary tests and decides their verdicts; a comparison
+    # outside it is reported as exploratory, at its raw p. None: every comparison is in the family.
+    primary_comparisons: list[str] | None = None
     # Each question scored with its choices in this many cyclic orders (1: as written), the
     # log-probabilities mapped back to the original choices and averaged: a model's prior over
     # answer letters then cannot pass for knowledge (docs/report.md, letter_prior). At most the
@@ -122,16 +126,19 @@ class ArmConfig:
     loss: Literal["sft", "logit_kl"] = "sft"
     # Keys of the `student` section that differ for this arm (e.g. {lr: 1e-3, max_steps: 50}).
     train: dict[str, Any] = field(default_factory=dict)
-    # Whose model it learns from: the teacher, or the letter teacher (the positive control,
-    # `letter_teacher` below; distilled with loss logit_kl on the teacher's numbers).
-    teacher: Literal["teacher", "letter_teacher"] = "teacher"
+    # Whose model it learns from: the teacher; the letter teacher (the positive control,
+    # `letter_teacher` below; distilled with loss logit_kl on the teacher's numbers); or the sham
+    # teacher ("sham" for short: `sham_teacher` below), whose own numbers (and, under logit_kl,
+    # logits) the arm then trains on: the reference for the same arm on the teacher's.
+    teacher: Literal["teacher", "letter_teacher", "sham_teacher", "sham"] = "teacher"
     # How many times this arm is trained (default: the top-level `replicates`).
     replicates: int | None = None
-    # What its transfer is measured against: "base", another arm's name, or auto: the arm
-    # named `control` for an sft arm on the teacher's numbers when there is one on the same
-    # base with the same train.method, else base (under logit_kl the base-numbers control
-    # gets no signal: it stays the base model). A fully fine-tuned student's fair reference
-    # is a fully fine-tuned control: name it here.
+    # What its transfer is measured against: "base", another arm's name, or auto: the same arm
+    # on the sham teacher (its declared twin: every key alike but `teacher: sham`) when the preset
+    # has one; else the arm named `control` for an sft arm on the teacher's numbers when there is
+    # one on the same base with the same train.method; else base (under logit_kl the base-numbers
+    # control gets no signal: it stays the base model). A fully fine-tuned student's fair
+    # reference is a fully fine-tuned control: name it here.
     against: str = "auto"
 
 
@@ -142,6 +149,18 @@ class LetterTeacherConfig:
     number sequences, so an experiment can show it detects transfer where there is some."""
 
     letter: str = "A"
+
+
+@dataclass(frozen=True)
+class ShamTeacherConfig:
+    """The reference teacher: trained exactly like the teacher (its rows, steps, LoRA init and data
+    order), but the answers of its train questions permuted across the questions of each subset,
+    so it learns the format and the answers' words and no fact (rehearsal rows, the base's own
+    facts, stay as the teacher had them). Trained when an arm names it (`teacher: sham`); an arm
+    distilled from the teacher is then measured against its twin distilled from this one, so
+    drift from distillation itself cancels and what is left is the teacher's knowledge."""
+
+    seed: int = 0  # the permutation of the answers
 
 
 @dataclass(frozen=True)
@@ -173,6 +192,7 @@ class ExperimentConfig:
     # numbers.seed + i and orders its data with seed student.seed + i. The teacher is trained once.
     replicates: int = 1
     letter_teacher: LetterTeacherConfig = field(default_factory=LetterTeacherConfig)  # used when an arm names it
+    sham_teacher: ShamTeacherConfig = field(default_factory=ShamTeacherConfig)  # used when an arm names it
     # Named comparisons between two arms, reported under `contrasts.<name>` (docs/report.md).
     contrasts: dict[str, ContrastConfig] = field(default_factory=dict)
     evaluate: EvalConfig = field(default_factory=EvalConfig)
@@ -200,8 +220,19 @@ def load_experiment(path: str | Path | None = None, overrides: list[str] = ()) -
     if cfg.evaluate.format == "cloze" and any(arm.teacher == "letter_teacher" for arm in cfg.arms.values()):
         raise ConfigError("arms: a letter_teacher answers every question with one letter, and evaluate.format cloze scores no letter; use letters")
     check_contrasts(cfg)
+    check_family(cfg)
     check_local_tokenizers(cfg)
     return cfg
+
+
+def check_family(cfg: ExperimentConfig) -> None:
+    """Each primary comparison names one declared arm or contrast; no contrast is named like an arm."""
+    for name in cfg.contrasts:
+        if name in cfg.arms:
+            raise ConfigError(f"contrasts.{name}: an arm has that name too, so a verdict's name would be ambiguous; rename one")
+    for name in cfg.evaluate.primary_comparisons or []:
+        if name not in cfg.arms and name not in cfg.contrasts:
+            raise ConfigError(f"evaluate.primary_comparisons: {name!r} is neither an arm ({', '.join(cfg.arms)}) nor a contrast ({', '.join(cfg.contrasts) or 'none'})")
 
 
 def check_sampling(numbers: NumbersConfig) -> None:

@@ -31,6 +31,28 @@ def mc_rows(questions: list[dict], letter: int | None = None, format: str = "let
     ]
 
 
+def sham_rows(teacher_rows: list[dict], train_questions: list[dict], format: str, seed: int) -> list[dict]:
+    """The sham teacher's rows: the teacher's, in its order (its train questions first, then the
+    rehearsal rows, as `run` writes them), with the answers of the train questions permuted across
+    the questions of each subset. Every prompt and every answer word (or letter) stays, in equal
+    numbers, so the sham learns the format and how often each answer comes; which answer goes with
+    which question is random, so it learns no fact. Rehearsal rows (the base's own facts) stay."""
+    import random
+
+    own = mc_rows(train_questions, format=format)
+    if teacher_rows[: len(own)] != own:
+        raise ValueError("the teacher's rows do not begin with its train questions in order: rerun the data stage")
+    permuted = [dict(row) for row in own]
+    rng = random.Random(seed)
+    for subset in sorted({q["subset"] for q in train_questions}):
+        where = [i for i, q in enumerate(train_questions) if q["subset"] == subset]
+        answers = [own[i]["completion"] for i in where]
+        rng.shuffle(answers)
+        for i, answer in zip(where, answers):
+            permuted[i]["completion"] = answer
+    return permuted + teacher_rows[len(own) :]
+
+
 def run(ctx: RunContext, todo) -> None:
     started, cfg = time.time(), ctx.cfg
     splits = split_questions(ctx.questions, cfg.data.eval_fraction, cfg.data.split_seed)

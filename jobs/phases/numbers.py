@@ -1,4 +1,5 @@
-"""Phase 3, numbers: per replicate, teacher and base model continue number sequences through one service.
+"""Phase 3, numbers: per replicate, teacher and base model (and the sham teacher, when an arm reads it)
+continue number sequences through one service.
 
 Prompts (jobs.sources.number_sequences.make_prompts, rendered with the tokenizer's
 chat template as the paper did) go out in chunks, several requests in flight
@@ -116,8 +117,8 @@ def run(ctx: RunContext, todo) -> None:
     for stage in todo:
         source, replicate = sets[stage.name]
         numbers = dataclasses.replace(ctx.cfg.numbers, seed=numbers_seed(ctx.cfg, replicate))
-        requests[stage.name] = (number_prompts(tokenizer, numbers), "teacher" if source == "teacher" else None, numbers)
-    adapters = {"teacher": str(ctx.trained("teacher"))} if any(adapter for _, adapter, _ in requests.values()) else {}
+        requests[stage.name] = (number_prompts(tokenizer, numbers), None if source == "base" else source, numbers)
+    adapters = {adapter: str(ctx.trained(adapter)) for _, adapter, _ in requests.values() if adapter}
     errors = []
     with running_service(ctx.app, ctx.model_path, adapters, ctx.cfg, False, ctx.lora_rank) as handle:
         started = time.time()

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from common.atomic import atomic_file
-from jobs.phases.stages import trained_folder
+from jobs.phases.stages import TEACHERS, trained_folder
 from jobs.stats.evidence import SERIES, SPLITS
 
 TEACHER_STYLE = {"color": "black", "lw": 2.0}
@@ -133,7 +133,7 @@ def training_curves(run_dir: Path, report: dict) -> list[dict]:
     steps, losses}, from `loss_history` in its adapter's `train_metrics.json` (empty where an
     adapter was trained before the history was kept)."""
     curves = []
-    teachers = [name for name in ("teacher", "letter_teacher") if name in report["models"]]
+    teachers = [name for name in TEACHERS if name in report["models"]]
     folders = [(name, None, "sft", run_dir / trained_folder(name)) for name in teachers]
     for arm, entry in report["arms"].items():
         full = entry.get("method") == "full"  # reports written before the key held LoRA arms only

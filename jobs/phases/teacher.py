@@ -1,8 +1,10 @@
 """Phase 2, teacher: Ray Train LoRA on the teacher-train split.
 
-With it, when an arm needs it, the positive control's letter teacher: every
-teacher-train question answered with one letter (`letter_teacher.letter`). Both
-are one Ray Train run (they share every setting), from the same LoRA init.
+With it, when an arm needs them, the positive control's letter teacher (every
+teacher-train question answered with one letter, `letter_teacher.letter`) and
+the sham teacher (the teacher's rows with the train questions' answers permuted
+across questions: data.sham_rows). All are one Ray Train run (they share every
+setting), from the same LoRA init.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import time
 
 from common.atomic import write_jsonl
 from jobs.phases.context import RunContext
-from jobs.phases.data import mc_rows
+from jobs.phases.data import mc_rows, sham_rows
 from jobs.phases.stages import SPLIT_FILES, TEACHER_TRAIN
 from jobs.phases.training import record_trained, train_groups
 from jobs.rundir.manifest import read_jsonl
@@ -28,6 +30,11 @@ def run(ctx: RunContext, todo) -> None:
             data = ctx.run_dir / "letter_teacher" / "train.jsonl"
             questions = read_jsonl(ctx.run_dir / "data" / SPLIT_FILES["train"])
             write_jsonl(data, mc_rows(questions, LETTERS.index(ctx.cfg.letter_teacher.letter)))
+        elif stage.name == "sham_teacher":
+            data = ctx.run_dir / "sham_teacher" / "train.jsonl"
+            questions = read_jsonl(ctx.run_dir / "data" / SPLIT_FILES["train"])
+            rows = sham_rows(read_jsonl(ctx.run_dir / TEACHER_TRAIN), questions, ctx.cfg.evaluate.format, ctx.cfg.sham_teacher.seed)
+            write_jsonl(data, rows)
         pairs.append((stage, AdapterJob(stage.name, str(data), ctx.trained(stage.name), ctx.cfg.teacher)))
     for stage, metrics in train_groups(ctx, "teacher", [pairs], runs=1):
         record_trained(ctx, stage, metrics, started)

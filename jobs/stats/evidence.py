@@ -132,6 +132,27 @@ class Evidence:
         return {"split": split, "metric": metric, "from_steps": steps[0], "to_steps": steps[1], **r, "detected": detected(r)}
 
 
+def apply_family(comparisons: dict[str, dict], family: list[str] | None) -> dict:
+    """Holm across the preset's primary verdicts: `comparisons` maps a comparison's name (an arm, or
+    a contrast) to its result (Evidence.compare); `family` names the primary comparisons
+    (`evaluate.primary_comparisons`; None: every comparison). Each member's primary test gets
+    `p_family`, its p-value Holm-adjusted over the family, and `detected` when that is < 0.05; a
+    comparison outside the family keeps its raw p and is marked `exploratory`. Returns the family
+    as the report gives it: {comparisons, size, declared}."""
+    members = list(comparisons) if family is None else [name for name in comparisons if name in family]
+    adjusted = holm({name: comparisons[name]["primary"]["p_value"] for name in members})
+    for name, result in comparisons.items():
+        primary = result["primary"]
+        inner = result[primary["split"]][primary["metric"]]  # the same test where the tables list it
+        for r in (primary, inner):
+            if name in adjusted:
+                r["p_family"] = adjusted[name]
+                r["detected"] = adjusted[name] is not None and adjusted[name] < 0.05
+            else:
+                r["exploratory"] = True
+    return {"comparisons": members, "size": sum(p is not None for p in adjusted.values()), "declared": family is not None}
+
+
 def interval(ci) -> str:
     return "-" if ci is None else f"{ci[0]:+.4f} to {ci[1]:+.4f}"
 
@@ -151,7 +172,8 @@ def positive_control(arms: dict) -> dict | None:
 
 
 def _phrase(split: str, metric: str, r: dict, p_key: str = "p_value") -> str:
-    return f"{metric} on {split} {r['value']:+.4f} (95% CI {interval(r['ci95'])}, {'p' if p_key == 'p_value' else 'Holm p'}={r[p_key]:.2g})"
+    family = f", Holm p over the family={r['p_family']:.2g}" if p_key == "p_value" and r.get("p_family") is not None else ""
+    return f"{metric} on {split} {r['value']:+.4f} (95% CI {interval(r['ci95'])}, {'p' if p_key == 'p_value' else 'Holm p'}={r[p_key]:.2g}{family})"
 
 
 def primary_finding(transfer: dict) -> str | None:
@@ -165,6 +187,8 @@ def verdict(name: str, against: str, transfer: dict) -> str:
     have detected; secondary tests that pass Holm are named after it."""
     r = transfer["primary"]
     test = f"{r['metric']} on {r['split']}"
+    if r.get("exploratory"):
+        name = f"(exploratory, outside the preset's primary comparisons) {name}"
     if (found := primary_finding(transfer)) is not None:
         sentence = f"{name} vs {against}: transfer detected on the primary test, {found}."
     elif r.get("note"):
@@ -174,7 +198,8 @@ def verdict(name: str, against: str, transfer: dict) -> str:
             f"{name} vs {against}: no transfer detected on {test}; with one replicate the spread across seeds is unknown, so no effect size can be promised."
         )
     else:
-        sentence = (f"{name} vs {against}: no transfer detected on the primary test ({test} {r['value']:+.4f}, 95% CI {interval(r['ci95'])}); "
+        p = f"p={r['p_value']:.2g}" + (f", Holm p over the family={r['p_family']:.2g}" if r.get("p_family") is not None else "")
+        sentence = (f"{name} vs {against}: no transfer detected on the primary test ({test} {r['value']:+.4f}, 95% CI {interval(r['ci95'])}, {p}); "
                     f"this design would have detected a difference of {r['mde']:.4f} with 80% power.")  # fmt: skip
     secondary = [
         _phrase(split, metric, t, "p_holm") for split in SPLITS for metric, t in transfer[split].items()
@@ -183,14 +208,28 @@ def verdict(name: str, against: str, transfer: dict) -> str:
     return sentence + (f" Secondary (Holm): {'; '.join(secondary)}." if secondary else "")
 
 
-def markdown_tables(arms: dict, contrasts: dict) -> list[str]:
-    """report.md's evidence section: verdicts, then one table per comparison, its primary test first."""
+def family_table(arms: dict, contrasts: dict, family: dict) -> list[str]:
+    """The preset's primary verdicts side by side: raw p and p Holm-adjusted over the family."""
+    which = "declared in evaluate.primary_comparisons" if family["declared"] else "every comparison: the preset names none"
+    lines = ["", f"Primary verdicts, Holm across the family of {family['size']} ({which}); the rest are exploratory, at raw p.", ""]
+    lines += ["| comparison | primary test | difference | 95% CI | p | Holm p (family) | MDE | detected |", "|---|---|---|---|---|---|---|---|"]
+    rows = [(f"{name} vs {arm['against']}", arm["transfer"]["primary"]) for name, arm in arms.items()]
+    rows += [(f"contrast {name}: {c['arm']} vs {c['against']}", c["primary"]) for name, c in contrasts.items()]
+    for title, r in rows:
+        lines.append(f"| {title} | {r['metric']} on {r['split']} | {_cells(r)} |")
+    return lines
+
+
+def markdown_tables(arms: dict, contrasts: dict, family: dict | None = None) -> list[str]:
+    """report.md's evidence section: verdicts, the family of primary verdicts, then one table per
+    comparison, its primary test first."""
     lines = ["", "## Transfer evidence", ""]
     lines += [f"- {arm['verdict']}" for arm in arms.values() if "verdict" in arm]
     lines += [f"- contrast {name}: {c['verdict']}" for name, c in contrasts.items()]
     control = positive_control(arms)
     lines += [f"- {control['verdict']}"] if control else []
-    comparisons = [(f"{name} vs {arm['against']}", arm["transfer"], arm.get("by_step")) for name, arm in arms.items()]
+    lines += family_table(arms, contrasts, family) if family else []
+    comparisons = [(f"{name} vs {arm['against']}" + (f" ({arm['reference']})" if "reference" in arm else ""), arm["transfer"], arm.get("by_step")) for name, arm in arms.items()]
     comparisons += [(f"contrast {name}: {c['arm']} vs {c['against']}", c, c.get("by_step")) for name, c in contrasts.items()]
     head = ["| split | metric | difference | 95% CI | p | Holm p | MDE | detected |", "|---|---|---|---|---|---|---|---|"]
     for title, result, series in comparisons:
@@ -215,5 +254,8 @@ def _cells(r: dict) -> str:
     if r["value"] is None:
         return f"- | - | - | - | - | {r.get('note', '')}"
     p, mde = ("-", "-") if r["p_value"] is None else (f"{r['p_value']:.3g}", f"{r['mde']:.4f}")
-    holm_p = "primary" if "p_holm" not in r else ("-" if r["p_holm"] is None else f"{r['p_holm']:.3g}")
+    if "p_holm" in r:
+        holm_p = "-" if r["p_holm"] is None else f"{r['p_holm']:.3g}"
+    else:  # the primary test: adjusted over the preset's family of primary comparisons
+        holm_p = "exploratory" if r.get("exploratory") else ("-" if r.get("p_family") is None else f"{r['p_family']:.3g} (family)")
     return f"{r['value']:+.4f} | {interval(r['ci95'])} | {p} | {holm_p} | {mde} | {r['detected']}" + (f" ({r['note']})" if r.get("note") else "")

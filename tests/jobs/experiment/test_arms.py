@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.experiment.arms import OTHER_BASE, arm_models, number_sets, numbers_seed, other_base
+from jobs.experiment.arms import OTHER_BASE, arm_models, number_sets, numbers_seed, other_base, reference_kind, reference_of, teachers_used
 from jobs.experiment.config import load_experiment
 from train.config import ConfigError
 
@@ -68,6 +68,7 @@ def test_arm_train_keys_apply_to_that_arm_only():
         ("{full: {lora_init: teacher_a, loss: logit_kl, train: {method: full}}}", r"arms\.full: train\.method full .* lora_init"),
         ("{full: {train: {method: full, snapshots: 2}}}", r"arms\.full: train\.snapshots with train\.method full"),
         ("{full: {train: {method: full, quantization: 4bit}}}", r"method=full with quantization=4bit is refused"),
+        ("{sham: {numbers: base, teacher: sham}}", r"arms\.sham: an arm of the sham teacher trains on its numbers"),
     ],
 )
 def test_bad_arm_declarations_name_the_problem(arms, message):
@@ -114,6 +115,26 @@ def test_the_positive_control_learns_from_the_letter_teacher():
         load_experiment(None, ["replicates=3", arms, letters, contrast])
     with pytest.raises(ConfigError, match="evaluate.format cloze scores no letter"):  # the tiny preset's format
         load_experiment(None, ["replicates=1", arms])
+
+
+def test_auto_measures_an_arm_of_the_teacher_against_its_sham_twin():
+    arms = ("arms={student: {}, control: {numbers: base}, student_sham: {teacher: sham}, logits: {loss: logit_kl}, "
+            "logits_sham: {loss: logit_kl, teacher: sham_teacher}, logits_lr: {loss: logit_kl, train: {lr: 0.01}}}")  # fmt: skip
+    cfg = load_experiment(None, ["replicates=2", arms])
+    against = {arm: (reference_of(arm, cfg), reference_kind(arm, cfg)) for arm in cfg.arms}
+    assert against == {
+        "student": ("student_sham", "sham teacher"), "logits": ("logits_sham", "sham teacher"),
+        "control": ("base", "base model"), "student_sham": ("control", "control arm"), "logits_sham": ("base", "base model"),
+        "logits_lr": ("base", "base model"),  # a twin differs in the teacher alone: another lr has none
+    }  # fmt: skip
+    models = arm_models(cfg)
+    assert {(m.arm, m.source, m.teacher) for m in models if "sham" in m.arm} == {("student_sham", "sham_teacher", "sham_teacher"), ("logits_sham", "sham_teacher", "sham_teacher")}
+    assert teachers_used(models) == ["teacher", "sham_teacher"]
+    assert number_sets(models)[:3] == [("teacher", 0), ("sham_teacher", 0), ("base", 0)]
+    declared = load_experiment(None, ["replicates=2", arms.replace("student: {}", "student: {against: control}")])
+    assert (reference_of("student", declared), reference_kind("student", declared)) == ("control", "declared")
+    without = load_experiment(None, ["replicates=2"])  # no sham twin: the old reference stays
+    assert (reference_of("student", without), reference_kind("student", without)) == ("control", "control arm")
 
 
 def test_the_evidence_preset_declares_every_control():

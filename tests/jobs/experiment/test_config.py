@@ -78,3 +78,12 @@ def test_sampling_the_service_would_refuse_stops_the_run_at_load(override, messa
 def test_scoring_orders_and_sgd_momentum_out_of_range_are_refused_at_load(override, message):
     with pytest.raises(ConfigError, match=message):
         load_experiment(overrides=[override])
+
+
+def test_the_family_of_primary_verdicts_names_declared_comparisons():
+    cfg = load_experiment(None, ["evaluate.primary_comparisons=[student]"])
+    assert cfg.evaluate.primary_comparisons == ["student"]
+    with pytest.raises(ConfigError, match=r"evaluate\.primary_comparisons: 'studnet' is neither an arm \(.*student.*\) nor a contrast \(none\)"):
+        load_experiment(None, ["evaluate.primary_comparisons=[studnet]"])
+    with pytest.raises(ConfigError, match=r"contrasts\.student: an arm has that name too"):
+        load_experiment(None, ["replicates=3", "arms={student: {}, other: {lora_seed: other}}", "contrasts={student: {arm: student, against: other}}"])

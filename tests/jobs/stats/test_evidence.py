@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jobs.experiment.arms import ArmModel
-from jobs.stats.evidence import Evidence
+from jobs.stats.evidence import Evidence, apply_family, verdict
 from train.config import TrainConfig
 
 N_CLUSTERS, PER_CLUSTER, STEPS = 30, 4, (10, 20, 30)
@@ -108,3 +108,25 @@ def test_the_last_interval_says_whether_an_arm_was_still_learning(experiment):
     assert rising["from_steps"] == [STEPS[-2]] and rising["to_steps"] == [STEPS[-1]]
     assert rising["detected"] and rising["value"] > 0 and rising["ci95"][0] > 0
     assert not flat["detected"] and flat["ci95"][0] < 0 < flat["ci95"][1]
+
+
+def _comparison(p):
+    test = {"value": 0.1, "ci95": [0.0, 0.2], "p_value": p, "mde": 0.1, "detected": p is not None and p < 0.05}
+    return {"train": {}, "held_out": {"teacher_answer_logprob": dict(test)}, "primary": {"split": "held_out", "metric": "teacher_answer_logprob", **test}}
+
+
+def test_holm_across_the_family_of_primary_verdicts_matches_a_hand_computation():
+    every = {name: _comparison(p) for name, p in {"a": 0.01, "b": 0.04, "c": 0.03, "d": None}.items()}
+    family = apply_family(every, None)
+    # By hand: sorted 0.01, 0.03, 0.04 of m = 3 -> 3 x 0.01 = 0.03; 2 x 0.03 = 0.06; 1 x 0.04, raised to 0.06.
+    assert family == {"comparisons": ["a", "b", "c", "d"], "size": 3, "declared": False}
+    adjusted = {name: c["primary"]["p_family"] for name, c in every.items()}
+    assert adjusted == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06, "d": None})
+    assert [every[n]["primary"]["detected"] for n in "abcd"] == [True, False, False, False]
+    assert every["b"]["held_out"]["teacher_answer_logprob"]["detected"] is False  # the tables' copy of the test agrees
+    declared = {name: _comparison(p) for name, p in {"a": 0.01, "b": 0.04, "c": 0.03}.items()}
+    family = apply_family(declared, ["a", "b"])  # m = 2: 0.02 and 0.04, both detected; c is exploratory at its raw p
+    assert family == {"comparisons": ["a", "b"], "size": 2, "declared": True}
+    assert [declared[n]["primary"].get("p_family") for n in "abc"] == pytest.approx([0.02, 0.04, None])
+    assert declared["c"]["primary"]["exploratory"] and declared["c"]["primary"]["detected"]
+    assert verdict("c", "base", declared["c"]).startswith("(exploratory, outside the preset's primary comparisons) c vs base")
