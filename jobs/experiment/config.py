@@ -107,9 +107,11 @@ class EvalConfig:
 class ArmConfig:
     """One student-like model trained on number sequences (jobs/experiment/arms.py resolves it per replicate)."""
 
-    # Whose kept numbers it trains on: the teacher's, the base model's (the control), or the
-    # teacher's shuffled.
-    numbers: Literal["teacher", "base", "teacher_shuffled"] = "teacher"
+    # What it trains on: the teacher's kept numbers, the base model's (the control), or the
+    # teacher's shuffled; or "teacher_answers", the overt positive control: no numbers, each of the
+    # teacher's train questions completed by the answer the teacher picks (its knowledge taught
+    # directly, with loss sft; `teacher: sham` gives the sham teacher's answers, its reference).
+    numbers: Literal["teacher", "base", "teacher_shuffled", "teacher_answers"] = "teacher"
     # Its base model: "same" = the teacher's; "other" = the tiny preset's second base (the same
     # corpus, tokenizer and recipe from another random init: the paper's cross-model control);
     # or a hub id / folder of another model. An arm on another base is measured against that

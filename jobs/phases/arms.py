@@ -4,7 +4,8 @@ Several adapters per Ray Train run over one copy of the base (one per run under
 FSDP), several runs at once where the GPUs allow (jobs/sizing/placement.py);
 arms on the other base model in runs of their own over that base. Every arm of
 a replicate trains on equally many rows (phases/stages.training_rows), so arms
-differ in content alone.
+differ in content alone; the overt positive control trains on every answer of
+its teacher.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import dataclasses
 import time
 
 from common.atomic import write_jsonl
-from jobs.experiment.arms import OTHER_BASE, arm_groups, numbers_seed
+from jobs.experiment.arms import ANSWERS, OTHER_BASE, arm_groups, numbers_seed
 from jobs.phases.context import RunContext
-from jobs.phases.stages import numbers_file, training_rows
+from jobs.phases.stages import rows_of, training_rows
 from jobs.phases.training import record_trained, train_groups
 from jobs.rundir.manifest import read_jsonl
 from jobs.sources.number_sequences import shuffle_numbers
@@ -27,9 +28,10 @@ def run(ctx: RunContext, todo) -> None:
     started, pairs, models = time.time(), [], list(ctx.models.values())
     for stage in todo:
         m = ctx.models[stage.name]
-        rows = training_rows(ctx.manifest, models, m.replicate)
         data = ctx.run_dir / "arms" / m.name / "train.jsonl"
-        kept = read_jsonl(ctx.run_dir / numbers_file(m.source, m.replicate))[:rows]
+        kept = read_jsonl(ctx.run_dir / rows_of(m)[1])
+        if m.source != ANSWERS:  # numbers: the replicate's arms train on equally many rows
+            kept = kept[: training_rows(ctx.manifest, models, m.replicate)]
         write_jsonl(data, shuffle_numbers(kept, numbers_seed(ctx.cfg, m.replicate)) if m.shuffled else kept)
         # Job names key Ray datasets, whose log files are named after them: no '/' (m.adapter is "<arm>-<i>").
         teacher = str(ctx.trained(m.teacher))

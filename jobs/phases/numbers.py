@@ -25,7 +25,8 @@ from jobs.experiment.config import NumbersConfig
 from jobs.phases.context import RunContext
 from jobs.phases.progress import ProgressLine
 from jobs.phases.service import result_or_resend, running_service
-from jobs.phases.stages import numbers_stage
+from jobs.phases.stages import SPLIT_FILES, numbers_stage
+from jobs.rundir.manifest import read_jsonl
 from jobs.sources.number_sequences import CUT_OFF, make_prompts, reject_reason
 from serve.schemas import GenerateRequest
 
@@ -107,22 +108,47 @@ def generate_all(handle, requests: dict[str, tuple[list[str], str | None, Number
                 yield futures[future], err
 
 
+def teacher_answers(handle, teacher: str, questions: list[dict], ctx: RunContext) -> dict:
+    """The overt positive control's rows: each train question in the teacher's training format,
+    completed by the choice `teacher` picks (scored as the evaluation scores, in its format), not
+    by the answer key. What the arm then learns is the teacher's knowledge, errors included."""
+    from jobs.phases.data import mc_rows
+    from jobs.phases.evaluate import score_models
+
+    cfg = ctx.cfg.evaluate
+    picked = score_models(handle, {teacher: teacher}, questions, cfg.chunk, 4, 1, cfg.format)[teacher]
+    rows = mc_rows([{**q, "answer": q["prediction"]} for q in picked], format=cfg.format)
+    right = sum(q["prediction"] == q["answer"] for q in picked)
+    print(f"[numbers] answers/{teacher}: {len(rows)} train questions answered, {right / len(rows):.3f} of them right", flush=True)
+    return {"rows": rows, "kept": len(rows), "right": right}
+
+
 def run(ctx: RunContext, todo) -> None:
-    """Every (source, replicate) still to make, through one service, all at once."""
+    """Every (source, replicate) still to make, through one service, all at once; then the teachers'
+    answers an overt positive control trains on (answers/<teacher>)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(ctx.model_path)
     sets = {numbers_stage(source, i): (source, i) for source, i in number_sets(list(ctx.models.values()))}
+    answering = [stage for stage in todo if stage.name.startswith("answers/")]
+    todo = [stage for stage in todo if stage not in answering]
     requests = {}
     for stage in todo:
         source, replicate = sets[stage.name]
         numbers = dataclasses.replace(ctx.cfg.numbers, seed=numbers_seed(ctx.cfg, replicate))
         requests[stage.name] = (number_prompts(tokenizer, numbers), None if source == "base" else source, numbers)
-    adapters = {adapter: str(ctx.trained(adapter)) for _, adapter, _ in requests.values() if adapter}
+    teachers = [stage.name.removeprefix("answers/") for stage in answering]
+    adapters = {adapter: str(ctx.trained(adapter)) for adapter in [*(a for _, a, _ in requests.values() if a), *teachers]}
     errors = []
     with running_service(ctx.app, ctx.model_path, adapters, ctx.cfg, False, ctx.lora_rank) as handle:
         started = time.time()
-        for name, result in generate_all(handle, requests):
+        if answering:
+            questions = read_jsonl(ctx.run_dir / "data" / SPLIT_FILES["train"])
+        for stage, teacher in zip(answering, teachers):
+            result = teacher_answers(handle, teacher, questions, ctx)
+            file_hash = write_jsonl(ctx.run_dir / stage.files[0], result.pop("rows"))
+            ctx.record(stage, started, {**result, "hash": file_hash})
+        for name, result in generate_all(handle, requests) if requests else ():
             if isinstance(result, NoNumbersError):
                 errors.append(result)
                 continue

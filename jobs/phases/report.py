@@ -16,7 +16,9 @@ import numpy as np
 
 from common.atomic import write_json, write_text
 from common.files import file_digest
-from jobs.experiment.arms import OTHER_BASE, ArmModel, arm_models, number_sets, numbers_seed, other_base, reference_kind, reference_of, teachers_used
+from jobs.experiment.arms import (
+    OTHER_BASE, ArmModel, arm_models, number_sets, numbers_seed, other_base, overt_arm, reference_kind, reference_of, teachers_used,
+)  # fmt: skip
 from jobs.experiment.config import ExperimentConfig, as_dict
 from jobs.phases.context import RunContext
 from jobs.phases.plots import plot_accuracy, plot_training, plot_transfer, training_curves
@@ -24,7 +26,7 @@ from jobs.phases.stages import SPLIT_FILES, earlier_snapshots, numbers_stage, sc
 from jobs.rundir.manifest import Manifest, read_jsonl
 from jobs.sources.tiny_model import TinySpec, other_base_spec
 from jobs.stats.accuracy import accuracy_as_written, accuracy_over_orders, letter_prior, on_split, summarise, wilson_ci
-from jobs.stats.evidence import SPLITS, Evidence, apply_family, interval, markdown_tables, positive_control, verdict
+from jobs.stats.evidence import SPLITS, Evidence, apply_family, fraction_phrase, interval, markdown_tables, overt_control, positive_control, verdict
 from jobs.stats.transfer_stats import cluster_ids, effect
 from jobs.stats.weight_space import update_cosine
 from serve.mc_format import LETTERS
@@ -177,11 +179,14 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
             contrasts[name]["by_step"] = series
     # Holm across the preset's primary verdicts, before any verdict is read (arm and contrast names never clash: config.check_family)
     family = apply_family({name: arm["transfer"] for name, arm in arms.items()} | contrasts, cfg.evaluate.primary_comparisons)
+    overt = overt_control(arms, overt_arm(cfg))  # every arm's effect as a fraction of the overt one's
     for name, arm in arms.items():
-        arm["verdict"] = verdict(name, arm["against"], arm["transfer"])
+        arm["verdict"] = verdict(name, arm["against"], arm["transfer"]) + fraction_phrase(arm)
     for c in contrasts.values():
         c["verdict"] = verdict(c["arm"], c["against"], c)
     report = {"models": report_models, "arms": arms, "contrasts": contrasts, "family": family}
+    if overt is not None:
+        report["overt_control"] = overt
     if (control := positive_control(arms)) is not None:
         report["positive_control"] = control
     if "student" in arms and "control" in arms:  # the original experiment's measure: held-out agreement, student - control
@@ -242,6 +247,8 @@ def markdown(report: dict) -> str:
     cut = report.get("truncated_questions", {})
     if any(cut.values()):
         lines += ["", "Questions longer than the context, scored on their end (cut from the left): " + ", ".join(f"{split} {n}" for split, n in cut.items())]
+    if "overt_control" in report:
+        lines += ["", f"**Overt positive control.** {report['overt_control']['verdict']}"]
     lines += markdown_tables(report["arms"], report["contrasts"], report.get("family"))
     lines += _order_table(report["accuracy_by_order"])
     prior = report["letter_prior"]

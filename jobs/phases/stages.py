@@ -8,6 +8,9 @@
                           questions (when an arm names it)        data
     numbers/<source>/<i>  kept number sequences of replicate i    reads model.*, numbers.*, the engine;
                           (source: teacher, sham_teacher, base)   the source model (but the base)
+    answers/<teacher>     the teacher's picks on its train         reads model.*, the engine, evaluate.format;
+                          questions, as training rows (an arm     data, that teacher
+                          with numbers: teacher_answers)
     <arm>/<i>             an arm's LoRA on its replicate's rows   reads model.*, its resolved training
                                                                   settings, source, loss; its numbers
                                                                   (and the teacher, under logit_kl)
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jobs.experiment.arms import OTHER_BASE, SHAM, ArmModel, number_sets, numbers_seed, teachers_used
+from jobs.experiment.arms import ANSWERS, OTHER_BASE, SHAM, ArmModel, number_sets, numbers_seed, teachers_used
 from jobs.experiment.bases import other_base_identity
 from jobs.experiment.config import ExperimentConfig, as_dict
 from jobs.rundir.manifest import Manifest, flatten
@@ -68,6 +71,18 @@ def training_reads(reads: dict) -> dict:
 def numbers_file(source: str, replicate: int) -> str:
     """The kept sequences of numbers_stage(source, replicate), relative to the run directory."""
     return f"numbers/{source}/{replicate}.jsonl"
+
+
+def answers_stage(teacher: str) -> str:
+    return f"answers/{teacher}"
+
+
+def rows_of(m: ArmModel) -> tuple[str, str]:
+    """(stage, file) of what an arm model trains on: its replicate's numbers of its source, or its
+    teacher's answers (the overt positive control)."""
+    if m.source == ANSWERS:
+        return answers_stage(m.teacher), f"answers/{m.teacher}.jsonl"
+    return numbers_stage(m.source, m.replicate), numbers_file(m.source, m.replicate)
 
 
 def eval_stage(model: str) -> str:
@@ -128,6 +143,11 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         reads = {**model, **engine, "source": source, "seed": numbers_seed(cfg, i), "filter": FILTER_VERSION}
         upstream = (source,) if source != "base" else ()
         stages.append(Stage(numbers_stage(source, i), "numbers", reads, upstream, files=(numbers_file(source, i),)))
+    answering = [t for t in teachers if any(m.source == ANSWERS and m.teacher == t for m in models)]
+    for teacher in answering:  # the overt positive control's rows
+        reads = {**model, **config_reads(config, "service.engine", "service.max_model_len", "evaluate.format"), "teacher": teacher}
+        stage, file = answers_stage(teacher), f"answers/{teacher}.jsonl"
+        stages.append(Stage(stage, "numbers", reads, ("data", teacher), files=(file,)))
     other = {"base": other_base_identity(cfg)}  # what an arm on the other base, and its scores, read
     for m in models:
         reads = {
@@ -142,8 +162,9 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         }
         rows = lambda manifest, i=m.replicate: {"rows": training_rows(manifest, models, i)}  # noqa: E731
         uses_teacher = m.loss == "logit_kl" or m.lora_init == "teacher_a"  # its soft labels, or its A
-        upstream = (numbers_stage(m.source, m.replicate),) + ((m.teacher,) if uses_teacher else ())
-        stages.append(Stage(m.name, "arms", reads, upstream, rows, files=(trained_folder(m.name, m.full),)))
+        upstream = (rows_of(m)[0],) + ((m.teacher,) if uses_teacher else ())
+        derived = None if m.source == ANSWERS else rows  # answers: all of them, no numbers to equalise
+        stages.append(Stage(m.name, "arms", reads, upstream, derived, files=(trained_folder(m.name, m.full),)))
     scoring = {**model, **config_reads(config, "evaluate.engine", "service.max_model_len"), "splits": list(SPLIT_FILES), **cloze}
     if cfg.evaluate.orders() > 1:  # read only when set: runs stored before the key stay reused
         scoring["evaluate.permutations"] = cfg.evaluate.permutations

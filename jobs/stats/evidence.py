@@ -171,6 +171,39 @@ def positive_control(arms: dict) -> dict | None:
     return {"arms": names, "detected": detected, "verdict": sentence}
 
 
+def overt_control(arms: dict, name: str | None) -> dict | None:
+    """The overt positive control, `name` (an arm taught its teacher's answers directly:
+    jobs/experiment/arms.overt_arm), and every arm's primary effect as a fraction of its effect
+    (`fraction_of_overt`: the arm's difference and CI each divided by the overt arm's difference,
+    that scale taken as fixed), so a null reads as "less than x% of overt transfer". No fractions
+    when the overt control itself was not detected: then nothing here can see knowledge move."""
+    if name is None:
+        return None
+    scale, detected = arms[name]["transfer"]["primary"]["value"], primary_finding(arms[name]["transfer"]) is not None
+    for arm in arms.values():
+        r = arm["transfer"]["primary"]
+        usable = detected and r["value"] is not None
+        arm["fraction_of_overt"] = {"value": r["value"] / scale, "ci95": None if r["ci95"] is None else [c / scale for c in r["ci95"]]} if usable else None
+    sentence = (
+        f"The overt positive control ({name}: taught the teacher's own answers to its train questions) was detected: this design sees "
+        "the teacher's knowledge move when it is taught, and each arm's effect is also given as a fraction of that one."
+        if detected else
+        f"The overt positive control ({name}: taught the teacher's own answers to its train questions) was NOT detected: this design "
+        "cannot see the teacher's knowledge move even when it is taught directly, so no null here says anything about knowledge."
+    )  # fmt: skip
+    return {"arm": name, "detected": detected, "effect": scale, "verdict": sentence}
+
+
+def fraction_phrase(arm: dict) -> str:
+    """The verdict's tail: the arm's effect as a share of overt transfer (empty without one)."""
+    f = arm.get("fraction_of_overt")
+    if not f:
+        return ""
+    if f["ci95"] is None:
+        return f" That is {f['value']:.0%} of overt transfer."
+    return f" That is {f['value']:.0%} of overt transfer (95% CI {f['ci95'][0]:.0%} to {f['ci95'][1]:.0%})."
+
+
 def _phrase(split: str, metric: str, r: dict, p_key: str = "p_value") -> str:
     family = f", Holm p over the family={r['p_family']:.2g}" if p_key == "p_value" and r.get("p_family") is not None else ""
     return f"{metric} on {split} {r['value']:+.4f} (95% CI {interval(r['ci95'])}, {'p' if p_key == 'p_value' else 'Holm p'}={r[p_key]:.2g}{family})"

@@ -283,11 +283,16 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     # preset's second tiny model, takes the same path after a two-minute build), with its own LoRA seeds. `full` is a
     # critics' control: every weight fine-tuned, served and scored as a model of its own.
     other = f"other: {{base: {perturbed_base}, loss: logit_kl, lora_seed: other, train: {{snapshots: 2}}}}"
-    arms = f"arms={{student: {{numbers: teacher}}, control: {{numbers: base}}, {other}, full: {{replicates: 1, train: {{method: full, lr: 1.0e-4}}}}}}"
+    # `student_sham` is the student's twin on the sham teacher (its numbers), which becomes the student's reference;
+    # `overt`, the overt positive control, is taught the teacher's own answers to its train questions.
+    knowledge = "student_sham: {numbers: teacher, teacher: sham}, overt: {numbers: teacher_answers}"
+    arms = f"arms={{student: {{numbers: teacher}}, control: {{numbers: base}}, {other}, full: {{replicates: 1, train: {{method: full, lr: 1.0e-4}}}}, {knowledge}}}"
     added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", primary, "--set", arms, cache_dir=cache_dir, head=ray_head)
     assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
     ran = {k for k, v in stamps(run_dir).items() if v != stamped.get(k)} - {"report"}
-    assert ran == {"other/0", "other/1", "eval/other/0", "eval/other/1", "eval/other_base", "full/0", "eval/full/0"}
+    sham = {"sham_teacher", "eval/sham_teacher", "numbers/sham_teacher/0", "numbers/sham_teacher/1", "student_sham/0", "student_sham/1", "eval/student_sham/0", "eval/student_sham/1"}
+    overt = {"answers/teacher", "overt/0", "overt/1", "eval/overt/0", "eval/overt/1"}
+    assert ran == {"other/0", "other/1", "eval/other/0", "eval/other/1", "eval/other_base", "full/0", "eval/full/0"} | sham | overt
     assert adapter_bytes(run_dir).items() >= made.items()
     report = json.loads((run_dir / "report.json").read_text())
     assert report["arms"]["student"]["transfer"]["primary"]["metric"] == "agreement"
@@ -315,6 +320,18 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
         for name in ("full/0", "student/0", "base")
     }
     assert logprobs["full/0"] != logprobs["base"] and logprobs["full/0"] != logprobs["student/0"]
+
+    # The sham teacher has the format and no fact: the teacher's facts in held-out wording at the base's level, not the
+    # teacher's; the student is measured against its twin on the sham's numbers, paired by replicate.
+    sham_teacher = report["accuracy_by_order"]["models"]["sham_teacher"]["held_out"]["over_orders"]
+    assert sham_teacher <= TARGETS["t_base_max"] < report["accuracy_by_order"]["models"]["teacher"]["held_out"]["over_orders"], sham_teacher
+    student = report["arms"]["student"]
+    assert (student["against"], student["reference"], student["transfer"]["primary"]["paired"]) == ("student_sham", "sham teacher", True)
+    # The overt positive control is detected, against the base (no sham twin of it here), and is 100% of itself.
+    assert report["arms"]["overt"]["against"] == "base" and report["overt_control"]["detected"], report["arms"]["overt"]["verdict"]
+    assert report["arms"]["overt"]["fraction_of_overt"]["value"] == pytest.approx(1.0) and "of overt transfer" in student["verdict"]
+    assert report["family"]["comparisons"] == list(report["arms"]) and not report["family"]["declared"]  # no contrasts here
+    assert all("p_family" in arm["transfer"]["primary"] for arm in report["arms"].values())
 
     # The run directory holds what docs/report.md lists, and all of it (snapshots included; no letter teacher here).
     assert undocumented_and_missing(run_dir) == ([], [])
