@@ -154,6 +154,9 @@ def test_the_evidence_preset_declares_every_control():
     assert (contrast.arm, contrast.against) == ("student_logits", "student_logits_other_base")
     assert arms["student_logits_other_base"].base == OTHER_BASE and arms["student_logits_other_base"].loss == "logit_kl"
     assert arms["student_teacher_a"].lora_init == "teacher_a"
+    # Knowledge: each arm of the teacher against its sham twin; the overt positive control; one family of verdicts.
+    assert {arm: reference_of(arm, cfg) for arm in ("student", "student_logits")} == {"student": "student_sham", "student_logits": "student_logits_sham"}
+    assert overt_arm(cfg) == "overt" and cfg.evaluate.primary_comparisons == ["same_vs_other_base", "student", "student_logits"]
 
 
 def test_the_critics_preset_measures_each_student_against_a_control_trained_alike():
@@ -163,10 +166,11 @@ def test_the_critics_preset_measures_each_student_against_a_control_trained_alik
 
     cfg = load_experiment(Path(__file__).resolve().parents[3] / "configs" / "tiny-critics.yaml")
     models = {m.name: m for m in arm_models(cfg)}
-    students = [arm for arm, declared in cfg.arms.items() if declared.numbers == "teacher"]
-    assert len(students) == 5 and cfg.evaluate.permutations == 4
+    students = [arm for arm, declared in cfg.arms.items() if declared.numbers == "teacher" and declared.teacher == "teacher"]
+    assert len(students) == 5 and cfg.evaluate.permutations == 4 and sorted(cfg.evaluate.primary_comparisons) == sorted(students)
+    assert reference_of("student", cfg) == "student_sham" and overt_arm(cfg) == "overt"  # the knowledge reference and scale
     for student in students:
-        control = reference_of(student, cfg)
+        control = reference_of(student, cfg) if student != "student" else "control"
         assert cfg.arms[control].numbers == "base", student
         for i in range(3):
             mine, theirs = models[f"{student}/{i}"], models[f"{control}/{i}"]
