@@ -234,7 +234,9 @@ def check_family(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"contrasts.{name}: an arm has that name too, so a verdict's name would be ambiguous; rename one")
     for name in cfg.evaluate.primary_comparisons or []:
         if name not in cfg.arms and name not in cfg.contrasts:
-            raise ConfigError(f"evaluate.primary_comparisons: {name!r} is neither an arm ({', '.join(cfg.arms)}) nor a contrast ({', '.join(cfg.contrasts) or 'none'})")
+            raise ConfigError(
+                f"evaluate.primary_comparisons: {name!r} is neither an arm ({', '.join(cfg.arms)}) nor a contrast ({', '.join(cfg.contrasts) or 'none'})"
+            )
 
 
 def check_sampling(numbers: NumbersConfig) -> None:

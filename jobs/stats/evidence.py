@@ -262,7 +262,10 @@ def markdown_tables(arms: dict, contrasts: dict, family: dict | None = None) -> 
     control = positive_control(arms)
     lines += [f"- {control['verdict']}"] if control else []
     lines += family_table(arms, contrasts, family) if family else []
-    comparisons = [(f"{name} vs {arm['against']}" + (f" ({arm['reference']})" if "reference" in arm else ""), arm["transfer"], arm.get("by_step")) for name, arm in arms.items()]
+    comparisons = [
+        (f"{name} vs {arm['against']}" + (f" ({arm['reference']})" if "reference" in arm else ""), arm["transfer"], arm.get("by_step"))
+        for name, arm in arms.items()
+    ]
     comparisons += [(f"contrast {name}: {c['arm']} vs {c['against']}", c, c.get("by_step")) for name, c in contrasts.items()]
     head = ["| split | metric | difference | 95% CI | p | Holm p | MDE | detected |", "|---|---|---|---|---|---|---|---|"]
     for title, result, series in comparisons:

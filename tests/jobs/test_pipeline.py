@@ -290,7 +290,16 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", primary, "--set", arms, cache_dir=cache_dir, head=ray_head)
     assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
     ran = {k for k, v in stamps(run_dir).items() if v != stamped.get(k)} - {"report"}
-    sham = {"sham_teacher", "eval/sham_teacher", "numbers/sham_teacher/0", "numbers/sham_teacher/1", "student_sham/0", "student_sham/1", "eval/student_sham/0", "eval/student_sham/1"}
+    sham = {
+        "sham_teacher",
+        "eval/sham_teacher",
+        "numbers/sham_teacher/0",
+        "numbers/sham_teacher/1",
+        "student_sham/0",
+        "student_sham/1",
+        "eval/student_sham/0",
+        "eval/student_sham/1",
+    }
     overt = {"answers/teacher", "overt/0", "overt/1", "eval/overt/0", "eval/overt/1"}
     assert ran == {"other/0", "other/1", "eval/other/0", "eval/other/1", "eval/other_base", "full/0", "eval/full/0"} | sham | overt
     assert adapter_bytes(run_dir).items() >= made.items()

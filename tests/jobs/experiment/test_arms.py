@@ -69,7 +69,10 @@ def test_arm_train_keys_apply_to_that_arm_only():
         ("{full: {train: {method: full, snapshots: 2}}}", r"arms\.full: train\.snapshots with train\.method full"),
         ("{full: {train: {method: full, quantization: 4bit}}}", r"method=full with quantization=4bit is refused"),
         ("{sham: {numbers: base, teacher: sham}}", r"arms\.sham: an arm of the sham teacher trains on its numbers"),
-        ("{overt: {numbers: teacher_answers, loss: logit_kl}}", r"arms\.overt: numbers teacher_answers trains on the teacher's \(or the sham's\) answers with loss sft"),
+        (
+            "{overt: {numbers: teacher_answers, loss: logit_kl}}",
+            r"arms\.overt: numbers teacher_answers trains on the teacher's \(or the sham's\) answers with loss sft",
+        ),
     ],
 )
 def test_bad_arm_declarations_name_the_problem(arms, message):
@@ -129,13 +132,22 @@ def test_auto_measures_an_arm_of_the_teacher_against_its_sham_twin():
         "logits_lr": ("base", "base model"),  # a twin differs in the teacher alone: another lr has none
     }  # fmt: skip
     models = arm_models(cfg)
-    assert {(m.arm, m.source, m.teacher) for m in models if "sham" in m.arm} == {("student_sham", "sham_teacher", "sham_teacher"), ("logits_sham", "sham_teacher", "sham_teacher")}
+    assert {(m.arm, m.source, m.teacher) for m in models if "sham" in m.arm} == {
+        ("student_sham", "sham_teacher", "sham_teacher"),
+        ("logits_sham", "sham_teacher", "sham_teacher"),
+    }
     assert teachers_used(models) == ["teacher", "sham_teacher"]
     assert number_sets(models)[:3] == [("teacher", 0), ("sham_teacher", 0), ("base", 0)]
     declared = load_experiment(None, ["replicates=2", arms.replace("student: {}", "student: {against: control}")])
     assert (reference_of("student", declared), reference_kind("student", declared)) == ("control", "declared")
-    overt = load_experiment(None, ["replicates=2", "arms={control: {numbers: base}, overt: {numbers: teacher_answers}, overt_sham: {numbers: teacher_answers, teacher: sham}}"])
-    assert (overt_arm(overt), reference_of("overt", overt), reference_of("overt_sham", overt)) == ("overt", "overt_sham", "base")  # answers are no numbers: not the control's
+    overt = load_experiment(
+        None, ["replicates=2", "arms={control: {numbers: base}, overt: {numbers: teacher_answers}, overt_sham: {numbers: teacher_answers, teacher: sham}}"]
+    )
+    assert (overt_arm(overt), reference_of("overt", overt), reference_of("overt_sham", overt)) == (
+        "overt",
+        "overt_sham",
+        "base",
+    )  # answers are no numbers: not the control's
     assert {m.source for m in arm_models(overt)} == {"base", "teacher_answers"} and number_sets(arm_models(overt))[0] == ("base", 0)
     without = load_experiment(None, ["replicates=2"])  # no sham twin: the old reference stays
     assert (reference_of("student", without), reference_kind("student", without)) == ("control", "control arm")
