@@ -16,8 +16,7 @@ import numpy as np
 
 from common.atomic import write_json, write_text
 from common.files import file_digest
-from jobs.experiment.arms import OTHER_BASE, ArmModel, arm_models, number_sets, numbers_seed, other_base, teachers_used
-from jobs.experiment.arms import overt_arm, reference_kind, reference_of
+from jobs.experiment.arms import OTHER_BASE, ArmModel, arm_models, number_sets, numbers_seed, other_base, overt_arm, reference_kind, reference_of, teachers_used
 from jobs.experiment.config import ExperimentConfig, as_dict
 from jobs.phases.context import RunContext
 from jobs.phases.plots import plot_accuracy, plot_training, plot_transfer, training_curves
