@@ -269,8 +269,8 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     planned = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--plan", cache_dir=cache_dir)
     assert planned.returncode == 0 and set(plan_lines(planned.stdout).values()) == {"reuse"}, planned.stdout
 
-    # Another primary test reruns the report alone (planned here; the run below carries it out, with an
-    # added arm, and every output it does not make stays byte-identical).
+    # Another primary test reruns the report alone (planned here; the run below, with added arms and the default
+    # primary again, checks that every output it does not make stays byte-identical).
     stamped, made = stamps(run_dir), adapter_bytes(run_dir)
     primary = "evaluate.primary_metric=agreement"
     changed = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", primary, "--plan", cache_dir=cache_dir)
@@ -284,10 +284,12 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     # critics' control: every weight fine-tuned, served and scored as a model of its own.
     other = f"other: {{base: {perturbed_base}, loss: logit_kl, lora_seed: other, train: {{snapshots: 2}}}}"
     # `student_sham` is the student's twin on the sham teacher (its numbers), which becomes the student's reference;
-    # `overt`, the overt positive control, is taught the teacher's own answers to its train questions.
+    # `overt`, the overt positive control, is taught the teacher's own answers to its train questions. The primary test
+    # is the default again: with 6 steps of its teacher's answers the overt control moves the held-out log p of the
+    # teacher's answer by about +0.49 but its argmax too little for `agreement` to see (measured: +0.008, p 0.78).
     knowledge = "student_sham: {numbers: teacher, teacher: sham}, overt: {numbers: teacher_answers}"
     arms = f"arms={{student: {{numbers: teacher}}, control: {{numbers: base}}, {other}, full: {{replicates: 1, train: {{method: full, lr: 1.0e-4}}}}, {knowledge}}}"
-    added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", primary, "--set", arms, cache_dir=cache_dir, head=ray_head)
+    added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", arms, cache_dir=cache_dir, head=ray_head)
     assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
     ran = {k for k, v in stamps(run_dir).items() if v != stamped.get(k)} - {"report"}
     sham = {
@@ -304,7 +306,7 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert ran == {"other/0", "other/1", "eval/other/0", "eval/other/1", "eval/other_base", "full/0", "eval/full/0"} | sham | overt
     assert adapter_bytes(run_dir).items() >= made.items()
     report = json.loads((run_dir / "report.json").read_text())
-    assert report["arms"]["student"]["transfer"]["primary"]["metric"] == "agreement"
+    assert report["arms"]["student"]["transfer"]["primary"]["metric"] == "teacher_answer_logprob"
     other, other_base = report["arms"]["other"], report["provenance"]["other_base_path"]
     assert other["base"] == "other_base" and other["against"] == "other_base" and "other_base" in report["models"]
     assert json.loads((run_dir / "arms" / "other" / "0" / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == other_base
