@@ -78,7 +78,7 @@ def main() -> int:
         ps = [t[name] for t in tests if t[name] is not None]
         hits = sum(p < 0.05 for p in ps)
         rates[name] = {"detections": hits, "splits": len(ps), "rate": hits / len(ps) if ps else None, "wilson95": wilson_ci(hits, len(ps))}
-    print(f"| test | detections | splits | rate | Wilson 95% (splits not independent) |\n|---|---|---|---|---|")
+    print("| test | detections | splits | rate | Wilson 95% (splits not independent) |\n|---|---|---|---|---|")
     for name, r in sorted(rates.items(), key=lambda item: item[0] != key):
         rate = "-" if r["rate"] is None else f"{r['rate']:.3f}"
         print(f"| {name}{' (primary)' if name == key else ''} | {r['detections']} | {r['splits']} | {rate} | {r['wilson95'][0]:.3f}-{r['wilson95'][1]:.3f} |")

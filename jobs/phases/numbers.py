@@ -116,7 +116,7 @@ def teacher_answers(handle, teacher: str, questions: list[dict], ctx: RunContext
     from jobs.phases.evaluate import score_models
 
     cfg = ctx.cfg.evaluate
-    picked = score_models(handle, {teacher: teacher}, questions, cfg.chunk, 4, 1, cfg.format)[teacher]
+    picked = score_models(handle, {teacher: teacher}, questions, cfg.chunk, ctx.cfg.numbers.in_flight, 1, cfg.format)[teacher]
     rows = mc_rows([{**q, "answer": q["prediction"]} for q in picked], format=cfg.format)
     right = sum(q["prediction"] == q["answer"] for q in picked)
     print(f"[numbers] answers/{teacher}: {len(rows)} train questions answered, {right / len(rows):.3f} of them right", flush=True)

@@ -77,11 +77,16 @@ def answers_stage(teacher: str) -> str:
     return f"answers/{teacher}"
 
 
+def answers_file(teacher: str) -> str:
+    """answers_stage's rows, relative to the run directory."""
+    return f"answers/{teacher}.jsonl"
+
+
 def rows_of(m: ArmModel) -> tuple[str, str]:
     """(stage, file) of what an arm model trains on: its replicate's numbers of its source, or its
     teacher's answers (the overt positive control)."""
     if m.source == ANSWERS:
-        return answers_stage(m.teacher), f"answers/{m.teacher}.jsonl"
+        return answers_stage(m.teacher), answers_file(m.teacher)
     return numbers_stage(m.source, m.replicate), numbers_file(m.source, m.replicate)
 
 
@@ -146,8 +151,7 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
     answering = [t for t in teachers if any(m.source == ANSWERS and m.teacher == t for m in models)]
     for teacher in answering:  # the overt positive control's rows
         reads = {**model, **config_reads(config, "service.engine", "service.max_model_len", "evaluate.format"), "teacher": teacher}
-        stage, file = answers_stage(teacher), f"answers/{teacher}.jsonl"
-        stages.append(Stage(stage, "numbers", reads, ("data", teacher), files=(file,)))
+        stages.append(Stage(answers_stage(teacher), "numbers", reads, ("data", teacher), files=(answers_file(teacher),)))
     other = {"base": other_base_identity(cfg)}  # what an arm on the other base, and its scores, read
     for m in models:
         reads = {
