@@ -25,7 +25,7 @@ from jobs.experiment.config import NumbersConfig
 from jobs.phases.context import RunContext
 from jobs.phases.progress import ProgressLine
 from jobs.phases.service import result_or_resend, running_service
-from jobs.phases.stages import SPLIT_FILES, numbers_stage
+from jobs.phases.stages import SPLIT_FILES, answering_teacher, numbers_stage
 from jobs.rundir.manifest import read_jsonl
 from jobs.sources.number_sequences import CUT_OFF, make_prompts, reject_reason
 from serve.schemas import GenerateRequest
@@ -130,21 +130,20 @@ def run(ctx: RunContext, todo) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(ctx.model_path)
     sets = {numbers_stage(source, i): (source, i) for source, i in number_sets(list(ctx.models.values()))}
-    answering = [stage for stage in todo if stage.name.startswith("answers/")]
-    todo = [stage for stage in todo if stage not in answering]
+    answering = [(stage, teacher) for stage in todo if (teacher := answering_teacher(stage))]
+    todo = [stage for stage in todo if not answering_teacher(stage)]
     requests = {}
     for stage in todo:
         source, replicate = sets[stage.name]
         numbers = dataclasses.replace(ctx.cfg.numbers, seed=numbers_seed(ctx.cfg, replicate))
         requests[stage.name] = (number_prompts(tokenizer, numbers), None if source == "base" else source, numbers)
-    teachers = [stage.name.removeprefix("answers/") for stage in answering]
-    adapters = {adapter: str(ctx.trained(adapter)) for adapter in [*(a for _, a, _ in requests.values() if a), *teachers]}
+    adapters = {adapter: str(ctx.trained(adapter)) for adapter in [*(a for _, a, _ in requests.values() if a), *(t for _, t in answering)]}
     errors = []
     with running_service(ctx.app, ctx.model_path, adapters, ctx.cfg, False, ctx.lora_rank) as handle:
         started = time.time()
         if answering:
             questions = read_jsonl(ctx.run_dir / "data" / SPLIT_FILES["train"])
-        for stage, teacher in zip(answering, teachers):
+        for stage, teacher in answering:
             result = teacher_answers(handle, teacher, questions, ctx)
             file_hash = write_jsonl(ctx.run_dir / stage.files[0], result.pop("rows"))
             ctx.record(stage, started, {**result, "hash": file_hash})

@@ -77,6 +77,11 @@ def answers_stage(teacher: str) -> str:
     return f"answers/{teacher}"
 
 
+def answering_teacher(stage) -> str | None:
+    """The teacher whose answers an answers stage makes (answers_stage's inverse); None for any other stage."""
+    return stage.name.removeprefix("answers/") if stage.name.startswith("answers/") else None
+
+
 def answers_file(teacher: str) -> str:
     """answers_stage's rows, relative to the run directory."""
     return f"answers/{teacher}.jsonl"
