@@ -16,6 +16,10 @@ Checks (bench/gpu_checks/, one module each, whose docstrings say why), with thei
   with and without the embedding/lm_head parameters, peak memory, the SDPA kernel dispatched;
 - packing: at those shapes, each example's loss and LoRA gradients packed vs alone (worst gaps),
   under the attention the trainer picks, with a leaking control that shows the check would see a leak;
+- 8b_scoring: the transformers engine's own `score` (batch 64, ~250-token WMDP prompts) and
+  `generate` (batch 256, number prompts, 22 tokens) at full 8B depth in bf16: questions/s, prefill
+  and decode MFU (floors under the vLLM rates docs/scaling.md assumes), and batched scores equal
+  to each prompt's alone (left padding and position ids on the GPU's kernels);
 - logit_kl_ddp: precomputed teacher targets under a DDP student: KL ~ 0 to an untrained teacher,
   gradients equal to an in-loop teacher's, the teacher frozen and out of the optimizer;
 - gradient_checkpointing: the loss and LoRA gradients of a plain run;
@@ -49,13 +53,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project's packages
 
 import torch  # noqa: E402
-from gpu_checks import handoff, logit_kl, packing, slice70b, throughput, wrappers  # noqa: E402
+from gpu_checks import handoff, logit_kl, packing, scoring, slice70b, throughput, wrappers  # noqa: E402
 from gpu_checks.shared import Context, free  # noqa: E402
 
 from common.atomic import write_json  # noqa: E402
 from train.model import attach_lora, load_base  # noqa: E402
 
-CHECKS = ("8b_lora", "packing", "logit_kl_ddp", "gradient_checkpointing", "fsdp2_world_size_1", "70b_slice_4bit_ddp", "handoff")
+CHECKS = ("8b_lora", "packing", "8b_scoring", "logit_kl_ddp", "gradient_checkpointing", "fsdp2_world_size_1", "70b_slice_4bit_ddp", "handoff")
 
 
 def main() -> int:
@@ -94,6 +98,7 @@ def main() -> int:
         plan = {
             "8b_lora": lambda: throughput.check_8b_lora(ctx, lora_8b(), steps),
             "packing": lambda: packing.check_packing(ctx, lora_8b()),
+            "8b_scoring": lambda: scoring.check_8b_scoring(ctx, None if args.smoke else ctx.model("8b"), *((64, 32) if args.smoke else (2048, 1024))),
             "logit_kl_ddp": lambda: logit_kl.check_logit_kl(ctx, ctx.model("8b", layers=2)),
             "gradient_checkpointing": lambda: wrappers.check_gradient_checkpointing(ctx, ctx.model("8b", layers=2)),
             "fsdp2_world_size_1": lambda: wrappers.check_fsdp(ctx, ctx.model("8b", layers=2)),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKS = ["8b_lora", "packing", "logit_kl_ddp", "gradient_checkpointing", "fsdp2_world_size_1", "70b_slice_4bit_ddp", "handoff"]
+CHECKS = ["8b_lora", "packing", "8b_scoring", "logit_kl_ddp", "gradient_checkpointing", "fsdp2_world_size_1", "70b_slice_4bit_ddp", "handoff"]
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,14 @@ def test_packed_examples_get_their_own_losses_and_gradients(smoke):
         assert shape["examples"] == shape["rows"] and shape["examples_sharing_a_row"] > 0
         assert shape["worst_loss_gap"] <= 1e-4 and shape["worst_gradient_gap"] <= 1e-4
         assert shape["least_logits_gap_if_leaking"] > 0.1 > 1000 * shape["worst_logits_gap"]  # a leak would show
+
+
+def test_batched_scoring_matches_each_prompt_alone_and_generation_runs(smoke):
+    check = smoke["checks"]["8b_scoring"]
+    scoring, generation = check["scoring"], check["generation"]
+    assert scoring["rows_sum_to_one"] and check["batched_vs_alone"]["float32_batched_vs_alone_nats"] < 1e-3
+    assert 100 <= scoring["mean_prompt_tokens"] <= 400 and scoring["questions_per_s"] > 0 and scoring["prefill_mfu"] is None
+    assert generation["decoded_tokens"] > 0 and generation["decoded_tokens"] <= 22 * generation["prompts"]
 
 
 def test_logit_kl_under_ddp_matches_the_teacher_it_was_computed_from(smoke):

@@ -48,9 +48,10 @@ class Rates:
     # measured: full-depth 8B bf16 LoRA r16, SDPA (cuDNN), packed teacher rows 8 x 512 (0.28 at the
     # student shape 16 x 256, 0.33 on full 512-token rows): the lowest of the presets' shapes
     train_mfu: float = 0.25
-    # measured: 4-bit 70B-width slice with gradient checkpointing, extrapolated per layer to 80 layers,
+    # measured: 4-bit 70B-width slice with gradient checkpointing, extrapolated per layer to 80 layers
+    # (0.166 and 0.139 on two H100 machines with the same software: the lower, for a week staked on it),
     # world size 1 (no cross-GPU traffic counted)
-    train_mfu_slow: float = 0.165
+    train_mfu_slow: float = 0.14
     prefill_mfu: float = 0.5  # vLLM prompt processing (scoring, number prompts), 2 x parameters a token
     decode_mfu: float = 0.12  # vLLM decoding with adapters at hundreds of sequences, counted as 2 x parameters a token
     load_gib_per_s: float = 0.5  # weights from local NVMe into GPU memory (4-bit: quantised on load)
