@@ -16,9 +16,11 @@ renders this table for each GPU preset and finds it in the document):
 - numbers: every (source, replicate) set the arms read (jobs/experiment/arms.py
   number_sets), each generating until `keep` pass the filter at `keep_rate`, one
   chunk over at most, within `prompts`; prompt tokens prefilled, answer tokens
-  decoded, on the service's replicas;
+  decoded, on the service's replicas; and where an overt positive control reads
+  its teacher's answers, that teacher scoring the teacher-train split once;
 - arms: every arm model, `keep` rows x epochs (or max_steps x global batch)
-  of number-row tokens, 4 x parameters FLOPs a token for LoRA and 6 x for full
+  of number-row tokens (the overt control: the teacher-train split's WMDP rows
+  instead), 4 x parameters FLOPs a token for LoRA and 6 x for full
   fine-tuning; logit_kl's teacher targets, one forward (2 x) per number set
   used; runs grouped as the arms phase groups them (`arm_groups`), each paying a
   worker start and a base load, `arm_runs` at a time; checkpoint writes;
@@ -160,18 +162,21 @@ def teacher_stage(w: Workload) -> Stage:
 
 
 def numbers_stage(w: Workload) -> Stage:
-    from jobs.experiment.arms import number_sets
+    from jobs.experiment.arms import ANSWERS, number_sets
 
     sets, numbers = len(number_sets(w.models)), w.cfg.numbers
     generated = min(numbers.prompts, math.ceil(numbers.keep / w.tokens.keep_rate) + numbers.chunk)
     prompt_tokens, answer_tokens = sets * generated * w.tokens.number_prompt, sets * generated * w.tokens.number_answer
+    answering = len({m.teacher for m in w.models if m.source == ANSWERS})  # each scores the teacher-train split once
+    prompt_tokens += answering * w.questions[1] * w.tokens.wmdp_prompt
+    answers = f"; {answering} teacher(s) answering {w.questions[1]:,} questions" if answering else ""
     tp = w.cfg.service.tensor_parallel_size
-    return Stage("numbers", f"{sets} sets x {generated:,} sequences: {prompt_tokens / 1e6:.1f} M prompt + {answer_tokens / 1e6:.1f} M generated tokens",
+    return Stage("numbers", f"{sets} sets x {generated:,} sequences{answers}: {prompt_tokens / 1e6:.1f} M prompt + {answer_tokens / 1e6:.1f} M generated tokens",
                  serve_seconds(prompt_tokens, answer_tokens, w.params, w.placement.service_replicas * tp, w.rates), engine_seconds(w.params, tp, w.rates))  # fmt: skip
 
 
 def arms_stage(w: Workload) -> Stage:
-    from jobs.experiment.arms import arm_groups
+    from jobs.experiment.arms import ANSWERS, arm_groups
     from train.config import resolve_batch
 
     workers = {m.name: w.placement.student_workers if m.train.num_workers == "auto" else m.train.num_workers for m in w.models}
@@ -179,19 +184,22 @@ def arms_stage(w: Workload) -> Stage:
     groups = arm_groups(jobs, w.placement.arm_runs, lambda m: m.base)
     row_tokens, keep = w.tokens.number_prompt + w.tokens.number_answer, w.cfg.numbers.keep
     compute = overhead = 0.0
-    rows = 0
+    rows = overt = 0
     for group in groups:
         overhead += w.rates.train_start_s + load_seconds(w.params, w.rates)
-        for _, job in group:
-            seen = rows_trained(keep, job.cfg)
-            rows += seen
-            compute += train_seconds(seen * row_tokens, w.params, job.cfg, job.cfg.num_workers, w.rates)
+        for m, job in group:
+            answers = m.source == ANSWERS  # the overt control: its teacher's answers to the teacher-train split
+            seen = rows_trained(w.questions[1] if answers else keep, job.cfg)
+            overt, rows = (overt + seen, rows) if answers else (overt, rows + seen)
+            tokens = seen * (w.tokens.wmdp_prompt + w.tokens.wmdp_answer if answers else row_tokens)
+            compute += train_seconds(tokens, w.params, job.cfg, job.cfg.num_workers, w.rates)
             overhead += checkpoint_seconds(seen, job.cfg, w.params, w.lora, w.rates)
     distilled = len({(m.teacher, m.replicate) for m in w.models if m.loss == "logit_kl"})
     if distilled:  # one task per (teacher, replicate), one GPU each, the trainer's forward
         compute += distilled * 2 * w.params * keep * row_tokens / (min(distilled, w.gpus) * w.rates.peak_tflops * 1e12 * w.rates.train_mfu)
     runs = w.placement.arm_runs
     work = f"{len(w.models)} models, {rows:,} rows x {row_tokens} tokens = {rows * row_tokens / 1e6:.1f} M tokens, in {len(groups)} run(s), {runs} at a time"
+    work += f"; overt control {overt:,} answer rows x {w.tokens.wmdp_prompt + w.tokens.wmdp_answer} tokens" if overt else ""
     return Stage("arms", work + (f"; teacher targets for {distilled} number set(s)" if distilled else ""), compute / runs, overhead / runs)
 
 

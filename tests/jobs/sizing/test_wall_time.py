@@ -67,6 +67,22 @@ def test_full_fine_tuning_costs_six_parameters_a_token_and_letter_teacher_a_seco
     assert "teacher targets for 3 number set(s)" in letter["arms"].work
 
 
+def test_overt_control_trains_on_its_teachers_answers_and_a_sham_teacher_is_a_second_run():
+    cfg, base = load_experiment(ROOT / "configs" / "llama-8b.yaml"), stages()
+    overt = stages(["arms.overt={numbers: teacher_answers}"])
+    questions = int(re.search(r"\(([0-9,]+) questions", base["teacher"].work).group(1).replace(",", ""))
+    answer_rows = cfg.replicates * questions * cfg.student.epochs
+    assert f"overt control {answer_rows:,} answer rows x {Tokens.wmdp_prompt + Tokens.wmdp_answer} tokens" in overt["arms"].work
+    extra = 4 * PARAMS_8B * answer_rows * (Tokens.wmdp_prompt + Tokens.wmdp_answer) / (Rates.peak_tflops * 1e12 * Rates.train_mfu)
+    assert overt["arms"].compute_s == pytest.approx(base["arms"].compute_s + extra)
+    assert "6 sets" in overt["numbers"].work and f"1 teacher(s) answering {questions:,} questions" in overt["numbers"].work
+    prompt_tokens = [float(re.search(r"([0-9.]+) M prompt", s["numbers"].work).group(1)) * 1e6 for s in (base, overt)]
+    assert prompt_tokens[1] == pytest.approx(prompt_tokens[0] + questions * Tokens.wmdp_prompt, abs=1e5)  # one decimal of M
+    sham = stages(["arms.student_sham={numbers: teacher, teacher: sham}"])
+    assert sham["teacher"].compute_s == pytest.approx(2 * base["teacher"].compute_s)
+    assert "9 sets" in sham["numbers"].work  # the sham teacher's numbers, each replicate
+
+
 def test_more_gpus_divide_the_compute():
     one, eight = stages(), stages(gpus=8)
     for name in one:
