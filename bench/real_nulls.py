@@ -1,7 +1,7 @@
 """The paired test's false-positive rate on real null arms: k control replicates trained alike, split in two.
 
-    python bench/real_nulls.py --run-dir /tmp/real-nulls              # k = 6: 10 splits of 3 against 3
-    python bench/real_nulls.py --run-dir /tmp/real-nulls --k 8        # 35 splits of 4 against 4
+    python bench/real_nulls.py --run-dir /tmp/real-nulls              # k = 10: 126 splits of 5 against 5 (6 min on 2 cores)
+    python bench/real_nulls.py --run-dir /tmp/real-nulls --k 6        # 10 splits of 3 against 3: too few to tell 5% from 20%
 
 The pipeline itself trains k replicates of one arm on the real tiny model (the default preset with
 `arms: {control: {numbers: base}}`, `replicates: k`): k models that differ only in their seeds (the
@@ -55,7 +55,7 @@ def test_split(scores: dict, primary: tuple[str, str], first, second) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--k", type=int, default=6, help="replicates trained alike (even, at least 6)")
+    parser.add_argument("--k", type=int, default=10, help="replicates trained alike (even, at least 6)")
     parser.add_argument("--out", default=None, help="write the figures as JSON here too")
     args = parser.parse_args()
     if args.k < 6 or args.k % 2:
