@@ -41,10 +41,10 @@ from serve.limits import check_count, check_new_tokens, check_room, check_work, 
 from serve.mc_format import format_cloze_prompt, format_mc_prompt, left_truncate
 from serve.metrics import ServiceMetrics
 from serve.openai_format import NoChatTemplate, chat_logprobs, chat_prompt_ids, completion_logprobs, openai_answer
+from serve.proxy_guard import CALLBACK, CALLBACK_ENV
 from serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
-from serve.settings import ServiceError, ServiceSettings, check_user_config, model_id, resolve_model
+from serve.settings import API_KEY_ENV, ServiceError, ServiceSettings, check_open_host, check_user_config, model_id, resolve_model
 
-API_KEY_ENV = "SERVE_API_KEY"
 logger = logging.getLogger("ray.serve")
 
 
@@ -85,6 +85,13 @@ class InferenceService:
         self.engine, self.scorer = build_engines(self.settings)
         self.adapters: dict[str, str] = {}
         self.api_key = api_key
+        if os.environ.get(CALLBACK_ENV) != CALLBACK:
+            logger.warning(
+                "Serve's proxy body guard is not installed (%s=%s is not in the environment Ray started in): a chunked body reaches "
+                "this replica whole before max_body_bytes can refuse it (docs/operations.md, section 6)",
+                CALLBACK_ENV,
+                CALLBACK,
+            )
         self.metrics = ServiceMetrics()
         self.started = int(time.time())
         self._prep = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prep")
@@ -332,6 +339,8 @@ class InferenceService:
     @timed
     async def completions(self, body: CompletionRequest) -> dict:
         adapter = self._adapter(body.model, field="model")
+        check_new_tokens(self.settings, body.max_tokens)  # what can be counted before tokenizing, first
+        check_count(len(body.prompts) * body.n, self.settings.max_prompts_per_request, "prompts")
         ids = await self._off_loop(self._prompt_ids, body.prompts)
         self._check_fits(ids, body.max_tokens, body.n, body.logprobs, lambda i: ("prompt", i))
         sampling = Sampling(body.max_tokens, body.temperature, body.top_p, body.seed, body.stops)
@@ -356,8 +365,11 @@ class InferenceService:
     def _chat_ids(self, body: ChatCompletionRequest) -> list[int]:
         try:
             return chat_prompt_ids(self.engine.counting_tokenizer, [{"role": m.role, "content": m.text} for m in body.messages])
-        except (TemplateError, NoChatTemplate) as error:  # the template's own refusals (jinja raise_exception) are the caller's input
-            raise invalid(("messages",), f"the model's chat template cannot format these messages: {error}") from error
+        except NoChatTemplate as error:
+            raise invalid(("messages",), str(error)) from error
+        except TemplateError as error:  # the template's own refusal (jinja raise_exception): its text stays in the log, not the answer
+            logger.info("chat template refused a request's messages: %s", error)
+            raise invalid(("messages",), "the model's chat template cannot format these messages (roles or their order)") from error
 
     @timed
     async def chat_completions(self, body: ChatCompletionRequest) -> dict:
@@ -394,7 +406,26 @@ def service_app(settings: ServiceSettings, adapters: dict[str, str] | None = Non
 
 
 def build_app(args: dict):
-    """Import path of `serve/config.yaml`: `args` are ServiceSettings fields; adapters are the deployment's user_config."""
+    """Import path of `serve/config.yaml`: `args` are ServiceSettings fields (and `allow_open_host`);
+    adapters are the deployment's user_config. Built in the cluster, where the key is read and the
+    proxies' host is known: an open host without a token fails the build (DEPLOY_FAILED, naming
+    the setting; `python -m serve.preflight` makes the same check before `serve run`)."""
+    args = dict(args)
+    allow_open_host = bool(args.pop("allow_open_host", False))
     settings = ServiceSettings(**args)
     resolve_model(settings.model)
-    return InferenceService.bind(settings.model_dump(), api_key_from_env())
+    api_key = api_key_from_env()
+    host = proxy_host()
+    if host is not None:
+        check_open_host(host, api_key, allow_open_host)
+    return InferenceService.bind(settings.model_dump(), api_key)
+
+
+def proxy_host() -> str | None:
+    """The host Serve's proxies bind (the controller's http_options), or None where no controller answers."""
+    try:
+        from ray.serve.context import _get_global_client
+
+        return _get_global_client().http_config.host
+    except Exception:  # noqa: BLE001 - no cluster to ask (a unit test building the app): nothing to check
+        return None

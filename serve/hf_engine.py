@@ -241,14 +241,26 @@ class HFEngine:
             ids, text = new, self.tokenizer.decode(new[:ends], skip_special_tokens=True)
             reason = "length" if ends is None else "stop"
             if cut_at_stop(text, s.stop) is not None:  # end at the first token whose text completes a stop string
-                prefixes = (new[:n] for n in range(1, len(new) + 1))
-                ids, text = next((p, cut) for p in prefixes if (cut := cut_at_stop(self.tokenizer.decode(p, skip_special_tokens=True), s.stop)) is not None)
-                reason = "stop"
+                pulse()
+                ids = new[: self._first_stop(new, s.stop)]
+                text, reason = cut_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), s.stop), "stop"
             entries = None
             if logprobs is not None:
                 entries = tuple(TokenLogprob(t, own, tuple(top)) for t, (own, top) in zip(ids, row.logprobs))
             results.append((tuple(ids), text, reason, entries))
         return results
+
+    def _first_stop(self, new: list[int], stop: tuple[str, ...]) -> int:
+        """The fewest leading tokens of `new` whose text holds a stop string, by bisection (a prefix
+        that holds one, every longer one holds too): log2(len) decodes, not one per prefix."""
+        low, high = 1, len(new)
+        while low < high:
+            mid = (low + high) // 2
+            if cut_at_stop(self.tokenizer.decode(new[:mid], skip_special_tokens=True), stop) is None:
+                low = mid + 1
+            else:
+                high = mid
+        return low
 
     async def check_health(self) -> None:
         """Fails when one step of a job (one forward) has run past hf_stall_s: a hung worker, not a busy one."""

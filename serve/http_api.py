@@ -15,6 +15,7 @@ traceback and answered 500 without internals.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -30,11 +31,15 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from serve.engine import EngineUnavailable, UnknownAdapter
+from serve.proxy_guard import MARK
 from serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
 
 OPEN_PATHS = {"/health"}  # answered without the bearer token (load balancers probe it)
+# The only routes that read a body. Any other request is routed with its body unread: a slow or
+# large body sent to /health cannot hold a replica's request slot.
+BODY_ROUTES = {"/generate", "/score", "/v1/completions", "/v1/chat/completions"}
 OPENAI_TYPES = {
-    400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLargeError",
+    400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 408: "RequestTimeoutError", 413: "RequestTooLargeError",
     500: "InternalServerError", 503: "ServiceUnavailableError", 504: "TimeoutError",
 }  # fmt: skip
 logger = logging.getLogger("ray.serve")
@@ -79,6 +84,34 @@ async def body_within(request: Request, limit: int) -> bytes | None:
     return request._body
 
 
+async def body_refusal(request: Request, path: str, limit: int, timeout_s: float) -> JSONResponse | None:
+    """None once the body is read whole (kept for the route); else the answer that refuses it:
+    400 for a Content-Length that is not a number, 413 past `limit` bytes (declared, or counted
+    while reading), 408 when the body is not whole within `timeout_s` (a client trickling bytes
+    would otherwise hold the request slot as long as it likes)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and not declared.strip().isdigit():
+        return error_response(path, 400, "Content-Length is not a number of bytes")
+    too_large = error_response(path, 413, f"request body over {limit} bytes (the service's max_body_bytes)")
+    if declared is not None and int(declared) > limit:
+        return too_large
+    try:
+        body = await asyncio.wait_for(body_within(request, limit), timeout_s)
+    except TimeoutError:
+        return error_response(
+            path, 408, f"request body not received whole within {timeout_s:g} s (the service's body_timeout_s)", headers={"Connection": "close"}
+        )
+    return too_large if body is None else None
+
+
+def brief(detail: dict) -> dict:
+    """A validation error as answered: its `input` echoed only when small (a refused list of two
+    million prompts is not sent back, nor encoded)."""
+    given = detail.get("input")
+    small = not isinstance(given, (list, dict, str, bytes)) or len(given) <= 64 or (isinstance(given, str) and len(given) <= 1024)
+    return detail if small else {k: v for k, v in detail.items() if k != "input"}
+
+
 def json_safe(value):
     """`value` with non-finite floats written as text: JSON has no NaN or Infinity."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -92,17 +125,20 @@ def json_safe(value):
 
 def build_http_api(service) -> FastAPI:
     api = FastAPI(title="subliminal-ray inference", version="1")
-    limit = service.settings.max_body_bytes
+    limit, body_timeout_s = service.settings.max_body_bytes, service.settings.body_timeout_s
 
     @api.middleware("http")
     async def guard_and_measure(request: Request, call_next):
-        """Bearer token, body-size limit, per-route metrics and the last word on unexpected errors,
-        for every request (also the ones FastAPI rejects)."""
+        """Bearer token, body size and deadline (on the routes that read a body), per-route metrics
+        and the last word on unexpected errors, for every request (also the ones FastAPI rejects)."""
         started, path = time.perf_counter(), route_path(request)
+        refused = None
         if service.api_key and path not in OPEN_PATHS and not token_matches(request.headers.get("authorization"), service.api_key):
-            response = error_response(path, 401, "missing or wrong bearer token (Authorization: Bearer $SERVE_API_KEY)")
-        elif int(request.headers.get("content-length") or 0) > limit or await body_within(request, limit) is None:
-            response = error_response(path, 413, f"request body over {limit} bytes (the service's max_body_bytes)")
+            refused = error_response(path, 401, "missing or wrong bearer token (Authorization: Bearer $SERVE_API_KEY)")
+        elif path in BODY_ROUTES and request.method == "POST":
+            refused = await body_refusal(request, path, limit, body_timeout_s)
+        if refused is not None:
+            response = refused
         else:
             try:
                 response = await call_next(request)
@@ -110,6 +146,8 @@ def build_http_api(service) -> FastAPI:
                 incident = uuid.uuid4().hex[:12]
                 logger.exception("unexpected error on %s (incident %s)", path, incident)
                 response = error_response(path, 500, f"internal error (incident {incident} in the replica's log)")
+        if path not in BODY_ROUTES and ("transfer-encoding" in request.headers or request.headers.get("content-length", "0") != "0"):
+            response.headers["Connection"] = "close"  # its body was never read: the connection cannot carry another request
         service.metrics.request(path, response.status_code, time.perf_counter() - started)
         return response
 
@@ -117,7 +155,7 @@ def build_http_api(service) -> FastAPI:
     async def invalid_request(request: Request, error: RequestValidationError):
         """FastAPI's 422 body (its default handler answers 500 when the echoed input holds NaN); under /v1/, OpenAI's 400."""
         path = route_path(request)
-        details = json_safe(jsonable_encoder(error.errors()))
+        details = json_safe(jsonable_encoder([brief(d) for d in error.errors()]))
         if not path.startswith("/v1/"):
             return JSONResponse({"detail": details}, 422)
         where = [".".join(map(str, d.get("loc", ())[1:])) for d in details]  # each field's path, "body" dropped
@@ -167,6 +205,11 @@ def build_http_api(service) -> FastAPI:
     @api.get("/health")
     async def health(request: Request) -> dict:
         """Open to all; the model and engines only to a caller holding the token (or when there is none)."""
-        return await service.health(detailed=not service.api_key or token_matches(request.headers.get("authorization"), service.api_key))
+        detailed = not service.api_key or token_matches(request.headers.get("authorization"), service.api_key)
+        answer = await service.health(detailed=detailed)
+        if detailed:  # whether Serve's proxy cut this request's body at a limit (serve/proxy_guard.py), and at which
+            mark = request.headers.get(MARK.decode())
+            answer["proxy_guard"] = {"installed": mark is not None, "limit_bytes": int(mark) if mark and mark.isdigit() else None}
+        return answer
 
     return api

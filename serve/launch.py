@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from ray import serve
 
-from serve.app import API_KEY_ENV, api_key_from_env, service_app
+from serve.app import api_key_from_env, service_app
 from serve.replica_placement import replica_options
-from serve.settings import ServiceError, ServiceSettings
+from serve.settings import ServiceSettings, check_open_host
 
 DEFAULT_APP = "subliminal"
 
@@ -45,8 +45,7 @@ def start_service(
     no line per request). A host other than loopback needs $SERVE_API_KEY, or `allow_open_host=True`
     (a private network the caller vouches for): anyone who reaches it could use the models.
     """
-    if not ipaddress_is_loopback(host) and api_key_from_env() is None and not allow_open_host:
-        raise ServiceError(f"host {host} is reachable from other machines and {API_KEY_ENV} is not set: set a token, or pass allow_open_host=True")
+    check_open_host(host, api_key_from_env(), allow_open_host)
     serve.start(http_options={"host": host, "port": port})
     options = {"num_replicas": replicas, **replica_options(settings.tensor_parallel_size, num_cpus, num_gpus)}
     if max_ongoing_requests is not None:
@@ -55,18 +54,6 @@ def start_service(
         options["max_queued_requests"] = max_queued_requests
     app = service_app(settings, adapters, **options)
     return serve.run(app, name=name, route_prefix=route_prefix, logging_config=logging_config)
-
-
-def ipaddress_is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 or localhost; anything else (0.0.0.0 included) is reachable from elsewhere."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def stop_service(name: str = DEFAULT_APP) -> None:

@@ -7,14 +7,17 @@ waits forever, whether the build succeeded or not: with a missing model or a
 bad adapter path it prints the error and keeps running (the CLI never reads
 the application's DEPLOY_FAILED status). This runs the same checks the
 deployment runs (its settings, the model, the registered adapters, a
-tensor-parallel replica's placement group) in the calling process first, so a
-bad config stops at once with a non-zero exit.
+tensor-parallel replica's placement group, an `http_options.host` off loopback
+without `SERVE_API_KEY`) in the calling process first, so a bad config stops at
+once with a non-zero exit. The key is read here from this environment; the
+build reads it where Ray started, and refuses the same open host there.
 Applications built by anything other than this project's `serve.app:build_app`
 are left to Serve.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,15 +25,19 @@ import yaml
 from pydantic import ValidationError
 
 from serve.replica_placement import check_deployment
-from serve.settings import ServiceError, ServiceSettings, check_user_config, model_id, resolve_model
+from serve.settings import API_KEY_ENV, ServiceError, ServiceSettings, check_open_host, check_user_config, model_id, resolve_model
 
 BUILDER = "serve.app:build_app"
 
 
-def check_application(app: dict) -> None:
+def check_application(app: dict, host: str) -> None:
     """Raise ServiceError naming what in one application of the config would fail its deployment."""
+    args = dict(app.get("args") or {})
+    allow_open_host = bool(args.pop("allow_open_host", False))
+    key = os.environ.get(API_KEY_ENV)
+    check_open_host(host, key if key and key.strip() else None, allow_open_host)  # as the build checks it, in this environment
     try:
-        settings = ServiceSettings(**(app.get("args") or {}))
+        settings = ServiceSettings(**args)
     except ValidationError as err:
         first = err.errors()[0]
         raise ServiceError(f"args.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
@@ -54,7 +61,7 @@ def check_config(path: str | Path) -> list[str]:
             continue
         name = app.get("name", "default")
         try:
-            check_application(app)
+            check_application(app, (config.get("http_options") or {}).get("host", "127.0.0.1"))
         except ServiceError as err:
             raise ServiceError(f"{path}: application {name!r}: {err}") from None
         checked.append(name)

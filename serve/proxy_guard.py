@@ -21,7 +21,10 @@ import json
 import os
 
 PROXY_LIMIT_ENV = "SERVE_PROXY_MAX_BODY_BYTES"
+CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+CALLBACK = "serve.proxy_guard.middlewares"
 DEFAULT_LIMIT = 8 << 20
+MARK = b"x-subliminal-proxy-guard"  # set on every request the guard passes on (a client's own is dropped): the replica can tell
 
 
 class BodyLimit:
@@ -37,7 +40,9 @@ class BodyLimit:
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length", b"0")
         if declared.isdigit() and int(declared) > self.limit:
-            return await self._refuse(send)
+            return await self._refuse(scope, send)
+        marked = [(k, v) for k, v in scope.get("headers") or [] if k.lower() != MARK] + [(MARK, str(self.limit).encode())]
+        scope = {**scope, "headers": marked}
         seen, refused, started = 0, False, False
 
         async def limited_receive():
@@ -50,7 +55,7 @@ class BodyLimit:
                 if seen > self.limit:
                     refused = True
                     if not started:
-                        await self._refuse(send)
+                        await self._refuse(scope, send)
                     return {"type": "http.disconnect"}
             return message
 
@@ -63,8 +68,12 @@ class BodyLimit:
 
         await self.app(scope, limited_receive, guarded_send)
 
-    async def _refuse(self, send) -> None:
-        body = json.dumps({"detail": f"request body over {self.limit} bytes (the proxy's {PROXY_LIMIT_ENV})"}).encode()
+    async def _refuse(self, scope, send) -> None:
+        """413 in the shape the route's clients read: OpenAI's under /v1/, FastAPI's elsewhere."""
+        message = f"request body over {self.limit} bytes (the proxy's {PROXY_LIMIT_ENV})"
+        openai = "/v1/" in scope.get("path", "")
+        answer = {"error": {"message": message, "type": "RequestTooLargeError", "param": None, "code": 413}} if openai else {"detail": message}
+        body = json.dumps(answer).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -2,9 +2,12 @@
 
 `/generate` and `/score` reject unknown fields; so do the OpenAI-compatible
 bodies, which also refuse the OpenAI fields that would change the answer but
-are not implemented (unless they hold their neutral value). Limits
+are not implemented (unless they hold their neutral value). Every list has a
+ceiling here (`LIST_MAX`, shown in the OpenAPI document), so a body of two
+million prompts is refused while it is validated, before any tokenizing; limits
 that depend on the service's configuration (prompts per request, max_tokens
-cap, context length) are checked by the deployment, which knows them.
+cap, context length, work) are checked by the deployment, which knows them,
+also before it tokenizes.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ STOP_MAX_CHARS = 1024
 StopString = Annotated[StrictStr, Field(min_length=1, max_length=STOP_MAX_CHARS)]
 
 
+LIST_MAX = 65536  # any list in a request body; the settings' per-request limits are at most this
 SEED_MAX = 2**62  # seed + i must stay a 64-bit integer for the engines' generators
 
 
@@ -31,7 +35,7 @@ class Strict(BaseModel):
 
 
 class GenerateRequest(Strict):
-    prompts: list[Prompt] = Field(min_length=1)
+    prompts: list[Prompt] = Field(min_length=1, max_length=LIST_MAX)
     max_tokens: int = Field(16, gt=0)
     temperature: float = Field(1.0, ge=0, le=2)  # as OpenAI; vLLM refuses more
     top_p: float = Field(1.0, gt=0, le=1)
@@ -70,7 +74,7 @@ class Question(Strict):
 
 
 class ScoreRequest(Strict):
-    questions: list[Question] = Field(min_length=1)
+    questions: list[Question] = Field(min_length=1, max_length=LIST_MAX)
     adapter: str | None = None
     truncate: bool = Field(
         False,
@@ -99,7 +103,7 @@ class ScoreResponse(BaseModel):
 
 
 LOGPROBS_MAX = 20  # alternatives per token at most: vLLM's default max_logprobs (OpenAI's completions take 5)
-TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
+TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1, max_length=LIST_MAX)]
 
 
 def neutral(value, default, field: str, why: str):
@@ -159,9 +163,12 @@ class OpenAIRequest(BaseModel):
 class CompletionRequest(OpenAIRequest):
     """POST /v1/completions, as vLLM's OpenAI server takes it: text or token-id prompts, `echo`, `logprobs`."""
 
-    prompt: Prompt | Annotated[list[Prompt], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = Field(
-        description="a string, a list of strings, a list of token ids, or a list of token-id lists"
-    )
+    prompt: (
+        Prompt
+        | Annotated[list[Prompt], Field(min_length=1, max_length=LIST_MAX)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=LIST_MAX)]
+    ) = Field(description="a string, a list of strings, a list of token ids, or a list of token-id lists")
     echo: bool | None = Field(False, description="the prompt's text (and, with logprobs, its tokens) before the completion's")
     max_tokens: int = Field(16, ge=0, description="0 only with echo: the prompt alone")
     logprobs: int | None = Field(None, ge=0, le=LOGPROBS_MAX, description="per token: its log-probability and the k most likely")
@@ -204,7 +211,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: StrictStr = Field(min_length=1, description="system, user, assistant, ...: what the model's chat template knows")
-    content: StrictStr | list[TextPart]
+    content: StrictStr | Annotated[list[TextPart], Field(max_length=LIST_MAX)]
 
     @property
     def text(self) -> str:
@@ -214,7 +221,7 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(OpenAIRequest):
     """POST /v1/chat/completions: messages through the model's chat template, then as /v1/completions."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=LIST_MAX)
     max_tokens: int | None = Field(None, gt=0, description="null: up to the context or max_tokens_cap")
     max_completion_tokens: int | None = Field(None, gt=0, description="OpenAI's newer name for max_tokens")
     logprobs: bool | None = Field(False, description="each generated token's log-probability")

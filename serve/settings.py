@@ -17,9 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from common.files import tiny_model_link
 from common.model_source import ModelSourceError, model_source
+from serve.schemas import LIST_MAX
 
 TINY_BUILD_COMMAND = "python -m jobs.sources.tiny_model"
-ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: "$" would pass a trailing newline
 
 
 class ServiceError(ValueError):
@@ -58,10 +59,11 @@ class ServiceSettings(BaseModel):
     hf_stall_s: float = Field(300.0, gt=0, description="one forward running longer than this fails the health check (a hung worker)")
 
     # Request limits: each over-limit request gets a 4xx naming the limit.
-    max_prompts_per_request: int = Field(1024, gt=0)
-    max_questions_per_request: int = Field(4096, gt=0)
+    max_prompts_per_request: int = Field(1024, gt=0, le=LIST_MAX, description="prompts x n; at most the schemas' list ceiling")
+    max_questions_per_request: int = Field(4096, gt=0, le=LIST_MAX, description="at most the schemas' list ceiling")
     max_tokens_cap: int = Field(512, gt=0, description="largest max_tokens a request may ask for")
     max_body_bytes: int = Field(8 << 20, gt=0)
+    body_timeout_s: float = Field(10.0, gt=0, description="a request body not received whole this many seconds after its headers is cut and answered 408")
     max_work_per_request: int = Field(
         1 << 22,
         gt=0,
@@ -115,3 +117,27 @@ def check_user_config(user_config: dict, base_id: str) -> dict[str, str]:
     if unknown:
         raise ServiceError(f"unknown user_config keys {sorted(unknown)}; expected 'adapters'")
     return {name: check_adapter(name, str(path), base_id) for name, path in (user_config.get("adapters") or {}).items()}
+
+
+API_KEY_ENV = "SERVE_API_KEY"
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost; anything else (0.0.0.0 included) is reachable from elsewhere."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_open_host(host: str, api_key: str | None, allow_open_host: bool = False) -> None:
+    """A service reachable from other machines needs a token, unless its operator vouches for the network."""
+    if not is_loopback(host) and api_key is None and not allow_open_host:
+        raise ServiceError(
+            f"host {host} is reachable from other machines and {API_KEY_ENV} is not set: set a token, or pass allow_open_host=True "
+            "(in a Serve config: http_options.host on 127.0.0.1, or args.allow_open_host: true for a private network you vouch for)"
+        )

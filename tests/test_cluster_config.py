@@ -35,6 +35,13 @@ def test_image_matches_the_pinned_ray_and_python(config):
     assert any("[gpu]" in command for command in config["setup_commands"])
 
 
+def test_every_node_starts_ray_with_the_proxy_body_guard(config):
+    """Serve may run a proxy on any node; each must cut a chunked body at the limit (serve/proxy_guard.py)."""
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        (start,) = [c for c in config[key] if "ray start" in c]
+        assert start.startswith("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve.proxy_guard.middlewares ray start"), start
+
+
 def test_gpu_bounds(config):
     # Two 8 x H100 nodes and two 1 x L40S nodes at most: what jobs/sizing/placement.py checks presets against.
     assert launcher_node_gpus(config) == (8.0, 8.0, 1.0, 1.0)

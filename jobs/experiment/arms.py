@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from serve.mc_format import LETTERS
 from train.config import ConfigError, TrainConfig, build
 
-ARM_NAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,40}$")
+ARM_NAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,40}\Z")  # \Z: "$" would pass a trailing newline
 OTHER_BASE = "other_base"  # the scored name of the other base model
 SHAM = "sham_teacher"  # the reference teacher (config.ShamTeacherConfig); an arm names it `teacher: sham`
 ANSWERS = "teacher_answers"  # an arm's `numbers` for the overt positive control: its teacher's answers, not numbers

@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from common.atomic import write_jsonl
+from jobs.phases.adapter_check import check_adapters_applied, probe_scores
 from jobs.phases.context import RunContext
 from jobs.phases.progress import ProgressLine
 from jobs.phases.service import result_or_resend, running_service
@@ -156,6 +157,7 @@ def run(ctx: RunContext, todo) -> None:
     for model_path, targets, adapters in services:
         if targets:
             with running_service(ctx.app, model_path, adapters, ctx.cfg, True, ctx.lora_rank) as handle:
+                check_adapters_applied(handle, adapters, lambda adapter: probe_scores(handle, adapter, ctx.cfg.evaluate.format))
                 scored.update(
                     score_models(
                         handle, targets, questions, ctx.cfg.evaluate.chunk, 2 * ctx.cfg.evaluate.replicas, ctx.cfg.evaluate.orders(), ctx.cfg.evaluate.format

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from common.atomic import write_jsonl
 from jobs.experiment.arms import number_sets, numbers_seed
 from jobs.experiment.config import NumbersConfig
+from jobs.phases.adapter_check import check_adapters_applied, probe_generation, probe_scores
 from jobs.phases.context import RunContext
 from jobs.phases.progress import ProgressLine
 from jobs.phases.service import result_or_resend, running_service
@@ -140,6 +141,10 @@ def run(ctx: RunContext, todo) -> None:
     adapters = {adapter: str(ctx.trained(adapter)) for adapter in [*(a for _, a, _ in requests.values() if a), *(t for _, t in answering)]}
     errors = []
     with running_service(ctx.app, ctx.model_path, adapters, ctx.cfg, False, ctx.lora_rank) as handle:
+        generating = {a: folder for a, folder in adapters.items() if any(a == adapter for _, adapter, _ in requests.values())}
+        check_adapters_applied(handle, generating, lambda adapter: probe_generation(handle, adapter))
+        answering_adapters = {t: adapters[t] for _, t in answering}
+        check_adapters_applied(handle, answering_adapters, lambda adapter: probe_scores(handle, adapter, ctx.cfg.evaluate.format))
         started = time.time()
         if answering:
             questions = read_jsonl(ctx.run_dir / "data" / SPLIT_FILES["train"])

@@ -62,7 +62,9 @@ def test_generate_counts_seeds_and_adapters(services, engine):
     adapted = post(url, "/generate", {**body, "adapter": "a"}).json()
     assert [c["text"] for c in adapted["completions"]] != [c["text"] for c in first["completions"]]
     assert requests.get(url + "/adapters").json() == {"adapters": ["a", "b"]}
-    assert requests.get(url + "/health").json()["engine"] == engine
+    health = requests.get(url + "/health").json()
+    assert health["engine"] == engine
+    assert health["proxy_guard"] == {"installed": False, "limit_bytes": None}  # this session's Ray started without the guard
 
 
 @pytest.mark.parametrize("engine", ["vllm", "hf"])

@@ -3,27 +3,34 @@ with one line naming the problem (a missing model, a bad adapter path, a wrong s
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def preflight(tmp_path: Path, *, args: dict | None = None, adapters: dict | None = None, deployment: dict | None = None) -> subprocess.CompletedProcess:
+def preflight(
+    tmp_path: Path, *, args: dict | None = None, adapters: dict | None = None, deployment: dict | None = None, host: str | None = None, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """serve/config.yaml with `args` merged into the application's, `deployment` into its deployment's
-    options and `adapters` registered, checked."""
+    options, `adapters` registered and the proxies on `host`, checked in the environment `env`."""
     config = yaml.safe_load((ROOT / "serve" / "config.yaml").read_text())
+    config["http_options"]["host"] = host or config["http_options"]["host"]
     (app,) = config["applications"]
     app["args"].update(args or {})
     app["deployments"][0].update(deployment or {})
     app["deployments"][0]["user_config"] = {"adapters": adapters or {}}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    return subprocess.run([sys.executable, "-m", "serve.preflight", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    environment = {k: v for k, v in os.environ.items() if k != "SERVE_API_KEY"} | (env or {})
+    return subprocess.run([sys.executable, "-m", "serve.preflight", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=120, env=environment)
 
 
 def test_a_servable_config_passes(tmp_path, tiny_model, lora_adapters):
@@ -88,3 +95,53 @@ def test_a_tensor_parallel_replica_placed_as_ray_llm_places_one_passes(tmp_path,
     placed = {"ray_actor_options": {"num_cpus": 1, "num_gpus": 0}, "placement_group_bundles": BUNDLES, "placement_group_strategy": "STRICT_PACK"}
     done = preflight(tmp_path, args={"model": tiny_model, **TP2}, deployment=placed)
     assert done.returncode == 0, done.stderr
+
+
+def test_an_open_host_without_a_token_exits_2_naming_the_host_and_the_key(tmp_path, tiny_model):
+    done = preflight(tmp_path, args={"model": tiny_model}, host="0.0.0.0")
+    assert done.returncode == 2 and "host 0.0.0.0 is reachable from other machines and SERVE_API_KEY is not set" in done.stderr, done.stderr
+    assert "http_options.host" in done.stderr and len(done.stderr.splitlines()) == 1
+    assert preflight(tmp_path, args={"model": tiny_model}, host="0.0.0.0", env={"SERVE_API_KEY": "k"}).returncode == 0
+    assert preflight(tmp_path, args={"model": tiny_model, "allow_open_host": True}, host="0.0.0.0").returncode == 0
+    assert preflight(tmp_path, args={"model": tiny_model}, host="::1").returncode == 0  # loopback
+
+
+def test_serve_run_of_an_open_host_without_a_token_never_serves_and_says_why(tmp_path, tiny_model):
+    """The build, in the cluster, refuses it: the application is DEPLOY_FAILED naming the setting and
+    nothing answers on the port. (`serve run CONFIG` itself keeps running whatever the build did:
+    Ray 2.60's CLI does not read the status, which is why the preflight above exists.)"""
+    from conftest import head_node
+
+    port = free_port()
+    config = yaml.safe_load((ROOT / "serve" / "config.yaml").read_text())
+    config["http_options"].update(host="0.0.0.0", port=port)
+    config["applications"][0]["args"].update(model=tiny_model, engine="hf")
+    path = tmp_path / "open.yaml"
+    path.write_text(yaml.safe_dump(config))
+    environment = {k: v for k, v in os.environ.items() if k != "SERVE_API_KEY"}
+    with head_node(env={}) as head:
+        serve_bin = str(Path(sys.executable).parent / "serve")
+        process = subprocess.Popen([serve_bin, "run", str(path), "--address", head["address"]], cwd=ROOT, env={**environment, "RAY_AUTH_MODE": "token"},
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        try:
+            status, deadline = "", time.time() + 180
+            while "DEPLOY_FAILED" not in status:
+                assert time.time() < deadline, status[-2000:]
+                time.sleep(3)
+                status = subprocess.run(
+                    [serve_bin, "status", "-a", head["dashboard"]], capture_output=True, text=True, env={**environment, "RAY_AUTH_MODE": "token"}
+                ).stdout
+            assert "SERVE_API_KEY is not set" in status and "0.0.0.0" in status, status[-2000:]
+            with pytest.raises(requests.RequestException):
+                requests.post(f"http://127.0.0.1:{port}/generate", json={"prompts": ["hi"]}, timeout=5).raise_for_status()
+        finally:
+            process.terminate()
+            process.wait(60)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -30,6 +30,7 @@ from jobs.sources.wmdp import synthetic_questions
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "load-test-token-5b1e"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+BODY_TIMEOUT_S = 3.0  # the config copy's body_timeout_s (the default, 10 s, would only make the tests wait)
 NEAR_MISSES = ["", "Bearer", f"Bearer {KEY[:-1]}", f"Bearer {KEY}x", f"bearer {KEY}", KEY, f"Bearer  {KEY}"]
 
 
@@ -54,6 +55,7 @@ def service(keyed_head, tiny_model, tmp_path_factory):
     port = free_port()
     config["http_options"]["port"] = port
     config["applications"][0]["args"]["engine"] = "hf"
+    config["applications"][0]["args"]["body_timeout_s"] = BODY_TIMEOUT_S
     config["applications"][0]["deployments"][0]["ray_actor_options"]["num_cpus"] = 2  # the head's two: torch's threads for the load
     path = tmp_path_factory.mktemp("serve") / "config.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -135,6 +137,8 @@ def test_every_route_but_health_refuses_a_missing_or_near_miss_token(service):
         assert requests.request(method, url + path, json=body, headers=AUTH, timeout=60).status_code == expected, path
     assert requests.get(url + "/health", timeout=30).json() == {"status": "ok"}  # healthy or not, no more
     assert requests.get(url + "/health", headers=AUTH, timeout=30).json()["engine"] == "hf"
+    spoofed = {**AUTH, "x-subliminal-proxy-guard": "1"}  # the guard replaces a client's own mark
+    assert requests.get(url + "/health", headers=spoofed, timeout=30).json()["proxy_guard"] == {"installed": True, "limit_bytes": 8 << 20}
 
 
 def peak_growth(process: psutil.Process, send) -> tuple[requests.Response, int]:
@@ -205,3 +209,80 @@ def test_a_request_whose_client_leaves_stops_its_work(service):
     time.sleep(3)
     busy = sum(process.cpu_times()[:2]) - used
     assert busy < 0.6, f"the replica used {busy:.1f} CPU-s in 3 s after its only client left"
+
+
+def stalled_bodies(url: str, method: str, path: str, count: int, headers: dict) -> list[socket.socket]:
+    """`count` connections, each sending a request's headers and the first chunk of a chunked body,
+    then nothing more: what a client trickling a byte a minute looks like to the server."""
+    host, port = url.removeprefix("http://").split(":")
+    sockets = []
+    for _ in range(count):
+        conn = socket.create_connection((host, int(port)), timeout=30)
+        head = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Transfer-Encoding: chunked", "Content-Type: application/json"]
+        conn.sendall(("\r\n".join(head + [f"{k}: {v}" for k, v in headers.items()]) + "\r\n\r\n1\r\n{\r\n").encode())
+        sockets.append(conn)
+    return sockets
+
+
+def answer_and_close(conn: socket.socket, within: float) -> tuple[bytes, float]:
+    """The connection's answer (the status line on) and when the server closed it, in seconds."""
+    started, data = time.perf_counter(), b""
+    conn.settimeout(within)
+    try:
+        while chunk := conn.recv(65536):
+            data += chunk
+    except TimeoutError:
+        return data, float("inf")  # still open
+    finally:
+        conn.close()
+    return data, time.perf_counter() - started
+
+
+def test_stalled_bodies_on_health_hold_no_slot_while_generate_and_score_answer(service):
+    """64 connections to /health, each stalled inside a chunked body: /health reads no body, so
+    they are answered at once and hold none of the replica's 64 ongoing-request slots (before,
+    the middleware read each body and every /generate timed out behind them)."""
+    url = service["url"]
+    stalled = stalled_bodies(url, "GET", "/health", 64, {})
+    latencies = []
+    for route, body in [("/generate", {"prompts": ["hi"], "max_tokens": 2}), ("/score", {"questions": [{"question": "Q?", "choices": ["a", "b"]}]})] * 3:
+        started = time.perf_counter()
+        assert requests.post(url + route, json=body, headers=AUTH, timeout=30).status_code == 200
+        latencies.append(time.perf_counter() - started)
+    answers = [answer_and_close(conn, 30) for conn in stalled]
+    assert max(latencies) < 2, latencies
+    assert all(data.startswith(b"HTTP/1.1 200") for data, _ in answers), answers[0]
+    assert max(closed for _, closed in answers) < 30  # none left open
+
+
+def test_a_stalled_body_on_generate_is_cut_at_the_deadline_with_408(service):
+    url = service["url"]
+    stalled = stalled_bodies(url, "POST", "/generate", 8, AUTH)
+    started = time.perf_counter()
+    answers = [answer_and_close(conn, 30) for conn in stalled]
+    waited = time.perf_counter() - started
+    assert all(data.startswith(b"HTTP/1.1 408") and b"body_timeout_s" in data for data, _ in answers), answers[0]
+    assert BODY_TIMEOUT_S - 0.5 < waited < BODY_TIMEOUT_S + 10, waited  # cut at the deadline, every one closed
+    assert requests.post(url + "/generate", json={"prompts": ["hi"], "max_tokens": 2}, headers=AUTH, timeout=30).status_code == 200
+
+
+def test_two_million_prompts_are_refused_before_any_tokenizing_while_health_stays_fast(service):
+    """8 MB of one-character prompts (under max_body_bytes): refused by the schema's list ceiling
+    (LIST_MAX) while the body is validated; before, the replica's one preparation thread tokenized
+    them for minutes. A list under the ceiling but over max_prompts_per_request is refused by
+    count, also before tokenizing."""
+    url = service["url"]
+    body = b'{"model":"tiny","max_tokens":1,"prompt":[' + b",".join([b'"a"'] * 2_000_000) + b"]}"
+    assert len(body) < 8 << 20
+    headers = {**AUTH, "content-type": "application/json"}
+    with ThreadPoolExecutor(1) as pool:
+        started = time.perf_counter()
+        answer = pool.submit(requests.post, url + "/v1/completions", data=body, headers=headers, timeout=120)
+        latencies = health_latencies(url, answer.done)
+        took = time.perf_counter() - started
+    refused = answer.result()
+    assert refused.status_code == 400 and "65536" in refused.json()["error"]["message"], refused.text[:500]
+    assert len(refused.content) < 10_000  # the refused list is not echoed back
+    assert took < 10 and (not latencies or max(latencies) < 2), (took, latencies)
+    counted = requests.post(url + "/v1/completions", json={"model": "tiny", "prompt": ["a"] * 60_000, "max_tokens": 1}, headers=AUTH, timeout=60)
+    assert counted.status_code == 413 and "at most 1024" in counted.json()["error"]["message"], counted.text[:300]
