@@ -28,7 +28,7 @@ from typing import Literal
 # starting and ending with a letter, digit or '_', at most 96 characters, optionally behind
 # one "org/"; no "--" or "..".
 _HUB_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
-HUB_ID = re.compile(rf"^(?:{_HUB_PART}/)?{_HUB_PART}$")
+HUB_ID = re.compile(rf"^(?:{_HUB_PART}/)?{_HUB_PART}\Z")  # \Z: "$" would pass a trailing newline
 HUB_ID_CHARS = "name or org/name of letters, digits, '-', '_' and '.'"
 
 
