@@ -132,10 +132,10 @@ def build_http_api(service) -> FastAPI:
         """Bearer token, body size and deadline (on the routes that read a body), per-route metrics
         and the last word on unexpected errors, for every request (also the ones FastAPI rejects)."""
         started, path = time.perf_counter(), route_path(request)
-        refused = None
+        reads_body, refused = path in BODY_ROUTES and request.method == "POST", None
         if service.api_key and path not in OPEN_PATHS and not token_matches(request.headers.get("authorization"), service.api_key):
             refused = error_response(path, 401, "missing or wrong bearer token (Authorization: Bearer $SERVE_API_KEY)")
-        elif path in BODY_ROUTES and request.method == "POST":
+        elif reads_body:
             refused = await body_refusal(request, path, limit, body_timeout_s)
         if refused is not None:
             response = refused
@@ -146,7 +146,7 @@ def build_http_api(service) -> FastAPI:
                 incident = uuid.uuid4().hex[:12]
                 logger.exception("unexpected error on %s (incident %s)", path, incident)
                 response = error_response(path, 500, f"internal error (incident {incident} in the replica's log)")
-        if path not in BODY_ROUTES and ("transfer-encoding" in request.headers or request.headers.get("content-length", "0") != "0"):
+        if not reads_body and ("transfer-encoding" in request.headers or request.headers.get("content-length", "0") != "0"):
             response.headers["Connection"] = "close"  # its body was never read: the connection cannot carry another request
         service.metrics.request(path, response.status_code, time.perf_counter() - started)
         return response
