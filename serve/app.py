@@ -43,7 +43,7 @@ from serve.metrics import ServiceMetrics
 from serve.openai_format import NoChatTemplate, chat_logprobs, chat_prompt_ids, completion_logprobs, openai_answer
 from serve.proxy_guard import CALLBACK, CALLBACK_ENV
 from serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
-from serve.settings import API_KEY_ENV, ServiceError, ServiceSettings, check_open_host, check_user_config, model_id, resolve_model
+from serve.settings import ServiceSettings, api_key_from_env, check_open_host, check_user_config, model_id, resolve_model
 
 logger = logging.getLogger("ray.serve")
 
@@ -387,15 +387,6 @@ class InferenceService:
             for j, (c, lp) in enumerate(zip(completions, answers))
         ]
         return openai_answer("chatcmpl", "chat.completion", body.model, choices, usage)
-
-
-def api_key_from_env() -> str | None:
-    """$SERVE_API_KEY: the bearer token every route but /health needs; unset, none. Set but empty
-    (a deploy script's unset variable) it is an error at start, not a service without a token."""
-    key = os.environ.get(API_KEY_ENV)
-    if key is not None and not key.strip():
-        raise ServiceError(f"{API_KEY_ENV} is set but empty: set a token, or unset it to serve without one")
-    return key
 
 
 def service_app(settings: ServiceSettings, adapters: dict[str, str] | None = None, **deployment_options):

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from ray import serve
 
-from serve.app import api_key_from_env, service_app
+from serve.app import service_app
 from serve.replica_placement import replica_options
-from serve.settings import ServiceSettings, check_open_host
+from serve.settings import ServiceSettings, api_key_from_env, check_open_host
 
 DEFAULT_APP = "subliminal"
 

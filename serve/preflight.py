@@ -17,7 +17,6 @@ are left to Serve.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import yaml
 from pydantic import ValidationError
 
 from serve.replica_placement import check_deployment
-from serve.settings import API_KEY_ENV, ServiceError, ServiceSettings, check_open_host, check_user_config, model_id, resolve_model
+from serve.settings import ServiceError, ServiceSettings, api_key_from_env, check_open_host, check_user_config, model_id, resolve_model
 
 BUILDER = "serve.app:build_app"
 
@@ -34,8 +33,7 @@ def check_application(app: dict, host: str) -> None:
     """Raise ServiceError naming what in one application of the config would fail its deployment."""
     args = dict(app.get("args") or {})
     allow_open_host = bool(args.pop("allow_open_host", False))
-    key = os.environ.get(API_KEY_ENV)
-    check_open_host(host, key if key and key.strip() else None, allow_open_host)  # as the build checks it, in this environment
+    check_open_host(host, api_key_from_env(), allow_open_host)  # as the build checks it, with this environment's key
     try:
         settings = ServiceSettings(**args)
     except ValidationError as err:

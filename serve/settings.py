@@ -9,6 +9,7 @@ every replica without restarting it (see `serve.app.InferenceService.reconfigure
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Literal
@@ -120,6 +121,15 @@ def check_user_config(user_config: dict, base_id: str) -> dict[str, str]:
 
 
 API_KEY_ENV = "SERVE_API_KEY"
+
+
+def api_key_from_env() -> str | None:
+    """$SERVE_API_KEY: the bearer token every route but /health needs; unset, none. Set but empty
+    (a deploy script's unset variable) it is an error at start, not a service without a token."""
+    key = os.environ.get(API_KEY_ENV)
+    if key is not None and not key.strip():
+        raise ServiceError(f"{API_KEY_ENV} is set but empty: set a token, or unset it to serve without one")
+    return key
 
 
 def is_loopback(host: str) -> bool:

@@ -138,13 +138,12 @@ def run(ctx: RunContext, todo) -> None:
         source, replicate = sets[stage.name]
         numbers = dataclasses.replace(ctx.cfg.numbers, seed=numbers_seed(ctx.cfg, replicate))
         requests[stage.name] = (number_prompts(tokenizer, numbers), None if source == "base" else source, numbers)
-    adapters = {adapter: str(ctx.trained(adapter)) for adapter in [*(a for _, a, _ in requests.values() if a), *(t for _, t in answering)]}
+    generating = {a: str(ctx.trained(a)) for _, a, _ in requests.values() if a}
+    answerers = {t: str(ctx.trained(t)) for _, t in answering}
     errors = []
-    with running_service(ctx.app, ctx.model_path, adapters, ctx.cfg, False, ctx.lora_rank) as handle:
-        generating = {a: folder for a, folder in adapters.items() if any(a == adapter for _, adapter, _ in requests.values())}
+    with running_service(ctx.app, ctx.model_path, {**generating, **answerers}, ctx.cfg, False, ctx.lora_rank) as handle:
         check_adapters_applied(handle, generating, lambda adapter: probe_generation(handle, adapter))
-        answering_adapters = {t: adapters[t] for _, t in answering}
-        check_adapters_applied(handle, answering_adapters, lambda adapter: probe_scores(handle, adapter, ctx.cfg.evaluate.format))
+        check_adapters_applied(handle, answerers, lambda adapter: probe_scores(handle, adapter, ctx.cfg.evaluate.format))
         started = time.time()
         if answering:
             questions = read_jsonl(ctx.run_dir / "data" / SPLIT_FILES["train"])
