@@ -1,6 +1,6 @@
 """LoRA training and batched scoring on one GPU at a realistic width, through Ray Train.
 
-    python bench/gpu_lora.py [--layers 4] [--steps 40]     # on a CUDA machine (H100/H200)
+    python bench/gpu_lora.py [--layers 4] [--steps 40] [--batch-size 44] [--out gpu_lora.json]   # on a CUDA machine
     python bench/gpu_lora.py --smoke                        # on CPU: a narrow model, to check the script runs
 
 A Llama with Llama-3.1-8B's width (hidden 4,096, MLP 14,336, 32 heads / 8 KV
@@ -8,10 +8,14 @@ heads, vocabulary 128,256) and `--layers` decoder layers is built from a config
 with random weights and saved with save_pretrained next to the tiny preset's
 tokenizer: nothing is downloaded. Each variant trains the same LoRA (r=16, all
 linear layers) through `train_lora` (Ray Train, one GPU worker) on WMDP-format
-rows; the trainer's own metrics give tokens/s, MFU (4 x parameters x tokens/s
+rows (about 55 tokens each: the default 44 rows make about 2,400 real tokens a
+step, the 8B teacher shape of `bench/gpu_check.py`, so the two compare; at 16
+rows a step the GPU idles on ~900-token steps); the trainer's own metrics give tokens/s, MFU (4 x parameters x tokens/s
 over the GPU's bf16 peak; recomputation not counted) and peak GPU memory.
 Then the transformers engine's one-pass scoring (batch 64) is timed on the
-same model. Prints a Markdown table for BENCHMARKS.md.
+same model. Prints a Markdown table for BENCHMARKS.md; `--out` is rewritten
+after every variant, so a run cut short keeps what finished, and each stage
+prints its elapsed time.
 """
 
 from __future__ import annotations
@@ -46,17 +50,18 @@ def build_wide_model(out: Path, layers: int, smoke: bool) -> str:
     config = LlamaConfig(num_hidden_layers=layers, max_position_embeddings=2048, tie_word_embeddings=False,
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **width)  # fmt: skip
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.float32 if smoke else torch.bfloat16)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init on the GPU: minutes faster at 8B width
+        model = LlamaForCausalLM(config).to(torch.float32 if smoke else torch.bfloat16)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return str(out)
 
 
-def train_variant(model_path: str, rows: Path, overrides: dict, steps: int, use_gpu: bool, tmp: Path) -> dict:
+def train_variant(model_path: str, rows: Path, overrides: dict, steps: int, batch_size: int, use_gpu: bool, tmp: Path) -> dict:
     from train.config import TrainConfig
     from train.trainer import train_lora
 
-    cfg = TrainConfig(num_workers=1, use_gpu=use_gpu, lora_rank=16, lora_alpha=32, batch_size=16, max_length=512,
+    cfg = TrainConfig(num_workers=1, use_gpu=use_gpu, lora_rank=16, lora_alpha=32, batch_size=batch_size, max_length=512,
                       max_steps=steps, log_every=max(1, steps // 4), checkpoint_every=steps, **overrides)  # fmt: skip
     started = time.time()
     metrics = train_lora(model_path, rows, tmp / f"adapter-{len(list(tmp.iterdir()))}", cfg, cache_dir=tmp / "cache")
@@ -77,6 +82,10 @@ def scoring_rate(model_path: str, questions: list[dict]) -> float:
     return len(prompts) / (time.perf_counter() - started)
 
 
+def log(started: float, what: str) -> None:
+    print(f"[{time.time() - started:6.0f} s] {what}", flush=True)
+
+
 def main() -> None:
     import ray
     import torch
@@ -85,8 +94,11 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--questions", type=int, default=2000)
+    parser.add_argument("--batch-size", type=int, default=44, help="rows per optimizer step (~55 tokens each)")
     parser.add_argument("--smoke", action="store_true", help="narrow model on CPU, GPU-only variants skipped")
+    parser.add_argument("--out", type=Path, help="JSON of the figures, rewritten after every variant")
     args = parser.parse_args()
+    started = time.time()
     use_gpu = torch.cuda.is_available()
     if not use_gpu and not args.smoke:
         raise SystemExit("error: no CUDA GPU here; run with --smoke to check the script on CPU")
@@ -94,6 +106,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     try:
         model_path = build_wide_model(tmp / "model", args.layers, args.smoke)
+        log(started, "model built and saved")
         questions = mc_questions(args.questions if use_gpu else 128)
         from serve.mc_format import choice_continuation, format_mc_prompt
 
@@ -104,19 +117,33 @@ def main() -> None:
         for name, overrides in VARIANTS.items():
             if not use_gpu and "quantization" in overrides:
                 continue  # bitsandbytes needs CUDA
-            results[name] = train_variant(model_path, rows, overrides, args.steps if use_gpu else 4, use_gpu, tmp)
+            results[name] = train_variant(model_path, rows, overrides, args.steps if use_gpu else 4, args.batch_size, use_gpu, tmp)
+            log(started, f"{name}: {results[name]['tokens_per_s']:,.0f} tokens/s")
+            write_figures(args.out, device, args.layers, args.batch_size, results)
         ray.shutdown()
         rate = scoring_rate(model_path, questions)
+        write_figures(args.out, device, args.layers, args.batch_size, results, rate)
+        log(started, f"scoring: {rate:,.0f} questions/s")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"Device: {device}; model: {args.layers} layers at Llama-3.1-8B width{' (smoke: narrow)' if args.smoke else ''}\n")
-    print("| variant | tokens/s | MFU | peak GPU GiB | wall s |\n|---|---|---|---|---|")
+    print("| variant | tokens/s | real tokens a step | step s | MFU | peak GPU GiB | wall s |\n|---|---|---|---|---|---|---|")
     for name, m in results.items():
         mfu = f"{m['mfu']:.1%}" if m.get("mfu") else "-"
         mem = f"{m['gpu_mem_gib']:.1f}" if m.get("gpu_mem_gib") else "-"
-        print(f"| {name} | {m['tokens_per_s']:,.0f} | {mfu} | {mem} | {m['wall_s']:.0f} |")
+        per_step = m["tokens_per_s"] * m["step_time_s"]
+        print(f"| {name} | {m['tokens_per_s']:,.0f} | {per_step:,.0f} | {m['step_time_s']:.3f} | {mfu} | {mem} | {m['wall_s']:.0f} |")
     print(f"\nOne-pass scoring, transformers engine, batch 64: {rate:,.0f} questions/s")
-    print(json.dumps({name: {k: m.get(k) for k in ("tokens_per_s", "mfu", "gpu_mem_gib", "loss")} for name, m in results.items()}))
+
+
+def write_figures(out: Path | None, device: str, layers: int, batch_size: int, results: dict, scoring_rate: float | None = None) -> None:
+    """The figures so far as JSON (a run cut short keeps what finished)."""
+    if out is None:
+        return
+    keep = ("tokens_per_s", "step_time_s", "padding_fraction", "mfu", "gpu_mem_gib", "loss", "wall_s")
+    figures = {"device": device, "layers": layers, "batch_size": batch_size, "variants": {name: {k: m.get(k) for k in keep} for name, m in results.items()},
+               "scoring_questions_per_s": scoring_rate}  # fmt: skip
+    out.write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":
