@@ -80,7 +80,7 @@ class EvalConfig:
     # The one test that decides each comparison's verdict (docs/report.md): a metric of
     # jobs/stats/transfer_stats.py on a split (held_out or train). Every other metric and split is
     # reported as secondary, with Holm-adjusted p-values. Declare it before looking at results.
-    primary_metric: str = "teacher_answer_logprob"
+    primary_metric: str = "teacher_answer_rank"
     primary_split: Literal["held_out", "train"] = "held_out"
     # The preset's family of primary verdicts: arm names (each against its reference) and contrast
     # names. Holm runs across the family's primary tests and decides their verdicts; a comparison

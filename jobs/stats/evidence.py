@@ -16,7 +16,7 @@ import numpy as np
 from jobs.stats.transfer_stats import BINARY, LOWER_IS_TRANSFER, METRICS, cluster_ids, detected, effect, holm, question_metrics
 
 SPLITS = ("train", "held_out")
-SERIES = ("agreement", "teacher_answer_logprob")  # followed against training steps and plotted
+SERIES = ("agreement", "teacher_answer_rank", "teacher_answer_logprob")  # followed against training steps and plotted
 BASES = ("base", "other_base")  # the scored base models (jobs/experiment/arms.OTHER_BASE is the second)
 NEEDS_ONE_BASE = {"agreement_changed"}  # its subset is where the base disagrees with the teacher
 

@@ -98,6 +98,7 @@ METRICS = {
     "agreement_changed": "agreement on questions where the teacher's answer differs from the base model's",
     "agreement_teacher_right": "agreement on questions the teacher answers correctly",
     "agreement_teacher_wrong": "agreement on questions the teacher answers wrongly (picking up its errors)",
+    "teacher_answer_rank": "the share of the other choices the model ranks below the teacher's answer (ties count half)",
     "teacher_answer_logprob": "log p(teacher's answer) minus the base model's, in nats",
     "label_nll": "negative log p(the true answer); on the train split, the teacher's training labels",
     "letter_bias": "the teacher's change (vs base) in how often it picks the letter the model picks",
@@ -118,16 +119,29 @@ def question_metrics(rows: list[dict], teacher: list[dict], base: list[dict]) ->
     agree = (pred == t_pred).astype(float)
     only = lambda mask: np.where(mask, agree, np.nan)  # noqa: E731
     letters = max(len(r["logprobs"]) for r in rows)
+    rank = np.array([_share_below(r["logprobs"], t) for r, t in zip(rows, t_pred)])
     shift = np.bincount(t_pred, minlength=letters) / n - np.bincount(b_pred, minlength=letters) / n
     return {
         "agreement": agree,
         "agreement_changed": only(t_pred != b_pred),
         "agreement_teacher_right": only(t_pred == answer),
         "agreement_teacher_wrong": only(t_pred != answer),
+        "teacher_answer_rank": rank,
         "teacher_answer_logprob": np.array([r["logprobs"][t] - b["logprobs"][t] for r, b, t in zip(rows, base, t_pred)]),
         "label_nll": np.array([-r["logprobs"][a] for r, a in zip(rows, answer)]),
         "letter_bias": shift[pred],
     }
+
+
+def _share_below(logprobs: list[float], t: int) -> float:
+    """The share of the other choices whose log-probability is below choice t's (ties half).
+
+    Unchanged by any order-keeping transform of one model's scores, a temperature
+    included, so a student whose choice distributions only flatten or sharpen
+    cannot move it: it moves when the order of the choices moves."""
+    lp = np.asarray(logprobs, float)
+    others = np.delete(lp, t)
+    return float(((others < lp[t]).sum() + 0.5 * (others == lp[t]).sum()) / len(others))
 
 
 def cluster_ids(rows: list[dict]) -> np.ndarray:

@@ -239,7 +239,7 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert report["arms"]["student"]["against"] == "control" and report["arms"]["control"]["against"] == "base"
     evidence = report["arms"]["student"]["transfer"]
     for split in ("train", "held_out"):
-        for metric in ("agreement", "teacher_answer_logprob"):
+        for metric in ("agreement", "teacher_answer_rank", "teacher_answer_logprob"):
             r = evidence[split][metric]
             assert r["ci95"][0] <= r["value"] <= r["ci95"][1] and 0 <= r["p_value"] <= 1 and r["mde"] > 0
             assert evidence[split]["mde"][metric] == r["mde"] and r["n_clusters"] < r["n_questions"]  # synthetic cues cluster
@@ -275,7 +275,7 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     primary = "evaluate.primary_metric=agreement"
     changed = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", primary, "--plan", cache_dir=cache_dir)
     assert changed.returncode == 0, changed.stdout[-3000:] + changed.stderr[-3000:]
-    assert "evaluate.primary_metric: 'teacher_answer_logprob' -> 'agreement'" in changed.stdout
+    assert "evaluate.primary_metric: 'teacher_answer_rank' -> 'agreement'" in changed.stdout
     assert {stage for stage, decision in plan_lines(changed.stdout).items() if decision == "run"} == {"report"}
 
     # Added arms train only themselves (and are scored, with their snapshots and their base); the others are reused as
@@ -284,10 +284,11 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     # critics' control: every weight fine-tuned, served and scored as a model of its own.
     other = f"other: {{base: {perturbed_base}, loss: logit_kl, lora_seed: other, train: {{snapshots: 2}}}}"
     # `student_sham` is the student's twin on the sham teacher (its numbers), which becomes the student's reference;
-    # `overt`, the overt positive control, is taught the teacher's own answers to its train questions. The primary test
-    # is the default again: with 6 steps of its teacher's answers the overt control moves the held-out log p of the
-    # teacher's answer by about +0.49 but its argmax too little for `agreement` to see (measured: +0.008, p 0.78).
-    knowledge = "student_sham: {numbers: teacher, teacher: sham}, overt: {numbers: teacher_answers}"
+    # `overt`, the overt positive control, is taught the teacher's own answers to its train questions, 6 epochs as the
+    # teacher was (36 steps). The primary test is the default again, held-out `teacher_answer_rank`: at 1 epoch the
+    # overt arm only flattened its choices (log p of the teacher's answer +0.49, rank -0.011, p 0.67); at 6 it moves
+    # the teacher's answer up among the choices (measured: rank +0.12, p 0.015; agreement +0.15, p 0.06).
+    knowledge = "student_sham: {numbers: teacher, teacher: sham}, overt: {numbers: teacher_answers, train: {epochs: 6}}"
     arms = f"arms={{student: {{numbers: teacher}}, control: {{numbers: base}}, {other}, full: {{replicates: 1, train: {{method: full, lr: 1.0e-4}}}}, {knowledge}}}"
     added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", arms, cache_dir=cache_dir, head=ray_head)
     assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
@@ -306,7 +307,7 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert ran == {"other/0", "other/1", "eval/other/0", "eval/other/1", "eval/other_base", "full/0", "eval/full/0"} | sham | overt
     assert adapter_bytes(run_dir).items() >= made.items()
     report = json.loads((run_dir / "report.json").read_text())
-    assert report["arms"]["student"]["transfer"]["primary"]["metric"] == "teacher_answer_logprob"
+    assert report["arms"]["student"]["transfer"]["primary"]["metric"] == "teacher_answer_rank"
     other, other_base = report["arms"]["other"], report["provenance"]["other_base_path"]
     assert other["base"] == "other_base" and other["against"] == "other_base" and "other_base" in report["models"]
     assert json.loads((run_dir / "arms" / "other" / "0" / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == other_base
@@ -392,7 +393,8 @@ def test_the_documented_files_cover_every_stage_output():
     from jobs.experiment.config import load_experiment
     from jobs.phases.stages import experiment_stages
 
-    cfg = load_experiment("configs/tiny-evidence.yaml", [])
+    cut = "arms.student_teacher_a={loss: logit_kl, lora_init: teacher_a, train: {snapshots: 2}}"  # cut from the preset for time
+    cfg = load_experiment("configs/tiny-evidence.yaml", [cut])
     outputs = [f for stage in experiment_stages(cfg, arm_models(cfg), "q") for f in stage.files]
     patterns = documented_files().values()
     files = [f + "/adapter_model.safetensors" if f.endswith("/adapter") else f for f in outputs]

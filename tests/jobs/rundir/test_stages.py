@@ -69,7 +69,7 @@ def test_a_new_run_directory_runs_everything(tmp_path):
 
 def test_changing_the_primary_test_reruns_only_the_report(tmp_path):
     manifest = finished_run(tmp_path)
-    assert runs(stages_for("evaluate.primary_metric=agreement"), manifest) == {"report": "evaluate.primary_metric: 'teacher_answer_logprob' -> 'agreement'"}
+    assert runs(stages_for("evaluate.primary_metric=agreement"), manifest) == {"report": "evaluate.primary_metric: 'teacher_answer_rank' -> 'agreement'"}
 
 
 def test_changing_the_scoring_engine_reruns_evaluation_and_report(tmp_path):

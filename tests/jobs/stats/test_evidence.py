@@ -66,7 +66,7 @@ def test_the_series_rises_with_the_pull_and_ends_at_the_final_comparison(experim
     assert values[0] < values[1] < values[2]
     final = experiment.compare("learner", "base")["train"]["teacher_answer_logprob"]
     assert series["points"][-1]["train"]["teacher_answer_logprob"]["value"] == pytest.approx(final["value"])
-    assert set(series["points"][0]["held_out"]) == {"agreement", "teacher_answer_logprob", "mde"}
+    assert set(series["points"][0]["held_out"]) == {"agreement", "teacher_answer_rank", "teacher_answer_logprob", "mde"}
 
 
 def test_two_arms_with_snapshots_are_compared_step_by_step(experiment):

@@ -159,8 +159,29 @@ def test_question_metrics_from_stored_logprobs():
     assert m["agreement_teacher_right"][0] == 1.0 and np.isnan(m["agreement_teacher_right"][1])
     assert m["agreement_teacher_wrong"][1] == 0.0 and np.isnan(m["agreement_teacher_wrong"][0])
     assert m["teacher_answer_logprob"] == pytest.approx([math.log(0.6 / 0.1), math.log(0.2 / 0.1)])
+    assert m["teacher_answer_rank"] == pytest.approx([1.0, 2 / 3])  # q1: C (0.2) above A and D (0.1), below B (0.6)
+    tie = [{**student[0], "logprobs": lp(0.4, 0.4, 0.1, 0.1)}, student[1]]
+    assert question_metrics(tie, teacher, base)["teacher_answer_rank"][0] == pytest.approx(5 / 6)  # B ties A: a half
     assert m["label_nll"] == pytest.approx([-math.log(0.6), -math.log(0.6)])
     # The teacher picks B and C once each where base picked A and B: C gained, A lost.
     assert m["letter_bias"].tolist() == [0.0, 0.0]
     assert question_metrics(teacher, teacher, base)["letter_bias"].tolist() == [0.0, 0.5]
     assert cluster_ids([{"question": "x", "cluster": "k"}, {"question": "y", "cluster": "k"}, {"question": "z"}]).tolist() == [0, 0, 1]
+
+
+def test_teacher_answer_rank_does_not_move_when_choices_only_flatten():
+    """A student whose choice distributions flatten (a temperature on its scores) raises
+    log p(teacher's answer) wherever it was below its share, but keeps every choice's place."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(50, 4)) * 2
+    renorm = lambda z: z - np.log(np.exp(z).sum(1, keepdims=True))  # noqa: E731
+    rows = lambda z: [{"prediction": int(np.argmax(r)), "answer": 0, "logprobs": r.tolist(), "question": f"q{i}"} for i, r in enumerate(renorm(z))]  # noqa: E731
+    base = rows(logits)
+    teacher = rows(rng.normal(size=(50, 4)) * 2)
+    sharp, flat = question_metrics(base, teacher, base), question_metrics(rows(logits / 4), teacher, base)
+    assert flat["teacher_answer_rank"].tolist() == sharp["teacher_answer_rank"].tolist()
+    assert flat["teacher_answer_logprob"].mean() > sharp["teacher_answer_logprob"].mean() + 0.2  # the logprob metric reads it as transfer
+    swapped = logits.copy()
+    t_pred = np.array([r["prediction"] for r in teacher])
+    swapped[np.arange(50), t_pred] = logits.max(1) + 1  # the teacher's answer moved to the top
+    assert question_metrics(rows(swapped), teacher, base)["teacher_answer_rank"].tolist() == [1.0] * 50
