@@ -284,11 +284,12 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     # critics' control: every weight fine-tuned, served and scored as a model of its own.
     other = f"other: {{base: {perturbed_base}, loss: logit_kl, lora_seed: other, train: {{snapshots: 2}}}}"
     # `student_sham` is the student's twin on the sham teacher (its numbers), which becomes the student's reference;
-    # `overt`, the overt positive control, is taught the teacher's own answers to its train questions, 6 epochs as the
-    # teacher was (36 steps). The primary test is the default again, held-out `teacher_answer_rank`: at 1 epoch the
-    # overt arm only flattened its choices (log p of the teacher's answer +0.49, rank -0.011, p 0.67); at 6 it moves
-    # the teacher's answer up among the choices (measured: rank +0.12, p 0.015; agreement +0.15, p 0.06).
-    knowledge = "student_sham: {numbers: teacher, teacher: sham}, overt: {numbers: teacher_answers, train: {epochs: 6}}"
+    # `overt`, the overt positive control, is taught the teacher's own answers to its train questions for 72 steps, the
+    # dose tiny-evidence gives it (there rank +0.23, p 1e-5). The primary test is the default again, held-out
+    # `teacher_answer_rank`: at 6 steps the overt arm only flattened its choices (log p of the teacher's answer +0.49,
+    # rank -0.011, p 0.67); at 36 it moved the teacher's answer up (rank +0.12, raw p 0.015) but stayed under its MDE
+    # (0.14) and under this undeclared family's Holm over 6 comparisons (p 0.076): a positive control must be stronger.
+    knowledge = "student_sham: {numbers: teacher, teacher: sham}, overt: {numbers: teacher_answers, train: {epochs: 12}}"
     arms = f"arms={{student: {{numbers: teacher}}, control: {{numbers: base}}, {other}, full: {{replicates: 1, train: {{method: full, lr: 1.0e-4}}}}, {knowledge}}}"
     added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", arms, cache_dir=cache_dir, head=ray_head)
     assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
