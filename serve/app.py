@@ -43,7 +43,7 @@ from serve.metrics import ServiceMetrics
 from serve.openai_format import NoChatTemplate, chat_logprobs, chat_prompt_ids, completion_logprobs, openai_answer
 from serve.proxy_guard import CALLBACK, CALLBACK_ENV
 from serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
-from serve.settings import ServiceSettings, api_key_from_env, check_open_host, check_user_config, model_id, resolve_model
+from serve.settings import ServiceSettings, api_key_from_env, check_open_host, check_user_config, config_args, model_id, resolve_model
 
 logger = logging.getLogger("ray.serve")
 
@@ -401,9 +401,8 @@ def build_app(args: dict):
     adapters are the deployment's user_config. Built in the cluster, where the key is read and the
     proxies' host is known: an open host without a token fails the build (DEPLOY_FAILED, naming
     the setting; `python -m serve.preflight` makes the same check before `serve run`)."""
-    args = dict(args)
-    allow_open_host = bool(args.pop("allow_open_host", False))
-    settings = ServiceSettings(**args)
+    fields, allow_open_host = config_args(args)
+    settings = ServiceSettings(**fields)
     resolve_model(settings.model)
     api_key = api_key_from_env()
     host = proxy_host()

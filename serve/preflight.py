@@ -24,18 +24,17 @@ import yaml
 from pydantic import ValidationError
 
 from serve.replica_placement import check_deployment
-from serve.settings import ServiceError, ServiceSettings, api_key_from_env, check_open_host, check_user_config, model_id, resolve_model
+from serve.settings import ServiceError, ServiceSettings, api_key_from_env, check_open_host, check_user_config, config_args, model_id, resolve_model
 
 BUILDER = "serve.app:build_app"
 
 
 def check_application(app: dict, host: str) -> None:
     """Raise ServiceError naming what in one application of the config would fail its deployment."""
-    args = dict(app.get("args") or {})
-    allow_open_host = bool(args.pop("allow_open_host", False))
+    fields, allow_open_host = config_args(app.get("args"))
     check_open_host(host, api_key_from_env(), allow_open_host)  # as the build checks it, with this environment's key
     try:
-        settings = ServiceSettings(**args)
+        settings = ServiceSettings(**fields)
     except ValidationError as err:
         first = err.errors()[0]
         raise ServiceError(f"args.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None

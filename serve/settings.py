@@ -144,6 +144,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def config_args(args: dict | None) -> tuple[dict, bool]:
+    """A Serve config's `args`: its ServiceSettings fields, and `allow_open_host` (not a setting of the
+    service but the operator's waiver of check_open_host), read alike by the build and the preflight."""
+    fields = dict(args or {})
+    return fields, bool(fields.pop("allow_open_host", False))
+
+
 def check_open_host(host: str, api_key: str | None, allow_open_host: bool = False) -> None:
     """A service reachable from other machines needs a token, unless its operator vouches for the network."""
     if not is_loopback(host) and api_key is None and not allow_open_host:
