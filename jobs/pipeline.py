@@ -2,6 +2,7 @@
 
     python jobs/pipeline.py [--config configs/tiny.yaml] [--run-dir DIR] [--set key.path=value ...] [--fresh] [--plan]
     ray job submit --working-dir . -- python jobs/pipeline.py
+    subliminal-pipeline --config tiny-evidence --plan      # installed: a shipped preset by name
 
 With no arguments it runs the tiny preset (model and data built on first use)
 on the Ray cluster it is submitted to, or on a local one it starts. Phases
@@ -48,6 +49,7 @@ from common.files import default_cache_dir  # noqa: E402
 from jobs.experiment.arms import arm_models  # noqa: E402
 from jobs.experiment.bases import base_paths, check_kl_tokenizers  # noqa: E402
 from jobs.experiment.config import ExperimentConfig, load_experiment  # noqa: E402
+from jobs.experiment.presets import describe_chain, load_preset  # noqa: E402
 from jobs.job_log import quiet_driver, runtime_env  # noqa: E402
 from jobs.phases import PHASES  # noqa: E402
 from jobs.phases.context import RunContext  # noqa: E402
@@ -142,14 +144,14 @@ def summary(run_dir: Path) -> dict:
     return report
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default=None, help="YAML preset (default: configs/tiny.yaml)")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python jobs/pipeline.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=None, help="YAML preset: a path or a shipped preset's name (default: tiny)")
     parser.add_argument("--run-dir", type=Path, default=None, help="default: ~/subliminal-runs/<config name> ($SUBLIMINAL_RUNS)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     parser.add_argument("--fresh", action="store_true", help="delete the run directory and start over")
     parser.add_argument("--plan", action="store_true", help="print which stages would be reused or run, and why; run nothing")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from common.files import DataError
     from serve.settings import ServiceError
     from train.config import ConfigError
@@ -159,6 +161,7 @@ def main() -> int:
         run_dir = (args.run_dir or default_run_dir(cfg.name)).absolute()
         experiment = Experiment(cfg, run_dir, args.fresh)
         if args.plan:
+            print(f"preset: {describe_chain(load_preset(args.config)[1])}")
             print(experiment.show_plan() if not args.fresh else "--fresh: every stage runs")
         else:
             experiment.run()

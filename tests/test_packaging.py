@@ -1,6 +1,11 @@
-"""The install pins that must match: CPU and GPU runs use one transformers range, the one vLLM accepts."""
+"""The install: the pins that must match (CPU and GPU runs use one transformers range, the one
+vLLM accepts), the locked environment, and a wheel that works outside the checkout."""
 
 import importlib.metadata
+import os
+import subprocess
+import sys
+import sysconfig
 import tomllib
 from pathlib import Path
 
@@ -48,3 +53,28 @@ def test_the_environment_is_the_locked_one():
         if not r.specifier.contains(importlib.metadata.version(name), prereleases=True)
     }
     assert not wrong, f"installed versions differ from constraints/cpu.txt: {wrong}"
+
+
+def test_an_installed_wheel_plans_the_default_preset_outside_the_checkout(tmp_path):
+    """The wheel carries the presets and the console commands: built, installed into a fresh venv
+    (this environment's dependencies lent through PYTHONPATH, not its editable checkout), and run
+    from elsewhere, `subliminal-pipeline --plan` finds tiny.yaml inside the installed package."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp_path / "dist", PYPROJECT.parent], check=True, timeout=300)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
+    wheel = next((tmp_path / "dist").glob("subliminal_ray-*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "-q", "--no-deps", wheel], check=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"], "SUBLIMINAL_CACHE": str(tmp_path / "cache")}
+
+    def command(name, *args):
+        return subprocess.run([venv / "bin" / name, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    planned = command("subliminal-pipeline", "--plan", "--run-dir", str(tmp_path / "run"))
+    assert planned.returncode == 0, planned.stderr
+    assert f"preset: tiny.yaml (in {venv}/lib/" in planned.stdout and "23 of 23 stages to run" in planned.stdout
+    assert "preset: tiny.yaml <- tiny-evidence.yaml" in command("subliminal-pipeline", "--config", "tiny-evidence", "--plan").stdout
+    for name in ("subliminal-memory-plan", "subliminal-wall-time"):
+        bad = command(name, "--config", "nowhere")
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nowhere does not exist" in bad.stderr, (name, bad.stderr)
+    assert command("subliminal-preflight").returncode == 2
+    assert command("subliminal-tiny-model", "--help").returncode == 0

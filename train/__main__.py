@@ -13,12 +13,9 @@ an interruption continues from the latest checkpoint (same output folder name).
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from common.files import DataError
-from train.config import ConfigError, TrainConfig, load
-
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
+from train.config import ConfigError, TrainConfig, apply_overrides, build
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,13 +23,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="base model: local folder or hub id")
     parser.add_argument("--data", required=True, help="JSONL or parquet file of {prompt, completion} rows")
     parser.add_argument("--output", required=True, help="adapter folder to create (must not exist)")
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML preset")
+    parser.add_argument("--config", default=None, help="YAML preset: a path or a shipped preset's name (default: tiny)")
     parser.add_argument("--section", default="teacher", help="section of the preset to use ('' = top level)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--storage", default=None, help="Ray Train storage path (default: beside --output)")
     args = parser.parse_args(argv)
     try:
-        cfg = load(TrainConfig, args.config, args.overrides, section=args.section or None)
+        from jobs.experiment.presets import load_preset
+
+        data = load_preset(args.config)[0]
+        if args.section:
+            data = data.get(args.section) or {}
+        cfg = build(TrainConfig, apply_overrides(data, args.overrides), args.section)
         from train.trainer import train_lora
 
         metrics = train_lora(args.model, args.data, args.output, cfg, storage_path=args.storage)

@@ -2,22 +2,21 @@
 
 `configs/tiny.yaml` is the default preset (a 2-core CPU); larger presets target
 GPU clusters. Every key is documented here, once; a preset only states what
-differs from these defaults, and `--set a.b=value` overrides any key.
+differs from these defaults (or from the preset it `extends`: jobs/experiment/presets.py),
+and `--set a.b=value` overrides any key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from jobs.experiment.arms import check_arms, check_contrasts
 from jobs.experiment.bases import check_local_tokenizers
+from jobs.experiment.presets import load_preset
 from jobs.stats.transfer_stats import METRICS
-from train.config import ConfigError, TrainConfig, apply_overrides, build, load_yaml
-
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+from train.config import ConfigError, TrainConfig, apply_overrides, build
 
 
 @dataclass(frozen=True)
@@ -200,9 +199,10 @@ class ExperimentConfig:
     evaluate: EvalConfig = field(default_factory=EvalConfig)
 
 
-def load_experiment(path: str | Path | None = None, overrides: list[str] = ()) -> ExperimentConfig:
-    """Load a preset (default: tiny) plus overrides; unknown keys and wrong types name the key."""
-    data = apply_overrides(load_yaml(path or DEFAULT_CONFIG), list(overrides))
+def load_experiment(preset=None, overrides: list[str] = ()) -> ExperimentConfig:
+    """Load a preset (a path or a shipped preset's name; default: tiny) with the presets it extends,
+    plus overrides; unknown keys and wrong types name the key."""
+    data = apply_overrides(load_preset(preset)[0], list(overrides))
     cfg = build(ExperimentConfig, data)
     if not 0 < cfg.data.eval_fraction < 1:
         raise ConfigError(f"data.eval_fraction must be in (0, 1), got {cfg.data.eval_fraction}")

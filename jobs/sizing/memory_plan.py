@@ -88,8 +88,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from train.config import ConfigError
 
 GIB = 1 << 30
 FIXED_OVERHEAD_GIB = 2.5  # CUDA context, NCCL buffers, allocator fragmentation (per process)
@@ -312,7 +315,7 @@ def load_shape(model_path: str, model_config: str | None = None) -> Shape:
         return Shape.from_config(json.loads(local.read_text()))
     if model_path in KNOWN_SHAPES:
         return Shape.from_config(KNOWN_SHAPES[model_path])
-    raise SystemExit(f"error: no shape for {model_path}: pass --model-config with its config.json")
+    raise ConfigError(f"no shape for {model_path}: pass --model-config with its config.json")
 
 
 def fits(parts: dict[str, float], gpu_gib: float) -> bool:
@@ -343,18 +346,22 @@ def stage_plans(cfg) -> dict[str, object]:
     return plans
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     from jobs.experiment.config import load_experiment
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True)
+    parser = argparse.ArgumentParser(prog="python -m jobs.sizing.memory_plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="a preset's path or a shipped preset's name")
     parser.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU (H100: 80)")
-    parser.add_argument("--gpus", type=int, default=8, help="GPUs that `num_workers: auto` stands for")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs that `num_workers: auto` stands for (as jobs.sizing.wall_time)")
     parser.add_argument("--model-config", default=None, help="the model's config.json (default: its folder, or a known hub id)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
-    args = parser.parse_args()
-    cfg = load_experiment(args.config, args.overrides)
-    shape = load_shape(cfg.model.path, args.model_config)
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_experiment(args.config, args.overrides)
+        shape = load_shape(cfg.model.path, args.model_config)
+    except (ConfigError, OSError, ValueError) as err:  # a config.json that is missing or not JSON
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"{cfg.model.path}: {shape.params() / 1e9:.2f}B parameters, KV cache {shape.kv_bytes_per_token() / 1024:.0f} KiB/token")
     refused = []
     for name, train in stage_plans(cfg).items():
@@ -374,8 +381,10 @@ def main() -> None:
     print(f"engine: tensor-parallel {cfg.service.tensor_parallel_size}, per GPU weights {engine['weights']:.1f} GiB,"
           f" reserve {engine['reserve']:.1f}, KV cache {engine['kv cache']:.1f} GiB = {engine['kv tokens']:,.0f} tokens per replica")  # fmt: skip
     if refused:
-        raise SystemExit(f"error: refused, {' and '.join(refused)} would not fit {args.gpus} GPU(s) of {args.gpu_gib:g} GiB (see above)")
+        print(f"error: refused, {' and '.join(refused)} would not fit {args.gpus} GPU(s) of {args.gpu_gib:g} GiB (see above)", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

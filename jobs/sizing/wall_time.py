@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import types
 from dataclasses import dataclass
 
@@ -241,27 +242,33 @@ def markdown(stages: list[Stage]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     from jobs.experiment.config import load_experiment
+    from train.config import ConfigError
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs of the cluster (nodes of 8)")
+    parser = argparse.ArgumentParser(prog="python -m jobs.sizing.wall_time", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="a preset's path or a shipped preset's name")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs of the cluster (nodes of 8; as jobs.sizing.memory_plan)")
     parser.add_argument("--train-mfu", type=float, default=Rates.train_mfu, help="measured MFU of bf16 LoRA training")
     parser.add_argument("--train-mfu-slow", type=float, default=Rates.train_mfu_slow, help="... with a 4/8-bit base or checkpointing")
     parser.add_argument("--questions", type=int, default=None, help="questions in the data (default: cais/wmdp's)")
     parser.add_argument("--markdown", action="store_true", help="the table docs/scaling.md quotes")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
-    args = parser.parse_args()
-    cfg = load_experiment(args.config, args.overrides)
-    stages = project(cfg, args.gpus, Rates(train_mfu=args.train_mfu, train_mfu_slow=args.train_mfu_slow), questions=args.questions)
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_experiment(args.config, args.overrides)
+        stages = project(cfg, args.gpus, Rates(train_mfu=args.train_mfu, train_mfu_slow=args.train_mfu_slow), questions=args.questions)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if args.markdown:
         print(markdown(stages))
-        return
+        return 0
     for s in stages:
         print(f"{s.name}: {s.total_s / 60:.1f} min ({s.compute_s / 60:.1f} compute + {s.overhead_s / 60:.1f} starts and loads): {s.work}")
     print(f"total: {sum(s.total_s for s in stages) / 60:.0f} min on {args.gpus} GPU(s), projected")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

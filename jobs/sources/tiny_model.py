@@ -30,6 +30,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -268,15 +269,16 @@ def random_lora_adapter(model_path: str | Path, out_dir: Path, seed: int) -> Pat
     return Path(out_dir)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.sources.tiny_model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", type=Path, default=None, help="cache root (default: $SUBLIMINAL_CACHE)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--other-base", action="store_true", help="the other base (init seed = seed + 1)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     spec = TinySpec(seed=args.seed)
     print(ensure_tiny_model(other_base_spec(spec) if args.other_base else spec, args.cache))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
