@@ -78,3 +78,17 @@ def test_an_installed_wheel_plans_the_default_preset_outside_the_checkout(tmp_pa
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nowhere does not exist" in bad.stderr, (name, bad.stderr)
     assert command("subliminal-preflight").returncode == 2
     assert command("subliminal-tiny-model", "--help").returncode == 0
+
+
+def test_the_gpu_constraints_pin_the_gpu_extra_as_declared():
+    """constraints/gpu.txt (uv's resolution of the gpu extra for Linux x86_64) pins every direct
+    dependency of the project and the extra exactly once, each within what pyproject asks."""
+    lines = (PYPROJECT.parent / "constraints" / "gpu.txt").read_text().splitlines()
+    pins = {canonicalize_name(Requirement(line).name): Requirement(line) for line in lines if line.strip() and not line.startswith("#")}
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    for spec in project["dependencies"] + project["optional-dependencies"]["gpu"]:
+        wanted = Requirement(spec)
+        pinned = pins.get(canonicalize_name(wanted.name))
+        assert pinned is not None, f"constraints/gpu.txt does not pin {wanted.name}"
+        version = next(iter(pinned.specifier)).version
+        assert wanted.specifier.contains(version, prereleases=True), f"{wanted.name}: {version} is outside {wanted.specifier}"
