@@ -63,6 +63,7 @@ from jobs.rundir.run_lock import check_free, hold_run_dir  # noqa: E402
 from jobs.sizing.placement import plan as place  # noqa: E402
 from jobs.sizing.placement import resolved  # noqa: E402
 from jobs.sources.wmdp import load_wmdp  # noqa: E402
+from jobs.tracking import Tracker  # noqa: E402
 from train.cluster import cluster_capacity  # noqa: E402
 from train.model import check_model_path  # noqa: E402
 
@@ -76,10 +77,11 @@ class Experiment:
     """A preset and its run directory: the stages it declares (from the config as written, so the
     same preset on a bigger cluster reuses what it made on a smaller one) and running them."""
 
-    def __init__(self, cfg: ExperimentConfig, run_dir: Path, fresh: bool = False):
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, fresh: bool = False, preset_chain: str = ""):
         self.cfg, self.run_dir, self.fresh = cfg, run_dir, fresh
         self.cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
         self.models = {m.name: m for m in arm_models(cfg)}
+        self.tracker = Tracker.for_run(cfg, self.cache, run_dir, preset_chain)  # None under `tracking: off`
 
     def declared(self) -> tuple[list[dict], list[Stage]]:
         """The WMDP questions, and every stage declared from them and the config as written. Loading
@@ -96,6 +98,8 @@ class Experiment:
         import ray
 
         check_free(self.run_dir)  # a run directory another pipeline holds stops here, before Ray starts
+        if self.tracker:
+            self.tracker.check()  # an unreachable tracking store stops here too, naming its URI
         quiet_driver()  # a readable log: Ray's progress bars and per-dataset lines off (jobs/job_log.py)
         if not ray.is_initialized():
             ray.init(runtime_env=runtime_env())
@@ -113,11 +117,17 @@ class Experiment:
                     seconds = time.time() - started
                     ctx.manifest.record_phase(phase, seconds)
                     print(f"[{phase}] {len(todo)} stage(s) done in {seconds:.0f}s", flush=True)
+                    if self.tracker:
+                        self.tracker.sync(self.cfg, ctx.manifest, self.models)
+            if self.tracker:  # a run that reused every stage still finds (or writes) its runs
+                self.tracker.sync(self.cfg, ctx.manifest, self.models)
         return summary(self.run_dir)
 
     def prepare(self, placement) -> tuple[RunContext, list[Stage]]:
         """With the run directory held: --fresh clears it, the plan is printed, the base models checked."""
         manifest = Manifest(self.run_dir, self.fresh)
+        if self.fresh and self.tracker:
+            self.tracker.supersede()  # the run directory's earlier parent run stays, renamed; this run gets its own
         app = f"subliminal-{self.cfg.name}-{digest(str(self.run_dir))[:8]}"
         delete_leftover_app(app)  # before any work: a killed driver's replicas may hold GPUs
         questions, stages = self.declared()
@@ -159,13 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_experiment(args.config, args.overrides)
         run_dir = (args.run_dir or default_run_dir(cfg.name)).absolute()
-        experiment = Experiment(cfg, run_dir, args.fresh)
+        chain = describe_chain(load_preset(args.config)[1])
+        experiment = Experiment(cfg, run_dir, args.fresh, chain)
         if args.plan:
-            print(f"preset: {describe_chain(load_preset(args.config)[1])}")
+            print(f"preset: {chain}")
             print(experiment.show_plan() if not args.fresh else "--fresh: every stage runs")
         else:
             experiment.run()
-    except (ConfigError, DataError, RunDirError, NoNumbersError, ServiceError, FileNotFoundError, FileExistsError) as err:
+    except (ConfigError, DataError, RunDirError, NoNumbersError, ServiceError, FileNotFoundError, FileExistsError) as err:  # TrackingError is a ConfigError
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -173,6 +173,14 @@ class ContrastConfig:
     against: str
 
 
+@dataclass(frozen=True)
+class TrackingConfig:
+    """Where the run is tracked in MLflow (jobs/tracking.py); `tracking: off` turns it off."""
+
+    uri: str | None = None  # None: the embedded store, sqlite:///<cache>/mlflow.db; or a team's server (http://host:5000)
+    experiment: str | None = None  # the MLflow experiment; None: the preset's name
+
+
 def default_arms() -> dict[str, ArmConfig]:
     """The original experiment: a student on the teacher's numbers, a control on the base model's."""
     return {"student": ArmConfig(numbers="teacher"), "control": ArmConfig(numbers="base")}
@@ -197,6 +205,8 @@ class ExperimentConfig:
     # Named comparisons between two arms, reported under `contrasts.<name>` (docs/report.md).
     contrasts: dict[str, ContrastConfig] = field(default_factory=dict)
     evaluate: EvalConfig = field(default_factory=EvalConfig)
+    # MLflow tracking: on by default into an embedded store; `off` (YAML reads it as false) turns it off.
+    tracking: TrackingConfig | Literal[False, "off"] = field(default_factory=TrackingConfig)
 
 
 def load_experiment(preset=None, overrides: list[str] = ()) -> ExperimentConfig:

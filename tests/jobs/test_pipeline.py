@@ -23,6 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import mlflow
 import pytest
 import requests
 
@@ -139,6 +140,14 @@ def undocumented_and_missing(run_dir: Path, optional=("letter_teacher/",)) -> tu
     undocumented = [f for f in files if not any(p.fullmatch(f) for p in patterns.values())]
     missing = [raw for raw, p in patterns.items() if not raw.startswith(optional) and not any(p.fullmatch(f) for f in files)]
     return undocumented, missing
+
+
+def mlflow_runs(run_dir: Path, cache_dir: Path) -> tuple:
+    """The run directory's parent run and its children, from the embedded MLflow store."""
+    mlflow.set_tracking_uri(f"sqlite:///{cache_dir / 'mlflow.db'}")
+    (parent,) = mlflow.search_runs(experiment_names=["tiny"], filter_string=f"tags.run_dir = '{run_dir}'", output_format="list")
+    children = mlflow.search_runs(experiment_names=["tiny"], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'", output_format="list")
+    return parent, children
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -265,6 +274,17 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert not [r["question"] for r in held_out if json.dumps(r["question"])[1:-1] in teacher_data]
     assert all(json.dumps(r["question"])[1:-1] in teacher_data for r in rows if r["split"] == "train")
 
+    # Tracked in MLflow's embedded store (the cache's SQLite file): one parent run for the run directory with the
+    # primary verdicts, one child per trained model with rank 0's loss of every step.
+    parent, children = mlflow_runs(run_dir, cache_dir)
+    assert sorted(c.data.tags["stage"] for c in children) == ["control/0", "control/1", "student/0", "student/1", "teacher"]
+    student = next(c for c in children if c.data.tags["stage"] == "student/0")
+    losses = mlflow.MlflowClient(f"sqlite:///{cache_dir / 'mlflow.db'}").get_metric_history(student.info.run_id, "loss")
+    assert [[m.step, m.value] for m in losses] == history and student.data.params["lr"] == "0.002"
+    tested = report["arms"]["student"]["transfer"]["held_out"]["teacher_answer_rank"]
+    assert parent.data.metrics["verdict.student.effect"] == pytest.approx(tested["value"]) and "verdict.student.mde" in parent.data.metrics
+    assert parent.data.tags["verdict.student"] == report["arms"]["student"]["verdict"] and parent.data.tags["preset"] == "tiny"
+
     # --plan on the finished run: every stage reused, nothing run.
     planned = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--plan", cache_dir=cache_dir)
     assert planned.returncode == 0 and set(plan_lines(planned.stdout).values()) == {"reuse"}, planned.stdout
@@ -277,6 +297,9 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert changed.returncode == 0, changed.stdout[-3000:] + changed.stderr[-3000:]
     assert "evaluate.primary_metric: 'teacher_answer_rank' -> 'agreement'" in changed.stdout
     assert {stage for stage, decision in plan_lines(changed.stdout).items() if decision == "run"} == {"report"}
+    rerun = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", primary, cache_dir=cache_dir, head=ray_head)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert len(mlflow_runs(run_dir, cache_dir)[1]) == 5  # the report reran: no model run written twice
 
     # Added arms train only themselves (and are scored, with their snapshots and their base); the others are reused as
     # they are. `other` is the paper's control: logit KL to the teacher from another base (a folder; `base: other`, the
@@ -345,6 +368,12 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert report["arms"]["overt"]["fraction_of_overt"]["value"] == pytest.approx(1.0) and "of overt transfer" in student["verdict"]
     assert report["family"]["comparisons"] == list(report["arms"]) and not report["family"]["declared"]  # no contrasts here
     assert all("p_family" in arm["transfer"]["primary"] for arm in report["arms"].values())
+
+    # The added models' runs join the same parent, each once.
+    stages = sorted(c.data.tags["stage"] for c in mlflow_runs(run_dir, cache_dir)[1])
+    assert stages == sorted(
+        {"teacher", "sham_teacher", "full/0"} | {f"{arm}/{i}" for arm in ("student", "control", "other", "student_sham", "overt") for i in range(2)}
+    )
 
     # The run directory holds what docs/report.md lists, and all of it (snapshots included; no letter teacher here).
     assert undocumented_and_missing(run_dir) == ([], [])

@@ -1,0 +1,256 @@
+"""Every run of the pipeline in MLflow: one parent run per run directory, one child per trained model.
+
+On by default, into an embedded store: a SQLite file in the cache (`<cache>/mlflow.db`, MLflow 3's
+own default backend since 3.7; artifacts beside it in `<cache>/mlflow-artifacts`), so every run of
+every preset on this machine is comparable in one UI (`mlflow ui --backend-store-uri
+sqlite:///<cache>/mlflow.db`). `tracking.uri` points a run at a team's server instead; `tracking: off`
+turns tracking off. The experiment is named after the preset (`tracking.experiment` to choose).
+
+- The parent run (tags `preset`, `run_dir`, `preset_chain`) holds each comparison's primary verdict
+  (effect, CI, p, Holm p, MDE as metrics `verdict.<name>.*`, the sentence as a tag), the accuracy of
+  every model and arm per split (as written and over orders), and report.md, report.json and the
+  plots as artifacts.
+- A child run per trained model (teacher, letter or sham teacher, every arm x replicate), tagged
+  with its stage and the stage's hash, holds its resolved training config as params, the loss of
+  every optimizer step (rank 0's, the numbers of `loss_history`), tokens/s, and its accuracy per split.
+
+The pipeline syncs after every phase: what a finished stage made is written once, found again by
+the stage's hash, so a rerun that reuses a stage adds no run (a report setting changed adds none);
+a changed stage is a new model and gets a new child. A training stage is written when it
+finishes, so a resumed training appears once, with its whole loss history. The store is checked
+before any work (`check`); a failure while the run goes on is printed and never stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from jobs.experiment.config import ExperimentConfig, TrackingConfig
+from jobs.phases.stages import TEACHERS, trained_folder
+from jobs.rundir.manifest import Manifest, flatten
+from train.config import ConfigError
+
+PIPELINE_TAG = "subliminal.kind"  # "pipeline" on a parent, "model" on a child
+ARTIFACTS = ("report.md", "report.json", "transfer.png", "accuracy.png", "training.png")
+
+
+class TrackingError(ConfigError):
+    """The tracking store cannot be reached or used: raised before any work, naming the URI."""
+
+
+class Tracker:
+    """One pipeline's MLflow runs. Made with `for_run`, which returns None when tracking is off."""
+
+    def __init__(self, uri: str, experiment: str, run_dir: Path, preset_chain: str, artifact_root: str | None = None):
+        self.uri, self.experiment, self.run_dir, self.chain = uri, experiment, run_dir, preset_chain
+        self.artifact_root = artifact_root
+        self._client = None
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # MLflow's client retries for minutes by default
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+
+    @classmethod
+    def for_run(cls, cfg: ExperimentConfig, cache: Path, run_dir: Path, preset_chain: str = "") -> Tracker | None:
+        if not isinstance(cfg.tracking, TrackingConfig):
+            return None
+        if cfg.tracking.uri:
+            return cls(cfg.tracking.uri, cfg.tracking.experiment or cfg.name, run_dir, preset_chain)
+        store = cache / "mlflow.db"
+        return cls(f"sqlite:///{store}", cfg.tracking.experiment or cfg.name, run_dir, preset_chain, (cache / "mlflow-artifacts").as_uri())
+
+    # -- before any work ---------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Reach the store, or raise TrackingError naming the URI (and `tracking: off`)."""
+        advice = "start it, fix tracking.uri, or pass --set tracking=off"
+        if self.uri.startswith(("http://", "https://")):
+            try:
+                with urllib.request.urlopen(self.uri.rstrip("/") + "/health", timeout=10) as answer:
+                    if answer.status != 200:
+                        raise TrackingError(f"tracking.uri {self.uri}: /health answered {answer.status}; {advice}")
+            except (urllib.error.URLError, OSError) as err:
+                raise TrackingError(f"tracking.uri {self.uri}: cannot reach the MLflow server ({getattr(err, 'reason', err)}); {advice}") from None
+        elif self.uri.startswith("sqlite:///"):
+            folder = Path(self.uri.removeprefix("sqlite:///")).parent
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise TrackingError(f"tracking.uri {self.uri}: cannot create {folder} ({err}); {advice}") from None
+        try:
+            with self.creation_lock():
+                self.experiment_id()
+        except Exception as err:  # noqa: BLE001 - any failure of the store is the user's to see, named
+            raise TrackingError(f"tracking.uri {self.uri}: {type(err).__name__}: {str(err).splitlines()[0][:300]}; {advice}") from None
+
+    @contextlib.contextmanager
+    def creation_lock(self):
+        """Pipelines starting together on one machine create the embedded store (its tables) and
+        the experiment one at a time: SQLite's schema set-up is not safe to race."""
+        if not self.uri.startswith("sqlite:///"):
+            yield
+            return
+        with open(self.uri.removeprefix("sqlite:///") + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    # -- after each phase --------------------------------------------------------------------------
+
+    def sync(self, cfg: ExperimentConfig, manifest: Manifest, models: dict) -> None:
+        """Write what finished stages made and is not in the store yet; print, never raise."""
+        try:
+            self._sync(cfg, manifest, models)
+        except Exception as err:  # noqa: BLE001 - tracking must never stop or lose the experiment
+            print(f"[tracking] not written to {self.uri} ({type(err).__name__}: {str(err).splitlines()[0][:300]}); the run goes on", flush=True)
+
+    def _sync(self, cfg: ExperimentConfig, manifest: Manifest, models: dict) -> None:
+        parent = self.parent_run()
+        report_path = self.run_dir / "report.json"
+        report = json.loads(report_path.read_text()) if manifest.entry("report") and report_path.is_file() else None
+        written = 0
+        for name, folder in trained_models(cfg, models):
+            entry = manifest.entry(name)
+            metrics_file = self.run_dir / folder / "train_metrics.json"
+            if entry is None or not metrics_file.is_file():
+                continue
+            child = self.child_run(parent, name, entry["hash"], json.loads(metrics_file.read_text()), models.get(name))
+            written += child is not None
+            if report is not None:
+                self.log_once(child or self.find_child(parent, entry["hash"]), model_accuracies(report, name))
+        if report is not None:
+            self.log_once(parent.info.run_id, report_metrics(report, cfg.evaluate.primary_metric, cfg.evaluate.primary_split))
+            self.log_verdict_tags(parent.info.run_id, report)
+            for artifact in ARTIFACTS:
+                if (self.run_dir / artifact).is_file():
+                    self.client.log_artifact(parent.info.run_id, str(self.run_dir / artifact))
+        if written:
+            print(f"[tracking] {written} model run(s) written to {self.uri} (experiment {self.experiment})", flush=True)
+
+    # -- the store ---------------------------------------------------------------------------------
+
+    @property
+    def client(self):
+        if self._client is None:
+            from mlflow import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
+
+    def experiment_id(self) -> str:
+        found = self.client.get_experiment_by_name(self.experiment)
+        if found is not None:
+            return found.experiment_id
+        return self.client.create_experiment(self.experiment, artifact_location=self.artifact_root and f"{self.artifact_root}/{self.experiment}")
+
+    def parent_run(self):
+        """This run directory's parent run, made on first use."""
+        query = f"tags.`{PIPELINE_TAG}` = 'pipeline' and tags.run_dir = '{self.run_dir}'"
+        found = self.client.search_runs([self.experiment_id()], query, max_results=1)
+        if found:
+            return found[0]
+        tags = {PIPELINE_TAG: "pipeline", "run_dir": str(self.run_dir), "preset": self.experiment, "preset_chain": self.chain}
+        return self.client.create_run(self.experiment_id(), tags=tags, run_name=self.run_dir.name)
+
+    def supersede(self) -> None:
+        """--fresh: the run directory's parent run keeps its runs under a renamed `run_dir` tag, so
+        the fresh run writes a parent and children of its own."""
+        try:
+            query = f"tags.`{PIPELINE_TAG}` = 'pipeline' and tags.run_dir = '{self.run_dir}'"
+            for run in self.client.search_runs([self.experiment_id()], query):
+                self.client.set_tag(run.info.run_id, "run_dir", f"{self.run_dir} (before --fresh at {time.strftime('%Y-%m-%d %H:%M:%S')})")
+        except Exception as err:  # noqa: BLE001 - as sync: never stops the run
+            print(f"[tracking] could not set aside the earlier run ({type(err).__name__}: {err}); the run goes on", flush=True)
+
+    def find_child(self, parent, stage_hash: str) -> str | None:
+        query = f"tags.`mlflow.parentRunId` = '{parent.info.run_id}' and tags.stage_hash = '{stage_hash}'"
+        found = self.client.search_runs([self.experiment_id()], query, max_results=1)
+        return found[0].info.run_id if found else None
+
+    def child_run(self, parent, stage: str, stage_hash: str, metrics: dict, model) -> str | None:
+        """A new child for this stage's model, or None when its hash already has one."""
+        if self.find_child(parent, stage_hash):
+            return None
+        from mlflow.entities import Metric, Param
+
+        tags = {PIPELINE_TAG: "model", "mlflow.parentRunId": parent.info.run_id, "stage": stage, "stage_hash": stage_hash}
+        if model is not None:
+            tags.update(arm=model.arm, replicate=str(model.replicate), numbers=model.source, loss=model.loss, teacher=model.teacher, base=model.base)
+        run = self.client.create_run(parent.info.experiment_id, tags=tags, run_name=stage)
+        run_id = run.info.run_id
+        params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(metrics.get("train_config", {})).items())]
+        now = int(time.time() * 1000)
+        series = [Metric("loss", float(loss), now, int(step)) for step, loss in metrics.get("loss_history", [])]
+        series += [Metric(key, float(metrics[key]), now, 0) for key in ("tokens_per_s", "step_time_s", "padding_fraction") if metrics.get(key) is not None]
+        for i in range(0, len(params), 100):  # a request holds at most 100 params and 1,000 metrics
+            self.client.log_batch(run_id, params=params[i : i + 100])
+        for i in range(0, len(series), 1000):
+            self.client.log_batch(run_id, metrics=series[i : i + 1000])
+        self.client.set_terminated(run_id)
+        return run_id
+
+    def log_once(self, run_id: str | None, values: dict[str, float]) -> None:
+        """Log the metrics the run does not hold yet with the same value."""
+        if run_id is None or not values:
+            return
+        from mlflow.entities import Metric
+
+        held = self.client.get_run(run_id).data.metrics
+        now = int(time.time() * 1000)
+        new = [Metric(k, float(v), now, 0) for k, v in values.items() if v is not None and held.get(k) != float(v)]
+        for i in range(0, len(new), 1000):
+            self.client.log_batch(run_id, metrics=new[i : i + 1000])
+
+    def log_verdict_tags(self, run_id: str, report: dict) -> None:
+        for name, sentence in verdict_sentences(report).items():
+            self.client.set_tag(run_id, f"verdict.{name}", sentence[:5000])
+
+
+def trained_models(cfg: ExperimentConfig, models: dict) -> list[tuple[str, str]]:
+    """(stage name, folder of its train_metrics.json) of every model trained in the run."""
+    teachers = [(name, trained_folder(name)) for name in TEACHERS if name == "teacher" or any(m.teacher == name for m in models.values())]
+    return teachers + [(name, trained_folder(name, m.full)) for name, m in models.items()]
+
+
+def model_accuracies(report: dict, model: str) -> dict[str, float]:
+    """A model's accuracy per split as the report gives it (over the scored orders)."""
+    entry = report["models"].get(model)
+    if entry is None:
+        entry = next((r for arm in report["arms"].values() for r in arm["replicates"] if r["model"] == model), {})
+    return {f"accuracy.{split}": value for split, value in entry.get("accuracy_by_split", {}).items()}
+
+
+def report_metrics(report: dict, metric: str, split: str) -> dict[str, float]:
+    """The parent's numbers: each comparison's primary test, and every model's and arm's accuracy
+    per split as written and over the orders of the choices."""
+    values = {}
+    for name, test in primary_tests(report, metric, split).items():
+        for key in ("value", "p_value", "p_holm", "mde"):
+            values[f"verdict.{name}.{'effect' if key == 'value' else key}"] = test.get(key)
+        if test.get("ci95"):
+            values[f"verdict.{name}.ci_low"], values[f"verdict.{name}.ci_high"] = test["ci95"]
+        values[f"verdict.{name}.detected"] = float(bool(test.get("detected")))
+    for model, splits in report.get("accuracy_by_order", {}).get("models", {}).items():
+        for split, acc in splits.items():
+            for kind in ("as_written", "over_orders"):
+                values[f"accuracy.{model}.{split}.{kind}"] = acc.get(kind)
+    return {k: v for k, v in values.items() if isinstance(v, int | float)}
+
+
+def primary_tests(report: dict, metric: str, split: str) -> dict[str, dict]:
+    """Each arm's and contrast's test on the preset's primary metric and split."""
+    tests = {}
+    for name, entry in {**report.get("arms", {}), **report.get("contrasts", {})}.items():
+        splits = entry.get("transfer") if "transfer" in entry else entry  # an arm's tests sit under transfer, a contrast's at its top
+        test = (splits or {}).get(split, {}).get(metric)
+        if test:
+            tests[name] = test
+    return tests
+
+
+def verdict_sentences(report: dict) -> dict[str, str]:
+    return {name: entry["verdict"] for name, entry in {**report.get("arms", {}), **report.get("contrasts", {})}.items() if entry.get("verdict")}
