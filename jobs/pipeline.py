@@ -108,6 +108,7 @@ class Experiment:
         print(f"[placement] {placement.summary(self.cfg)}", flush=True)
         with hold_run_dir(self.run_dir):  # one pipeline per run directory, from here until the run ends
             ctx, stages = self.prepare(placement)
+            synced = False
             for phase, run_phase in PHASES.items():
                 todo = [stage for stage, run, _ in plan(stages, ctx.manifest) if run and stage.phase == phase]
                 if todo:
@@ -119,7 +120,8 @@ class Experiment:
                     print(f"[{phase}] {len(todo)} stage(s) done in {seconds:.0f}s", flush=True)
                     if self.tracker:
                         self.tracker.sync(self.cfg, ctx.manifest, self.models)
-            if self.tracker:  # a run that reused every stage still finds (or writes) its runs
+                        synced = True
+            if self.tracker and not synced:  # a run that reused every stage still finds (or writes) its runs
                 self.tracker.sync(self.cfg, ctx.manifest, self.models)
         return summary(self.run_dir)
 

@@ -52,6 +52,7 @@ class Tracker:
         self.uri, self.experiment, self.run_dir, self.chain = uri, experiment, run_dir, preset_chain
         self.artifact_root = artifact_root
         self._client = None
+        self._experiment_id = None
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # MLflow's client retries for minutes by default
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 
@@ -118,10 +119,12 @@ class Tracker:
             metrics_file = self.run_dir / folder / "train_metrics.json"
             if entry is None or not metrics_file.is_file():
                 continue
-            child = self.child_run(parent, name, entry["hash"], json.loads(metrics_file.read_text()), models.get(name))
-            written += child is not None
+            child = self.find_child(parent, entry["hash"])
+            if child is None:
+                child = self.child_run(parent, name, entry["hash"], json.loads(metrics_file.read_text()), models.get(name))
+                written += 1
             if report is not None:
-                self.log_once(child or self.find_child(parent, entry["hash"]), model_accuracies(report, name))
+                self.log_once(child, model_accuracies(report, name))
         if report is not None:
             self.log_once(parent.info.run_id, report_metrics(report, cfg.evaluate.primary_metric, cfg.evaluate.primary_split))
             self.log_verdict_tags(parent.info.run_id, report)
@@ -142,15 +145,21 @@ class Tracker:
         return self._client
 
     def experiment_id(self) -> str:
-        found = self.client.get_experiment_by_name(self.experiment)
-        if found is not None:
-            return found.experiment_id
-        return self.client.create_experiment(self.experiment, artifact_location=self.artifact_root and f"{self.artifact_root}/{self.experiment}")
+        """The experiment's id, made on first use and looked up once per pipeline."""
+        if self._experiment_id is None:
+            found = self.client.get_experiment_by_name(self.experiment)
+            artifacts = self.artifact_root and f"{self.artifact_root}/{self.experiment}"
+            self._experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment, artifact_location=artifacts)
+        return self._experiment_id
+
+    def parents(self, max_results: int = 1000) -> list:
+        """This run directory's parent runs (one, but for a store written before --fresh set one aside)."""
+        query = f"tags.`{PIPELINE_TAG}` = 'pipeline' and tags.run_dir = '{self.run_dir}'"
+        return self.client.search_runs([self.experiment_id()], query, max_results=max_results)
 
     def parent_run(self):
         """This run directory's parent run, made on first use."""
-        query = f"tags.`{PIPELINE_TAG}` = 'pipeline' and tags.run_dir = '{self.run_dir}'"
-        found = self.client.search_runs([self.experiment_id()], query, max_results=1)
+        found = self.parents(max_results=1)
         if found:
             return found[0]
         tags = {PIPELINE_TAG: "pipeline", "run_dir": str(self.run_dir), "preset": self.experiment, "preset_chain": self.chain}
@@ -160,8 +169,7 @@ class Tracker:
         """--fresh: the run directory's parent run keeps its runs under a renamed `run_dir` tag, so
         the fresh run writes a parent and children of its own."""
         try:
-            query = f"tags.`{PIPELINE_TAG}` = 'pipeline' and tags.run_dir = '{self.run_dir}'"
-            for run in self.client.search_runs([self.experiment_id()], query):
+            for run in self.parents():
                 self.client.set_tag(run.info.run_id, "run_dir", f"{self.run_dir} (before --fresh at {time.strftime('%Y-%m-%d %H:%M:%S')})")
         except Exception as err:  # noqa: BLE001 - as sync: never stops the run
             print(f"[tracking] could not set aside the earlier run ({type(err).__name__}: {err}); the run goes on", flush=True)
@@ -171,10 +179,8 @@ class Tracker:
         found = self.client.search_runs([self.experiment_id()], query, max_results=1)
         return found[0].info.run_id if found else None
 
-    def child_run(self, parent, stage: str, stage_hash: str, metrics: dict, model) -> str | None:
-        """A new child for this stage's model, or None when its hash already has one."""
-        if self.find_child(parent, stage_hash):
-            return None
+    def child_run(self, parent, stage: str, stage_hash: str, metrics: dict, model) -> str:
+        """A new child for this stage's model (its hash has none yet)."""
         from mlflow.entities import Metric, Param
 
         tags = {PIPELINE_TAG: "model", "mlflow.parentRunId": parent.info.run_id, "stage": stage, "stage_hash": stage_hash}
