@@ -107,22 +107,34 @@ class Experiment:
         placement = place(self.cfg, cluster_capacity())  # before any work: a preset that cannot fit stops here
         print(f"[placement] {placement.summary(self.cfg)}", flush=True)
         with hold_run_dir(self.run_dir):  # one pipeline per run directory, from here until the run ends
-            ctx, stages = self.prepare(placement)
-            synced = False
-            for phase, run_phase in PHASES.items():
-                todo = [stage for stage, run, _ in plan(stages, ctx.manifest) if run and stage.phase == phase]
-                if todo:
-                    print(f"[{phase}] starting {len(todo)} stage(s)", flush=True)
-                    started = time.time()
-                    run_phase(ctx, todo)
-                    seconds = time.time() - started
-                    ctx.manifest.record_phase(phase, seconds)
-                    print(f"[{phase}] {len(todo)} stage(s) done in {seconds:.0f}s", flush=True)
-                    if self.tracker:
-                        self.tracker.sync(self.cfg, ctx.manifest, self.models)
-                        synced = True
-            if self.tracker and not synced:  # a run that reused every stage still finds (or writes) its runs
-                self.tracker.sync(self.cfg, ctx.manifest, self.models)
+            try:
+                self.run_phases(placement)
+            except BaseException as err:
+                if self.tracker:
+                    self.tracker.finish("FAILED" if isinstance(err, Exception) else "KILLED")
+                raise
+            if self.tracker:
+                self.tracker.finish("FINISHED")
+        return summary(self.run_dir)
+
+    def run_phases(self, placement) -> None:
+        """Every phase with a stage to run, in order; the tracking store synced after each."""
+        ctx, stages = self.prepare(placement)
+        synced = False
+        for phase, run_phase in PHASES.items():
+            todo = [stage for stage, run, _ in plan(stages, ctx.manifest) if run and stage.phase == phase]
+            if todo:
+                print(f"[{phase}] starting {len(todo)} stage(s)", flush=True)
+                started = time.time()
+                run_phase(ctx, todo)
+                seconds = time.time() - started
+                ctx.manifest.record_phase(phase, seconds)
+                print(f"[{phase}] {len(todo)} stage(s) done in {seconds:.0f}s", flush=True)
+                if self.tracker:
+                    self.tracker.sync(self.cfg, ctx.manifest, self.models)
+                    synced = True
+        if self.tracker and not synced:  # a run that reused every stage still finds (or writes) its runs
+            self.tracker.sync(self.cfg, ctx.manifest, self.models)
         return summary(self.run_dir)
 
     def prepare(self, placement) -> tuple[RunContext, list[Stage]]:

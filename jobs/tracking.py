@@ -60,10 +60,8 @@ class Tracker:
     def for_run(cls, cfg: ExperimentConfig, cache: Path, run_dir: Path, preset_chain: str = "") -> Tracker | None:
         if not isinstance(cfg.tracking, TrackingConfig):
             return None
-        if cfg.tracking.uri:
-            return cls(cfg.tracking.uri, cfg.tracking.experiment or cfg.name, run_dir, preset_chain)
-        store = cache / "mlflow.db"
-        return cls(f"sqlite:///{store}", cfg.tracking.experiment or cfg.name, run_dir, preset_chain, (cache / "mlflow-artifacts").as_uri())
+        uri = cfg.tracking.uri or f"sqlite:///{cache / 'mlflow.db'}"
+        return cls(uri, cfg.tracking.experiment or cfg.name, run_dir, preset_chain, sqlite_artifact_root(uri))
 
     # -- before any work ---------------------------------------------------------------------------
 
@@ -121,7 +119,7 @@ class Tracker:
                 continue
             child = self.find_child(parent, entry["hash"])
             if child is None:
-                child = self.child_run(parent, name, entry["hash"], json.loads(metrics_file.read_text()), models.get(name))
+                child = self.child_run(parent, name, entry, json.loads(metrics_file.read_text()), models.get(name))
                 written += 1
             if report is not None:
                 self.log_once(child, model_accuracies(report, name))
@@ -158,12 +156,23 @@ class Tracker:
         return self.client.search_runs([self.experiment_id()], query, max_results=max_results)
 
     def parent_run(self):
-        """This run directory's parent run, made on first use."""
+        """This run directory's parent run, made on first use (and running again on a rerun)."""
         found = self.parents(max_results=1)
         if found:
+            if found[0].info.status != "RUNNING":
+                self.client.update_run(found[0].info.run_id, status="RUNNING")
             return found[0]
         tags = {PIPELINE_TAG: "pipeline", "run_dir": str(self.run_dir), "preset": self.experiment, "preset_chain": self.chain}
         return self.client.create_run(self.experiment_id(), tags=tags, run_name=self.run_dir.name)
+
+    def finish(self, status: str) -> None:
+        """The pipeline ended: its parent run is marked FINISHED, FAILED or KILLED, so the UI never
+        shows an ended run as running. Printed, never raised, as sync."""
+        try:
+            for run in self.parents(max_results=1):
+                self.client.set_terminated(run.info.run_id, status)
+        except Exception as err:  # noqa: BLE001
+            print(f"[tracking] could not mark the run {status} ({type(err).__name__}: {err})", flush=True)
 
     def supersede(self) -> None:
         """--fresh: the run directory's parent run keeps its runs under a renamed `run_dir` tag, so
@@ -179,24 +188,26 @@ class Tracker:
         found = self.client.search_runs([self.experiment_id()], query, max_results=1)
         return found[0].info.run_id if found else None
 
-    def child_run(self, parent, stage: str, stage_hash: str, metrics: dict, model) -> str:
-        """A new child for this stage's model (its hash has none yet)."""
+    def child_run(self, parent, stage: str, entry: dict, metrics: dict, model) -> str:
+        """A new child for this stage's model (its hash has none yet), dated when the stage ran."""
         from mlflow.entities import Metric, Param
 
-        tags = {PIPELINE_TAG: "model", "mlflow.parentRunId": parent.info.run_id, "stage": stage, "stage_hash": stage_hash}
+        tags = {PIPELINE_TAG: "model", "mlflow.parentRunId": parent.info.run_id, "stage": stage, "stage_hash": entry["hash"]}
         if model is not None:
             tags.update(arm=model.arm, replicate=str(model.replicate), numbers=model.source, loss=model.loss, teacher=model.teacher, base=model.base)
-        run = self.client.create_run(parent.info.experiment_id, tags=tags, run_name=stage)
+        finished = entry.get("finished", time.time())
+        started = int((finished - entry.get("seconds", 0.0)) * 1000)
+        run = self.client.create_run(parent.info.experiment_id, tags=tags, run_name=stage, start_time=started)
         run_id = run.info.run_id
         params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(metrics.get("train_config", {})).items())]
-        now = int(time.time() * 1000)
+        now = int(finished * 1000)
         series = [Metric("loss", float(loss), now, int(step)) for step, loss in metrics.get("loss_history", [])]
         series += [Metric(key, float(metrics[key]), now, 0) for key in ("tokens_per_s", "step_time_s", "padding_fraction") if metrics.get(key) is not None]
         for i in range(0, len(params), 100):  # a request holds at most 100 params and 1,000 metrics
             self.client.log_batch(run_id, params=params[i : i + 100])
         for i in range(0, len(series), 1000):
             self.client.log_batch(run_id, metrics=series[i : i + 1000])
-        self.client.set_terminated(run_id)
+        self.client.set_terminated(run_id, end_time=int(finished * 1000))
         return run_id
 
     def log_once(self, run_id: str | None, values: dict[str, float]) -> None:
@@ -214,6 +225,15 @@ class Tracker:
     def log_verdict_tags(self, run_id: str, report: dict) -> None:
         for name, sentence in verdict_sentences(report).items():
             self.client.set_tag(run_id, f"verdict.{name}", sentence[:5000])
+
+
+def sqlite_artifact_root(uri: str) -> str | None:
+    """A SQLite store keeps its artifacts in `mlflow-artifacts` beside its file. MLflow's default,
+    ./mlruns in the working directory, would be lost with a Ray job's uploaded working dir. A
+    server chooses its own artifact store."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri.removeprefix("sqlite:///")).absolute().parent / "mlflow-artifacts").as_uri()
 
 
 def trained_models(cfg: ExperimentConfig, models: dict) -> list[tuple[str, str]]:

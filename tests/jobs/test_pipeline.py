@@ -278,6 +278,7 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     # primary verdicts, one child per trained model with rank 0's loss of every step.
     parent, children = mlflow_runs(run_dir, cache_dir)
     assert sorted(c.data.tags["stage"] for c in children) == ["control/0", "control/1", "student/0", "student/1", "teacher"]
+    assert parent.info.status == "FINISHED"  # the pipeline ended: its run says so
     student = next(c for c in children if c.data.tags["stage"] == "student/0")
     losses = mlflow.MlflowClient(f"sqlite:///{cache_dir / 'mlflow.db'}").get_metric_history(student.info.run_id, "loss")
     assert [[m.step, m.value] for m in losses] == history and student.data.params["lr"] == "0.002"

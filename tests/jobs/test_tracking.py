@@ -54,11 +54,17 @@ def check_sync(tracker: Tracker, run_dir: Path, manifest: Manifest) -> None:
     tracker.sync(cfg, manifest, {})  # again: nothing new, nothing twice
     (parent,), (child,) = tracked(tracker, run_dir)
     assert child.data.tags["stage"] == "teacher" and child.data.params == {"lr": "0.002", "lora_rank": "8"}
+    assert child.info.end_time - child.info.start_time == 1000  # dated when the stage ran (1 s), not when written
     history = mlflow.MlflowClient(tracker.uri).get_metric_history(child.info.run_id, "loss")
     assert [[m.step, m.value] for m in history] == LOSSES
     assert child.data.metrics["tokens_per_s"] == 1234.5 and child.data.metrics["accuracy.held_out"] == 0.7
     assert parent.data.metrics["accuracy.teacher.held_out.over_orders"] == 0.65
     assert {a.path for a in mlflow.MlflowClient(tracker.uri).list_artifacts(parent.info.run_id)} == {"report.md", "report.json"}
+    assert parent.info.status == "RUNNING"
+    tracker.finish("FAILED")  # the pipeline ended on an error: the UI says so, not RUNNING
+    assert tracked(tracker, run_dir)[0][0].info.status == "FAILED"
+    tracker.sync(cfg, manifest, {})  # a rerun of the run directory runs its parent again
+    assert tracked(tracker, run_dir)[0][0].info.status == "RUNNING"
 
 
 def test_the_embedded_store_holds_a_parent_and_a_child_per_model_once(tmp_path):
@@ -72,6 +78,20 @@ def test_the_embedded_store_holds_a_parent_and_a_child_per_model_once(tmp_path):
     tracker.sync(load_experiment("tiny"), manifest, {})
     assert len(tracked(tracker, run_dir)[1]) == 2
     assert Tracker.for_run(load_experiment("tiny", ["tracking=off"]), tmp_path, run_dir) is None
+
+
+def test_a_sqlite_uri_of_the_users_keeps_its_artifacts_beside_its_file(tmp_path, monkeypatch):
+    """Not in ./mlruns of the working directory (MLflow's default), which a Ray job's upload loses."""
+    run_dir, workdir = tmp_path / "run", tmp_path / "workdir"
+    manifest = teacher_run(run_dir)
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    cfg = load_experiment("tiny", [f"tracking.uri=sqlite:///{tmp_path}/team/store.db"])
+    (tmp_path / "team").mkdir()
+    tracker = Tracker.for_run(cfg, tmp_path / "cache", run_dir, "tiny.yaml")
+    tracker.sync(cfg, manifest, {})
+    assert sorted(p.name for p in (tmp_path / "team" / "mlflow-artifacts").rglob("report.*")) == ["report.json", "report.md"]
+    assert list(workdir.iterdir()) == []
 
 
 def free_port() -> int:
