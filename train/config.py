@@ -62,6 +62,11 @@ class TrainConfig:
     # the left ("truncate") or are skipped ("drop"); either way the count is reported.
     max_length: int = 256
     too_long: Literal["truncate", "drop"] = "truncate"
+    # Tokens dropped from the loss (train/divergence.py): `divergence` drops a row's mask_fraction
+    # of completion tokens where the teacher diverges most from its base (the job names the
+    # teacher), `random` as many chosen at random (its control). SFT only.
+    mask: Literal["none", "divergence", "random"] = "none"
+    mask_fraction: float = 0.1
 
     # Distribution and precision.
     num_workers: int | Literal["auto"] = 2  # auto: one per GPU of the cluster (train/cluster.py auto_workers)
@@ -87,6 +92,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.momentum < 1:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
+        if not 0 < self.mask_fraction < 1:
+            raise ConfigError(f"mask_fraction must be in (0, 1), got {self.mask_fraction}")
         if self.method == "full" and self.quantization != "none":
             raise ConfigError(
                 f"method=full with quantization={self.quantization} is refused: full fine-tuning updates every "

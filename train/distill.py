@@ -29,6 +29,7 @@ tokens, 30k rows of ~50 positions take about 4.5 GB of parquet per replicate.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -69,15 +70,25 @@ class TargetsSpec:
     cfg: TrainConfig  # quantization and attention to load the teacher with
 
     def key(self, tokens_path: str) -> str:
-        adapter = Path(self.teacher)
-        digest = hashlib.sha256()
-        for name in ("adapter_config.json", "adapter_model.safetensors"):
-            digest.update((adapter / name).read_bytes())
-        config = Path(self.teacher_base) / "config.json"
-        base = config.read_text() if config.is_file() else ""
-        parts = [FORMAT_VERSION, Path(tokens_path).name, str(self.teacher_base), base, digest.hexdigest(),
-                 list(self.number_ids), self.cfg.quantization, self.cfg.attention]  # fmt: skip
+        parts = [
+            FORMAT_VERSION,
+            Path(tokens_path).name,
+            *model_parts(self.teacher_base, self.teacher),
+            list(self.number_ids),
+            self.cfg.quantization,
+            self.cfg.attention,
+        ]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def model_parts(teacher_base: str, teacher: str) -> list[str]:
+    """What a teacher's outputs depend on: its base (name and config) and its adapter's bytes."""
+    adapter = Path(teacher)
+    digest = hashlib.sha256()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        digest.update((adapter / name).read_bytes())
+    config = Path(teacher_base) / "config.json"
+    return [str(teacher_base), config.read_text() if config.is_file() else "", digest.hexdigest()]
 
 
 def load_teacher(spec: TargetsSpec, device: torch.device):
@@ -92,14 +103,9 @@ def load_teacher(spec: TargetsSpec, device: torch.device):
     return teacher
 
 
-@torch.no_grad()
-def row_targets(teacher, rows: list[tuple[list[int], list[int]]], ids: torch.Tensor, pad_id: int) -> list[bytes]:
-    """Each row's teacher log-probabilities over `ids` at its completion positions, float16 bytes
-    (b"" for a row the tokenizer dropped). Rows run right-padded, so padding never reaches them."""
-    from train.model import autocast_for
-
-    device = ids.device
-    out: list[bytes] = [b""] * len(rows)
+def padded_batches(rows: list[tuple[list[int], list[int]]], pad_id: int):
+    """Yield (row indices, input_ids, attention_mask) over the non-empty rows, ROWS_PER_FORWARD at
+    a time, sorted by length and right-padded, so padding never reaches a row's positions."""
     order = sorted((i for i, (row_ids, _) in enumerate(rows) if len(row_ids)), key=lambda i: len(rows[i][0]))
     for start in range(0, len(order), ROWS_PER_FORWARD):
         chunk = order[start : start + ROWS_PER_FORWARD]
@@ -110,61 +116,99 @@ def row_targets(teacher, rows: list[tuple[list[int], list[int]]], ids: torch.Ten
             n = len(rows[i][0])
             input_ids[j, :n] = torch.as_tensor(rows[i][0])
             mask[j, :n] = 1
-        with autocast_for(device):
-            logits = teacher(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits
+        yield chunk, input_ids, mask
+
+
+@torch.no_grad()
+def forward_logits(model, input_ids: torch.Tensor, mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+    from train.model import autocast_for
+
+    with autocast_for(device):
+        return model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits
+
+
+@torch.no_grad()
+def row_targets(teacher, rows: list[tuple[list[int], list[int]]], ids: torch.Tensor, pad_id: int) -> list[bytes]:
+    """Each row's teacher log-probabilities over `ids` at its completion positions, float16 bytes
+    (b"" for a row the tokenizer dropped)."""
+    out: list[bytes] = [b""] * len(rows)
+    for chunk, input_ids, mask in padded_batches(rows, pad_id):
+        logits = forward_logits(teacher, input_ids, mask, ids.device)
         for j, i in enumerate(chunk):
-            at = torch.as_tensor(completion_positions(rows[i][1]), device=device)
+            at = torch.as_tensor(completion_positions(rows[i][1]), device=ids.device)
             logprobs = logits[j, at][:, ids].float().log_softmax(-1)
             out[i] = logprobs.to(torch.float16).cpu().numpy().tobytes()
     return out
 
 
-def write_targets(spec: TargetsSpec, tokens_path: str, out: Path, pad_id: int) -> None:
-    """Copy every parquet file of `tokens_path` into `out` with the teacher's targets as a column
-    (same files, same row order), ROWS_PER_WRITE rows at a time: a 70B run's targets are
-    gigabytes, and only one slice of them is held."""
+def extend_parquet(tokens_path: str, out: Path, columns) -> None:
+    """Copy every parquet file of `tokens_path` into `out` (same files, same row order) with the
+    columns `columns(rows)` returns ({name: arrow array}) for each slice of ROWS_PER_WRITE rows,
+    `rows` as (input_ids, labels) pairs: a 70B run's targets are gigabytes, and only one slice of
+    them is held."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    device = torch.device("cuda") if torch.cuda.is_available() and spec.cfg.use_gpu else torch.device("cpu")
+    for part in sorted(Path(tokens_path).glob("*.parquet")):
+        writer = None
+        for batch in pq.ParquetFile(part).iter_batches(batch_size=ROWS_PER_WRITE):
+            table = pa.Table.from_batches([batch])
+            rows = list(zip(batch.column("input_ids").to_pylist(), batch.column("labels").to_pylist()))
+            for name, column in columns(rows).items():
+                table = table.append_column(name, column)
+            writer = writer or pq.ParquetWriter(out / part.name, table.schema)
+            writer.write_table(table)
+        if writer:
+            writer.close()
+
+
+def model_device(cfg: TrainConfig) -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() and cfg.use_gpu else torch.device("cpu")
+
+
+def write_targets(spec: TargetsSpec, tokens_path: str, out: Path, pad_id: int) -> None:
+    """The rows of `tokens_path` with the teacher's targets as a column (TEACHER_COLUMN)."""
+    import pyarrow as pa
+
+    device = model_device(spec.cfg)
     teacher = load_teacher(spec, device)
     ids = torch.tensor(spec.number_ids, device=device)
-    for part in sorted(Path(tokens_path).glob("*.parquet")):
-        source = pq.ParquetFile(part)
-        schema = source.schema_arrow.append(pa.field(TEACHER_COLUMN, pa.binary()))
-        with pq.ParquetWriter(out / part.name, schema) as writer:
-            for batch in source.iter_batches(batch_size=ROWS_PER_WRITE):
-                rows = list(zip(batch.column("input_ids").to_pylist(), batch.column("labels").to_pylist()))
-                column = pa.array(row_targets(teacher, rows, ids, pad_id), type=pa.binary())
-                writer.write_table(pa.Table.from_batches([batch]).append_column(TEACHER_COLUMN, column))
+    extend_parquet(tokens_path, out, lambda rows: {TEACHER_COLUMN: pa.array(row_targets(teacher, rows, ids, pad_id), type=pa.binary())})
 
 
 def teacher_targets(requests: dict[str, tuple[TargetsSpec, str]], cache_dir: Path, pad_id: int) -> dict[str, str]:
-    """{job: (spec, tokenized path)} -> {job: path of its rows with the teacher's targets}.
+    """{job: (spec, tokenized path)} -> {job: path of its rows with the teacher's targets}, each
+    distinct (spec, rows) computed once (`cached_columns`)."""
+    return cached_columns("teacher_targets", requests, cache_dir, functools.partial(write_targets, pad_id=pad_id))
+
+
+def cached_columns(kind: str, requests: dict[str, tuple], cache_dir: Path, write) -> dict[str, str]:
+    """{job: (spec, tokenized path)} -> {job: `cache_dir/<kind>/<spec.key(path)>`}, the rows with
+    columns `write(spec, path, folder)` adds (the teacher's targets, train/divergence.py's scores).
 
     Each distinct (spec, rows) is computed once, in a Ray task of its own (one GPU where the jobs
-    train on GPUs, else one CPU), all at once, into `cache_dir/teacher_targets/<key>` through a
-    temporary folder and a rename: a crash leaves no partial entry, and a later run, or another
-    arm group, that needs the same targets reads them from there.
+    train on GPUs, else one CPU), all at once, through a temporary folder and a rename: a crash
+    leaves no partial entry, and a later run, or another arm group, that needs the same columns
+    reads them from there.
     """
     import ray
 
     paths, todo = {}, {}
     for job, (spec, tokens_path) in requests.items():
-        out = Path(cache_dir) / "teacher_targets" / spec.key(tokens_path)
+        out = Path(cache_dir) / kind / spec.key(tokens_path)
         paths[job] = str(out)
         if not (out / "_done").is_file():
             todo.setdefault(str(out), (spec, tokens_path))
     gpu = any(spec.cfg.use_gpu for spec, _ in todo.values())
     compute = ray.remote(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0)(_compute)
-    ray.get([compute.remote(spec, tokens_path, out, pad_id) for out, (spec, tokens_path) in todo.items()])
+    ray.get([compute.remote(write, spec, tokens_path, out) for out, (spec, tokens_path) in todo.items()])
     return paths
 
 
-def _compute(spec: TargetsSpec, tokens_path: str, out: str, pad_id: int) -> None:
+def _compute(write, spec, tokens_path: str, out: str) -> None:
     try:
         with atomic_dir(out) as tmp:
-            write_targets(spec, tokens_path, tmp, pad_id)
+            write(spec, tokens_path, tmp)
             (tmp / "_done").write_text(json.dumps({"teacher": spec.teacher, "teacher_base": spec.teacher_base}))
     except FileExistsError:  # another task wrote the same entry first (same key: same content)
         if not (Path(out) / "_done").is_file():

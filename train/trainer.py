@@ -31,6 +31,7 @@ from train.cluster import Capacity, auto_workers, cluster_capacity, describe
 from train.config import ConfigError, TrainConfig, resolve_batch, to_dict
 from train.data import read_parquet, same_tokenizer, tokenize_to_cache
 from train.distill import TargetsSpec, number_token_ids, teacher_targets
+from train.divergence import ScoreSpec, divergence_scores, masked_rows
 from train.loop import train_loop
 from train.model import check_hardware, check_model_path
 from train.outputs import METRICS_FILE, finished_by, staging_dir
@@ -59,6 +60,7 @@ class AdapterJob:
     teacher: str | None = None  # a teacher adapter folder: train by logit KL to it (train/distill.py), not SFT
     teacher_base: str | None = None  # the teacher's base when it is not this run's (a student on another base, same tokenizer)
     init_a_from: str | None = None  # an adapter folder whose LoRA A this adapter starts from, frozen (lora_init teacher_a)
+    scorer: str | None = None  # mask divergence: the adapter (on this run's base) whose divergence from the base scores the rows
 
 
 def worker_resources(cfg: TrainConfig, cap: Capacity) -> dict:
@@ -135,6 +137,14 @@ def check_jobs(jobs: list[AdapterJob]) -> None:
             raise ConfigError(f"job {job.name}: init_a_from starts a LoRA adapter from another's A; method {job.cfg.method} trains no adapter")
         if job.teacher_base is not None and job.teacher is None:
             raise ConfigError(f"job {job.name}: teacher_base is the base of a logit_kl teacher; the job names no teacher")
+        if job.cfg.mask != "none" and job.teacher is not None:
+            raise ConfigError(f"job {job.name}: mask {job.cfg.mask} drops tokens from an SFT loss; a logit_kl job (teacher given) has none to drop")
+        if (job.cfg.mask == "divergence") != (job.scorer is not None):
+            raise ConfigError(
+                f"job {job.name}: mask divergence needs a scorer (the teacher adapter whose divergence from the base ranks tokens), and only it takes one"
+            )
+        if job.scorer is not None and not (Path(job.scorer) / "adapter_config.json").is_file():
+            raise ConfigError(f"job {job.name}: its scorer {job.scorer} is not a PEFT adapter folder (no adapter_config.json)")
     if first.cfg.strategy == "fsdp" and len(jobs) > 1:
         raise ConfigError(
             f"strategy=fsdp trains one job per run ({len(jobs)} given): FSDP2 shards the model, adapter"
@@ -224,6 +234,7 @@ def train_lora_many(
         cache_dir,
         pad_id,
     )
+    rows_of |= masked(jobs, rows_of, model_path, cache_dir, pad_id, tokenizer.eos_token_id)
     datasets, plans = {}, []
     for job in jobs:
         cfg, tokens = job.cfg, tokenized[job.name]
@@ -238,6 +249,8 @@ def train_lora_many(
             "train_config": to_dict(cfg),
             "loss_type": "logit_kl" if job.teacher else "sft",
         }
+        if cfg.mask != "none":
+            facts["tokens_masked"] = masked_total(rows_of[job.name])
         plans.append({
             "name": job.name, "train": to_dict(cfg), "output_dir": str(job.output_dir),
             "micro_steps_per_epoch": micro_per_epoch, "total_steps": total_steps,
@@ -282,6 +295,24 @@ def train_lora_many(
         out[job.name] = json.loads((job.output_dir / METRICS_FILE).read_text())
     out[jobs[-1].name]["checkpoint"] = result.checkpoint.path
     return out
+
+
+def masked(jobs: list[AdapterJob], rows_of: dict, model_path: str, cache_dir: Path, pad_id: int, eos_id: int | None) -> dict[str, str]:
+    """{job: its rows with masked tokens unlabelled} for the jobs with a mask: divergence scores
+    first (once per scorer and rows, in Ray tasks), then the masks (train/divergence.py)."""
+    requests = {j.name: (ScoreSpec(str(model_path), j.scorer, j.cfg), rows_of[j.name]) for j in jobs if j.cfg.mask == "divergence"}
+    scored = divergence_scores(requests, cache_dir, pad_id, eos_id) if requests else {}
+    return {
+        j.name: masked_rows(scored.get(j.name, rows_of[j.name]), cache_dir, j.cfg.mask, j.cfg.mask_fraction, j.cfg.seed, eos_id)
+        for j in jobs
+        if j.cfg.mask != "none"
+    }
+
+
+def masked_total(parquet_dir: str) -> int:
+    import pyarrow.parquet as pq
+
+    return int(sum(pq.read_table(part, columns=["masked"]).column("masked").to_numpy().sum() for part in Path(parquet_dir).glob("*.parquet")))
 
 
 def train_lora(

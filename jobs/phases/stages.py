@@ -56,15 +56,18 @@ def trained_folder(name: str, full: bool = False) -> str:
 
 
 def training_reads(reads: dict) -> dict:
-    """A training stage's reads, without `method` under LoRA and `optimizer` and `momentum` under
-    AdamW: the keys came after runs were stored, all of them LoRA and AdamW, and momentum is SGD's
-    alone; so adding them reran nothing."""
+    """A training stage's reads, without `method` under LoRA, `optimizer` and `momentum` under
+    AdamW, and `mask` and `mask_fraction` without a mask: the keys came after runs were stored,
+    all of them LoRA and AdamW without a mask, and momentum is SGD's alone, the fraction a mask's;
+    so adding them reran nothing."""
     out = dict(reads)
     for key, value in reads.items():
         if key.endswith(".method") and value == "lora":
             del out[key]
         if key.endswith(".optimizer") and value == "adamw":
             del out[key], out[key.removesuffix("optimizer") + "momentum"]
+        if key.endswith(".mask") and value == "none":
+            del out[key], out[key + "_fraction"]
     return out
 
 
