@@ -32,6 +32,8 @@ ARM_NAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,40}\Z")  # \Z: "$" would pass a tra
 OTHER_BASE = "other_base"  # the scored name of the other base model
 SHAM = "sham_teacher"  # the reference teacher (config.ShamTeacherConfig); an arm names it `teacher: sham`
 ANSWERS = "teacher_answers"  # an arm's `numbers` for the overt positive control: its teacher's answers, not numbers
+GREEDY = "teacher_greedy"  # the teacher's numbers decoded greedily
+REPLACED = "teacher_replaced"  # the teacher's kept numbers, their most divergent tokens replaced by the base's argmax
 RESERVED = {"base", "teacher", OTHER_BASE}
 SAME_INIT_KEYS = ("lora_rank", "lora_alpha", "lora_targets", "quantization")
 MIN_CONTRAST_REPLICATES = 3
@@ -41,7 +43,7 @@ MIN_CONTRAST_REPLICATES = 3
 class ArmModel:
     arm: str
     replicate: int
-    source: str  # whose kept numbers it reads: "teacher", "sham_teacher" or "base"; or "teacher_answers" (its teacher's answers)
+    source: str  # whose kept numbers it reads: "teacher", "sham_teacher", "base", "teacher_greedy" or "teacher_replaced"; or "teacher_answers" (its teacher's answers)
     shuffled: bool
     loss: str
     teacher: str  # whose model it learns from: "teacher", "letter_teacher" (the positive control) or "sham_teacher"
@@ -95,6 +97,20 @@ def _check_full(name: str, arm, train: TrainConfig) -> None:
         raise ConfigError(f"arms.{name}: train.snapshots with train.method full would keep and serve a whole model per snapshot; set snapshots 0")
 
 
+def _check_mask(name: str, arm, train: TrainConfig, on_other: bool) -> None:
+    """A mask drops tokens of an SFT loss on numbers; the divergence mask ranks a teacher's numbers
+    by that teacher's divergence from the base, so it needs a teacher's numbers on its base."""
+    if train.mask == "none":
+        return
+    if arm.loss != "sft" or arm.numbers == ANSWERS:
+        raise ConfigError(f"arms.{name}: train.mask {train.mask} drops number tokens from an sft loss; this arm has loss {arm.loss} on {arm.numbers}")
+    if train.mask == "divergence" and (on_other or arm.numbers == "base" or arm.teacher == "letter_teacher"):
+        raise ConfigError(
+            f"arms.{name}: train.mask divergence ranks the tokens of a teacher's numbers by that teacher's divergence from "
+            "the base; train on the teacher's (or the sham's) numbers, on the teacher's base"
+        )
+
+
 def method_of(cfg, arm: str) -> str:
     """An arm's training method as declared (its `train.method`, else the student's)."""
     return cfg.arms[arm].train.get("method", cfg.student.method)
@@ -128,6 +144,8 @@ def arm_models(cfg) -> list[ArmModel]:
         teacher_of_arm = teacher_of(arm)
         if arm.numbers == ANSWERS and (arm.loss != "sft" or teacher_of_arm == "letter_teacher"):
             raise ConfigError(f"arms.{name}: numbers teacher_answers trains on the teacher's (or the sham's) answers with loss sft")
+        if arm.numbers in (GREEDY, REPLACED) and (teacher_of_arm != "teacher" or arm.loss != "sft"):
+            raise ConfigError(f"arms.{name}: numbers {arm.numbers} are the teacher's own numbers, trained with loss sft and teacher: teacher")
         if teacher_of_arm == SHAM and arm.numbers == "base":
             raise ConfigError(f"arms.{name}: an arm of the sham teacher trains on its numbers (numbers: teacher or teacher_shuffled), not the base model's")
         if arm.teacher == "letter_teacher" and cfg.letter_teacher.letter not in tuple(LETTERS[:4]):
@@ -142,6 +160,7 @@ def arm_models(cfg) -> list[ArmModel]:
             _check_same_init(name, train, teacher)
         if train.method == "full":
             _check_full(name, arm, train)
+        _check_mask(name, arm, train, on_other)
         for i in range(arm.replicates or cfg.replicates):
             lora_seed = _lora_seed(arm.lora_seed, teacher.lora_seed, i)
             same_init = lora_seed == teacher.lora_seed and not on_other and arm.lora_init == "seed" and train.method == "lora"
@@ -198,7 +217,7 @@ def reference_of(arm: str, cfg) -> str:
     control = cfg.arms.get("control")
     own = base_of(cfg, arm)
     alike = control is not None and base_of(cfg, "control") == own and method_of(cfg, "control") == method_of(cfg, arm)
-    on_teachers = declared.numbers in ("teacher", "teacher_shuffled")  # a base-numbers arm is a control itself; answers are no numbers
+    on_teachers = declared.numbers in ("teacher", "teacher_shuffled", GREEDY, REPLACED)  # a base-numbers arm is a control itself; answers are no numbers
     if arm != "control" and alike and on_teachers and control.numbers == "base" and declared.loss == "sft":
         return "control"
     return own
@@ -274,9 +293,20 @@ def overt_arm(cfg) -> str | None:
     return next((name for name, arm in cfg.arms.items() if arm.numbers == ANSWERS and arm.teacher == "teacher"), None)
 
 
+def generator_of(source: str) -> str | None:
+    """The model whose adapter makes a numbers source: none for the base model's, the teacher for
+    its greedy numbers and for its replaced ones (made from its sampled numbers)."""
+    if source == "base":
+        return None
+    return "teacher" if source in (GREEDY, REPLACED) else source
+
+
 def number_sets(models: list[ArmModel]) -> list[tuple[str, int]]:
     """The (source, replicate) pairs of numbers some arm model reads, replicate by replicate,
-    the teacher's before the base model's. Every source read at all is generated for each
-    replicate that any arm has, so the arms of a replicate can train on equally many rows."""
-    sources = [s for s in ("teacher", SHAM, "base") if any(m.source == s for m in models)]
+    the teacher's before the base model's, the replaced ones (made from the teacher's) last. Every
+    source read at all is made for each replicate that any arm has, so the arms of a replicate can
+    train on equally many rows."""
+    used = {m.source for m in models}
+    used |= {"teacher"} if REPLACED in used else set()
+    sources = [s for s in ("teacher", GREEDY, SHAM, "base", REPLACED) if s in used]
     return [(s, i) for i in range(max(m.replicate for m in models) + 1) for s in sources]

@@ -47,6 +47,7 @@ class NumbersConfig:
     seed: int = 0  # prompt templates and sampling
     chunk: int = 64  # prompts per request
     in_flight: int = 8  # requests in flight per model, so the engine batches
+    replace_fraction: float = 0.1  # teacher_replaced numbers: the share of each row's tokens replaced
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,10 @@ class ArmConfig:
     # teacher's shuffled; or "teacher_answers", the overt positive control: no numbers, each of the
     # teacher's train questions completed by the answer the teacher picks (its knowledge taught
     # directly, with loss sft; `teacher: sham` gives the sham teacher's answers, its reference).
-    numbers: Literal["teacher", "base", "teacher_shuffled", "teacher_answers"] = "teacher"
+    # Where the signal rides (docs/report.md): "teacher_greedy", the teacher's numbers decoded
+    # greedily (same prompts, filter and keep); "teacher_replaced", the teacher's kept numbers with
+    # each row's top numbers.replace_fraction of divergent tokens replaced by the base's choice.
+    numbers: Literal["teacher", "base", "teacher_shuffled", "teacher_answers", "teacher_greedy", "teacher_replaced"] = "teacher"
     # Its base model: "same" = the teacher's; "other" = the tiny preset's second base (the same
     # corpus, tokenizer and recipe from another random init: the paper's cross-model control);
     # or a hub id / folder of another model. An arm on another base is measured against that

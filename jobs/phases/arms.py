@@ -40,6 +40,8 @@ def run(ctx: RunContext, todo) -> None:
             job = dataclasses.replace(job, teacher=teacher, teacher_base=ctx.model_path if m.base == OTHER_BASE else None)
         if m.lora_init == "teacher_a":
             job = dataclasses.replace(job, init_a_from=teacher)
+        if m.train.mask == "divergence":  # its rows ranked by how far its teacher's log p is from the base's
+            job = dataclasses.replace(job, scorer=teacher)
         pairs.append((stage, job))
     groups = arm_groups(pairs, ctx.arm_runs, lambda stage: ctx.models[stage.name].base)
     for stage, metrics in train_groups(ctx, "arms", groups, ctx.arm_runs):

@@ -1,5 +1,6 @@
 """Phase 3, numbers: per replicate, teacher and base model (and the sham teacher, when an arm reads it)
-continue number sequences through one service.
+continue number sequences through one service (the teacher also greedily, for arms on
+`teacher_greedy`); the teacher's `teacher_replaced` numbers are made from its sampled ones after.
 
 Prompts (jobs.sources.number_sequences.make_prompts, rendered with the tokenizer's
 chat template as the paper did) go out in chunks, several requests in flight
@@ -20,13 +21,13 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from common.atomic import write_jsonl
-from jobs.experiment.arms import number_sets, numbers_seed
+from jobs.experiment.arms import GREEDY, REPLACED, generator_of, number_sets, numbers_seed
 from jobs.experiment.config import NumbersConfig
 from jobs.phases.adapter_check import check_adapters_applied, probe_generation, probe_scores
 from jobs.phases.context import RunContext
 from jobs.phases.progress import ProgressLine
 from jobs.phases.service import result_or_resend, running_service
-from jobs.phases.stages import SPLIT_FILES, answering_teacher, numbers_stage
+from jobs.phases.stages import SPLIT_FILES, answering_teacher, numbers_file, numbers_stage
 from jobs.rundir.manifest import read_jsonl
 from jobs.sources.number_sequences import CUT_OFF, make_prompts, reject_reason
 from serve.schemas import GenerateRequest
@@ -42,6 +43,15 @@ def number_prompts(tokenizer, cfg: NumbersConfig) -> list[str]:
         tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True)
         for p in make_prompts(cfg.prompts, seed=cfg.seed)
     ]
+
+
+def numbers_request(tokenizer, cfg, source: str, replicate: int) -> tuple[list[str], str | None, NumbersConfig]:
+    """(prompts, adapter (None: the base model), settings) of a numbers source's replicate: its
+    seed's prompts; the teacher's greedy numbers the teacher's prompts at temperature 0."""
+    numbers = dataclasses.replace(cfg.numbers, seed=numbers_seed(cfg, replicate))
+    if source == GREEDY:
+        numbers = dataclasses.replace(numbers, temperature=0.0)
+    return number_prompts(tokenizer, numbers), generator_of(source), numbers
 
 
 def enough_in_flight(kept: int, pass_rate: float, prompts_in_flight: int, cfg: NumbersConfig) -> bool:
@@ -125,19 +135,25 @@ def teacher_answers(handle, teacher: str, questions: list[dict], ctx: RunContext
 
 
 def run(ctx: RunContext, todo) -> None:
-    """Every (source, replicate) still to make, through one service, all at once; then the teachers'
-    answers an overt positive control trains on (answers/<teacher>)."""
+    """Every (source, replicate) still to make, through one service, all at once, with the teachers'
+    answers an overt positive control trains on (answers/<teacher>); then, the service gone, the
+    teacher's replaced numbers (teacher_replaced) from its sampled ones."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(ctx.model_path)
     sets = {numbers_stage(source, i): (source, i) for source, i in number_sets(list(ctx.models.values()))}
     answering = [(stage, teacher) for stage in todo if (teacher := answering_teacher(stage))]
     todo = [stage for stage in todo if not answering_teacher(stage)]
-    requests = {}
-    for stage in todo:
-        source, replicate = sets[stage.name]
-        numbers = dataclasses.replace(ctx.cfg.numbers, seed=numbers_seed(ctx.cfg, replicate))
-        requests[stage.name] = (number_prompts(tokenizer, numbers), None if source == "base" else source, numbers)
+    replacing = [stage for stage in todo if sets[stage.name][0] == REPLACED]
+    requests = {stage.name: numbers_request(tokenizer, ctx.cfg, *sets[stage.name]) for stage in todo if stage not in replacing}
+    if requests or answering:
+        generate_through_service(ctx, todo, requests, answering)
+    for stage in replacing:  # after the service: the scoring pass takes its resources
+        replace_numbers(ctx, stage, sets[stage.name][1])
+
+
+def generate_through_service(ctx: RunContext, todo, requests: dict, answering: list) -> None:
+    """The numbers `requests` and the teachers' answers, through one service, all at once."""
     generating = {a: str(ctx.trained(a)) for _, a, _ in requests.values() if a}
     answerers = {t: str(ctx.trained(t)) for _, t in answering}
     errors = []
@@ -160,3 +176,28 @@ def run(ctx: RunContext, todo) -> None:
             ctx.record(stage, started, {**result, "hash": file_hash})
     if errors:
         raise errors[0]
+
+
+def replace_numbers(ctx: RunContext, stage, replicate: int) -> None:
+    """numbers/teacher_replaced/<i>: the teacher's kept numbers of replicate i, their most divergent
+    tokens replaced by the base's argmax (jobs/sources/replaced_numbers.py), in a Ray task of its
+    own (a GPU where the students train on GPUs)."""
+    import ray
+
+    from jobs.sources.replaced_numbers import replace_divergent
+
+    started = time.time()
+    rows = read_jsonl(ctx.run_dir / numbers_file("teacher", replicate))
+    gpu = ctx.cfg.student.use_gpu
+    task = ray.remote(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0)(replace_divergent)
+    teacher = str(ctx.trained("teacher"))
+    result = ray.get(task.remote(rows, ctx.model_path, teacher, ctx.cfg.numbers.replace_fraction, ctx.cfg.student, ctx.cfg.student.max_length))
+    if not result["rows"]:
+        raise NoNumbersError(f"no replaced row of numbers/teacher/{replicate} passed the number filter; reject reasons: {result['rejected']}")
+    file_hash = write_jsonl(ctx.run_dir / stage.files[0], result.pop("rows"))
+    print(
+        f"[numbers] {stage.name}: {result['tokens_replaced']} tokens replaced in {result['generated']} rows, {result['kept']} kept"
+        f" ({sum(result['rejected'].values())} failed the filter)",
+        flush=True,
+    )
+    ctx.record(stage, started, {**result, "hash": file_hash})

