@@ -25,6 +25,8 @@ from jobs.rundir.manifest import Manifest, read_jsonl
 from jobs.sources.tiny_model import TinySpec, other_base_spec
 from jobs.stats.accuracy import accuracy_as_written, accuracy_over_orders, letter_prior, on_split, summarise, wilson_ci
 from jobs.stats.evidence import SPLITS, Evidence, apply_family, fraction_phrase, interval, markdown_tables, overt_control, positive_control, verdict
+from jobs.stats.share import markdown as share_markdown
+from jobs.stats.share import signal_kind, where_signal_rides
 from jobs.stats.transfer_stats import cluster_ids, effect
 from jobs.stats.weight_space import update_cosine
 from serve.mc_format import LETTERS
@@ -189,6 +191,9 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
         report["overt_control"] = overt
     if (control := positive_control(arms)) is not None:
         report["positive_control"] = control
+    rides = {name: kind for name, declared in cfg.arms.items() if (kind := signal_kind(declared))}
+    if rides and "student" in arms and "student" not in rides:  # masked, replaced, greedy: shares of the student's effect
+        report["where_signal_rides"] = where_signal_rides(evidence, "student", arms["student"]["against"], rides)
     if "student" in arms and "control" in arms:  # the original experiment's measure: held-out agreement, student - control
         result = evidence.compare("student", "control")["held_out"]["agreement"]
         means = {arm: arms[arm]["mean"]["teacher_agreement"] for arm in ("student", "control")}
@@ -249,6 +254,8 @@ def markdown(report: dict) -> str:
         lines += ["", "Questions longer than the context, scored on their end (cut from the left): " + ", ".join(f"{split} {n}" for split, n in cut.items())]
     if "overt_control" in report:
         lines += ["", f"**Overt positive control.** {report['overt_control']['verdict']}"]
+    if "where_signal_rides" in report:
+        lines += share_markdown(report["where_signal_rides"])
     lines += markdown_tables(report["arms"], report["contrasts"], report.get("family"))
     lines += _order_table(report["accuracy_by_order"])
     prior = report["letter_prior"]

@@ -61,7 +61,7 @@ class Evidence:
             return self.members[side]
         return [self.points[name][snapshot][1] for name in self.members[side]]
 
-    def _values(self, side: str, split: str, metric: str, snapshot: int | None, teacher: str, change: bool):
+    def side_values(self, side: str, split: str, metric: str, snapshot: int | None, teacher: str, change: bool):
         """[replicates x questions] of one side; with `change`, each minus its own base's values."""
         values = self.values[teacher][split]
         a = np.array([values[name][metric] for name in self._scored(side, snapshot)])
@@ -83,8 +83,8 @@ class Evidence:
                     results[metric] = {"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "detected": False,
                                        "note": "not measured: the subset is where a base disagrees with the teacher, so a base's change there counts by construction"}  # fmt: skip
                     continue
-                a = self._values(arm, split, metric, snapshot, teacher, change)
-                b = self._values(against, split, metric, snapshot, teacher, change)
+                a = self.side_values(arm, split, metric, snapshot, teacher, change)
+                b = self.side_values(against, split, metric, snapshot, teacher, change)
                 r = effect(a, b, self.clusters[split], binary=metric in BINARY and not change, b_fixed=against in BASES, paired=paired)
                 results[metric] = {**r, "paired": paired}
             results["mde"] = {metric: results[metric]["mde"] for metric in metrics}
@@ -126,7 +126,7 @@ class Evidence:
         change detected toward the teacher says the students were still learning when they stopped."""
         split, metric = self.primary
         teacher, clusters = self.teacher_of[arm], self.clusters[split]
-        last, before = (self._values(arm, split, metric, k, teacher, False) for k in (n - 1, n - 2))
+        last, before = (self.side_values(arm, split, metric, k, teacher, False) for k in (n - 1, n - 2))
         r = effect(last, before, clusters, binary=metric in BINARY, paired=len(last) > 1)
         steps = [sorted({self.points[name][k][0] for name in self.members[arm]}) for k in (n - 2, n - 1)]
         return {"split": split, "metric": metric, "from_steps": steps[0], "to_steps": steps[1], **r, "detected": detected(r)}

@@ -1,0 +1,113 @@
+"""Where the signal rides: how much of the student's effect an arm keeps when the teacher's most
+divergent tokens are masked, replaced, or the numbers decoded greedily.
+
+An arm's *share remaining* is a ratio of paired differences on the primary (split, metric):
+
+    share = (arm - reference) / (student - reference),
+
+`student` the preset's unmasked arm, `reference` what the student is measured against (its sham
+twin, the control arm or the base), each side's mean over its replicates and the questions. The
+arm, the student and a trained reference read replicate i's numbers in the same order, so they
+are paired by replicate.
+
+The interval is Fieller's, by test inversion: the shares theta that a paired test of
+arm - (theta x student + (1 - theta) x reference) = 0 does not reject at 5%, each test the
+report's own (jobs/stats/transfer_stats.effect: other seeds and other questions, paired by
+replicate), on a grid of theta from GRID[0] to GRID[-1]. Why not the delta method or a bootstrap:
+the denominator is the student's effect, itself uncertain and near zero on a null, where a
+delta-method interval is symmetric and far too narrow and a percentile bootstrap over three
+replicates cannot show the spread. Fieller's set widens as the denominator loses significance
+and becomes unbounded when the student's own effect is not detected: then no share is measured,
+and the report says so. A side of the set that reaches the grid's end is reported as None
+(unbounded).
+
+Beside the shares, `divergence_vs_random` tests the divergence-masked arm against the
+random-masked arm directly (paired): the difference the random mask, as a control, isolates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jobs.stats.transfer_stats import effect
+
+GRID = np.round(np.arange(-1.0, 2.0001, 0.005), 3)  # shares from -100% to 200%
+
+
+def share_interval(arm: np.ndarray, student: np.ndarray, reference: np.ndarray, clusters: np.ndarray) -> dict:
+    """{value, ci95 ([low, high], a side None when unbounded), student_effect, arm_effect} for
+    arrays [replicates x questions] (the reference may be one fixed row)."""
+    reference = np.broadcast_to(reference, student.shape)
+    arm_effect = effect(arm, reference, clusters, binary=False, paired=True)
+    student_effect = effect(student, reference, clusters, binary=False, paired=True)
+    value = arm_effect["value"] / student_effect["value"] if student_effect["value"] else None
+    kept = []
+    for theta in GRID:
+        r = effect(arm, theta * student + (1 - theta) * reference, clusters, binary=False, paired=True)
+        if r["p_value"] is not None and r["p_value"] >= 0.05:
+            kept.append(float(theta))
+    ci = None
+    if kept:
+        ci = [None if kept[0] == GRID[0] else kept[0], None if kept[-1] == GRID[-1] else kept[-1]]
+    return {"value": value, "ci95": ci, "arm_effect": arm_effect["value"], "student_effect": student_effect["value"], "student_p": student_effect["p_value"]}
+
+
+def phrase(share: dict) -> str:
+    """A share and its interval in words."""
+    if share["value"] is None:
+        return "no share: the student moved 0"
+    ci = share["ci95"]
+    if ci is None:
+        return f"{share['value']:.0%} (no interval: no spread)"
+    low = "unbounded" if ci[0] is None else f"{ci[0]:.0%}"
+    high = "unbounded" if ci[1] is None else f"{ci[1]:.0%}"
+    return f"{share['value']:.0%} (95% CI {low} to {high})"
+
+
+def signal_kind(declared) -> str | None:
+    """What an arm declaration changes about where the signal can ride, or None."""
+    if declared.train.get("mask", "none") != "none":
+        return f"{declared.train['mask']} mask"
+    return {"teacher_replaced": "replaced", "teacher_greedy": "greedy"}.get(declared.numbers)
+
+
+def where_signal_rides(ev, student: str, reference: str, kinds: dict[str, str]) -> dict:
+    """Each arm of `kinds` ({arm: kind}) as a share of `student`'s effect against `reference`, on
+    the primary test; and the divergence mask against the random mask when both are declared.
+    `ev` is the report's jobs.stats.evidence.Evidence."""
+    from jobs.stats.transfer_stats import BINARY, detected
+
+    split, metric = ev.primary
+    clusters, teacher = ev.clusters[split], ev.teacher_of[student]
+
+    def values(side):
+        return ev.side_values(side, split, metric, None, teacher, False)
+
+    out = {"student": student, "reference": reference, "split": split, "metric": metric, "arms": {}}
+    for name, kind in kinds.items():
+        if len(ev.members[name]) != len(ev.members[student]) or ev.base_of[name] != ev.base_of[student] or ev.teacher_of[name] != teacher:
+            out["arms"][name] = {"kind": kind, "value": None, "ci95": None, "note": f"not paired with {student} (replicates, base or teacher differ)"}
+            continue
+        out["arms"][name] = {"kind": kind, **share_interval(values(name), values(student), values(reference), clusters)}
+    masks = {kind: name for name, kind in kinds.items() if kind in ("divergence mask", "random mask")}
+    if len(masks) == 2 and all("note" not in out["arms"][name] for name in masks.values()):
+        r = effect(values(masks["divergence mask"]), values(masks["random mask"]), clusters, binary=metric in BINARY, paired=True)
+        out["divergence_vs_random"] = {"arm": masks["divergence mask"], "against": masks["random mask"], **r, "detected": detected(r)}
+    return out
+
+
+def markdown(rides: dict) -> list[str]:
+    """The report's table of shares remaining."""
+    lines = [
+        "", f"**Where the signal rides** ({rides['metric']} on {rides['split']}): each arm's effect as a share of {rides['student']}'s, "
+        f"both against {rides['reference']}, paired by replicate (Fieller interval by test inversion; docs/report.md).", "",
+        "| arm | what changed | effect | share remaining |", "|---|---|---|---|",
+    ]  # fmt: skip
+    for name, s in rides["arms"].items():
+        effect_cell = "-" if s.get("arm_effect") is None else f"{s['arm_effect']:+.4f}"
+        lines.append(f"| {name} | {s['kind']} | {effect_cell} | {s.get('note') or phrase(s)} |")
+    if (d := rides.get("divergence_vs_random")) and d["value"] is not None:
+        ci = "-" if d["ci95"] is None else f"{d['ci95'][0]:+.4f} to {d['ci95'][1]:+.4f}"
+        p = "-" if d["p_value"] is None else f"{d['p_value']:.2g}"
+        lines.append(f"\n{d['arm']} minus {d['against']} (what the random mask isolates): {d['value']:+.4f} (95% CI {ci}, p={p}).")
+    return lines
