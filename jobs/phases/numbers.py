@@ -180,11 +180,11 @@ def generate_through_service(ctx: RunContext, todo, requests: dict, answering: l
 
 def replace_numbers(ctx: RunContext, stage, replicate: int) -> None:
     """numbers/teacher_replaced/<i>: the teacher's kept numbers of replicate i, their most divergent
-    tokens replaced by the base's argmax (jobs/sources/replaced_numbers.py), in a Ray task of its
+    tokens replaced by the base's argmax (jobs/phases/replaced_numbers.py), in a Ray task of its
     own (a GPU where the students train on GPUs)."""
     import ray
 
-    from jobs.sources.replaced_numbers import replace_divergent
+    from jobs.phases.replaced_numbers import replace_divergent
 
     started = time.time()
     rows = read_jsonl(ctx.run_dir / numbers_file("teacher", replicate))
