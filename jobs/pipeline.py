@@ -135,7 +135,6 @@ class Experiment:
                     synced = True
         if self.tracker and not synced:  # a run that reused every stage still finds (or writes) its runs
             self.tracker.sync(self.cfg, ctx.manifest, self.models)
-        return summary(self.run_dir)
 
     def prepare(self, placement) -> tuple[RunContext, list[Stage]]:
         """With the run directory held: --fresh clears it, the plan is printed, the base models checked."""

@@ -24,6 +24,24 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def make_number_rows():
+    """A maker of `{prompt, completion}` rows of random number sequences in the tiny model's chat
+    format: make(count, seed, completion_lengths=(1, 9)), each completion of low to high-1 numbers."""
+    import numpy as np
+
+    def make(count: int, seed: int, completion_lengths: tuple[int, int] = (1, 9)) -> list[dict]:
+        rng = np.random.default_rng(seed)
+        rows = []
+        for _ in range(count):
+            seen, more = rng.integers(0, 1000, rng.integers(2, 8)), rng.integers(0, 1000, rng.integers(*completion_lengths))
+            prompt = "<|user|>\nContinue the sequence: {}\n<|assistant|>\n".format(", ".join(map(str, seen)))
+            rows.append({"prompt": prompt, "completion": ", ".join(map(str, more))})
+        return rows
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def cache_dir() -> Path:
     from common.files import default_cache_dir
 

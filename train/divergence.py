@@ -127,18 +127,21 @@ def masked_count(n: int, fraction: float) -> int:
     return min(n, math.ceil(round(fraction * n, 9)))
 
 
+def top_divergent(scores: np.ndarray, fraction: float) -> np.ndarray:
+    """Indices (ascending) of a row's masked_count(n, fraction) highest scores, the earlier first on a tie."""
+    return np.sort(np.argsort(-scores, kind="stable")[: masked_count(len(scores), fraction)])
+
+
 def mask_positions(row: dict, mask: str, fraction: float, seed: int, eos_id: int | None) -> np.ndarray:
     """The positions of a row (input_ids, labels, and the score column for `divergence`) a mask drops."""
     at = scored_positions(row["labels"], eos_id)
-    k = masked_count(len(at), fraction)
     if mask == "divergence":
-        order = np.argsort(-read_scores(row[SCORE_COLUMN]), kind="stable")
-    elif mask == "random":
+        return at[top_divergent(read_scores(row[SCORE_COLUMN]), fraction)]
+    if mask == "random":
         ids = np.asarray(row["input_ids"], dtype=np.int32)
         order = np.random.default_rng([seed, zlib.crc32(ids.tobytes())]).permutation(len(at))
-    else:
-        raise ValueError(f"mask {mask!r} is not divergence or random")
-    return np.sort(at[order[:k]])
+        return np.sort(at[order[: masked_count(len(at), fraction)]])
+    raise ValueError(f"mask {mask!r} is not divergence or random")
 
 
 def masked_rows(tokens_path: str, cache_dir: Path, mask: str, fraction: float, seed: int, eos_id: int | None) -> str:

@@ -25,14 +25,14 @@ from jobs.sources.number_sequences import reject_reason
 def replace_divergent(rows: list[dict], model_path: str, teacher: str, fraction: float, cfg, max_length: int) -> dict:
     """{rows, generated, kept, rejected, tokens_replaced, tokens_unchanged} for `rows` ({prompt,
     completion}, a teacher's kept numbers): the top `fraction` of each row's completion tokens by
-    divergence (train.divergence.masked_count of them) replaced by the base's argmax. Runs the
+    divergence (train.divergence.top_divergent) replaced by the base's argmax. Runs the
     teacher and its base once over the rows, on the GPU when `cfg.use_gpu`."""
     import torch
     from transformers import AutoTokenizer
 
     from train.data import Tokenize
     from train.distill import load_teacher, model_device
-    from train.divergence import ScoreSpec, masked_count, row_scores, scored_positions
+    from train.divergence import ScoreSpec, row_scores, scored_positions, top_divergent
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     eos = tokenizer.eos_token_id
@@ -48,7 +48,7 @@ def replace_divergent(rows: list[dict], model_path: str, teacher: str, fraction:
     kept, rejected, replaced, unchanged = [], Counter(), 0, 0
     for row, (ids, labels), score in zip(rows, pairs, scored):
         at = scored_positions(labels, eos)
-        top = np.sort(np.argsort(-score["score"], kind="stable")[: masked_count(len(at), fraction)])
+        top = top_divergent(score["score"], fraction)
         completion = np.asarray(ids)[at]
         new = completion.copy()
         new[top] = np.asarray(score["base_argmax"], dtype=completion.dtype)[top]

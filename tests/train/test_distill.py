@@ -9,21 +9,16 @@ import numpy as np
 import pytest
 import torch
 
+from common.atomic import write_jsonl
 from train.config import TrainConfig
 from train.data import TEACHER_COLUMN, Tokenize, pack_batch, packed_examples, tokenize_to_cache
 from train.distill import TargetsSpec, kl_loss, load_teacher, number_token_ids, row_targets, teacher_targets
 
-PROMPT = "<|user|>\nContinue the sequence: {}\n<|assistant|>\n"
-
 
 @pytest.fixture(scope="module")
-def number_rows(tmp_path_factory) -> Path:
-    rng = np.random.default_rng(0)
+def number_rows(tmp_path_factory, make_number_rows) -> Path:
     path = tmp_path_factory.mktemp("numbers") / "rows.jsonl"
-    with path.open("w") as f:
-        for _ in range(24):
-            seen, more = rng.integers(0, 1000, rng.integers(2, 8)), rng.integers(0, 1000, rng.integers(1, 9))
-            f.write(json.dumps({"prompt": PROMPT.format(", ".join(map(str, seen))), "completion": ", ".join(map(str, more))}) + "\n")
+    write_jsonl(path, make_number_rows(24, seed=0))
     return path
 
 

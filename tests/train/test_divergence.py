@@ -11,22 +11,17 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from common.atomic import write_jsonl
 from train.config import ConfigError, TrainConfig
 from train.data import Tokenize, tokenize_to_cache
 from train.distill import load_teacher
 from train.divergence import SCORE_COLUMN, ScoreSpec, masked_count, masked_rows, read_scores, row_scores, scored_positions, write_scores
 
-PROMPT = "<|user|>\nContinue the sequence: {}\n<|assistant|>\n"
-
 
 @pytest.fixture(scope="module")
-def number_rows(tmp_path_factory):
-    rng = np.random.default_rng(1)
+def number_rows(tmp_path_factory, make_number_rows) -> Path:
     path = tmp_path_factory.mktemp("numbers") / "rows.jsonl"
-    with path.open("w") as f:
-        for _ in range(40):
-            seen, more = rng.integers(0, 1000, rng.integers(2, 8)), rng.integers(0, 1000, rng.integers(3, 12))
-            f.write(json.dumps({"prompt": PROMPT.format(", ".join(map(str, seen))), "completion": ", ".join(map(str, more))}) + "\n")
+    write_jsonl(path, make_number_rows(40, seed=1, completion_lengths=(3, 12)))
     return path
 
 

@@ -15,8 +15,6 @@ from train.data import Tokenize
 from train.distill import load_teacher
 from train.divergence import ScoreSpec, masked_count, row_scores, scored_positions
 
-PROMPT = "<|user|>\nContinue the sequence: {}\n<|assistant|>\n"
-
 
 def completion_tokens(tiny_model, rows) -> list[list[int]]:
     eos = AutoTokenizer.from_pretrained(tiny_model).eos_token_id
@@ -26,12 +24,8 @@ def completion_tokens(tiny_model, rows) -> list[list[int]]:
     ]
 
 
-def test_replaced_rows_differ_only_where_replaced_by_the_bases_choice(tiny_model, lora_adapters):
-    rng = np.random.default_rng(3)
-    rows = []
-    for _ in range(40):
-        seen, more = rng.integers(0, 1000, rng.integers(2, 8)), rng.integers(0, 1000, rng.integers(3, 10))
-        rows.append({"prompt": PROMPT.format(", ".join(map(str, seen))), "completion": ", ".join(map(str, more))})
+def test_replaced_rows_differ_only_where_replaced_by_the_bases_choice(tiny_model, lora_adapters, make_number_rows):
+    rows = make_number_rows(40, seed=3, completion_lengths=(3, 10))
     result = replace_divergent(rows, tiny_model, lora_adapters["a"], 0.2, TrainConfig(), 128)
     assert result["generated"] == 40 and result["kept"] == len(result["rows"]) and result["kept"] + sum(result["rejected"].values()) == 40
     assert result["tokens_replaced"] > 0 and all(reject_reason(r["completion"]) is None for r in result["rows"])
