@@ -388,20 +388,30 @@ def title(p) -> str:
         return ""
 
 
-def vllm_replica_and_engine() -> tuple:
-    """The t-vllm replica's process and its engine-core child, once it has one: a replica replaced
-    by an earlier test may still be starting its engine (up to 2 min)."""
-    deadline = time.time() + 120
+def vllm_replica_and_engine(url: str) -> tuple:
+    """The t-vllm replica's process and its engine-core child, once the replica serves: one replaced
+    by an earlier test may still be starting its engine. The core is the child named EngineCore
+    (vLLM's process title) or, failing that, the process the replica's engine guard watches."""
+    wait_until_serving(url)
+    deadline = time.time() + 60
     while True:
         replicas = [p for p in psutil.process_iter() if "ServeReplica:t-vllm" in title(p)]
         try:
-            cores = [c for r in replicas for c in r.children(recursive=True) if "EngineCore" in title(c)]
+            children = [c for r in replicas for c in r.children(recursive=True)]
+            cores = [c for c in children if "EngineCore" in title(c)] or guarded(children)
         except psutil.Error:
-            cores = []
+            children, cores = [], []
         if len(replicas) == 1 and len(cores) == 1:
             return replicas[0], cores[0]
-        assert time.time() < deadline, [title(p) for p in replicas]
+        assert time.time() < deadline, {"replicas": [title(p) for p in replicas], "children": [title(c)[:120] for c in children]}
         time.sleep(1)
+
+
+def guarded(children: list) -> list:
+    """The largest of the processes an engine guard's watcher (serve/engine_guard.py) was handed."""
+    pids = {int(arg.split("@")[0]) for c in children for arg in c.cmdline()[3:] if "@" in arg}
+    handed = [c for c in children if c.pid in pids]
+    return [max(handed, key=lambda c: c.memory_info().rss)] if handed else []
 
 
 def wait_until_serving(url: str) -> None:
@@ -414,7 +424,7 @@ def wait_until_serving(url: str) -> None:
 
 def test_a_dead_engine_fails_health_and_serve_replaces_the_replica(services):
     """Kill vLLM's engine-core process: /health turns 503, Serve's health check replaces the replica."""
-    _, core = vllm_replica_and_engine()
+    _, core = vllm_replica_and_engine(services["vllm"])
     core.kill()
     deadline = time.time() + 60
     while requests.get(services["vllm"] + "/health", timeout=30).status_code == 200:
@@ -426,7 +436,7 @@ def test_a_dead_engine_fails_health_and_serve_replaces_the_replica(services):
 def test_a_replica_killed_outright_leaves_no_engine_behind(services):
     """SIGKILL the replica by its pid: vLLM's engine core does not watch its parent, and without the
     replica's guard (serve/engine_guard.py) it would live on with its KV cache."""
-    replica, core = vllm_replica_and_engine()
+    replica, core = vllm_replica_and_engine(services["vllm"])
     replica.kill()
     psutil.wait_procs([core], timeout=30)
     assert not core.is_running() or core.status() == psutil.STATUS_ZOMBIE, "the engine core outlived its replica"
@@ -440,5 +450,5 @@ def test_the_cpu_engine_core_allocates_with_tcmalloc_where_installed(services):
 
     if not find_library("tcmalloc_minimal") and not find_library("tcmalloc"):
         pytest.skip("tcmalloc is not installed here (apt install libtcmalloc-minimal4)")
-    _, core = vllm_replica_and_engine()
+    _, core = vllm_replica_and_engine(services["vllm"])
     assert "tcmalloc" in Path(f"/proc/{core.pid}/maps").read_text()
