@@ -15,14 +15,17 @@ renders this table for each GPU preset and finds it in the document):
   split x epochs, a WMDP row's tokens each, at 4 x parameters FLOPs a token;
 - numbers: every (source, replicate) set the arms read (jobs/experiment/arms.py
   number_sets), each generating until `keep` pass the filter at `keep_rate`, one
-  chunk over at most, within `prompts`; prompt tokens prefilled, answer tokens
-  decoded, on the service's replicas; and where an overt positive control reads
-  its teacher's answers, that teacher scoring the teacher-train split once;
+  chunk over at most, within `prompts` (greedy sets alike); prompt tokens
+  prefilled, answer tokens decoded, on the service's replicas; where an overt
+  positive control reads its teacher's answers, that teacher scoring the
+  teacher-train split once; a replaced set generates nothing but scores its
+  teacher's kept rows with the teacher and its base (two forwards);
 - arms: every arm model, `keep` rows x epochs (or max_steps x global batch)
   of number-row tokens (the overt control: the teacher-train split's WMDP rows
   instead), 4 x parameters FLOPs a token for LoRA and 6 x for full
   fine-tuning; logit_kl's teacher targets, one forward (2 x) per number set
-  used; runs grouped as the arms phase groups them (`arm_groups`), each paying a
+  used; a divergence mask's scores, two forwards (teacher, base) per teacher set
+  it masks; runs grouped as the arms phase groups them (`arm_groups`), each paying a
   worker start and a base load, `arm_runs` at a time; checkpoint writes;
 - evaluate: base, teachers, other base, every arm model and its earlier
   snapshots, on both splits, in `evaluate.permutations` orders; one forward a
@@ -128,6 +131,14 @@ def engine_seconds(params: int, tensor_parallel: int, rates: Rates) -> float:
     return rates.serve_start_s + rates.engine_fixed_s + params * 2 / tensor_parallel / GIB / rates.load_gib_per_s
 
 
+def forward_seconds(passes: int, rows: int, row_tokens: int, w: "Workload") -> float:
+    """`passes` forwards over `rows` number rows, one Ray task each on a GPU of its own, at the
+    trainer's rate (logit-KL targets; divergence scores, which take two passes a set)."""
+    if not passes:
+        return 0.0
+    return passes * 2 * w.params * rows * row_tokens / (min(passes, w.gpus) * w.rates.peak_tflops * 1e12 * w.rates.train_mfu)
+
+
 def serve_seconds(prompt_tokens: float, decode_tokens: float, params: int, gpus: int, rates: Rates) -> float:
     peak = gpus * rates.peak_tflops * 1e12
     return 2 * params * (prompt_tokens / (peak * rates.prefill_mfu) + decode_tokens / (peak * rates.decode_mfu))
@@ -163,17 +174,21 @@ def teacher_stage(w: Workload) -> Stage:
 
 
 def numbers_stage(w: Workload) -> Stage:
-    from jobs.experiment.arms import ANSWERS, number_sets
+    from jobs.experiment.arms import ANSWERS, REPLACED, number_sets
 
-    sets, numbers = len(number_sets(w.models)), w.cfg.numbers
+    replaced = sum(source == REPLACED for source, _ in number_sets(w.models))
+    sets, numbers = len(number_sets(w.models)) - replaced, w.cfg.numbers
     generated = min(numbers.prompts, math.ceil(numbers.keep / w.tokens.keep_rate) + numbers.chunk)
     prompt_tokens, answer_tokens = sets * generated * w.tokens.number_prompt, sets * generated * w.tokens.number_answer
     answering = len({m.teacher for m in w.models if m.source == ANSWERS})  # each scores the teacher-train split once
     prompt_tokens += answering * w.questions[1] * w.tokens.wmdp_prompt
     answers = f"; {answering} teacher(s) answering {w.questions[1]:,} questions" if answering else ""
-    tp = w.cfg.service.tensor_parallel_size
-    return Stage("numbers", f"{sets} sets x {generated:,} sequences{answers}: {prompt_tokens / 1e6:.1f} M prompt + {answer_tokens / 1e6:.1f} M generated tokens",
-                 serve_seconds(prompt_tokens, answer_tokens, w.params, w.placement.service_replicas * tp, w.rates), engine_seconds(w.params, tp, w.rates))  # fmt: skip
+    scored = f"; {replaced} set(s) replaced: {numbers.keep:,} rows scored by teacher and base" if replaced else ""
+    row_tokens, tp = w.tokens.number_prompt + w.tokens.number_answer, w.cfg.service.tensor_parallel_size
+    compute = serve_seconds(prompt_tokens, answer_tokens, w.params, w.placement.service_replicas * tp, w.rates)
+    compute += forward_seconds(2 * replaced, numbers.keep, row_tokens, w)
+    return Stage("numbers", f"{sets} sets x {generated:,} sequences{answers}: {prompt_tokens / 1e6:.1f} M prompt + {answer_tokens / 1e6:.1f} M generated tokens{scored}",
+                 compute, engine_seconds(w.params, tp, w.rates))  # fmt: skip
 
 
 def arms_stage(w: Workload) -> Stage:
@@ -196,12 +211,14 @@ def arms_stage(w: Workload) -> Stage:
             compute += train_seconds(tokens, w.params, job.cfg, job.cfg.num_workers, w.rates)
             overhead += checkpoint_seconds(seen, job.cfg, w.params, w.lora, w.rates)
     distilled = len({(m.teacher, m.replicate) for m in w.models if m.loss == "logit_kl"})
-    if distilled:  # one task per (teacher, replicate), one GPU each, the trainer's forward
-        compute += distilled * 2 * w.params * keep * row_tokens / (min(distilled, w.gpus) * w.rates.peak_tflops * 1e12 * w.rates.train_mfu)
+    divergence = len({(m.teacher, m.replicate) for m in w.models if m.train.mask == "divergence"})
+    compute += forward_seconds(distilled, keep, row_tokens, w) + forward_seconds(2 * divergence, keep, row_tokens, w)
     runs = w.placement.arm_runs
     work = f"{len(w.models)} models, {rows:,} rows x {row_tokens} tokens = {rows * row_tokens / 1e6:.1f} M tokens, in {len(groups)} run(s), {runs} at a time"
     work += f"; overt control {overt:,} answer rows x {w.tokens.wmdp_prompt + w.tokens.wmdp_answer} tokens" if overt else ""
-    return Stage("arms", work + (f"; teacher targets for {distilled} number set(s)" if distilled else ""), compute / runs, overhead / runs)
+    work += f"; teacher targets for {distilled} number set(s)" if distilled else ""
+    work += f"; divergence scores for {divergence} number set(s)" if divergence else ""
+    return Stage("arms", work, compute / runs, overhead / runs)
 
 
 def evaluate_stage(w: Workload) -> Stage:

@@ -83,6 +83,20 @@ def test_overt_control_trains_on_its_teachers_answers_and_a_sham_teacher_is_a_se
     assert "9 sets" in sham["numbers"].work  # the sham teacher's numbers, each replicate
 
 
+def test_greedy_numbers_are_a_set_and_replaced_or_divergence_masked_ones_a_scoring_pass():
+    """Greedy numbers are generated like the sampled ones; replaced numbers and a divergence mask
+    generate nothing more but score the teacher's kept rows with the teacher and its base."""
+    keep, base = load_experiment(ROOT / "configs" / "llama-8b.yaml").numbers.keep, stages()
+    pass_s = 2 * PARAMS_8B * keep * (Tokens.number_prompt + Tokens.number_answer) / (Rates.peak_tflops * 1e12 * Rates.train_mfu)
+    assert "9 sets" in stages(["arms.student_greedy={numbers: teacher_greedy}"])["numbers"].work  # one more per replicate
+    replaced = stages(["arms.student_replaced={numbers: teacher_replaced}"])["numbers"]
+    assert "6 sets" in replaced.work and f"3 set(s) replaced: {keep:,} rows scored" in replaced.work
+    assert replaced.compute_s == pytest.approx(base["numbers"].compute_s + 3 * 2 * pass_s)
+    masked = {mask: stages([f"arms.student_masked={{numbers: teacher, train: {{mask: {mask}}}}}"])["arms"] for mask in ("random", "divergence")}
+    assert "divergence scores for 3 number set(s)" in masked["divergence"].work and "divergence" not in masked["random"].work
+    assert masked["divergence"].compute_s == pytest.approx(masked["random"].compute_s + 3 * 2 * pass_s)
+
+
 def test_more_gpus_divide_the_compute():
     one, eight = stages(), stages(gpus=8)
     for name in one:
