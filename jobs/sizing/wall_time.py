@@ -131,7 +131,7 @@ def engine_seconds(params: int, tensor_parallel: int, rates: Rates) -> float:
     return rates.serve_start_s + rates.engine_fixed_s + params * 2 / tensor_parallel / GIB / rates.load_gib_per_s
 
 
-def forward_seconds(passes: int, rows: int, row_tokens: int, w: "Workload") -> float:
+def forward_seconds(passes: int, rows: int, row_tokens: int, w: Workload) -> float:
     """`passes` forwards over `rows` number rows, one Ray task each on a GPU of its own, at the
     trainer's rate (logit-KL targets; divergence scores, which take two passes a set)."""
     if not passes:

@@ -59,6 +59,9 @@ def phrase(share: dict) -> str:
     ci = share["ci95"]
     if ci is None:
         return f"{share['value']:.0%} (no interval: no spread)"
+    if ci[0] is None and ci[1] is None:  # the point ratio of two noises: say so before the number
+        p = "" if share.get("student_p") is None else f", p={share['student_p']:.2g}"
+        return f"not estimable: the student's own effect is not detected{p} (95% CI unbounded; point {share['value']:.0%})"
     low = "unbounded" if ci[0] is None else f"{ci[0]:.0%}"
     high = "unbounded" if ci[1] is None else f"{ci[1]:.0%}"
     return f"{share['value']:.0%} (95% CI {low} to {high})"
