@@ -409,7 +409,7 @@ def vllm_replica_and_engine(url: str) -> tuple:
 
 def guarded(children: list) -> list:
     """The largest of the processes an engine guard's watcher (serve/engine_guard.py) was handed."""
-    pids = {int(arg.split("@")[0]) for c in children for arg in c.cmdline()[3:] if "@" in arg}
+    pids = {int(arg.split("@")[0]) for c in children for arg in c.cmdline()[3:] if arg.split("@")[0].isdigit() and "@" in arg}
     handed = [c for c in children if c.pid in pids]
     return [max(handed, key=lambda c: c.memory_info().rss)] if handed else []
 
