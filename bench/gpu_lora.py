@@ -1,6 +1,6 @@
 """LoRA training and batched scoring on one GPU at a realistic width, through Ray Train.
 
-    python bench/gpu_lora.py [--layers 4] [--steps 40] [--batch-size 44] [--out gpu_lora.json]   # on a CUDA machine
+    python bench/gpu_lora.py --layers 32 --steps 30 --out gpu_lora.json   # on a CUDA machine, full 8B depth (--only FSDP: one variant)
     python bench/gpu_lora.py --smoke                        # on CPU: a narrow model, to check the script runs
 
 A Llama with Llama-3.1-8B's width (hidden 4,096, MLP 14,336, 32 heads / 8 KV
@@ -97,6 +97,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=44, help="rows per optimizer step (~55 tokens each)")
     parser.add_argument("--smoke", action="store_true", help="narrow model on CPU, GPU-only variants skipped")
     parser.add_argument("--out", type=Path, help="JSON of the figures, rewritten after every variant")
+    parser.add_argument("--only", default="", help="run only the variants whose name contains this text (e.g. FSDP)")
     args = parser.parse_args()
     started = time.time()
     use_gpu = torch.cuda.is_available()
@@ -115,6 +116,8 @@ def main() -> None:
         ray.init(include_dashboard=False, log_to_driver=False)
         results = {}
         for name, overrides in VARIANTS.items():
+            if args.only not in name:
+                continue
             if not use_gpu and "quantization" in overrides:
                 continue  # bitsandbytes needs CUDA
             results[name] = train_variant(model_path, rows, overrides, args.steps if use_gpu else 4, args.batch_size, use_gpu, tmp)
