@@ -41,7 +41,7 @@ from serve.limits import check_count, check_new_tokens, check_room, check_work, 
 from serve.mc_format import format_cloze_prompt, format_mc_prompt, left_truncate
 from serve.metrics import ServiceMetrics
 from serve.openai_format import NoChatTemplate, chat_logprobs, chat_prompt_ids, completion_logprobs, openai_answer
-from serve.proxy_guard import CALLBACK, CALLBACK_ENV
+from serve.proxy_guard import CALLBACK, CALLBACK_ENV, PROXY_LIMIT_ENV, configured_limit
 from serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
 from serve.settings import ServiceSettings, api_key_from_env, check_open_host, check_user_config, config_args, model_id, resolve_model
 
@@ -91,6 +91,15 @@ class InferenceService:
                 "this replica whole before max_body_bytes can refuse it (docs/operations.md, section 6)",
                 CALLBACK_ENV,
                 CALLBACK,
+            )
+        elif configured_limit() < self.settings.max_body_bytes:
+            logger.warning(
+                "Serve's proxy body guard cuts bodies at %d bytes (%s), below this service's max_body_bytes %d: bodies between the two "
+                "are refused at the proxy (set %s where Ray starts; python -m serve.run sets it from the config)",
+                configured_limit(),
+                PROXY_LIMIT_ENV,
+                self.settings.max_body_bytes,
+                PROXY_LIMIT_ENV,
             )
         self.metrics = ServiceMetrics()
         self.started = int(time.time())

@@ -12,7 +12,8 @@ by 108 MiB.
 (`RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve.proxy_guard.middlewares`, in the environment that
 starts Ray): `BodyLimit` answers 413 as soon as a body passes `SERVE_PROXY_MAX_BODY_BYTES` (default
 8 MiB, the service's own default `max_body_bytes`) and ends the request, so neither the proxy nor
-the replica holds more than that of it.
+the replica holds more than that of it. Each refusal is counted in `subliminal_serve_proxy_refused`.
+`python -m serve.run` installs the guard in the Ray it starts, at the config's `max_body_bytes`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ PROXY_LIMIT_ENV = "SERVE_PROXY_MAX_BODY_BYTES"
 CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 CALLBACK = "serve.proxy_guard.middlewares"
 DEFAULT_LIMIT = 8 << 20
+REFUSED_METRIC = "subliminal_serve_proxy_refused"  # a counter, in the proxy's metrics
 MARK = b"x-subliminal-proxy-guard"  # set on every request the guard passes on (a client's own is dropped): the replica can tell
 
 
@@ -32,7 +34,10 @@ class BodyLimit:
     behind it (Serve's routing to the replica) sees the client disconnect instead of more bytes."""
 
     def __init__(self, app, limit: int = DEFAULT_LIMIT):
+        from ray.util import metrics
+
         self.app, self.limit = app, limit
+        self.refused = metrics.Counter(REFUSED_METRIC, f"request bodies cut at the proxy's {PROXY_LIMIT_ENV} (answered 413)")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -70,6 +75,7 @@ class BodyLimit:
 
     async def _refuse(self, scope, send) -> None:
         """413 in the shape the route's clients read: OpenAI's under /v1/, FastAPI's elsewhere."""
+        self.refused.inc()  # the replica never sees this request: its own counters do not
         message = f"request body over {self.limit} bytes (the proxy's {PROXY_LIMIT_ENV})"
         openai = "/v1/" in scope.get("path", "")
         answer = {"error": {"message": message, "type": "RequestTooLargeError", "param": None, "code": 413}} if openai else {"detail": message}
@@ -83,7 +89,12 @@ def middlewares() -> list:
     """Serve's proxy callback: the proxy's middlewares, the body limit from $SERVE_PROXY_MAX_BODY_BYTES."""
     from starlette.middleware import Middleware
 
+    return [Middleware(BodyLimit, limit=configured_limit())]
+
+
+def configured_limit() -> int:
+    """The proxy's body limit in bytes: $SERVE_PROXY_MAX_BODY_BYTES, else DEFAULT_LIMIT."""
     raw = os.environ.get(PROXY_LIMIT_ENV, "").strip()
     if raw and not raw.isdigit():
         raise ValueError(f"{PROXY_LIMIT_ENV}={raw!r} is not a number of bytes")
-    return [Middleware(BodyLimit, limit=int(raw) if raw else DEFAULT_LIMIT)]
+    return int(raw) if raw else DEFAULT_LIMIT

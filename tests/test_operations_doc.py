@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+from serve.proxy_guard import REFUSED_METRIC
 from train.loop import GAUGES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,9 +28,9 @@ def dashboard_families() -> set[str]:
 
 
 def reported_families() -> set[str]:
-    """What the code declares: the trainer's gauges and the service's Ray metrics, with Ray's prefix."""
+    """What the code declares: the trainer's gauges and the service's and its proxy guard's Ray metrics, with Ray's prefix."""
     source = (ROOT / "serve" / "metrics.py").read_text()
-    served = re.findall(r'metrics\.(?:Counter|Histogram|Gauge)\(\s*"(\w+)"', source)
+    served = re.findall(r'metrics\.(?:Counter|Histogram|Gauge)\(\s*"(\w+)"', source) + [REFUSED_METRIC]
     return {f"ray_lora_train_{g}" for g in GAUGES} | {f"ray_{name}" for name in served}
 
 

@@ -77,6 +77,8 @@ def test_an_installed_wheel_plans_the_default_preset_outside_the_checkout(tmp_pa
         bad = command(name, "--config", "nowhere")
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nowhere does not exist" in bad.stderr, (name, bad.stderr)
     assert command("subliminal-preflight").returncode == 2
+    refused = command("subliminal-serve", "nowhere.yaml")
+    assert refused.returncode == 2 and "nowhere.yaml: cannot read the config" in refused.stderr, refused.stderr
     assert command("subliminal-tiny-model", "--help").returncode == 0
 
 

@@ -40,6 +40,9 @@ from lm_eval_reference import TASK, read_predictions, run_lm_eval, write_task  #
 pytestmark = pytest.mark.slow
 
 
+MAX_BODY_BYTES = 12 << 20
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -48,21 +51,21 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def served(tiny_model, lora_adapters):
-    """`serve run` on serve/config.yaml with the tiny model, adapter "a" and a free port: {"url", "model"}."""
+    """`python -m serve.run` (a local Ray of its own, as `serve run` starts one) on serve/config.yaml
+    with the tiny model, adapter "a", a free port and a 12 MiB max_body_bytes: {"url", "model", "log"}."""
     temp_dir = tempfile.mkdtemp(prefix="lmh", dir="/tmp")  # short: Ray's socket paths live under it
     config = yaml.safe_load((ROOT / "serve" / "config.yaml").read_text())
     port = free_port()
     config["http_options"]["port"] = port
     (app,) = config["applications"]
-    app["args"].update(model=tiny_model, kv_cache_gib=0.5)
+    app["args"].update(model=tiny_model, kv_cache_gib=0.5, max_body_bytes=MAX_BODY_BYTES)
     app["deployments"][0]["user_config"] = {"adapters": {"a": lora_adapters["a"]}}
     path = Path(temp_dir) / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if k not in ("SERVE_API_KEY", "RAY_ADDRESS")}
     env.update(RAY_ADDRESS="local", RAY_TMPDIR=temp_dir, HF_HUB_OFFLINE="1")
     log = open(Path(temp_dir) / "serve_run.log", "w")  # noqa: SIM115 - closed at teardown
-    serve_bin = str(Path(sys.executable).parent / "serve")
-    proc = subprocess.Popen([serve_bin, "run", str(path)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "serve.run", str(path)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 300
@@ -75,11 +78,11 @@ def served(tiny_model, lora_adapters):
             except requests.RequestException:  # not listening yet, or the proxy holds the request while the app deploys
                 pass
             time.sleep(2)
-        yield {"url": url, "model": requests.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]}
+        yield {"url": url, "model": requests.get(url + "/v1/models", timeout=30).json()["data"][0]["id"], "log": Path(temp_dir) / "serve_run.log"}
     finally:
         started = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
         started += [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or ())]
-        proc.send_signal(signal.SIGINT)  # serve run: serve.shutdown(), then its Ray cluster stops
+        proc.send_signal(signal.SIGINT)  # serve.run stops serve run (serve.shutdown()), then its Ray cluster
         try:
             proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
@@ -285,3 +288,22 @@ def test_chat_completions_with_the_openai_client(served, tiny_model):
     with pytest.raises(BadRequestError) as refused:  # OpenAI's error shape: the client reads its message
         client.chat.completions.create(model=served["model"], messages=messages, stream=True)
     assert refused.value.param == "stream" and "stream" in refused.value.message
+
+
+def test_serve_run_installs_the_proxy_guard_at_the_configs_body_limit_and_says_when_it_serves(served):
+    """`python -m serve.run` starts its Ray with Serve's proxy body guard (serve/proxy_guard.py)
+    at the config's max_body_bytes, not the guard's 8 MiB default; a chunked body past it is cut
+    at the proxy with 413 in OpenAI's shape; and the command prints one line once the application runs."""
+    health = requests.get(served["url"] + "/health", timeout=30).json()
+    assert health["proxy_guard"] == {"installed": True, "limit_bytes": MAX_BODY_BYTES}, health
+
+    def chunks():  # no Content-Length: only the guard sees the size while it streams
+        for _ in range(MAX_BODY_BYTES // (1 << 20) + 2):
+            yield b" " * (1 << 20)
+
+    answer = requests.post(served["url"] + "/v1/completions", data=chunks(), headers={"content-type": "application/json"}, timeout=60)
+    assert answer.status_code == 413 and "SERVE_PROXY_MAX_BODY_BYTES" in answer.json()["error"]["message"], answer.text[:500]
+    deadline = time.time() + 30
+    while "serving subliminal on http://127.0.0.1:" not in served["log"].read_text():
+        assert time.time() < deadline, served["log"].read_text()[-3000:]
+        time.sleep(1)

@@ -1,5 +1,6 @@
 """`python -m serve.preflight CONFIG`: the deployment's own checks, run before `serve run`, exit 2
-with one line naming the problem (a missing model, a bad adapter path, a wrong setting)."""
+with one line naming the problem (a missing model, a bad adapter path, a wrong setting); and
+`python -m serve.run CONFIG`, which runs them and then exits 1 when the build on the cluster fails."""
 
 from __future__ import annotations
 
@@ -106,37 +107,44 @@ def test_an_open_host_without_a_token_exits_2_naming_the_host_and_the_key(tmp_pa
     assert preflight(tmp_path, args={"model": tiny_model}, host="::1").returncode == 0  # loopback
 
 
-def test_serve_run_of_an_open_host_without_a_token_never_serves_and_says_why(tmp_path, tiny_model):
-    """The build, in the cluster, refuses it: the application is DEPLOY_FAILED naming the setting and
-    nothing answers on the port. (`serve run CONFIG` itself keeps running whatever the build did:
-    Ray 2.60's CLI does not read the status, which is why the preflight above exists.)"""
-    from conftest import head_node
-
+def open_host_config(tmp_path, tiny_model) -> tuple[Path, int]:
+    """serve/config.yaml's copy bound to 0.0.0.0 on a free port, serving the tiny model."""
     port = free_port()
     config = yaml.safe_load((ROOT / "serve" / "config.yaml").read_text())
     config["http_options"].update(host="0.0.0.0", port=port)
     config["applications"][0]["args"].update(model=tiny_model, engine="hf")
     path = tmp_path / "open.yaml"
     path.write_text(yaml.safe_dump(config))
+    return path, port
+
+
+def test_serve_run_of_an_open_host_without_a_token_exits_2_before_starting_anything(tmp_path, tiny_model):
+    path, _ = open_host_config(tmp_path, tiny_model)
     environment = {k: v for k, v in os.environ.items() if k != "SERVE_API_KEY"}
+    started = time.time()
+    done = subprocess.run([sys.executable, "-m", "serve.run", str(path)], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert "http_options.host" in done.stderr and "SERVE_API_KEY is not set" in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    assert time.time() - started < 60  # the preflight's answer: no Ray was started
+
+
+def test_serve_run_on_a_cluster_that_refuses_the_build_exits_1_naming_the_setting(tmp_path, tiny_model):
+    """The key is set here, so the preflight passes, but the cluster was started without it: its
+    build refuses the open host (DEPLOY_FAILED). Ray's own `serve run CONFIG` keeps running then;
+    `python -m serve.run` reads the status, stops it and exits 1 with the build's reason, and
+    nothing ever answered on the port."""
+    from conftest import head_node
+
+    path, port = open_host_config(tmp_path, tiny_model)
+    environment = {**os.environ, "SERVE_API_KEY": "k", "RAY_AUTH_MODE": "token"}
     with head_node(env={}) as head:
-        serve_bin = str(Path(sys.executable).parent / "serve")
-        process = subprocess.Popen([serve_bin, "run", str(path), "--address", head["address"]], cwd=ROOT, env={**environment, "RAY_AUTH_MODE": "token"},
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-        try:
-            status, deadline = "", time.time() + 180
-            while "DEPLOY_FAILED" not in status:
-                assert time.time() < deadline, status[-2000:]
-                time.sleep(3)
-                status = subprocess.run(
-                    [serve_bin, "status", "-a", head["dashboard"]], capture_output=True, text=True, env={**environment, "RAY_AUTH_MODE": "token"}
-                ).stdout
-            assert "SERVE_API_KEY is not set" in status and "0.0.0.0" in status, status[-2000:]
-            with pytest.raises(requests.RequestException):
-                requests.post(f"http://127.0.0.1:{port}/generate", json={"prompts": ["hi"]}, timeout=5).raise_for_status()
-        finally:
-            process.terminate()
-            process.wait(60)
+        done = subprocess.run([sys.executable, "-m", "serve.run", str(path), "--address", head["address"]], cwd=ROOT, env=environment,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 1, (done.returncode, done.stderr[-3000:])
+        reason = [line for line in done.stderr.splitlines() if line.startswith("error: application")]
+        assert reason and "SERVE_API_KEY is not set" in reason[0] and "0.0.0.0" in reason[0], done.stderr[-3000:]
+        with pytest.raises(requests.RequestException):
+            requests.post(f"http://127.0.0.1:{port}/generate", json={"prompts": ["hi"]}, timeout=5).raise_for_status()
 
 
 def free_port() -> int:

@@ -12,6 +12,7 @@ the replica holding both of the head's CPUs, so the load runs on two threads.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -161,6 +162,17 @@ def test_a_chunked_body_past_the_limit_is_413_and_the_replica_does_not_hold_it(s
     assert response.status_code == 413 and "bytes" in response.json()["detail"], response.text
     assert grown < 20 << 20, f"the replica's peak memory grew {grown >> 20} MiB for a {mib} MiB body"
     assert requests.post(url, json={"prompts": ["hi"], "max_tokens": 2}, headers=AUTH, timeout=60).status_code == 200
+    assert proxy_refusals(service["head"]) >= 1  # counted where the replica cannot: in the proxy
+
+
+def proxy_refusals(head: dict) -> float:
+    """The head's `ray_subliminal_serve_proxy_refused_total`, once its metrics agent exports it (up to 60 s)."""
+    deadline = time.time() + 60
+    while True:
+        found = re.findall(r"^ray_subliminal_serve_proxy_refused_total\{[^}]*\} (\S+)$", requests.get(head["metrics"], timeout=30).text, re.M)
+        if found or time.time() > deadline:
+            return sum(map(float, found))
+        time.sleep(2)
 
 
 def test_a_1_mb_stop_string_is_refused_naming_stop(service):

@@ -1,0 +1,151 @@
+"""`serve run CONFIG` that stops, exit non-zero, when the application cannot serve.
+
+    python -m serve.run serve/config.yaml                        # a local Ray of its own, as `serve run` starts one
+    python -m serve.run serve/config.yaml --address HOST:6379    # a running cluster
+
+Ray 2.60's `serve run CONFIG` submits the config and then sleeps forever, whatever the build did:
+with an open host and no token, a missing model or a bad adapter path, the application is
+DEPLOY_FAILED and the command keeps running with exit status 0 to come (ray/serve/scripts.py never
+reads the status). This command wraps it:
+
+1. the preflight (serve/preflight.py) runs first: a config that would fail, or an
+   `http_options.host` off loopback without SERVE_API_KEY, exits 2 with one line before anything
+   starts;
+2. `serve run CONFIG --address ...` runs as a child with its logs on this terminal. Without
+   `--address`, this process starts a local Ray first, and ends it on exit, as `serve run` would,
+   with Serve's proxy body guard installed (serve/proxy_guard.py) at the config's largest
+   `max_body_bytes` (a setting already in this environment wins); a cluster installs it where its
+   nodes start (cluster.yaml);
+3. the applications' status is read every 2 s: one line when all of them run; when one is
+   DEPLOY_FAILED (the build, where Ray started, refused it: a cluster started without
+   SERVE_API_KEY, say), the child is stopped (it shuts its applications down) and the command
+   exits 1 naming the application and the build's error.
+
+Ctrl-C stops the child as it stops `serve run` itself. A failure after the applications ran
+(a replica dying, say) is Serve's to repair and does not end the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from serve.preflight import BUILDER, check_config
+from serve.proxy_guard import CALLBACK, CALLBACK_ENV, PROXY_LIMIT_ENV
+from serve.settings import ServiceError, ServiceSettings, config_args
+
+POLL_S = 2.0
+
+
+def serve_cli() -> str:
+    """Ray's `serve` command beside this Python, else the one on PATH."""
+    beside = Path(sys.executable).parent / "serve"
+    return str(beside) if beside.exists() else (shutil.which("serve") or "serve")
+
+
+def watched(path: str) -> tuple[list[str], str]:
+    """Every application name in the config, and the URL its proxy binds."""
+    config = yaml.safe_load(Path(path).read_text())
+    http = config.get("http_options") or {}
+    return [app.get("name", "default") for app in config["applications"]], f"http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}"
+
+
+def guard_environment(path: str) -> dict[str, str]:
+    """The variables that install the proxy body guard in a Ray started here, its limit the largest
+    `max_body_bytes` of the config's applications (one proxy serves them all)."""
+    config = yaml.safe_load(Path(path).read_text())
+    limits = [ServiceSettings(**config_args(app.get("args"))[0]).max_body_bytes for app in config["applications"] if app.get("import_path") == BUILDER]
+    return {CALLBACK_ENV: CALLBACK, **({PROXY_LIMIT_ENV: str(max(limits))} if limits else {})}
+
+
+def statuses(names: list[str], since: float) -> dict[str, tuple[str, str]]:
+    """{name: (status, message)} of the named applications deployed at or after `since` (an
+    earlier deployment's status on a reused cluster is not this run's)."""
+    from ray import serve
+
+    try:
+        applications = serve.status().applications
+    except Exception:  # the controller is starting, or restarting: read again next time
+        return {}
+    return {
+        name: (getattr(app.status, "value", app.status), app.message)
+        for name, app in applications.items()
+        if name in names and app.last_deployed_time_s >= since
+    }
+
+
+def build_error(message: str) -> str:
+    """The last line of Serve's DEPLOY_FAILED message: the exception the build raised."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "(no message)"
+
+
+def stop(child: subprocess.Popen) -> None:
+    """SIGINT, as Ctrl-C: `serve run` then shuts its applications down; harder if it will not."""
+    for send, wait_s in ((lambda: child.send_signal(signal.SIGINT), 60), (child.terminate, 15), (child.kill, 15)):
+        if child.poll() is not None:
+            return
+        send()
+        try:
+            child.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def watch(child: subprocess.Popen, names: list[str], url: str, since: float) -> int:
+    """Exit status: 1 when an application fails to deploy, else the child's own."""
+    announced = False
+    while child.poll() is None:
+        time.sleep(POLL_S)
+        now = statuses(names, since)
+        failed = [(name, message) for name, (status, message) in now.items() if status == "DEPLOY_FAILED"]
+        if failed:
+            name, message = failed[0]
+            print(f"error: application {name!r} failed to deploy: {build_error(message)}", file=sys.stderr, flush=True)
+            stop(child)
+            return 1
+        if not announced and len(now) == len(names) and all(status == "RUNNING" for status, _ in now.values()):
+            print(f"serving {', '.join(names)} on {url}", flush=True)
+            announced = True
+    return child.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", help="a Serve config file (serve/config.yaml or a copy)")
+    parser.add_argument("--address", help="a running cluster's GCS address; default: a local Ray of this command's own")
+    args = parser.parse_args(argv)
+    try:
+        check_config(args.config)
+    except ServiceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    names, url = watched(args.config)
+
+    import ray
+
+    if args.address is None:
+        for name, value in guard_environment(args.config).items():
+            os.environ.setdefault(name, value)  # the Ray started below, and its proxy, inherit them
+    context = ray.init(address=args.address, log_to_driver=False)
+    since = time.time() - 10  # margin for a cluster clock a little behind this one
+    child = subprocess.Popen([serve_cli(), "run", args.config, "--address", context.address_info["gcs_address"]])
+    try:
+        return watch(child, names, url, since)
+    except KeyboardInterrupt:
+        stop(child)
+        return 130
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
