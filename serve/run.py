@@ -51,17 +51,15 @@ def serve_cli() -> str:
     return str(beside) if beside.exists() else (shutil.which("serve") or "serve")
 
 
-def watched(path: str) -> tuple[list[str], str]:
+def watched(config: dict) -> tuple[list[str], str]:
     """Every application name in the config, and the URL its proxy binds."""
-    config = yaml.safe_load(Path(path).read_text())
     http = config.get("http_options") or {}
     return [app.get("name", "default") for app in config["applications"]], f"http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}"
 
 
-def guard_environment(path: str) -> dict[str, str]:
+def guard_environment(config: dict) -> dict[str, str]:
     """The variables that install the proxy body guard in a Ray started here, its limit the largest
     `max_body_bytes` of the config's applications (one proxy serves them all)."""
-    config = yaml.safe_load(Path(path).read_text())
     limits = [ServiceSettings(**config_args(app.get("args"))[0]).max_body_bytes for app in config["applications"] if app.get("import_path") == BUILDER]
     return {CALLBACK_ENV: CALLBACK, **({PROXY_LIMIT_ENV: str(max(limits))} if limits else {})}
 
@@ -128,12 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     except ServiceError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    names, url = watched(args.config)
+    config = yaml.safe_load(Path(args.config).read_text())  # the preflight has read it: a Serve config
+    names, url = watched(config)
 
     import ray
 
     if args.address is None:
-        for name, value in guard_environment(args.config).items():
+        for name, value in guard_environment(config).items():
             os.environ.setdefault(name, value)  # the Ray started below, and its proxy, inherit them
     context = ray.init(address=args.address, log_to_driver=False)
     since = time.time() - 10  # margin for a cluster clock a little behind this one
