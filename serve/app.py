@@ -92,14 +92,13 @@ class InferenceService:
                 CALLBACK_ENV,
                 CALLBACK,
             )
-        elif configured_limit() < self.settings.max_body_bytes:
+        elif (guard_limit := configured_limit()) < self.settings.max_body_bytes:
             logger.warning(
-                "Serve's proxy body guard cuts bodies at %d bytes (%s), below this service's max_body_bytes %d: bodies between the two "
-                "are refused at the proxy (set %s where Ray starts; python -m serve.run sets it from the config)",
-                configured_limit(),
+                "Serve's proxy body guard cuts bodies at %s=%d bytes, below this service's max_body_bytes %d: bodies between the two "
+                "are refused at the proxy (set it where Ray starts; python -m serve.run sets it from the config)",
                 PROXY_LIMIT_ENV,
+                guard_limit,
                 self.settings.max_body_bytes,
-                PROXY_LIMIT_ENV,
             )
         self.metrics = ServiceMetrics()
         self.started = int(time.time())
