@@ -250,17 +250,23 @@ def answer_and_close(conn: socket.socket, within: float) -> tuple[bytes, float]:
     return data, time.perf_counter() - started
 
 
+def generate_and_score_latencies(url: str) -> list[float]:
+    """Seconds each of three small /generate and three /score requests took, each answered 200."""
+    latencies = []
+    for route, body in [("/generate", {"prompts": ["hi"], "max_tokens": 2}), ("/score", {"questions": [{"question": "Q?", "choices": ["a", "b"]}]})] * 3:
+        started = time.perf_counter()
+        assert requests.post(url + route, json=body, headers=AUTH, timeout=30).status_code == 200
+        latencies.append(time.perf_counter() - started)
+    return latencies
+
+
 def test_stalled_bodies_on_health_hold_no_slot_while_generate_and_score_answer(service):
     """64 connections to /health, each stalled inside a chunked body: /health reads no body, so
     they are answered at once and hold none of the replica's 64 ongoing-request slots (before,
     the middleware read each body and every /generate timed out behind them)."""
     url = service["url"]
     stalled = stalled_bodies(url, "GET", "/health", 64, {})
-    latencies = []
-    for route, body in [("/generate", {"prompts": ["hi"], "max_tokens": 2}), ("/score", {"questions": [{"question": "Q?", "choices": ["a", "b"]}]})] * 3:
-        started = time.perf_counter()
-        assert requests.post(url + route, json=body, headers=AUTH, timeout=30).status_code == 200
-        latencies.append(time.perf_counter() - started)
+    latencies = generate_and_score_latencies(url)
     answers = [answer_and_close(conn, 30) for conn in stalled]
     assert max(latencies) < 2, latencies
     assert all(data.startswith(b"HTTP/1.1 200") for data, _ in answers), answers[0]
@@ -280,11 +286,7 @@ def test_stalled_headers_hold_no_slot_while_generate_and_score_answer(service):
         conn.sendall(f"POST /generate HTTP/1.1\r\nHost: {host}\r\nContent-Type: app".encode())
         stalled.append(conn)
     try:
-        latencies = []
-        for route, body in [("/generate", {"prompts": ["hi"], "max_tokens": 2}), ("/score", {"questions": [{"question": "Q?", "choices": ["a", "b"]}]})] * 3:
-            started = time.perf_counter()
-            assert requests.post(url + route, json=body, headers=AUTH, timeout=30).status_code == 200
-            latencies.append(time.perf_counter() - started)
+        latencies = generate_and_score_latencies(url)
         assert max(latencies) < 2, latencies
     finally:
         for conn in stalled:
