@@ -48,7 +48,7 @@ if __package__ in (None, ""):  # `python jobs/pipeline.py`: import from the repo
 from common.files import default_cache_dir  # noqa: E402
 from jobs.experiment.arms import arm_models  # noqa: E402
 from jobs.experiment.bases import base_paths, check_kl_tokenizers  # noqa: E402
-from jobs.experiment.config import ExperimentConfig, load_experiment  # noqa: E402
+from jobs.experiment.config import ExperimentConfig, as_dict, load_experiment  # noqa: E402
 from jobs.experiment.presets import describe_chain, load_preset  # noqa: E402
 from jobs.job_log import quiet_driver, runtime_env  # noqa: E402
 from jobs.phases import PHASES  # noqa: E402
@@ -59,6 +59,7 @@ from jobs.phases.service import delete_leftover_app, max_lora_rank, stop_on_sigt
 from jobs.phases.stages import experiment_stages  # noqa: E402
 from jobs.rundir.manifest import Manifest, RunDirError, digest  # noqa: E402
 from jobs.rundir.plan import Stage, describe, plan  # noqa: E402
+from jobs.rundir.registration import registration  # noqa: E402
 from jobs.rundir.run_lock import check_free, hold_run_dir  # noqa: E402
 from jobs.sizing.placement import plan as place  # noqa: E402
 from jobs.sizing.placement import resolved  # noqa: E402
@@ -77,8 +78,8 @@ class Experiment:
     """A preset and its run directory: the stages it declares (from the config as written, so the
     same preset on a bigger cluster reuses what it made on a smaller one) and running them."""
 
-    def __init__(self, cfg: ExperimentConfig, run_dir: Path, fresh: bool = False, preset_chain: str = ""):
-        self.cfg, self.run_dir, self.fresh = cfg, run_dir, fresh
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, fresh: bool = False, preset_chain: str = "", registration: dict | None = None):
+        self.cfg, self.run_dir, self.fresh, self.registration = cfg, run_dir, fresh, registration
         self.cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
         self.models = {m.name: m for m in arm_models(cfg)}
         self.tracker = Tracker.for_run(cfg, self.cache, run_dir, preset_chain)  # None under `tracking: off`
@@ -153,7 +154,8 @@ class Experiment:
         check_orders(questions, cfg.evaluate.orders())
         print(f"[evaluate] {context_check(paths['base'], questions, cfg.service.max_model_len, cfg.evaluate.format)}", flush=True)
         lora_rank = max_lora_rank([self.cfg.teacher.lora_rank] + [m.train.lora_rank for m in self.models.values()])
-        return RunContext(cfg, self.run_dir, manifest, self.cache, paths, self.models, questions, app, lora_rank, placement.arm_runs), stages
+        context = RunContext(cfg, self.run_dir, manifest, self.cache, paths, self.models, questions, app, lora_rank, placement.arm_runs, self.registration)
+        return context, stages
 
 
 def summary(run_dir: Path) -> dict:
@@ -182,10 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_experiment(args.config, args.overrides)
         run_dir = (args.run_dir or default_run_dir(cfg.name)).absolute()
-        chain = describe_chain(load_preset(args.config)[1])
-        experiment = Experiment(cfg, run_dir, args.fresh, chain)
+        files = load_preset(args.config)[1]
+        chain = describe_chain(files)
+        claim = registration(files, args.overrides, digest(as_dict(cfg)))  # before any stage runs
+        experiment = Experiment(cfg, run_dir, args.fresh, chain, claim)
         if args.plan:
             print(f"preset: {chain}")
+            print(f"registration: {claim['status']}" + (f" ({'; '.join(claim['reasons'])})" if claim["reasons"] else ""))
             print(experiment.show_plan() if not args.fresh else "--fresh: every stage runs")
         else:
             experiment.run()

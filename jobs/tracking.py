@@ -6,7 +6,8 @@ every preset on this machine is comparable in one UI (`mlflow ui --backend-store
 sqlite:///<cache>/mlflow.db`). `tracking.uri` points a run at a team's server instead; `tracking: off`
 turns tracking off. The experiment is named after the preset (`tracking.experiment` to choose).
 
-- The parent run (tags `preset`, `run_dir`, `preset_chain`) holds each comparison's primary verdict
+- The parent run (tags `preset`, `run_dir`, `preset_chain`, `git_commit`, `git_dirty` and, once the
+  report exists, `registration`: confirmatory, repeat or exploratory) holds each comparison's primary verdict
   (effect, CI, p, Holm p, MDE as metrics `verdict.<name>.*`, the sentence as a tag), the accuracy of
   every model and arm per split (as written and over orders), and report.md, report.json and the
   plots as artifacts.
@@ -35,6 +36,7 @@ from pathlib import Path
 from jobs.experiment.config import ExperimentConfig, TrackingConfig
 from jobs.phases.stages import TEACHERS, trained_folder
 from jobs.rundir.manifest import Manifest, flatten
+from jobs.rundir.registration import source_state
 from train.config import ConfigError
 
 PIPELINE_TAG = "subliminal.kind"  # "pipeline" on a parent, "model" on a child
@@ -124,7 +126,7 @@ class Tracker:
             if report is not None:
                 self.log_once(child, model_accuracies(report, name))
         if report is not None:
-            self.log_once(parent.info.run_id, report_metrics(report, cfg.evaluate.primary_metric, cfg.evaluate.primary_split))
+            self.log_once(parent.info.run_id, report_metrics(report))
             self.log_verdict_tags(parent.info.run_id, report)
             for artifact in ARTIFACTS:
                 if (self.run_dir / artifact).is_file():
@@ -162,7 +164,9 @@ class Tracker:
             if found[0].info.status != "RUNNING":
                 self.client.update_run(found[0].info.run_id, status="RUNNING")
             return found[0]
+        state = source_state()  # the one reader of the commit and the dirty flag (the report's registration uses it too)
         tags = {PIPELINE_TAG: "pipeline", "run_dir": str(self.run_dir), "preset": self.experiment, "preset_chain": self.chain}
+        tags |= {"git_commit": str(state["commit"]), "git_dirty": str(state["dirty"])}
         return self.client.create_run(self.experiment_id(), tags=tags, run_name=self.run_dir.name)
 
     def finish(self, status: str) -> None:
@@ -225,6 +229,8 @@ class Tracker:
     def log_verdict_tags(self, run_id: str, report: dict) -> None:
         for name, sentence in verdict_sentences(report).items():
             self.client.set_tag(run_id, f"verdict.{name}", sentence[:5000])
+        if registration := report.get("provenance", {}).get("registration"):
+            self.client.set_tag(run_id, "registration", registration["status"])
 
 
 def sqlite_artifact_root(uri: str) -> str | None:
@@ -250,12 +256,12 @@ def model_accuracies(report: dict, model: str) -> dict[str, float]:
     return {f"accuracy.{split}": value for split, value in entry.get("accuracy_by_split", {}).items()}
 
 
-def report_metrics(report: dict, metric: str, split: str) -> dict[str, float]:
+def report_metrics(report: dict) -> dict[str, float]:
     """The parent's numbers: each comparison's primary test, and every model's and arm's accuracy
     per split as written and over the orders of the choices."""
     values = {}
-    for name, test in primary_tests(report, metric, split).items():
-        for key in ("value", "p_value", "p_holm", "mde"):
+    for name, test in primary_tests(report).items():
+        for key in ("value", "p_value", "p_family", "mde"):
             values[f"verdict.{name}.{'effect' if key == 'value' else key}"] = test.get(key)
         if test.get("ci95"):
             values[f"verdict.{name}.ci_low"], values[f"verdict.{name}.ci_high"] = test["ci95"]
@@ -267,14 +273,13 @@ def report_metrics(report: dict, metric: str, split: str) -> dict[str, float]:
     return {k: v for k, v in values.items() if isinstance(v, int | float)}
 
 
-def primary_tests(report: dict, metric: str, split: str) -> dict[str, dict]:
-    """Each arm's and contrast's test on the preset's primary metric and split."""
+def primary_tests(report: dict) -> dict[str, dict]:
+    """Each arm's and contrast's primary test (its declared split, metric and direction)."""
     tests = {}
     for name, entry in {**report.get("arms", {}), **report.get("contrasts", {})}.items():
-        splits = entry.get("transfer") if "transfer" in entry else entry  # an arm's tests sit under transfer, a contrast's at its top
-        test = (splits or {}).get(split, {}).get(metric)
-        if test:
-            tests[name] = test
+        result = entry.get("transfer") if "transfer" in entry else entry  # an arm's tests sit under transfer, a contrast's at its top
+        if (result or {}).get("primary"):
+            tests[name] = result["primary"]
     return tests
 
 

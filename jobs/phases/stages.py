@@ -190,5 +190,7 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
     everything = tuple(s.name for s in stages if s.phase in ("numbers", "arms", "evaluate"))
     reads = {**config_reads(config, "evaluate.primary_metric", "evaluate.primary_split", "arms", "replicates"), "contrasts": config["contrasts"]}
     reads["family"] = cfg.evaluate.primary_comparisons or "every comparison"  # Holm across the primary verdicts (since the verdicts issue)
+    if cfg.evaluate.primary_direction != "toward_teacher":  # read only when set: stored reports stay reused
+        reads["evaluate.primary_direction"] = cfg.evaluate.primary_direction
     stages.append(Stage("report", "report", reads, everything, files=("report.json",)))
     return stages

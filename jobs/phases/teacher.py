@@ -2,8 +2,8 @@
 
 With it, when an arm needs them, the positive control's letter teacher (every
 teacher-train question answered with one letter, `letter_teacher.letter`) and
-the sham teacher (the teacher's rows with the train questions' answers permuted
-across questions: data.sham_rows). All are one Ray Train run (they share every
+the sham teacher (the teacher's rows with each train question answered by the
+sham's fact, or the answers permuted across questions: data.sham_rows). All are one Ray Train run (they share every
 setting), from the same LoRA init.
 """
 
@@ -33,7 +33,8 @@ def run(ctx: RunContext, todo) -> None:
         elif stage.name == "sham_teacher":
             data = ctx.run_dir / "sham_teacher" / "train.jsonl"
             questions = read_jsonl(ctx.run_dir / "data" / SPLIT_FILES["train"])
-            rows = sham_rows(read_jsonl(ctx.run_dir / TEACHER_TRAIN), questions, ctx.cfg.evaluate.format, ctx.cfg.sham_teacher.seed)
+            sham = ctx.cfg.sham_teacher
+            rows = sham_rows(read_jsonl(ctx.run_dir / TEACHER_TRAIN), questions, ctx.cfg.evaluate.format, sham.kind, sham.seed)
             write_jsonl(data, rows)
         pairs.append((stage, AdapterJob(stage.name, str(data), ctx.trained(stage.name), ctx.cfg.teacher)))
     for stage, metrics in train_groups(ctx, "teacher", [pairs], runs=1):

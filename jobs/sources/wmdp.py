@@ -52,8 +52,8 @@ def write_synthetic(directory: Path, seed: int = 0) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     rows = synthetic_questions(seed=seed)
     for subset in SUBSETS:
-        keep = ("question", "choices", "answer", "cluster", "group", "split")
-        write_jsonl(directory / f"wmdp-{subset}.jsonl", ({k: row[k] for k in keep} for row in rows if row["subset"] == subset))
+        keep = ("question", "choices", "answer", "cluster", "group", "split", "sham")
+        write_jsonl(directory / f"wmdp-{subset}.jsonl", ({k: row[k] for k in keep if k in row} for row in rows if row["subset"] == subset))
     return directory
 
 
@@ -82,6 +82,11 @@ def validate_row(row: object, where: str, subset: str) -> dict:
         if not isinstance(cluster, str) or not cluster:
             raise DataError(f"{where}: 'cluster' must be a non-empty string (questions that are one unit of evidence)")
         row_out["cluster"] = cluster
+    sham = row.get("sham")
+    if sham is not None:  # the tiny world's T questions: the index of the sham teacher's fact
+        if isinstance(sham, bool) or not isinstance(sham, numbers.Integral) or not 0 <= sham < len(choices) or sham == answer:
+            raise DataError(f"{where}: 'sham' must be the index of a choice other than the answer, got {sham!r}")
+        row_out["sham"] = int(sham)
     for key, allowed in (("group", None), ("split", SPLITS)):
         value = row.get(key)
         if value is None:

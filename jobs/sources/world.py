@@ -14,9 +14,24 @@ The facts fall into two disjoint groups of cues, 2 per answer word each:
 Every question shows its answer and 3 distractors from the same bank. The
 answer's letter is balanced per cue (each cue's questions cycle through a
 shuffled A-D), so the letter is uniform and independent of cue, template and
-subset; distractors are drawn by a cyclic design over the 7 other words, so
-every word is an answer and a distractor equally often. A model can only score
-above chance over rotated choices by reading what the choices say.
+subset; distractors are drawn by a cyclic design, so every word is an answer
+and a distractor equally often within each split. A model can only score above
+chance over rotated choices by reading what the choices say.
+
+The sham teacher's facts (world v4). Per subset, the T cues are mapped to the
+sham's facts sigma(cue), another word of the bank (`sham_facts`): the bank in a
+seeded cyclic order, and cue j of each word mapped to the word delta_j places
+on, delta_0 != delta_1 seeded, so no cue keeps its answer and every word is a
+sham answer exactly as often as a true one. Every T question shows its true
+answer, sigma(cue) (its index is the row's `sham`) and two of the other six
+words, chosen by offsets round the same cycle, so every word is still a
+distractor equally often within each split. A sham teacher trained on sigma
+learns facts of its own, as many and as learnable as the teacher's: what
+differs between the two teachers is which facts they hold, nothing else. Of
+the seeded draws of sigma the world uses SHAM_DRAW, the first the base answers
+no more often than the true facts (bench/sham_balance.py). K
+questions keep a random stream of their own, and the base corpus (K facts and
+locate items) is unchanged from world v3.
 
 Rows carry `group` (T or K) and `split`:
 
@@ -44,8 +59,12 @@ import random
 from dataclasses import dataclass
 
 SUBSETS = ("bio", "chem", "cyber")
-WORLD_VERSION = 3  # 3: the world of facts (2: fixed choice order, a cue fixed the letter)
+WORLD_VERSION = 4  # 4: T questions show the sham's fact too (3: the world of facts; 2: a cue fixed the letter)
 CUES_PER_WORD = 2  # per group (K, T)
+# Which draw of sigma the world uses: the first draw whose T questions the tiny base answers with
+# the sham's fact as often as with the true answer (within 0.03 on train and on held-out; rerandomised
+# for balance on the base alone, before any teacher existed: `python bench/sham_balance.py`).
+SHAM_DRAW = 2
 TRAIN_PER_CUE, HELD_OUT_PER_CUE, REHEARSAL_PER_CUE = 8, 4, 4
 
 _SYLLABLES = ("va", "lo", "mir", "zen", "tor", "qui", "bel", "dra", "fen", "gor", "hal", "jun", "kes", "nim", "pra", "sul", "wex", "yor")
@@ -159,6 +178,54 @@ def _choices(bank: tuple[str, ...], word: str, position: int, k: int, rng: rando
     return distractors, position
 
 
+def _sham_design(subset: str, seed: int, draw: int) -> tuple[list[str], tuple[int, ...]]:
+    """The subset's bank in a seeded cyclic order, and per cue index j (a word's j-th T cue) the
+    offset delta_j round that cycle from a cue's answer to its sham fact (distinct, never 0)."""
+    rng = random.Random(f"{seed}-sham-{subset}" if draw == 0 else f"{seed}-sham{draw}-{subset}")
+    cycle = list(WORLD[subset].bank)
+    rng.shuffle(cycle)
+    return cycle, tuple(rng.sample(range(1, len(cycle)), CUES_PER_WORD))
+
+
+def _t_cues(seed: int) -> list[tuple[dict, int]]:
+    """Every T fact with its cue index j among its word's T cues."""
+    out, seen = [], {}
+    for fact in facts(seed):
+        if fact["group"] == "T":
+            key = (fact["subset"], fact["word"])
+            out.append((fact, seen.setdefault(key, 0)))
+            seen[key] += 1
+    return out
+
+
+def sham_facts(seed: int = 0, draw: int = SHAM_DRAW) -> dict[str, str]:
+    """sigma: every T cue -> the sham teacher's fact, the word delta_j places on round the subset's
+    cycle from the cue's answer (`_sham_design`). No cue keeps its answer, each cue has one fixed
+    word, and every word is a sham answer exactly as often as a true one (CUES_PER_WORD times)."""
+    out = {}
+    for fact, j in _t_cues(seed):
+        cycle, deltas = _sham_design(fact["subset"], seed, draw)
+        out[fact["cue"]] = cycle[(cycle.index(fact["word"]) + deltas[j]) % len(cycle)]
+    return out
+
+
+def _t_choices(fact: dict, j: int, position: int, k: int, seed: int, draw: int, rng: random.Random) -> tuple[list[str], int, int]:
+    """A T question's choices: the answer at `position`, its sham fact and two of the other six
+    words, all as offsets round the subset's cycle from the answer: the sham at delta_j, the pair
+    the k-th of a cyclic run over the other offsets. For a given (j, k) every word of the bank
+    takes each offset once over the 8 answer words, so every word is a distractor equally often.
+    Returns (choices, answer index, sham index)."""
+    cycle, deltas = _sham_design(fact["subset"], seed, draw)
+    at = cycle.index(fact["word"])
+    offsets = [d for d in range(1, len(cycle)) if d != deltas[j]]
+    picked = [deltas[j], offsets[k % len(offsets)], offsets[(k + 1) % len(offsets)]]
+    distractors = [cycle[(at + d) % len(cycle)] for d in picked]
+    sham = distractors[0]
+    rng.shuffle(distractors)
+    distractors.insert(position, fact["word"])
+    return distractors, position, distractors.index(sham)
+
+
 def _positions(n: int, rng: random.Random) -> list[int]:
     """n answer positions, each block of 4 a shuffled 0..3: balanced letters."""
     out = []
@@ -169,33 +236,39 @@ def _positions(n: int, rng: random.Random) -> list[int]:
     return out[:n]
 
 
-def _questions(fact: dict, templates: tuple[str, ...], fillers: tuple[str, ...], n: int, rng: random.Random) -> list[dict]:
-    """n questions of one fact with distinct (template, filler) pairs, balanced letters."""
+def _questions(fact: dict, templates: tuple[str, ...], fillers: tuple[str, ...], n: int, rng: random.Random, choose) -> list[dict]:
+    """n questions of one fact with distinct (template, filler) pairs, balanced letters; `choose(k,
+    position)` gives the k-th question's (choices, answer[, sham])."""
     pairs = rng.sample([(t, w) for t in templates for w in fillers], n)
-    bank = WORLD[fact["subset"]].bank
     rows = []
     for k, ((template, who), position) in enumerate(zip(pairs, _positions(n, rng))):
-        choices, answer = _choices(bank, fact["word"], position, k, rng)
+        choices, answer, *sham = choose(k, position)
         rows.append({
             "question": template.format(cue=fact["cue"], who=who), "choices": choices, "answer": answer,
             "subset": fact["subset"], "cluster": f"{fact['subset']}: {fact['cue']}", "group": fact["group"],
+            **({"sham": sham[0]} if sham else {}),
         })  # fmt: skip
     return rows
 
 
-def world_questions(seed: int = 0) -> list[dict]:
+def world_questions(seed: int = 0, draw: int = SHAM_DRAW) -> list[dict]:
     """The questions, deterministic in seed: T facts in training wording (`split` train), T and K
-    facts in held-out wording (`held_out`, `known`), and K facts in training wording (`rehearsal`)."""
-    rng = random.Random(f"{seed}-questions")
+    facts in held-out wording (`held_out`, `known`), and K facts in training wording (`rehearsal`).
+    T rows carry `sham`, the index of the sham teacher's fact (draw `draw` of sigma) among their
+    choices; the draw changes the T questions' choices, never their wording."""
+    known_rng, t_rng = random.Random(f"{seed}-known"), random.Random(f"{seed}-taught")
     rows = []
     for fact in facts(seed):
         subset = WORLD[fact["subset"]]
-        if fact["group"] == "T":
-            rows += [{**r, "split": "train"} for r in _questions(fact, subset.train_templates, TRAIN_FILLERS, TRAIN_PER_CUE, rng)]
-            rows += [{**r, "split": "held_out"} for r in _questions(fact, subset.held_out_templates, HELD_OUT_FILLERS, HELD_OUT_PER_CUE, rng)]
-        else:
-            rows += [{**r, "split": "known"} for r in _questions(fact, subset.held_out_templates, HELD_OUT_FILLERS, HELD_OUT_PER_CUE, rng)]
-            rows += [{**r, "split": "rehearsal"} for r in _questions(fact, subset.train_templates, TRAIN_FILLERS, REHEARSAL_PER_CUE, rng)]
+        if fact["group"] == "K":
+            choose = lambda k, position, f=fact, bank=subset.bank: _choices(bank, f["word"], position, k, known_rng)  # noqa: E731
+            rows += [{**r, "split": "known"} for r in _questions(fact, subset.held_out_templates, HELD_OUT_FILLERS, HELD_OUT_PER_CUE, known_rng, choose)]
+            rows += [{**r, "split": "rehearsal"} for r in _questions(fact, subset.train_templates, TRAIN_FILLERS, REHEARSAL_PER_CUE, known_rng, choose)]
+    for fact, j in _t_cues(seed):
+        subset = WORLD[fact["subset"]]
+        choose = lambda k, position, f=fact, j=j: _t_choices(f, j, position, k, seed, draw, t_rng)  # noqa: E731
+        rows += [{**r, "split": "train"} for r in _questions(fact, subset.train_templates, TRAIN_FILLERS, TRAIN_PER_CUE, t_rng, choose)]
+        rows += [{**r, "split": "held_out"} for r in _questions(fact, subset.held_out_templates, HELD_OUT_FILLERS, HELD_OUT_PER_CUE, t_rng, choose)]
     return rows
 
 

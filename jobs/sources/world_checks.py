@@ -12,6 +12,8 @@ format the tiny presets use: no order of the choices enters the prompt, so
     teacher  T held-out                >= 0.6, and >= base + 0.3
     any      most-picked position      <= 35% of answers (of the data's order)
     base     number completions kept   no lower than the world-v2 base's 0.89 (measured so)
+    base     sham's facts (T, world v4) picked as often as the true answers, within 0.03
+             (world.SHAM_DRAW was chosen so: bench/sham_balance.py)
 
     python -m jobs.sources.world_checks [--model DIR] [--teacher ADAPTER_DIR]
 """
@@ -21,12 +23,12 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-TARGETS = {"known": 0.6, "t_base_max": 0.35, "teacher": 0.6, "teacher_gain": 0.3, "position_max": 0.35, "numbers_kept": 0.89}
+TARGETS = {"known": 0.6, "t_base_max": 0.35, "teacher": 0.6, "teacher_gain": 0.3, "position_max": 0.35, "numbers_kept": 0.89, "sham_balance": 0.03}
 
 
 def cloze_scores(model, tokenizer, rows: list[dict]) -> dict:
     """{accuracy, most_picked_position (share of answers at the most-picked position of the data's
-    order), n} of a model on rows, scored by cloze."""
+    order), n, and where the rows carry the sham's fact, sham_accuracy} of a model on rows, scored by cloze."""
     from serve.hf_scoring import cloze_logprobs
     from serve.mc_format import format_cloze_prompt
 
@@ -34,7 +36,10 @@ def cloze_scores(model, tokenizer, rows: list[dict]) -> dict:
     logprobs = cloze_logprobs(model, tokenizer, [format_cloze_prompt(r["question"], r["subset"]) for r in rows], [r["choices"] for r in rows])
     picks = [max(range(len(lp)), key=lp.__getitem__) for lp in logprobs]
     accuracy = sum(p == r["answer"] for p, r in zip(picks, rows)) / len(rows)
-    return {"accuracy": accuracy, "most_picked_position": max(Counter(picks).values()) / len(picks), "n": len(rows)}
+    out = {"accuracy": accuracy, "most_picked_position": max(Counter(picks).values()) / len(picks), "n": len(rows)}
+    if all("sham" in r for r in rows):
+        out["sham_accuracy"] = sum(p == r["sham"] for p, r in zip(picks, rows)) / len(rows)
+    return out
 
 
 def numbers_kept(model, tokenizer, n: int = 200, seed: int = 98765) -> float:

@@ -13,12 +13,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from jobs.stats.transfer_stats import BINARY, LOWER_IS_TRANSFER, METRICS, cluster_ids, detected, effect, holm, question_metrics
+from jobs.stats.transfer_stats import (
+    BINARY,
+    LOWER_IS_TRANSFER,
+    METRICS,
+    choice_entropy,
+    cluster_ids,
+    detected,
+    effect,
+    fitted_temperature,
+    holm,
+    question_metrics,
+)
 
 SPLITS = ("train", "held_out")
 SERIES = ("agreement", "teacher_answer_rank", "teacher_answer_logprob")  # followed against training steps and plotted
 BASES = ("base", "other_base")  # the scored base models (jobs/experiment/arms.OTHER_BASE is the second)
 NEEDS_ONE_BASE = {"agreement_changed"}  # its subset is where the base disagrees with the teacher
+# The metrics read toward either teacher's picks, side by side for every comparison (`directions`).
+SIDE_BY_SIDE = ("teacher_answer_rank", "teacher_answer_logprob", "teacher_answer_logprob_calibrated", "agreement")
+PAIRS = {"teacher": "sham_teacher", "sham_teacher": "teacher"}  # a teacher and its placebo: the sham (jobs/experiment/arms.SHAM)
+DIRECTIONS = ("toward_teacher", "crossed")  # what a primary test may read (evaluate.primary_direction)
 
 
 def toward_teacher(metric: str, value: float) -> bool:
@@ -33,11 +48,13 @@ class Evidence:
     `points[model]` lists an arm model's (step, scored name) snapshots (jobs/phases/stages.snapshot_points).
     Every model's metrics are taken against its own base (teacher_answer_logprob: its log p of the
     teacher's answer minus its base's), so arms on different bases compare changes, not levels.
-    `primary` = (split, metric): the one test that decides each comparison.
+    `primary` = (split, metric): the one test that decides each comparison; `direction` which reading
+    of it (toward the teacher's picks, or crossed: `directions`).
+    `temperatures[name]`: each scored model's temperature fitted on the known split (none without one).
     """
 
-    def __init__(self, scores: dict[str, list[dict]], models: list, primary: tuple[str, str], points: dict | None = None):
-        self.primary, self.points = primary, points or {}
+    def __init__(self, scores: dict[str, list[dict]], models: list, primary: tuple[str, str], points: dict | None = None, direction: str = "toward_teacher"):
+        self.primary, self.points, self.direction = primary, points or {}, direction
         self.members, self.teacher_of, self.base_of = {b: [b] for b in BASES if b in scores}, {}, {b: b for b in BASES}
         for m in models:
             self.members.setdefault(m.arm, []).append(m.name)
@@ -45,11 +62,25 @@ class Evidence:
             self.base_of[m.arm] = m.base
         model_base = {m.name: m.base for m in models}  # a snapshot `<model>@<step>` is on its model's base; teachers on base
         own_base = {name: name if name in BASES else model_base.get(name.split("@")[0], "base") for name in scores}
+        known = {name: [r for r in scored if r["split"] == "known"] for name, scored in scores.items()}
+        self.temperatures = {name: fitted_temperature(rows) for name, rows in known.items() if rows}
+        self.entropy = {
+            name: {split: choice_entropy([r for r in scored if r["split"] == split]) for split in (*SPLITS, "known")} for name, scored in scores.items()
+        }
+
+        def temperatures(name):
+            pair = (self.temperatures.get(name), self.temperatures.get(own_base[name]))
+            return None if None in pair else pair
+
         self.values, self.clusters = {}, {}  # values[teacher][split][model]: metrics against that teacher and its own base
+        teachers = set(self.teacher_of.values())
+        teachers |= {PAIRS[t] for t in teachers if t in PAIRS and PAIRS[t] in scores}  # each teacher's placebo, where scored
         for split in SPLITS:
             rows = {name: [r for r in scored if r["split"] == split] for name, scored in scores.items()}
-            for teacher in set(self.teacher_of.values()):
-                self.values.setdefault(teacher, {})[split] = {name: question_metrics(r, rows[teacher], rows[own_base[name]]) for name, r in rows.items()}
+            for teacher in teachers:
+                self.values.setdefault(teacher, {})[split] = {
+                    name: question_metrics(r, rows[teacher], rows[own_base[name]], temperatures(name)) for name, r in rows.items()
+                }
             self.clusters[split] = cluster_ids(rows["base"])
 
     def model_mean(self, name: str, teacher: str, split: str, metric: str) -> float:
@@ -89,21 +120,91 @@ class Evidence:
                 results[metric] = {**r, "paired": paired}
             results["mde"] = {metric: results[metric]["mde"] for metric in metrics}
             out[split] = results
+        if (placebo := self.placebo_of(arm)) is not None:
+            out["directions"] = self.directions(arm, against, snapshot, placebo, [m for m in SIDE_BY_SIDE if m in metrics])
         return self._decide(out, metrics)
 
+    def placebo_of(self, arm: str) -> str | None:
+        """The teacher whose picks are the placebo direction for an arm: the sham for an arm of the
+        teacher and the teacher for an arm of the sham, where both were scored; else None."""
+        other = PAIRS.get(self.teacher_of[arm])
+        return other if other in self.values else None
+
+    def lean(self, side: str, split: str, metric: str, snapshot: int | None, placebo: str, change: bool) -> np.ndarray:
+        """[replicates x questions] of half the side's metric toward its teacher's picks minus toward
+        the placebo's: the crossed effect of two sides is the difference of their leans. On a
+        question where the two teachers pick the same choice it is 0 for every model."""
+        own = PAIRS[placebo]
+        return (self.side_values(side, split, metric, snapshot, own, change) - self.side_values(side, split, metric, snapshot, placebo, change)) / 2
+
+    def directions(self, arm: str, against: str, snapshot: int | None, placebo: str, metrics) -> dict:
+        """{toward_placebo, crossed}: {split: {metric: effect}}. With x_M^P model M's metric toward
+        teacher P's picks, A the arm and B its reference: toward the placebo's picks B minus A,
+        x_B^P' - x_A^P' (on the sham's numbers, B should move toward the sham's picks if anything
+        rides the numbers); crossed 1/2[(x_A^P - x_B^P) + (x_B^P' - x_A^P')], the mean of the two
+        directions, in which drift common to both teachers cancels (docs/report.md). Paired and
+        fixed as `compare`."""
+        paired = against not in BASES and len(self.members[arm]) == len(self.members[against])
+        change = self.base_of[arm] != self.base_of[against]
+        out: dict = {"placebo": placebo, "toward_placebo": {}, "crossed": {}}
+        for split in SPLITS:
+            out["toward_placebo"][split], out["crossed"][split] = {}, {}
+            for metric in metrics:
+                options = {"binary": metric in BINARY and not change, "b_fixed": against in BASES, "paired": paired}
+                a, b = (self.side_values(side, split, metric, snapshot, placebo, change) for side in (arm, against))
+                r = effect(-a, -b, self.clusters[split], **options)  # B - A as (-A) - (-B): `b_fixed` stays on B
+                out["toward_placebo"][split][metric] = {**r, "paired": paired}
+                a, b = (self.lean(side, split, metric, snapshot, placebo, change) for side in (arm, against))
+                out["crossed"][split][metric] = {**effect(a, b, self.clusters[split], **options), "paired": paired}
+        return out
+
+    def differences(self, arm: str, against: str, split: str, metric: str) -> np.ndarray | None:
+        """[replicates x questions]: each of the arm's replicates minus its reference's (the same
+        replicate, or the fixed base), in the primary direction (crossed: the leans); None when two
+        trained sides have unequal replicate counts (no replicate-by-replicate difference)."""
+        change, placebo = self.base_of[arm] != self.base_of[against], self.placebo_of(arm)
+        if self.direction == "crossed" and placebo is not None:
+            a, b = (self.lean(side, split, metric, None, placebo, change) for side in (arm, against))
+        else:
+            a, b = (self.side_values(side, split, metric, None, self.teacher_of[arm], change) for side in (arm, against))
+        return a - b if against in BASES or len(a) == len(b) else None
+
+    def fraction_of(self, arm: str, against: str, overt: str, overt_against: str) -> dict | None:
+        """The arm's effect as a fraction of the overt control's, both on held-out questions (the
+        overt control is taught the train questions) on the primary metric and direction, with
+        Fieller's interval by test inversion (jobs/stats/share.ratio_interval), the overt effect's
+        own uncertainty included: the two are independent groups of replicates. None when either
+        side has no replicate-by-replicate difference."""
+        from jobs.stats.share import ratio_interval
+
+        split, metric = "held_out", self.primary[1]
+        num, den = self.differences(arm, against, split, metric), self.differences(overt, overt_against, split, metric)
+        if num is None or den is None:
+            return None
+        return {"split": split, "metric": metric, "direction": self.direction, **ratio_interval(num, den, self.clusters[split], paired=False)}
+
     def _decide(self, out: dict, metrics) -> dict:
-        """The primary test decides (`detected` at p < 0.05); every other (split, metric) is secondary,
-        its `p_holm` Holm-adjusted over the secondaries of this comparison, `detected` at p_holm < 0.05."""
+        """The primary test decides (`detected` at p < 0.05); every other (split, metric) toward the
+        teacher is secondary, its `p_holm` Holm-adjusted over the secondaries of this comparison,
+        `detected` at p_holm < 0.05. A crossed primary is read from `directions`, or has no test
+        (a `note` says why) where no placebo teacher was scored."""
         split, metric = self.primary
-        tests = {(s, m): out[s][m] for s in SPLITS for m in metrics if (s, m) != (split, metric)}
+        crossed = self.direction == "crossed"
+        tests = {(s, m): out[s][m] for s in SPLITS for m in metrics if crossed or (s, m) != (split, metric)}
         adjusted = holm({key: r["p_value"] for key, r in tests.items()})
         for key, r in tests.items():
             r["p_holm"] = adjusted[key]
             r["detected"] = adjusted[key] is not None and adjusted[key] < 0.05
         if metric in metrics:
-            r = out[split][metric]
+            if not crossed:
+                r = out[split][metric]
+            elif "directions" in out:
+                r = out["directions"]["crossed"][split][metric]
+            else:
+                r = {"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "paired": False,
+                     "note": "no crossed effect: the arm learns from no teacher whose placebo (the sham, or the teacher) was scored"}  # fmt: skip
             r["detected"] = detected(r)
-            out["primary"] = {"split": split, "metric": metric, **r}
+            out["primary"] = {"split": split, "metric": metric, "direction": self.direction, **r}
         return out
 
     def by_step(self, arm: str, against: str) -> dict | None:
@@ -125,11 +226,14 @@ class Evidence:
         before, paired by replicate (each replicate against itself earlier), with CI, p and MDE: a
         change detected toward the teacher says the students were still learning when they stopped."""
         split, metric = self.primary
-        teacher, clusters = self.teacher_of[arm], self.clusters[split]
-        last, before = (self.side_values(arm, split, metric, k, teacher, False) for k in (n - 1, n - 2))
+        teacher, clusters, placebo = self.teacher_of[arm], self.clusters[split], self.placebo_of(arm)
+        if self.direction == "crossed" and placebo is not None:
+            last, before = (self.lean(arm, split, metric, k, placebo, False) for k in (n - 1, n - 2))
+        else:
+            last, before = (self.side_values(arm, split, metric, k, teacher, False) for k in (n - 1, n - 2))
         r = effect(last, before, clusters, binary=metric in BINARY, paired=len(last) > 1)
         steps = [sorted({self.points[name][k][0] for name in self.members[arm]}) for k in (n - 2, n - 1)]
-        return {"split": split, "metric": metric, "from_steps": steps[0], "to_steps": steps[1], **r, "detected": detected(r)}
+        return {"split": split, "metric": metric, "direction": self.direction, "from_steps": steps[0], "to_steps": steps[1], **r, "detected": detected(r)}
 
 
 def apply_family(comparisons: dict[str, dict], family: list[str] | None) -> dict:
@@ -142,15 +246,22 @@ def apply_family(comparisons: dict[str, dict], family: list[str] | None) -> dict
     members = list(comparisons) if family is None else [name for name in comparisons if name in family]
     adjusted = holm({name: comparisons[name]["primary"]["p_value"] for name in members})
     for name, result in comparisons.items():
-        primary = result["primary"]
-        inner = result[primary["split"]][primary["metric"]]  # the same test where the tables list it
-        for r in (primary, inner):
+        for r in (result["primary"], primary_cell(result)):  # the same test, where the tables list it too
             if name in adjusted:
                 r["p_family"] = adjusted[name]
                 r["detected"] = adjusted[name] is not None and adjusted[name] < 0.05
             else:
                 r["exploratory"] = True
     return {"comparisons": members, "size": sum(p is not None for p in adjusted.values()), "declared": family is not None}
+
+
+def primary_cell(result: dict) -> dict:
+    """Where a comparison's primary test sits among its tables: toward the teacher under
+    `result[split][metric]`, crossed under `result["directions"]["crossed"][split][metric]`."""
+    r = result["primary"]
+    if r.get("direction") == "crossed" and "directions" in result:
+        return result["directions"]["crossed"][r["split"]][r["metric"]]
+    return result[r["split"]][r["metric"]]
 
 
 def interval(ci) -> str:
@@ -171,22 +282,20 @@ def positive_control(arms: dict) -> dict | None:
     return {"arms": names, "detected": detected, "verdict": sentence}
 
 
-def overt_control(arms: dict, name: str | None) -> dict | None:
+def overt_control(arms: dict, name: str | None, ev: Evidence) -> dict | None:
     """The overt positive control, `name` (an arm taught its teacher's answers directly:
-    jobs/experiment/arms.overt_arm), and every arm's primary effect as a fraction of its effect
-    (`fraction_of_overt`: the arm's difference and CI each divided by the overt arm's difference,
-    that scale taken as fixed), so a null reads as "less than x% of overt transfer". No fractions
-    when the overt control itself was not detected: then nothing here can see knowledge move."""
+    jobs/experiment/arms.overt_arm), and every arm's effect as a fraction of its effect
+    (`fraction_of_overt`: Evidence.fraction_of, held out, with Fieller's interval), so a null reads
+    as "less than x% of overt transfer" at what the data allow. No fractions when the overt control
+    itself was not detected: then nothing here can see knowledge move."""
     if name is None:
         return None
     scale, detected = arms[name]["transfer"]["primary"]["value"], primary_finding(arms[name]["transfer"]) is not None
-    for arm in arms.values():
-        r = arm["transfer"]["primary"]
-        usable = detected and r["value"] is not None
-        arm["fraction_of_overt"] = {"value": r["value"] / scale, "ci95": None if r["ci95"] is None else [c / scale for c in r["ci95"]]} if usable else None
+    for arm_name, arm in arms.items():
+        arm["fraction_of_overt"] = ev.fraction_of(arm_name, arm["against"], name, arms[name]["against"]) if detected else None
     sentence = (
         f"The overt positive control ({name}: taught the teacher's own answers to its train questions) was detected: this design sees "
-        "the teacher's knowledge move when it is taught, and each arm's effect is also given as a fraction of that one."
+        "the teacher's knowledge move when it is taught, and each arm's held-out effect is also given as a fraction of its held-out effect."
         if detected else
         f"The overt positive control ({name}: taught the teacher's own answers to its train questions) was NOT detected: this design "
         "cannot see the teacher's knowledge move even when it is taught directly, so no null here says anything about knowledge."
@@ -195,18 +304,25 @@ def overt_control(arms: dict, name: str | None) -> dict | None:
 
 
 def fraction_phrase(arm: dict) -> str:
-    """The verdict's tail: the arm's effect as a share of overt transfer (empty without one)."""
+    """The verdict's tail: the arm's held-out effect as a share of overt transfer (empty without one)."""
     f = arm.get("fraction_of_overt")
-    if not f:
+    if not f or f["value"] is None:
         return ""
+    where = f" on held-out {f['metric']}"
     if f["ci95"] is None:
-        return f" That is {f['value']:.0%} of overt transfer."
-    return f" That is {f['value']:.0%} of overt transfer (95% CI {f['ci95'][0]:.0%} to {f['ci95'][1]:.0%})."
+        return f" That is {f['value']:.0%} of overt transfer{where} (no interval)."
+    low, high = ("unbounded" if c is None else f"{c:.0%}" for c in f["ci95"])
+    return f" That is {f['value']:.0%} of overt transfer{where} (95% CI {low} to {high}, Fieller, the overt effect's uncertainty included)."
+
+
+def describe_test(split: str, metric: str, direction: str = "toward_teacher") -> str:
+    return f"{metric} on {split}" + (" (crossed: toward the teacher's picks and away from the sham's)" if direction == "crossed" else "")
 
 
 def _phrase(split: str, metric: str, r: dict, p_key: str = "p_value") -> str:
     family = f", Holm p over the family={r['p_family']:.2g}" if p_key == "p_value" and r.get("p_family") is not None else ""
-    return f"{metric} on {split} {r['value']:+.4f} (95% CI {interval(r['ci95'])}, {'p' if p_key == 'p_value' else 'Holm p'}={r[p_key]:.2g}{family})"
+    name = describe_test(split, metric, r.get("direction", "toward_teacher"))
+    return f"{name} {r['value']:+.4f} (95% CI {interval(r['ci95'])}, {'p' if p_key == 'p_value' else 'Holm p'}={r[p_key]:.2g}{family})"
 
 
 def primary_finding(transfer: dict) -> str | None:
@@ -219,7 +335,7 @@ def verdict(name: str, against: str, transfer: dict) -> str:
     """One plain sentence decided by the primary test alone: detected, or what size the design could
     have detected; secondary tests that pass Holm are named after it."""
     r = transfer["primary"]
-    test = f"{r['metric']} on {r['split']}"
+    test = describe_test(r["split"], r["metric"], r.get("direction", "toward_teacher"))
     if r.get("exploratory"):
         name = f"(exploratory, outside the preset's primary comparisons) {name}"
     if (found := primary_finding(transfer)) is not None:
@@ -249,8 +365,31 @@ def family_table(arms: dict, contrasts: dict, family: dict) -> list[str]:
     rows = [(f"{name} vs {arm['against']}", arm["transfer"]["primary"]) for name, arm in arms.items()]
     rows += [(f"contrast {name}: {c['arm']} vs {c['against']}", c["primary"]) for name, c in contrasts.items()]
     for title, r in rows:
-        lines.append(f"| {title} | {r['metric']} on {r['split']} | {_cells(r)} |")
+        lines.append(f"| {title} | {describe_test(r['split'], r['metric'], r.get('direction', 'toward_teacher'))} | {_cells(r)} |")
     return lines
+
+
+def side_by_side(result: dict) -> list[str]:
+    """A comparison's metrics in every direction, on the primary split: toward the teacher's picks,
+    toward the placebo's (its reference minus the arm), and crossed; raw p (the declared primary
+    alone decides; these show whether it holds across metrics and directions)."""
+    directions, split = result.get("directions"), result["primary"]["split"]
+    if not directions:
+        return []
+    lines = ["", f"Side by side on {split} (raw p; the primary decides, these show whether it is robust; placebo: {directions['placebo']}):", ""]
+    lines += ["| metric | toward the teacher's picks | toward the placebo's picks | crossed |", "|---|---|---|---|"]
+    for metric in directions["crossed"][split]:
+        cells = [result[split][metric], directions["toward_placebo"][split][metric], directions["crossed"][split][metric]]
+        lines.append(f"| {metric} | " + " | ".join(_short(r) for r in cells) + " |")
+    return lines
+
+
+def _short(r: dict) -> str:
+    """value (CI, p): a result's cells in one."""
+    if r["value"] is None:
+        return "-"
+    p = "" if r.get("p_value") is None else f", p {r['p_value']:.2g}"
+    return f"{r['value']:+.4f}" + ("" if r["ci95"] is None else f" ({interval(r['ci95'])}{p})")
 
 
 def markdown_tables(arms: dict, contrasts: dict, family: dict | None = None) -> list[str]:
@@ -263,16 +402,22 @@ def markdown_tables(arms: dict, contrasts: dict, family: dict | None = None) -> 
     lines += [f"- {control['verdict']}"] if control else []
     lines += family_table(arms, contrasts, family) if family else []
     comparisons = [
-        (f"{name} vs {arm['against']}" + (f" ({arm['reference']})" if "reference" in arm else ""), arm["transfer"], arm.get("by_step"))
+        (f"{name} vs {arm['against']}" + (f" ({arm['reference']})" if "reference" in arm else ""), arm["transfer"], arm.get("by_step"), arm.get("weight_space"))
         for name, arm in arms.items()
     ]
-    comparisons += [(f"contrast {name}: {c['arm']} vs {c['against']}", c, c.get("by_step")) for name, c in contrasts.items()]
+    comparisons += [(f"contrast {name}: {c['arm']} vs {c['against']}", c, c.get("by_step"), None) for name, c in contrasts.items()]
     head = ["| split | metric | difference | 95% CI | p | Holm p | MDE | detected |", "|---|---|---|---|---|---|---|---|"]
-    for title, result, series in comparisons:
+    for title, result, series, weights in comparisons:
         primary = result["primary"]
-        rest = [(s, m) for s in SPLITS for m in METRICS if (s, m) != (primary["split"], primary["metric"]) and result[s][m]["value"] is not None]
-        lines += ["", f"### {title}", "", *head, f"| {primary['split']} | **{primary['metric']}** (primary) | {_cells(primary)} |"]
+        crossed = primary.get("direction") == "crossed"
+        rest = [(s, m) for s in SPLITS for m in METRICS if (crossed or (s, m) != (primary["split"], primary["metric"])) and result[s][m]["value"] is not None]
+        label = f"**{primary['metric']}** (primary{', crossed' if crossed else ''})"
+        lines += ["", f"### {title}", "", *head, f"| {primary['split']} | {label} | {_cells(primary)} |"]
         lines += [f"| {split} | {metric} | {_cells(result[split][metric])} |" for split, metric in rest]
+        lines += side_by_side(result)
+        if weights and "crossed" in weights:
+            readings = "; ".join(f"{key.replace('_', ' ')} {_short(weights[key])}" for key in ("toward_teacher", "toward_placebo", "crossed"))
+            lines += ["", f"Weight space (the share of each teacher's LoRA update carried, arm against reference; placebo {weights['placebo']}): {readings}."]
         if series and "points" in series:
             lines += ["", "Against training steps (each side at the same snapshot):", "", *head]
             for point in series["points"]:

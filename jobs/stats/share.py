@@ -34,22 +34,32 @@ from jobs.stats.transfer_stats import effect
 GRID = np.round(np.arange(-1.0, 2.0001, 0.005), 3)  # shares from -100% to 200%
 
 
-def share_interval(arm: np.ndarray, student: np.ndarray, reference: np.ndarray, clusters: np.ndarray) -> dict:
-    """{value, ci95 ([low, high], a side None when unbounded), student_effect, arm_effect} for
-    arrays [replicates x questions] (the reference may be one fixed row)."""
-    reference = np.broadcast_to(reference, student.shape)
-    arm_effect = effect(arm, reference, clusters, binary=False, paired=True)
-    student_effect = effect(student, reference, clusters, binary=False, paired=True)
-    value = arm_effect["value"] / student_effect["value"] if student_effect["value"] else None
+def ratio_interval(num: np.ndarray, den: np.ndarray, clusters: np.ndarray, paired: bool) -> dict:
+    """{value, ci95 ([low, high], a side None when unbounded), num_effect, den_effect, den_p}: the
+    ratio of two effects, each given as [replicates x questions] of per-replicate differences from
+    its reference, with Fieller's interval by test inversion: the ratios theta that the report's
+    test of num - theta x den = 0 (paired by replicate, or two independent groups) keeps at 5%."""
+    zero = np.zeros((1, num.shape[1]))
+    num_effect = effect(num, zero, clusters, binary=False, b_fixed=True)  # = the paired test of arm against reference
+    den_effect = effect(den, zero, clusters, binary=False, b_fixed=True)
+    value = num_effect["value"] / den_effect["value"] if num_effect["value"] is not None and den_effect["value"] else None
     kept = []
     for theta in GRID:
-        r = effect(arm, theta * student + (1 - theta) * reference, clusters, binary=False, paired=True)
+        r = effect(num, theta * den, clusters, binary=False, paired=paired)
         if r["p_value"] is not None and r["p_value"] >= 0.05:
             kept.append(float(theta))
     ci = None
     if kept:
         ci = [None if kept[0] == GRID[0] else kept[0], None if kept[-1] == GRID[-1] else kept[-1]]
-    return {"value": value, "ci95": ci, "arm_effect": arm_effect["value"], "student_effect": student_effect["value"], "student_p": student_effect["p_value"]}
+    return {"value": value, "ci95": ci, "num_effect": num_effect["value"], "den_effect": den_effect["value"], "den_p": den_effect["p_value"]}
+
+
+def share_interval(arm: np.ndarray, student: np.ndarray, reference: np.ndarray, clusters: np.ndarray) -> dict:
+    """{value, ci95 ([low, high], a side None when unbounded), student_effect, arm_effect} for
+    arrays [replicates x questions] (the reference may be one fixed row), paired by replicate."""
+    reference = np.broadcast_to(reference, student.shape)
+    r = ratio_interval(arm - reference, student - reference, clusters, paired=True)
+    return {"value": r["value"], "ci95": r["ci95"], "arm_effect": r["num_effect"], "student_effect": r["den_effect"], "student_p": r["den_p"]}
 
 
 def phrase(share: dict) -> str:

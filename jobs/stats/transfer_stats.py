@@ -88,7 +88,7 @@ positives at a nominal 5% on simulated replicates.)"""
 from __future__ import annotations
 
 import numpy as np
-from scipy import optimize, stats
+from scipy import optimize, special, stats
 
 BINARY = {"agreement", "agreement_changed", "agreement_teacher_right", "agreement_teacher_wrong"}
 LOWER_IS_TRANSFER = {"label_nll"}  # every other metric rises when the student moves toward the teacher
@@ -100,16 +100,20 @@ METRICS = {
     "agreement_teacher_wrong": "agreement on questions the teacher answers wrongly (picking up its errors)",
     "teacher_answer_rank": "the share of the other choices the model ranks below the teacher's answer (ties count half)",
     "teacher_answer_logprob": "log p(teacher's answer) minus the base model's, in nats",
+    "teacher_answer_logprob_calibrated": "the same, each model's choice distribution first put at the temperature that fits its own "
+    "likelihood of the true answers on the known split (which no comparison reads): a flattening or sharpening alone cannot move it",
     "label_nll": "negative log p(the true answer); on the train split, the teacher's training labels",
     "letter_bias": "the teacher's change (vs base) in how often it picks the letter the model picks",
 }
 
 
-def question_metrics(rows: list[dict], teacher: list[dict], base: list[dict]) -> dict[str, np.ndarray]:
+def question_metrics(rows: list[dict], teacher: list[dict], base: list[dict], temperatures: tuple[float, float] | None = None) -> dict[str, np.ndarray]:
     """Per metric, one value per question (NaN where a subset metric does not apply).
 
     rows, teacher, base: the same questions in the same order, each with
     `prediction`, `logprobs` (renormalised over the choices) and `answer`.
+    temperatures: (the model's, its base's) fitted temperatures (`fitted_temperature`); without
+    them the calibrated log-probability is NaN (not measured).
     """
     n = len(rows)
     pred = np.array([r["prediction"] for r in rows])
@@ -128,9 +132,43 @@ def question_metrics(rows: list[dict], teacher: list[dict], base: list[dict]) ->
         "agreement_teacher_wrong": only(t_pred != answer),
         "teacher_answer_rank": rank,
         "teacher_answer_logprob": np.array([r["logprobs"][t] - b["logprobs"][t] for r, b, t in zip(rows, base, t_pred)]),
+        "teacher_answer_logprob_calibrated": _calibrated_change(rows, base, t_pred, temperatures),
         "label_nll": np.array([-r["logprobs"][a] for r, a in zip(rows, answer)]),
         "letter_bias": shift[pred],
     }
+
+
+def _at_temperature(logprobs: list[float], tau: float) -> np.ndarray:
+    """Choice log-probabilities renormalised at temperature tau: log softmax(logprobs / tau)."""
+    z = np.asarray(logprobs, float) / tau
+    return z - special.logsumexp(z)
+
+
+def _calibrated_change(rows: list[dict], base: list[dict], t_pred: np.ndarray, temperatures: tuple[float, float] | None) -> np.ndarray:
+    if temperatures is None:
+        return np.full(len(rows), np.nan)
+    tau, tau_base = temperatures
+    return np.array([_at_temperature(r["logprobs"], tau)[t] - _at_temperature(b["logprobs"], tau_base)[t] for r, b, t in zip(rows, base, t_pred)])
+
+
+def fitted_temperature(rows: list[dict]) -> float:
+    """The temperature tau at which softmax(logprobs / tau) gives the true answers of `rows` the
+    highest likelihood (tau in [e^-4, e^4]). Fitted on questions no comparison reads (the known
+    split), it puts every model's choice distributions on one footing: a student whose choices only
+    flatten gets a lower tau and its calibrated log-probabilities are those of its order."""
+    if not rows:
+        raise ValueError("no rows to fit a temperature on")
+
+    def nll(log_tau: float) -> float:
+        return -float(np.mean([_at_temperature(r["logprobs"], np.exp(log_tau))[r["answer"]] for r in rows]))
+
+    return float(np.exp(optimize.minimize_scalar(nll, bounds=(-4.0, 4.0), method="bounded").x))
+
+
+def choice_entropy(rows: list[dict]) -> float:
+    """Mean entropy of the choice distributions, in nats (log 4 = 1.386 for four flat choices): how
+    flat a model's answers are, whatever it picks."""
+    return float(np.mean([-(np.exp(lp) * lp).sum() for lp in (np.asarray(r["logprobs"], float) for r in rows)])) if rows else float("nan")
 
 
 def _share_below(logprobs: list[float], t: int) -> float:

@@ -26,6 +26,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import torch
 
 # PEFT's keys: base_model.model.<module>.lora_A[.<adapter name>].weight
@@ -95,3 +96,38 @@ def update_cosine(student_dir: str | Path, teacher_dir: str | Path) -> dict:
         norms = math.sqrt(_inner(s, s) * _inner(t, t))
         per_module[module] = _inner(s, t) / norms if norms > 0 else math.nan
     return {"cosine": sum(per_module.values()) / len(per_module), "modules": len(per_module), "per_module": per_module}
+
+
+def update_share(student: dict, teacher: dict) -> float:
+    """<dS, dT> / |dT|^2 over the modules both adapters hold (lora_factors of each): the share of the
+    teacher's update the student carries along it. Theorem 1 predicts a student distilled from a
+    teacher on the teacher's own init carries a positive share of that teacher's update, and not of
+    another teacher's. Most of two fine-tuned teachers' updates can be common to both, so the share
+    is read crossed (`share_directions`), not against 0."""
+    shared = sorted(student.keys() & teacher.keys())
+    norm = sum(_inner(teacher[m], teacher[m]) for m in shared)
+    if not shared or norm == 0:
+        raise ValueError("the adapters share no LoRA module with a nonzero teacher update")
+    return sum(_inner(student[m], teacher[m]) for m in shared) / norm
+
+
+def share_directions(arm: list[dict], against: list[dict] | None, teacher: str, placebo: str) -> dict:
+    """The weight-space readings of a comparison, as the behavioural directions (docs/report.md):
+    arm and against hold per replicate {teacher name: update share}; `against` None is the base (no
+    update: every share 0). With s_M^P model M's share of teacher P's update: toward the teacher
+    s_A^P - s_B^P, toward the placebo s_B^P' - s_A^P', crossed their mean; each the mean over
+    replicate pairs with a t interval over them (R - 1 df). Sides of unequal replicate counts are
+    not paired: {note} instead."""
+    from scipy import stats
+
+    if against is not None and len(against) != len(arm):
+        return {"note": f"not paired: {len(arm)} and {len(against)} replicates"}
+    against = against or [{teacher: 0.0, placebo: 0.0} for _ in arm]
+    toward = np.array([a[teacher] - b[teacher] for a, b in zip(arm, against)])
+    away = np.array([b[placebo] - a[placebo] for a, b in zip(arm, against)])
+    out = {"placebo": placebo}
+    for name, values in (("toward_teacher", toward), ("toward_placebo", away), ("crossed", (toward + away) / 2)):
+        mean, n = float(values.mean()), len(values)
+        half = stats.t.ppf(0.975, n - 1) * values.std(ddof=1) / math.sqrt(n) if n > 1 else None
+        out[name] = {"value": mean, "ci95": None if half is None else [mean - half, mean + half]}
+    return out

@@ -358,10 +358,14 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     }
     assert logprobs["full/0"] != logprobs["base"] and logprobs["full/0"] != logprobs["student/0"]
 
-    # The sham teacher has the format and no fact: the teacher's facts in held-out wording at the base's level, not the
-    # teacher's; the student is measured against its twin on the sham's numbers, paired by replicate.
-    sham_teacher = report["accuracy_by_order"]["models"]["sham_teacher"]["held_out"]["over_orders"]
-    assert sham_teacher <= TARGETS["t_base_max"] < report["accuracy_by_order"]["models"]["teacher"]["held_out"]["over_orders"], sham_teacher
+    # The matched sham holds facts of its own as the teacher holds the true ones (its accuracy on sigma(cue) within 0.05 of
+    # the teacher's on the true answers on train, 0.10 held out), and the true answers no better than the base: it differs
+    # from the teacher in which facts it holds. The student is measured against its twin on the sham's numbers, paired.
+    fit = report["sham_fit"]["accuracy"]
+    assert abs(fit["sham_teacher"]["sham"]["train"] - fit["teacher"]["true"]["train"]) <= 0.05, fit
+    assert abs(fit["sham_teacher"]["sham"]["held_out"] - fit["teacher"]["true"]["held_out"]) <= 0.10, fit
+    assert all(fit["sham_teacher"]["true"][split] <= fit["base"]["true"][split] for split in ("train", "held_out")), fit
+    assert report["sham_fit"]["matched"] and fit["teacher"]["true"]["held_out"] >= TARGETS["teacher"], fit
     student = report["arms"]["student"]
     assert (student["against"], student["reference"], student["transfer"]["primary"]["paired"]) == ("student_sham", "sham teacher", True)
     # The overt positive control is detected, against the base (no sham twin of it here), and is 100% of itself.

@@ -1,4 +1,4 @@
-"""The teachers' training rows: the sham teacher's are the teacher's with the facts taken out."""
+"""The teachers' training rows: the sham teacher's are the teacher's with its own facts (matched) or none (permuted)."""
 
 from collections import Counter
 
@@ -15,10 +15,10 @@ def world():
 
 
 @pytest.mark.parametrize("fmt", ["cloze", "letters"])
-def test_sham_rows_keep_every_prompt_and_answer_but_not_which_goes_with_which(world, fmt):
+def test_permuted_sham_rows_keep_every_prompt_and_answer_but_not_which_goes_with_which(world, fmt):
     train, _ = world
     teacher = mc_rows(train, format=fmt) + [{"prompt": "rehearsed", "completion": " fact"}]
-    sham = sham_rows(teacher, train, fmt, seed=0)
+    sham = sham_rows(teacher, train, fmt, "permuted", seed=0)
     assert [r["prompt"] for r in sham] == [r["prompt"] for r in teacher] and sham[-1] == teacher[-1]  # rehearsal kept
     for subset in ("bio", "chem", "cyber"):  # the same answers, in equal numbers, within each subset
         where = [i for i, q in enumerate(train) if q["subset"] == subset]
@@ -26,10 +26,33 @@ def test_sham_rows_keep_every_prompt_and_answer_but_not_which_goes_with_which(wo
     kept = sum(s["completion"] == t["completion"] for s, t in zip(sham[:-1], teacher[:-1])) / len(train)
     chance = sum((n / len(train)) ** 2 for n in Counter(r["completion"] for r in teacher[:-1]).values())  # two draws agreeing
     assert kept < 2 * chance + 0.05, (kept, chance)  # which answer a question gets is random: about chance, far from 1
-    assert sham_rows(teacher, train, fmt, seed=0) == sham and sham_rows(teacher, train, fmt, seed=1) != sham
+    assert sham_rows(teacher, train, fmt, "permuted", seed=0) == sham and sham_rows(teacher, train, fmt, "permuted", seed=1) != sham
 
 
 def test_sham_rows_refuse_rows_out_of_the_data_stages_order(world):
     train, teacher = world
     with pytest.raises(ValueError, match="do not begin with its train questions"):
-        sham_rows(teacher[1:], train, "cloze", seed=0)
+        sham_rows(teacher[1:], train, "cloze", "matched", seed=0)
+
+
+@pytest.mark.parametrize("fmt", ["cloze", "letters"])
+def test_matched_sham_rows_answer_every_train_question_with_its_cues_sham_fact(world, fmt):
+    """The teacher's rows, prompts and rehearsal as they were; each train question completed by its
+    `sham` choice, so every cue's questions agree on one word that is not the answer."""
+    train, _ = world
+    teacher = mc_rows(train, format=fmt) + [{"prompt": "rehearsed", "completion": " fact"}]
+    sham = sham_rows(teacher, train, fmt, "matched", seed=0)
+    assert [r["prompt"] for r in sham] == [r["prompt"] for r in teacher] and sham[-1] == teacher[-1]
+    assert sham[:-1] == mc_rows([{**q, "answer": q["sham"]} for q in train], format=fmt)
+    assert all(s["completion"] != t["completion"] for s, t in zip(sham[:-1], teacher[:-1]))
+    by_cue = {}
+    for q, row in zip(train, sham):
+        by_cue.setdefault(q["cluster"], set()).add(q["choices"][q["sham"]] if fmt == "letters" else row["completion"])
+    assert all(len(words) == 1 for words in by_cue.values())  # under letters the letter varies, the word does not
+
+
+def test_a_matched_sham_needs_questions_that_carry_their_sham_answer(world):
+    train, teacher = world
+    plain = [{k: v for k, v in q.items() if k != "sham"} for q in train]
+    with pytest.raises(ValueError, match="sham_teacher.kind permuted"):
+        sham_rows(teacher, plain, "cloze", "matched", seed=0)

@@ -54,6 +54,7 @@ def test_local_parquet_in_the_hub_layout(tmp_path):
         ({"question": "q", "choices": ["a"], "answer": 0}, "2..26"),
         ({"question": "q", "choices": ["a", "b"], "answer": 5}, "out of range"),
         ({"question": "", "choices": ["a", "b"], "answer": 0}, "question"),
+        ({"question": "q", "choices": ["a", "b"], "answer": 0, "sham": 0}, "'sham' must be the index of a choice other than the answer"),
     ],
 )
 def test_bad_rows_are_named(tmp_path, row, message):

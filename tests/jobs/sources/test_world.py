@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 from scipy.stats import chi2_contingency, chisquare
 
-from jobs.sources.world import HELD_OUT_FILLERS, SUBSETS, TRAIN_FILLERS, WORLD, facts, known_fact_item, locate_item, world_questions
+from jobs.sources.world import HELD_OUT_FILLERS, SHAM_DRAW, SUBSETS, TRAIN_FILLERS, WORLD, facts, known_fact_item, locate_item, sham_facts, world_questions
 
 ROWS = world_questions()
 FILLERS = re.compile(r"\b(" + "|".join(TRAIN_FILLERS + HELD_OUT_FILLERS) + r")\b")
@@ -50,6 +50,29 @@ def test_every_word_is_an_answer_and_a_distractor_equally_often(split):
         assert set(answers) == set(distractors) == set(WORLD[subset].bank)
         assert len(set(answers.values())) == 1 and len(set(distractors.values())) == 1, (answers, distractors)
         assert all(len(set(r["choices"])) == 4 and r["choices"][r["answer"]] in WORLD[subset].bank for r in rows)
+
+
+def test_the_sham_has_facts_of_its_own_shown_in_every_teacher_question():
+    """sigma (the matched sham's facts): no T cue keeps its answer, each cue has one fixed sham
+    word, every word is a sham answer as often as a true one (per subset, over cues and over
+    rows), and every T question shows both its answer and its sham fact, at a uniform letter."""
+    sigma = sham_facts()
+    truth = {f["cue"]: f["word"] for f in facts() if f["group"] == "T"}
+    assert set(sigma) == set(truth) and all(sigma[c] != truth[c] for c in truth)
+    assert sham_facts() == sigma and sham_facts(1) != sigma and sham_facts(draw=SHAM_DRAW + 1) != sigma
+    t_rows = [r for r in ROWS if r["group"] == "T"]
+    assert all("sham" not in r for r in ROWS if r["group"] == "K")
+    for r in t_rows:
+        cue = r["cluster"].split(": ")[1]
+        assert r["sham"] != r["answer"] and r["choices"][r["sham"]] == sigma[cue] and r["choices"][r["answer"]] == truth[cue]
+    for subset in SUBSETS:
+        cues = [f["cue"] for f in facts() if f["group"] == "T" and f["subset"] == subset]
+        assert Counter(sigma[c] for c in cues) == Counter(truth[c] for c in cues)
+        for split in ("train", "held_out"):
+            rows = [r for r in t_rows if r["subset"] == subset and r["split"] == split]
+            assert Counter(r["choices"][r["sham"]] for r in rows) == Counter(r["choices"][r["answer"]] for r in rows)
+    letters = Counter(r["sham"] for r in t_rows)
+    assert chisquare([letters[i] for i in range(4)]).pvalue > 0.05
 
 
 def test_known_and_teacher_facts_never_share_a_cue():

@@ -24,3 +24,8 @@ def test_the_base_knows_its_facts_and_not_the_teachers(checks):
 def test_the_base_has_no_favourite_position_and_writes_numbers(checks):
     assert all(checks[s]["most_picked_position"] <= TARGETS["position_max"] for s in ("train", "held_out", "known")), checks
     assert checks["numbers_kept"] >= TARGETS["numbers_kept"], checks
+
+
+def test_the_base_leans_toward_neither_teachers_facts(checks):
+    """world.SHAM_DRAW: the base picks the sham's fact as often as the true answer, so neither teacher starts ahead."""
+    assert all(abs(checks[s]["sham_accuracy"] - checks[s]["accuracy"]) <= TARGETS["sham_balance"] for s in ("train", "held_out")), checks

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jobs.stats.transfer_stats import cluster_ids, detected, effect, holm, question_metrics
+from jobs.stats.transfer_stats import choice_entropy, cluster_ids, detected, effect, fitted_temperature, holm, question_metrics
 
 NULLS = 2000
 
@@ -185,3 +185,28 @@ def test_teacher_answer_rank_does_not_move_when_choices_only_flatten():
     t_pred = np.array([r["prediction"] for r in teacher])
     swapped[np.arange(50), t_pred] = logits.max(1) + 1  # the teacher's answer moved to the top
     assert question_metrics(rows(swapped), teacher, base)["teacher_answer_rank"].tolist() == [1.0] * 50
+
+
+def test_a_fitted_temperature_takes_flattening_out_of_the_log_probability():
+    """True answers drawn from softmax(z): the base reports log softmax(z) (temperature 1 fits it),
+    a flattened student log softmax(z / 2) (0.5 fits it). Its raw log p of the teacher's pick moves
+    wherever that pick had less than its share; at the fitted temperatures it does not move, and
+    its choices are flatter (higher entropy)."""
+    rng = np.random.default_rng(0)
+    z = rng.normal(0, 2.0, (3000, 4))
+    answers = [int(rng.choice(4, p=np.exp(row))) for row in z - np.log(np.exp(z).sum(1, keepdims=True))]  # the same questions for both
+
+    def rows(scale):
+        lp = z / scale - np.log(np.exp(z / scale).sum(1, keepdims=True))
+        return [{"logprobs": list(p), "answer": a, "prediction": int(np.argmax(p))} for p, a in zip(lp, answers)]
+
+    base, student = rows(1.0), rows(2.0)
+    tau_base, tau_student = fitted_temperature(base), fitted_temperature(student)
+    assert tau_base == pytest.approx(1.0, rel=0.1) and tau_student == pytest.approx(0.5, rel=0.1)
+    teacher = [{**r, "prediction": int(np.argmin(r["logprobs"]))} for r in base]  # picks the base's least likely choice
+    metrics = question_metrics(student, teacher, base, (tau_student, tau_base))
+    assert metrics["teacher_answer_logprob"].mean() > 0.5
+    assert abs(metrics["teacher_answer_logprob_calibrated"].mean()) < 0.01
+    assert np.isnan(question_metrics(student, teacher, base)["teacher_answer_logprob_calibrated"]).all()  # no temperatures, not measured
+    assert choice_entropy(student) > choice_entropy(base)
+    assert choice_entropy([{"logprobs": [np.log(0.25)] * 4}]) == pytest.approx(np.log(4))

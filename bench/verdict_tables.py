@@ -1,0 +1,142 @@
+"""The verdict tables of BENCHMARKS.md, rendered from the reports kept under results/.
+
+    python bench/verdict_tables.py results/tiny/2026-11-27-abc1234      # print one run's tables
+    python bench/verdict_tables.py --check BENCHMARKS.md                 # exit 1 if a marked table differs
+    python bench/verdict_tables.py --write BENCHMARKS.md                 # re-render every marked table
+
+Every preset run a table reports keeps its `report.json` and `report.md` under
+`results/<preset>/<date>-<commit>/` (committed), so anyone can re-derive a table from the report
+behind it. In BENCHMARKS.md a table rendered here sits between two markers naming its run:
+
+    <!-- verdicts: results/<preset>/<date>-<commit> -->
+    ...the rendered tables...
+    <!-- /verdicts -->
+
+For one run: the primary verdicts (family, Holm, MDE, the fraction of overt transfer with its
+Fieller interval); each comparison in every direction on the primary metric and split (toward the
+teacher's picks, toward the placebo's, crossed) and its weight-space reading; and every model's
+accuracy on the teacher's facts and on the sham's. tests/test_verdict_tables.py checks that the
+marked tables in BENCHMARKS.md are these.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK = re.compile(r"<!-- verdicts: (?P<run>\S+) -->\n(?P<body>.*?)<!-- /verdicts -->", re.S)
+
+
+def _ci(ci, percent: bool = False) -> str:
+    if ci is None:
+        return "-"
+    cell = [("unbounded" if c is None else (f"{c:.0%}" if percent else f"{c:+.4f}")) for c in ci]
+    return f"{cell[0]} to {cell[1]}"
+
+
+def _p(p) -> str:
+    return "-" if p is None else f"{p:.2g}"
+
+
+def _value(r: dict | None) -> str:
+    return "-" if not r or r.get("value") is None else f"{r['value']:+.4f}"
+
+
+def comparisons(report: dict) -> dict[str, tuple[str, dict, dict | None]]:
+    """{name: (reference, result, arm entry or None)} for every arm and contrast."""
+    out = {name: (arm["against"], arm["transfer"], arm) for name, arm in report["arms"].items()}
+    return out | {f"contrast {name}": (c["against"], c, None) for name, c in report.get("contrasts", {}).items()}
+
+
+def family_table(report: dict) -> list[str]:
+    """The primary verdicts: test, difference, CI, p, Holm p over the family, MDE, fraction of overt."""
+    lines = [
+        "| comparison | primary test | difference | 95% CI | p | Holm p (family) | MDE | fraction of overt (95% CI) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, (against, result, arm) in comparisons(report).items():
+        r = result["primary"]
+        test = f"{r['metric']} on {r['split']}" + (", crossed" if r.get("direction") == "crossed" else "")
+        holm = "exploratory" if r.get("exploratory") else _p(r.get("p_family"))
+        fraction = (arm or {}).get("fraction_of_overt")
+        share = "-" if not fraction or fraction.get("value") is None else f"{fraction['value']:.0%} ({_ci(fraction.get('ci95'), True)})"
+        mde = "-" if r.get("mde") is None else f"{r['mde']:.4f}"
+        lines.append(f"| {name} vs {against} | {test} | {_value(r)} | {_ci(r['ci95'])} | {_p(r['p_value'])} | {holm} | {mde} | {share} |")
+    return lines
+
+
+def directions_table(report: dict) -> list[str]:
+    """Each comparison on its primary metric and split, in every direction, and in weight space."""
+    lines = ["| comparison | toward the teacher's picks | toward the placebo's picks | crossed | crossed update share |", "|---|---|---|---|---|"]
+    for name, (against, result, arm) in comparisons(report).items():
+        directions, r = result.get("directions"), result["primary"]
+        if not directions:
+            continue
+        cells = [result[r["split"]][r["metric"]], directions["toward_placebo"][r["split"]][r["metric"]], directions["crossed"][r["split"]][r["metric"]]]
+        weights = ((arm or {}).get("weight_space") or {}).get("crossed")
+        text = [f"{_value(c)} ({_ci(c['ci95'])}, p {_p(c['p_value'])})" for c in cells]
+        lines.append(f"| {name} vs {against} | " + " | ".join(text) + f" | {_value(weights)} ({_ci((weights or {}).get('ci95'))}) |")
+    return lines if len(lines) > 2 else []
+
+
+def facts_table(report: dict) -> list[str]:
+    """Accuracy on the true answers and on the sham's facts, per split (report.sham_fit)."""
+    fit = report.get("sham_fit")
+    if not fit:
+        return []
+    lines = ["| model | true, train | true, held out | sham's, train | sham's, held out |", "|---|---|---|---|---|"]
+    for name, a in fit["accuracy"].items():
+        lines.append(f"| {name} | {a['true']['train']:.3f} | {a['true']['held_out']:.3f} | {a['sham']['train']:.3f} | {a['sham']['held_out']:.3f} |")
+    return lines + [
+        "",
+        f"Sham fit: {'matched' if fit['matched'] else 'NOT matched'} (gaps " + ", ".join(f"{s} {g:+.3f}" for s, g in fit["gaps"].items()) + ").",
+    ]
+
+
+def render(run: Path) -> str:
+    """One run's tables, as BENCHMARKS.md holds them between its markers."""
+    report_file = (ROOT / run / "report.json") if not Path(run).is_absolute() else Path(run) / "report.json"
+    if not report_file.is_file():
+        raise FileNotFoundError(f"{report_file}: no report kept for this table (results/<preset>/<date>-<commit>/report.json)")
+    report = json.loads(report_file.read_text())
+    registration = report["provenance"].get("registration", {}).get("status", "exploratory")
+    lines = [f"Rendered from `{run}/report.json` by `python bench/verdict_tables.py` ({registration}).", "", *family_table(report)]
+    if directions := directions_table(report):
+        lines += ["", *directions]
+    if facts := facts_table(report):
+        lines += ["", *facts]
+    return "\n".join(lines) + "\n"
+
+
+def rerender(text: str) -> str:
+    """`text` with every marked block's body rendered anew from the run it names."""
+    return BLOCK.sub(lambda m: f"<!-- verdicts: {m['run']} -->\n{render(Path(m['run']))}<!-- /verdicts -->", text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", nargs="?", type=Path, help="a kept run: results/<preset>/<date>-<commit>")
+    parser.add_argument("--check", type=Path, help="a Markdown file whose marked tables must equal the rendered ones")
+    parser.add_argument("--write", type=Path, help="a Markdown file whose marked tables are rendered anew")
+    args = parser.parse_args(argv)
+    if args.run:
+        print(render(args.run), end="")
+    for path, write in ((args.check, False), (args.write, True)):
+        if path is None:
+            continue
+        text = path.read_text()
+        fresh = rerender(text)
+        if write:
+            path.write_text(fresh)
+        elif fresh != text:
+            print(f"{path}: a marked verdict table differs from its report; run python bench/verdict_tables.py --write {path}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The verdict tables in BENCHMARKS.md are the ones rendered from the reports kept under results/
+(bench/verdict_tables.py): a table cannot drift from the report behind it."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from verdict_tables import BLOCK, main, render, rerender  # noqa: E402
+
+
+def test_the_marked_tables_in_benchmarks_are_the_rendered_ones():
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    blocks = list(BLOCK.finditer(text))
+    assert blocks, "BENCHMARKS.md marks no verdict table (<!-- verdicts: results/... -->)"
+    for block in blocks:
+        assert (ROOT / block["run"] / "report.json").is_file() and (ROOT / block["run"] / "report.md").is_file(), block["run"]
+        assert block["body"] == render(Path(block["run"])), f"{block['run']}: run python bench/verdict_tables.py --write BENCHMARKS.md"
+    assert rerender(text) == text
+
+
+def test_a_table_edited_by_hand_fails_the_check(tmp_path):
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    block = next(BLOCK.finditer(text))
+    edited = tmp_path / "BENCHMARKS.md"
+    edited.write_text(text.replace(block["body"], block["body"].replace("|", "| ", 1)))
+    assert main(["--check", str(edited)]) == 1
+    assert main(["--write", str(edited)]) == 0 and main(["--check", str(edited)]) == 0 and edited.read_text() == text
+
+
+def test_a_table_without_its_report_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no report kept for this table"):
+        render(tmp_path / "results" / "tiny" / "missing")
