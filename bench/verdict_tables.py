@@ -3,6 +3,7 @@
     python bench/verdict_tables.py results/tiny/2026-11-27-abc1234      # print one run's tables
     python bench/verdict_tables.py --check BENCHMARKS.md                 # exit 1 if a marked table differs
     python bench/verdict_tables.py --write BENCHMARKS.md                 # re-render every marked table
+    python bench/verdict_tables.py --keep ~/subliminal-runs/tiny          # keep a run's report under results/
 
 Every preset run a table reports keeps its `report.json` and `report.md` under
 `results/<preset>/<date>-<commit>/` (committed), so anyone can re-derive a table from the report
@@ -112,6 +113,21 @@ def render(run: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def keep(run_dir: Path) -> Path:
+    """Copy a finished run's report.json and report.md to results/<preset>/<date>-<commit>/ (the
+    commit the run started from, 7 digits); returns that folder."""
+    import shutil
+    from datetime import date
+
+    provenance = json.loads((run_dir / "report.json").read_text())["provenance"]
+    commit = provenance.get("registration", {}).get("commit") or provenance["git_commit"]
+    folder = ROOT / "results" / provenance["config"]["name"] / f"{date.today().isoformat()}-{str(commit)[:7]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("report.json", "report.md"):
+        shutil.copyfile(run_dir / name, folder / name)
+    return folder
+
+
 def rerender(text: str) -> str:
     """`text` with every marked block's body rendered anew from the run it names."""
     return BLOCK.sub(lambda m: f"<!-- verdicts: {m['run']} -->\n{render(Path(m['run']))}<!-- /verdicts -->", text)
@@ -122,7 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", nargs="?", type=Path, help="a kept run: results/<preset>/<date>-<commit>")
     parser.add_argument("--check", type=Path, help="a Markdown file whose marked tables must equal the rendered ones")
     parser.add_argument("--write", type=Path, help="a Markdown file whose marked tables are rendered anew")
+    parser.add_argument("--keep", type=Path, help="a finished run directory whose report to keep under results/")
     args = parser.parse_args(argv)
+    if args.keep:
+        print(keep(args.keep).relative_to(ROOT))
     if args.run:
         print(render(args.run), end="")
     for path, write in ((args.check, False), (args.write, True)):

@@ -42,7 +42,7 @@ NUMBER_SOURCES = {  # report name -> source of the numbers
 def provenance(cfg: ExperimentConfig, paths: dict[str, str], registration: dict | None) -> dict:
     """Git commit, package versions, seeds, the resolved config, and what the run may claim
     (`registration`, decided when the pipeline started: jobs/rundir/registration.py)."""
-    commit = source_state()["commit"]
+    commit = (registration or source_state())["commit"]  # the source the run started from
     versions = {}
     for name in PACKAGES:
         try:

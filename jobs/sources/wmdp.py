@@ -23,7 +23,7 @@ from pathlib import Path
 
 from common.atomic import write_jsonl
 from common.files import DataError, read_jsonl
-from jobs.sources.world import WORLD_VERSION, world_questions
+from jobs.sources.world import SHAM_DRAW, WORLD_VERSION, world_questions
 
 SUBSETS = ("bio", "chem", "cyber")
 HUB_ID = "cais/wmdp"
@@ -153,7 +153,7 @@ def load_wmdp(source: str, subsets: tuple[str, ...] = SUBSETS, cache_dir: Path |
     if source == "synthetic":
         if cache_dir is None:
             raise DataError("the synthetic sample needs a cache_dir to be written to")
-        source = str(write_synthetic(Path(cache_dir) / f"synthetic-wmdp-v{WORLD_VERSION}"))
+        source = str(write_synthetic(Path(cache_dir) / f"synthetic-wmdp-v{WORLD_VERSION}-sham{SHAM_DRAW}"))  # files written once per world
     snapshot = hub_snapshot(tuple(subsets)) if source == "hub" else None
     rows: list[dict] = []
     for subset in subsets:

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.sources.wmdp import SUBSETS, DataError, load_wmdp, split_questions, synthetic_questions, write_synthetic
+from jobs.sources.world import SHAM_DRAW, WORLD_VERSION
 
 
 def test_synthetic_sample_is_deterministic_and_wmdp_shaped(tmp_path):
@@ -35,6 +36,10 @@ def test_synthetic_goes_through_the_local_file_reader(tmp_path):
     lines = [json.loads(line) for s in SUBSETS for line in (folder / f"wmdp-{s}.jsonl").read_text().splitlines()]
     assert [r["question"] for r in rows] == [line["question"] for line in lines] and len(rows) > 0
     assert rows == load_wmdp(str(folder))
+    # The files are the world's as it is now: the folder is named by the world's version and its draw of the sham's
+    # facts, so a cached folder of another draw is never read for this one.
+    assert folder.name == f"synthetic-wmdp-v{WORLD_VERSION}-sham{SHAM_DRAW}"
+    assert {(r["question"], r.get("sham")) for r in rows} == {(r["question"], r.get("sham")) for r in synthetic_questions()}
 
 
 def test_local_parquet_in_the_hub_layout(tmp_path):
