@@ -4,8 +4,8 @@
     teacher               LoRA on the teacher-train split         reads model.*, teacher.*; data
     letter_teacher        the same, every answer one letter       reads model.*, teacher.*, letter_teacher.*;
                           (when an arm names it)                  data
-    sham_teacher          the same, answers permuted across       reads model.*, teacher.*, sham_teacher.*;
-                          questions (when an arm names it)        data
+    sham_teacher          the same, on the sham's facts (or the   reads model.*, teacher.*, sham_teacher.*;
+                          answers permuted; when an arm names it) data
     numbers/<source>/<i>  kept number sequences of replicate i    reads model.*, numbers.*, the engine;
                           (source: teacher, sham_teacher, base)   the source model (but the base)
     answers/<teacher>     the teacher's picks on its train         reads model.*, the engine, evaluate.format;
