@@ -24,12 +24,13 @@ from jobs.rundir.manifest import Manifest, read_jsonl
 from jobs.rundir.registration import source_state
 from jobs.sources.tiny_model import TinySpec, other_base_spec
 from jobs.stats.accuracy import accuracy_as_written, accuracy_over_orders, letter_prior, on_split, summarise, wilson_ci
-from jobs.stats.evidence import BASES, SPLITS, Evidence, apply_family, fraction_phrase, interval, markdown_tables, overt_control, positive_control, verdict
+from jobs.stats.evidence import BASES, SPLITS, Evidence, apply_family
 from jobs.stats.sham_fit import markdown as sham_fit_markdown
 from jobs.stats.sham_fit import sham_fit
 from jobs.stats.share import markdown as share_markdown
 from jobs.stats.share import signal_kind, where_signal_rides
 from jobs.stats.transfer_stats import cluster_ids, effect
+from jobs.stats.verdicts import fraction_phrase, interval, markdown_tables, overt_control, positive_control, verdict
 from jobs.stats.weight_space import lora_factors, share_directions, update_cosine, update_share
 from serve.mc_format import LETTERS
 

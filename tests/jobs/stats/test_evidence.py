@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from jobs.experiment.arms import ArmModel
-from jobs.stats.evidence import Evidence, apply_family, verdict
+from jobs.stats.evidence import Evidence, apply_family
+from jobs.stats.verdicts import verdict
 from train.config import TrainConfig
 
 N_CLUSTERS, PER_CLUSTER, STEPS = 30, 4, (10, 20, 30)

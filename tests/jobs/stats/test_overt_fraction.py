@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from jobs.experiment.arms import ArmModel
-from jobs.stats.evidence import Evidence, fraction_phrase, overt_control
+from jobs.stats.evidence import Evidence
+from jobs.stats.verdicts import fraction_phrase, overt_control
 from train.config import TrainConfig
 
 CLUSTERS, REPLICATES = 30, 4
