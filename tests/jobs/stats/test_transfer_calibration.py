@@ -55,9 +55,16 @@ nats) 71.1%. Alpha 0.2 detected in 100% of the draws. `p_fixed_models` calls
 16.8% of the teacher_answer_logprob nulls significant: over 3x the nominal
 rate, far less than v2's 78.5%.
 
-Measured on world v3's questions (the checkout before world v4; 192 held-out
-questions, 48 clusters; `python -m pytest -s -k "calibrated_null or eighty"`),
-unpaired / paired: teacher_answer_logprob 4.7% / 6.7% detected, coverage 95.3% / 93.3%;
+Measured on world v4 (draw 2 of the sham's facts; 192 held-out questions, 48
+clusters; `python -m pytest -s tests/jobs/stats/test_transfer_calibration.py`,
+2.4 minutes), unpaired / paired: teacher_answer_logprob 4.3% / 6.6% detected,
+coverage 95.7% / 93.4%; agreement 2.7% / 3.1%; teacher_answer_rank 1.3% /
+1.7% (conservative: the xfails below); power at the median MDE
+teacher_answer_logprob 71.3% / 64.1% (MDE 0.101 / 0.108 nats),
+teacher_answer_rank 74.6% / 65.8% (MDE 0.019 / 0.018); alpha 0.2 detected in
+100% of the draws; `p_fixed_models` calls 15.3% of the nulls significant.
+Measured on world v3's questions (the checkout before world v4), unpaired /
+paired: teacher_answer_logprob 4.7% / 6.7% detected, coverage 95.3% / 93.3%;
 agreement 1.6% / 2.4%, 98.4% / 97.6%; teacher_answer_rank 1.4% / 2.2%,
 98.6% / 97.8% (no draw of zero spread). Power at the median MDE:
 teacher_answer_logprob 74.4% / 65.9% (MDE 0.100 / 0.108 nats),
@@ -165,13 +172,13 @@ def test_a_planted_effect_is_detected_with_at_least_80_percent_power(bank):
 # On world v2 agreement among controls moved on ~14 of 369 questions and its t ratio was
 # lighter-tailed than Student's t (0.6% false positives: conservative, an xfail). On world v3,
 # with a teacher that knows facts, it is calibrated too (2.9%, coverage 97.1%).
-# teacher_answer_rank unpaired is conservative (1.4%, coverage 98.6%): over the 60 controls its
+# teacher_answer_rank is conservative (world v4: 1.3% unpaired, 1.7% paired): over the 60 controls its
 # replicate mean square is below the residual one (F 0.87), no seed component, so each side's
 # replicate component, estimated from 2 df and set to 0 when negative, only adds (the variance
 # 1.4x the value's, RMS SE / SD 1.19). The boundary rule, not the discreteness: |value| and SE
 # are uncorrelated (-0.01). bench/rank_calibration.py shows the same rule liberal with 2 replicates.
 NULLS = [(metric, False) for metric in CHECKED] + [(metric, True) for metric in CHECKED]
-CONSERVATIVE = {("teacher_answer_rank", False), ("agreement", False)}  # 1.4% and 1.6% on the bank
+CONSERVATIVE = {("teacher_answer_rank", False), ("teacher_answer_rank", True)}  # 1.3% and 1.7% on world v4's bank
 
 
 @pytest.mark.parametrize(
