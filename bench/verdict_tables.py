@@ -100,7 +100,7 @@ def facts_table(report: dict) -> list[str]:
 
 def render(run: Path) -> str:
     """One run's tables, as BENCHMARKS.md holds them between its markers."""
-    report_file = (ROOT / run / "report.json") if not Path(run).is_absolute() else Path(run) / "report.json"
+    report_file = ROOT / run / "report.json"  # an absolute `run` stands alone
     if not report_file.is_file():
         raise FileNotFoundError(f"{report_file}: no report kept for this table (results/<preset>/<date>-<commit>/report.json)")
     report = json.loads(report_file.read_text())

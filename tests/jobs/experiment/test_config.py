@@ -87,3 +87,12 @@ def test_the_family_of_primary_verdicts_names_declared_comparisons():
         load_experiment(None, ["evaluate.primary_comparisons=[studnet]"])
     with pytest.raises(ConfigError, match=r"contrasts\.student: an arm has that name too"):
         load_experiment(None, ["replicates=3", "arms={student: {}, other: {lora_seed: other}}", "contrasts={student: {arm: student, against: other}}"])
+
+
+def test_a_crossed_primary_needs_a_sham_to_cross_with():
+    with pytest.raises(ConfigError, match=r"evaluate\.primary_direction crossed .* declare an arm with teacher: sham"):
+        load_experiment(None, ["evaluate.primary_direction=crossed"])
+    cfg = load_experiment(None, ["evaluate.primary_direction=crossed", "arms.student_sham={numbers: teacher, teacher: sham}"])
+    assert cfg.evaluate.primary_direction == "crossed" and cfg.sham_teacher.kind == "matched"
+    with pytest.raises(ConfigError, match="primary_direction"):
+        load_experiment(None, ["evaluate.primary_direction=sideways"])
