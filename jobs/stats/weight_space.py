@@ -83,7 +83,11 @@ def _inner(x: tuple[torch.Tensor, torch.Tensor], y: tuple[torch.Tensor, torch.Te
 def update_cosine(student_dir: str | Path, teacher_dir: str | Path) -> dict:
     """{"cosine": mean over the shared modules, "modules": how many, "per_module": {module: cosine}};
     a module whose update is zero in either adapter has no direction: its cosine is nan."""
-    student, teacher = lora_factors(student_dir), lora_factors(teacher_dir)
+    return factors_cosine(lora_factors(student_dir), lora_factors(teacher_dir), student_dir, teacher_dir)
+
+
+def factors_cosine(student: dict, teacher: dict, student_dir: str | Path = "student", teacher_dir: str | Path = "teacher") -> dict:
+    """update_cosine of two adapters' lora_factors already read (the directories name them in errors)."""
     shared = sorted(student.keys() & teacher.keys())
     if not shared:
         raise ValueError(f"adapters {student_dir} and {teacher_dir} share no LoRA module")
