@@ -174,7 +174,10 @@ class ShamTeacherConfig:
     # `sham` choice, sigma(cue)), as many and as learnable as the teacher's; needs data that
     # carries them. permuted: the answers permuted across the questions of each subset (`seed`),
     # the format and no fact (kept for comparison: it cannot fit its rows as the teacher does).
-    kind: Literal["matched", "permuted"] = "matched"
+    # null1, null2: matched shams of two more sets of facts, sharing none with sigma or each other
+    # (world.null_sham_facts), for the null of the verdicts' own kind (bench/sham_null.py); their
+    # words are often not among a question's choices, so they train under evaluate.format cloze only.
+    kind: Literal["matched", "permuted", "null1", "null2"] = "matched"
     seed: int = 0  # the permutation of the answers (permuted)
 
 
@@ -245,6 +248,8 @@ def load_experiment(preset=None, overrides: list[str] = ()) -> ExperimentConfig:
     check_arms(cfg)
     if cfg.evaluate.primary_direction == "crossed" and not any(arm.teacher in ("sham", "sham_teacher") for arm in cfg.arms.values()):
         raise ConfigError("evaluate.primary_direction crossed reads every model toward the sham's picks too; declare an arm with teacher: sham")
+    if cfg.sham_teacher.kind.startswith("null") and cfg.evaluate.format != "cloze":
+        raise ConfigError(f"sham_teacher.kind {cfg.sham_teacher.kind} trains on words a question may not show among its choices: needs evaluate.format cloze")
     if cfg.evaluate.format == "cloze" and any(arm.teacher == "letter_teacher" for arm in cfg.arms.values()):
         raise ConfigError("arms: a letter_teacher answers every question with one letter, and evaluate.format cloze scores no letter; use letters")
     check_contrasts(cfg)

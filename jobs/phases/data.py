@@ -17,6 +17,7 @@ from jobs.phases.context import RunContext
 from jobs.phases.stages import SPLIT_FILES, TEACHER_TRAIN
 from jobs.rundir.manifest import digest
 from jobs.sources.wmdp import split_questions
+from jobs.sources.world import cue_of, null_sham_facts
 from serve.mc_format import choice_continuation, cloze_continuation, format_cloze_prompt, format_mc_prompt
 
 
@@ -40,6 +41,8 @@ def sham_rows(teacher_rows: list[dict], train_questions: list[dict], format: str
       sigma(cue) (jobs/sources/world.py): one fixed word per cue, every word a sham answer as
       often as a true one, so the sham learns facts of its own exactly as the teacher learns the
       true ones, with the same rows, wording, rehearsal and training;
+    - null1, null2: the same, with the facts of one of two more shams (world.null_sham_facts; cloze
+      only: the word may not be among the question's choices);
     - permuted: the answers of the train questions permuted across the questions of each subset
       (`seed`), so a cue's questions carry answers that disagree and the sham learns the format
       and the answers' words and no fact.
@@ -49,6 +52,9 @@ def sham_rows(teacher_rows: list[dict], train_questions: list[dict], format: str
     own = mc_rows(train_questions, format=format)
     if teacher_rows[: len(own)] != own:
         raise ValueError("the teacher's rows do not begin with its train questions in order: rerun the data stage")
+    if kind in ("null1", "null2"):
+        words = null_sham_facts(which=int(kind[-1]))
+        return [{**row, "completion": cloze_continuation(words[cue_of(q)])} for row, q in zip(own, train_questions)] + teacher_rows[len(own) :]
     if kind == "matched":
         if any("sham" not in q for q in train_questions):
             raise ValueError(

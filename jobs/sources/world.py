@@ -209,6 +209,31 @@ def sham_facts(seed: int = 0, draw: int = SHAM_DRAW) -> dict[str, str]:
     return out
 
 
+def null_sham_facts(seed: int = 0, which: int = 1) -> dict[str, str]:
+    """Two more matched shams' facts (`which` 1 or 2), for the null of the verdicts' own kind
+    (bench/sham_null.py): every T cue -> a word that is neither its answer nor sigma(cue), nor the
+    other null sham's word. Per subset, a seeded pair (p, q) of the other offsets round sigma's
+    cycle (`_t_choices` lists them): null sham 1 takes offset p for a word's first T cue and q for
+    its second, null sham 2 the reverse. Each is a bijection per cue index, so every word is a null
+    sham's fact as often as a true one, and the two shams' facts appear among a T question's
+    shown choices equally often over each split: neither is favoured by the world's design."""
+    if which not in (1, 2):
+        raise ValueError(f"a null sham is 1 or 2, got {which}")
+    out = {}
+    for fact, j in _t_cues(seed):
+        cycle, deltas = _sham_design(fact["subset"], seed, SHAM_DRAW)
+        p, q = random.Random(f"{seed}-null-sham-{fact['subset']}").sample(range(len(cycle) - 2), 2)
+        offsets = [d for d in range(1, len(cycle)) if d != deltas[j]]
+        pick = (p, q)[j] if which == 1 else (q, p)[j]
+        out[fact["cue"]] = cycle[(cycle.index(fact["word"]) + offsets[pick]) % len(cycle)]
+    return out
+
+
+def cue_of(row: dict) -> str:
+    """A tiny-world question's cue, from its `cluster` ("<subset>: <cue>")."""
+    return row["cluster"].split(": ", 1)[1]
+
+
 def _t_choices(fact: dict, j: int, position: int, k: int, seed: int, draw: int, rng: random.Random) -> tuple[list[str], int, int]:
     """A T question's choices: the answer at `position`, its sham fact and two of the other six
     words, all as offsets round the subset's cycle from the answer: the sham at delta_j, the pair

@@ -96,3 +96,9 @@ def test_a_crossed_primary_needs_a_sham_to_cross_with():
     assert cfg.evaluate.primary_direction == "crossed" and cfg.sham_teacher.kind == "matched"
     with pytest.raises(ConfigError, match="primary_direction"):
         load_experiment(None, ["evaluate.primary_direction=sideways"])
+
+
+def test_a_null_sham_trains_under_cloze_only():
+    assert load_experiment("tiny-confirm", ["sham_teacher.kind=null1"]).sham_teacher.kind == "null1"
+    with pytest.raises(ConfigError, match="sham_teacher.kind null2 .* needs evaluate.format cloze"):
+        load_experiment("tiny-confirm", ["sham_teacher.kind=null2", "evaluate.format=letters"])

@@ -56,3 +56,20 @@ def test_a_matched_sham_needs_questions_that_carry_their_sham_answer(world):
     plain = [{k: v for k, v in q.items() if k != "sham"} for q in train]
     with pytest.raises(ValueError, match="sham_teacher.kind permuted"):
         sham_rows(teacher, plain, "cloze", "matched", seed=0)
+
+
+@pytest.mark.parametrize("which", ["null1", "null2"])
+def test_a_null_sham_answers_each_cue_with_its_own_word_neither_the_truth_nor_sigma(world, which):
+    """sham_teacher.kind null1 or null2: the same prompts and rehearsal, each cue's questions completed by
+    one word that is neither the answer, the registered sham's fact nor the other null sham's."""
+    train, teacher = world
+    sham = sham_rows(teacher, train, "cloze", which, seed=0)
+    other = sham_rows(teacher, train, "cloze", "null2" if which == "null1" else "null1", seed=0)
+    registered = sham_rows(teacher, train, "cloze", "matched", seed=0)
+    assert [r["prompt"] for r in sham] == [r["prompt"] for r in teacher] and sham[len(train) :] == teacher[len(train) :]
+    by_cue = {}
+    for i, q in enumerate(train):
+        words = {sham[i]["completion"], other[i]["completion"], registered[i]["completion"], teacher[i]["completion"]}
+        assert len(words) == 4, words
+        by_cue.setdefault(q["cluster"], set()).add(sham[i]["completion"])
+    assert all(len(words) == 1 for words in by_cue.values())

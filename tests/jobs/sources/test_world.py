@@ -6,7 +6,20 @@ from collections import Counter
 import pytest
 from scipy.stats import chi2_contingency, chisquare
 
-from jobs.sources.world import HELD_OUT_FILLERS, SHAM_DRAW, SUBSETS, TRAIN_FILLERS, WORLD, facts, known_fact_item, locate_item, sham_facts, world_questions
+from jobs.sources.world import (
+    HELD_OUT_FILLERS,
+    SHAM_DRAW,
+    SUBSETS,
+    TRAIN_FILLERS,
+    WORLD,
+    cue_of,
+    facts,
+    known_fact_item,
+    locate_item,
+    null_sham_facts,
+    sham_facts,
+    world_questions,
+)
 
 ROWS = world_questions()
 FILLERS = re.compile(r"\b(" + "|".join(TRAIN_FILLERS + HELD_OUT_FILLERS) + r")\b")
@@ -73,6 +86,24 @@ def test_the_sham_has_facts_of_its_own_shown_in_every_teacher_question():
             assert Counter(r["choices"][r["sham"]] for r in rows) == Counter(r["choices"][r["answer"]] for r in rows)
     letters = Counter(r["sham"] for r in t_rows)
     assert chisquare([letters[i] for i in range(4)]).pvalue > 0.05
+
+
+
+def test_the_two_null_shams_hold_facts_no_other_teacher_holds_shown_equally_often():
+    """world.null_sham_facts: per T cue, the truth, sigma and the two null shams' words all differ;
+    every word is each null sham's fact as often as a true one; and on every split and subset the
+    two null shams' words are among a question's choices equally often (exchangeable by design)."""
+    truth = {f["cue"]: f["word"] for f in facts() if f["group"] == "T"}
+    sigma, one, two = sham_facts(), null_sham_facts(which=1), null_sham_facts(which=2)
+    assert all(len({truth[c], sigma[c], one[c], two[c]}) == 4 for c in truth)
+    assert Counter(one.values()) == Counter(two.values()) == Counter(truth.values())
+    for subset in SUBSETS:
+        for split in ("train", "held_out"):
+            rows = [r for r in ROWS if r["group"] == "T" and r["subset"] == subset and r["split"] == split]
+            shown = [sum(words[cue_of(r)] in r["choices"] for r in rows) for words in (one, two)]
+            assert shown[0] == shown[1] > 0, (subset, split, shown)
+    with pytest.raises(ValueError, match="1 or 2"):
+        null_sham_facts(which=3)
 
 
 def test_known_and_teacher_facts_never_share_a_cue():
