@@ -88,7 +88,6 @@ def test_the_sham_has_facts_of_its_own_shown_in_every_teacher_question():
     assert chisquare([letters[i] for i in range(4)]).pvalue > 0.05
 
 
-
 def test_the_two_null_shams_hold_facts_no_other_teacher_holds_shown_equally_often():
     """world.null_sham_facts: per T cue, the truth, sigma and the two null shams' words all differ;
     every word is each null sham's fact as often as a true one; and on every split and subset the
