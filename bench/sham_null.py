@@ -120,6 +120,31 @@ def verdict_readings(scores: dict[str, list[dict]], models: list) -> dict:
     return {"null": null, "other_facts": other_facts}
 
 
+def by_display(scores: dict[str, list[dict]], models: list) -> dict:
+    """Exploratory, added after the first run's tables: the reading toward the null shams' own
+    picks (crossed, rank) split by whether a T question shows either null sham's fact among its
+    choices. Where neither is shown, neither sham's pick is a fact it was taught: a movement
+    there is toward the teacher's choices as such, not toward its facts."""
+    import numpy as np
+
+    from jobs.sources.world import cue_of, null_sham_facts
+    from jobs.stats.evidence import Evidence
+    from jobs.stats.transfer_stats import effect
+
+    words = [null_sham_facts(which=which) for which in (1, 2)]
+    relabelled = {**scores, "teacher": scores["null_sham_1"], "sham_teacher": scores["null_sham_2"]}
+    ev = Evidence(relabelled, models, ("train", "teacher_answer_rank"), direction="crossed")
+    out = {}
+    for split in ("train", "held_out"):
+        shown = np.array([any(w[cue_of(r)] in r["choices"] for w in words) for r in scores["base"] if r["split"] == split])
+        a, b = (ev.lean(side, split, "teacher_answer_rank", None, "sham_teacher", False) for side in ("null_1", "null_2"))
+        out[split] = {}
+        for label, where in (("a null fact shown", shown), ("neither shown", ~shown)):
+            mask = np.where(where, 1.0, np.nan)
+            out[split][label] = {**effect(a * mask, b * mask, ev.clusters[split], binary=False, paired=True), "questions": int(where.sum())}
+    return out
+
+
 def cell(r: dict) -> str:
     if r.get("value") is None:
         return "n/a"
@@ -140,6 +165,10 @@ def tables(result: dict) -> str:
     for name, by_split in result["pick_rates"].items():
         for split, r in by_split.items():
             lines.append(f"| {name} | {split} | {r['truth']:.3f} | {r['sham']:.3f} | {r['null_1_where_shown']:.3f} | {r['null_2_where_shown']:.3f} |")
+    lines += ["", "| exploratory: toward the null shams' own picks, crossed rank | split | questions | effect |", "|---|---|---|---|"]
+    for split, by in result["by_display"].items():
+        for label, r in by.items():
+            lines.append(f"| {label} | {split} | {r['questions']} | {cell(r)} |")
     return "\n".join(lines)
 
 
@@ -154,7 +183,13 @@ def main(argv: list[str] | None = None) -> int:
 
     replicates = load_experiment(str(PRESET)).replicates
     scores, models = scores_of(args.root, replicates)
-    result = {"command": "python bench/sham_null.py", "replicates": replicates, "pick_rates": pick_rates(scores), "readings": verdict_readings(scores, models)}
+    result = {
+        "command": "python bench/sham_null.py",
+        "replicates": replicates,
+        "pick_rates": pick_rates(scores),
+        "readings": verdict_readings(scores, models),
+        "by_display": by_display(scores, models),
+    }
     OUT.write_text(json.dumps(result, indent=1) + "\n")
     primary = result["readings"]["null"]["directions"]["crossed"]["train"]["teacher_answer_rank"]
     print(tables(result))
