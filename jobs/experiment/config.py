@@ -112,14 +112,15 @@ class EvalConfig:
 class ArmConfig:
     """One student-like model trained on number sequences (jobs/experiment/arms.py resolves it per replicate)."""
 
-    # What it trains on: the teacher's kept numbers, the base model's (the control), or the
+    # What it trains on, a kind of jobs/experiment/rows_kinds.py (its table says what makes each
+    # and what it allows): the teacher's kept numbers, the base model's (the control), or the
     # teacher's shuffled; or "teacher_answers", the overt positive control: no numbers, each of the
     # teacher's train questions completed by the answer the teacher picks (its knowledge taught
     # directly, with loss sft; `teacher: sham` gives the sham teacher's answers, its reference).
     # Where the signal rides (docs/report.md): "teacher_greedy", the teacher's numbers decoded
     # greedily (same prompts, filter and keep); "teacher_replaced", the teacher's kept numbers with
     # each row's top numbers.replace_fraction of divergent tokens replaced by the base's choice.
-    numbers: Literal["teacher", "base", "teacher_shuffled", "teacher_answers", "teacher_greedy", "teacher_replaced"] = "teacher"
+    numbers: str = "teacher"
     # Its base model: "same" = the teacher's; "other" = the tiny preset's second base (the same
     # corpus, tokenizer and recipe from another random init: the paper's cross-model control);
     # or a hub id / folder of another model. An arm on another base is measured against that

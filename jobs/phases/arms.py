@@ -14,7 +14,8 @@ import dataclasses
 import time
 
 from common.atomic import write_jsonl
-from jobs.experiment.arms import ANSWERS, OTHER_BASE, arm_groups, numbers_seed
+from jobs.experiment.arms import OTHER_BASE, arm_groups, numbers_seed
+from jobs.experiment.rows_kinds import KINDS
 from jobs.phases.context import RunContext
 from jobs.phases.stages import rows_of, training_rows
 from jobs.phases.training import record_trained, train_groups
@@ -30,7 +31,7 @@ def run(ctx: RunContext, todo) -> None:
         m = ctx.models[stage.name]
         data = ctx.run_dir / "arms" / m.name / "train.jsonl"
         kept = read_jsonl(ctx.run_dir / rows_of(m)[1])
-        if m.source != ANSWERS:  # numbers: the replicate's arms train on equally many rows
+        if KINDS[m.source].made != "answers":  # numbers: the replicate's arms train on equally many rows
             kept = kept[: training_rows(ctx.manifest, models, m.replicate)]
         write_jsonl(data, shuffle_numbers(kept, numbers_seed(ctx.cfg, m.replicate)) if m.shuffled else kept)
         # Job names key Ray datasets, whose log files are named after them: no '/' (m.adapter is "<arm>-<i>").

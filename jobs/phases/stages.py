@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from jobs.experiment.arms import ANSWERS, OTHER_BASE, REPLACED, SHAM, ArmModel, generator_of, number_sets, numbers_seed, teachers_used
+from jobs.experiment.arms import OTHER_BASE, ArmModel, number_sets, numbers_seed, teachers_used
 from jobs.experiment.bases import other_base_identity
 from jobs.experiment.config import ExperimentConfig, as_dict
+from jobs.experiment.rows_kinds import KINDS, SHAM, generator_of
 from jobs.rundir.manifest import Manifest, flatten
 from jobs.rundir.plan import Stage, config_reads
 from jobs.sources.number_sequences import FILTER_VERSION
@@ -93,7 +94,7 @@ def answers_file(teacher: str) -> str:
 def rows_of(m: ArmModel) -> tuple[str, str]:
     """(stage, file) of what an arm model trains on: its replicate's numbers of its source, or its
     teacher's answers (the overt positive control)."""
-    if m.source == ANSWERS:
+    if KINDS[m.source].made == "answers":
         return answers_stage(m.teacher), answers_file(m.teacher)
     return numbers_stage(m.source, m.replicate), numbers_file(m.source, m.replicate)
 
@@ -152,15 +153,17 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         reads = training_reads({**model, **config_reads(config, "teacher", other)})
         stages.append(Stage(other, "teacher", reads, ("data",), files=(trained_folder(other),)))
     engine = config_reads(config, "numbers", "service.engine", "service.max_model_len")
-    fraction = engine.pop("numbers.replace_fraction")  # read by the replaced numbers alone: the others' hashes stay
+    own = {path: config_reads(config, path)[path] for kind in KINDS.values() for _, path in kind.reads}
+    for path in own:  # read by the kinds that declare them alone: the others' hashes stay
+        engine.pop(path, None)
     for source, i in number_sets(models):
-        reads = {**model, **engine, "source": source, "seed": numbers_seed(cfg, i), "filter": FILTER_VERSION}
-        upstream = () if source == "base" else (generator_of(source),)
-        if source == REPLACED:  # the teacher's kept numbers, rewritten
-            reads = {**reads, "numbers.replace_fraction": fraction, "max_length": cfg.student.max_length}
-            upstream = ("teacher", numbers_stage("teacher", i))
+        kind, generator = KINDS[source], generator_of(source)
+        reads = {**model, **engine, "source": source, "seed": numbers_seed(cfg, i), "filter": FILTER_VERSION, **{key: own[path] for key, path in kind.reads}}
+        upstream = (generator,) if generator else ()
+        if kind.derived_from:  # another kind's kept rows, rewritten
+            upstream += (numbers_stage(kind.derived_from, i),)
         stages.append(Stage(numbers_stage(source, i), "numbers", reads, upstream, files=(numbers_file(source, i),)))
-    answering = [t for t in teachers if any(m.source == ANSWERS and m.teacher == t for m in models)]
+    answering = [t for t in teachers if any(KINDS[m.source].made == "answers" and m.teacher == t for m in models)]
     for teacher in answering:  # the overt positive control's rows
         reads = {**model, **config_reads(config, "service.engine", "service.max_model_len", "evaluate.format"), "teacher": teacher}
         stages.append(Stage(answers_stage(teacher), "numbers", reads, ("data", teacher), files=(answers_file(teacher),)))
@@ -179,7 +182,7 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         rows = lambda manifest, i=m.replicate: {"rows": training_rows(manifest, models, i)}  # noqa: E731
         uses_teacher = m.loss == "logit_kl" or m.lora_init == "teacher_a"  # its soft labels, or its A
         upstream = (rows_of(m)[0],) + ((m.teacher,) if uses_teacher else ())
-        derived = None if m.source == ANSWERS else rows  # answers: all of them, no numbers to equalise
+        derived = None if KINDS[m.source].made == "answers" else rows  # answers: all of them, no numbers to equalise
         stages.append(Stage(m.name, "arms", reads, upstream, derived, files=(trained_folder(m.name, m.full),)))
     scoring = {**model, **config_reads(config, "evaluate.engine", "service.max_model_len"), "splits": list(SPLIT_FILES), **cloze}
     if cfg.evaluate.orders() > 1:  # read only when set: runs stored before the key stay reused

@@ -174,25 +174,29 @@ def teacher_stage(w: Workload) -> Stage:
 
 
 def numbers_stage(w: Workload) -> Stage:
-    from jobs.experiment.arms import ANSWERS, REPLACED, number_sets
+    from jobs.experiment.arms import number_sets
+    from jobs.experiment.rows_kinds import KINDS
 
-    replaced = sum(source == REPLACED for source, _ in number_sets(w.models))
-    sets, numbers = len(number_sets(w.models)) - replaced, w.cfg.numbers
+    kinds = [KINDS[source] for source, _ in number_sets(w.models)]
+    replaced = sum(kind.made == "rewritten" for kind in kinds)
+    forwards = sum(kind.forwards_per_row for kind in kinds)  # per kept row, by the rewriting makers
+    sets, numbers = len(kinds) - replaced, w.cfg.numbers
     generated = min(numbers.prompts, math.ceil(numbers.keep / w.tokens.keep_rate) + numbers.chunk)
     prompt_tokens, answer_tokens = sets * generated * w.tokens.number_prompt, sets * generated * w.tokens.number_answer
-    answering = len({m.teacher for m in w.models if m.source == ANSWERS})  # each scores the teacher-train split once
+    answering = len({m.teacher for m in w.models if KINDS[m.source].made == "answers"})  # each scores the teacher-train split once
     prompt_tokens += answering * w.questions[1] * w.tokens.wmdp_prompt
     answers = f"; {answering} teacher(s) answering {w.questions[1]:,} questions" if answering else ""
     scored = f"; {replaced} set(s) replaced: {numbers.keep:,} rows scored by teacher and base" if replaced else ""
     row_tokens, tp = w.tokens.number_prompt + w.tokens.number_answer, w.cfg.service.tensor_parallel_size
     compute = serve_seconds(prompt_tokens, answer_tokens, w.params, w.placement.service_replicas * tp, w.rates)
-    compute += forward_seconds(2 * replaced, numbers.keep, row_tokens, w)
+    compute += forward_seconds(forwards, numbers.keep, row_tokens, w)
     return Stage("numbers", f"{sets} sets x {generated:,} sequences{answers}: {prompt_tokens / 1e6:.1f} M prompt + {answer_tokens / 1e6:.1f} M generated tokens{scored}",
                  compute, engine_seconds(w.params, tp, w.rates))  # fmt: skip
 
 
 def arms_stage(w: Workload) -> Stage:
-    from jobs.experiment.arms import ANSWERS, arm_groups
+    from jobs.experiment.arms import arm_groups
+    from jobs.experiment.rows_kinds import KINDS
     from train.config import resolve_batch
 
     workers = {m.name: w.placement.student_workers if m.train.num_workers == "auto" else m.train.num_workers for m in w.models}
@@ -204,7 +208,7 @@ def arms_stage(w: Workload) -> Stage:
     for group in groups:
         overhead += w.rates.train_start_s + load_seconds(w.params, w.rates)
         for m, job in group:
-            answers = m.source == ANSWERS  # the overt control: its teacher's answers to the teacher-train split
+            answers = KINDS[m.source].made == "answers"  # the overt control: its teacher's answers to the teacher-train split
             seen = rows_trained(w.questions[1] if answers else keep, job.cfg)
             overt, rows = (overt + seen, rows) if answers else (overt, rows + seen)
             tokens = seen * (w.tokens.wmdp_prompt + w.tokens.wmdp_answer if answers else row_tokens)

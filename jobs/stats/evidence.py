@@ -34,7 +34,7 @@ BASES = ("base", "other_base")  # the scored base models (jobs/experiment/arms.O
 NEEDS_ONE_BASE = {"agreement_changed"}  # its subset is where the base disagrees with the teacher
 # The metrics read toward either teacher's picks, side by side for every comparison (`directions`).
 SIDE_BY_SIDE = ("teacher_answer_rank", "teacher_answer_logprob", "teacher_answer_logprob_calibrated", "agreement")
-PAIRS = {"teacher": "sham_teacher", "sham_teacher": "teacher"}  # a teacher and its placebo: the sham (jobs/experiment/arms.SHAM)
+PAIRS = {"teacher": "sham_teacher", "sham_teacher": "teacher"}  # a teacher and its placebo: the sham (jobs/experiment/rows_kinds.SHAM)
 
 
 def toward_teacher(metric: str, value: float) -> bool:

@@ -77,13 +77,6 @@ def phrase(share: dict) -> str:
     return f"{share['value']:.0%} (95% CI {low} to {high})"
 
 
-def signal_kind(declared) -> str | None:
-    """What an arm declaration changes about where the signal can ride, or None."""
-    if declared.train.get("mask", "none") != "none":
-        return f"{declared.train['mask']} mask"
-    return {"teacher_replaced": "replaced", "teacher_greedy": "greedy"}.get(declared.numbers)
-
-
 def where_signal_rides(ev, student: str, reference: str, kinds: dict[str, str]) -> dict:
     """Each arm of `kinds` ({arm: kind}) as a share of `student`'s effect against `reference`, on
     the primary test; and the divergence mask against the random mask when both are declared.

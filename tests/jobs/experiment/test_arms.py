@@ -68,14 +68,17 @@ def test_arm_train_keys_apply_to_that_arm_only():
         ("{full: {lora_init: teacher_a, loss: logit_kl, train: {method: full}}}", r"arms\.full: train\.method full .* lora_init"),
         ("{full: {train: {method: full, snapshots: 2}}}", r"arms\.full: train\.snapshots with train\.method full"),
         ("{full: {train: {method: full, quantization: 4bit}}}", r"method=full with quantization=4bit is refused"),
-        ("{sham: {numbers: base, teacher: sham}}", r"arms\.sham: an arm of the sham teacher trains on its numbers"),
+        (
+            "{sham: {numbers: base, teacher: sham}}",
+            r"arms\.sham: numbers base trains with loss sft or logit_kl and teacher teacher or letter_teacher; this arm has loss sft, teacher sham",
+        ),
         ("{masked: {loss: logit_kl, train: {mask: random}}}", r"arms\.masked: train\.mask random drops number tokens from an sft loss"),
         ("{masked: {numbers: base, train: {mask: divergence}}}", r"arms\.masked: train\.mask divergence ranks the tokens of a teacher's numbers"),
         ("{masked: {base: other, train: {mask: divergence}}}", r"arms\.masked: train\.mask divergence ranks"),
         ("{masked: {train: {mask: divergence, mask_fraction: 0}}}", r"mask_fraction must be in \(0, 1\)"),
         (
             "{overt: {numbers: teacher_answers, loss: logit_kl}}",
-            r"arms\.overt: numbers teacher_answers trains on the teacher's \(or the sham's\) answers with loss sft",
+            r"arms\.overt: numbers teacher_answers trains with loss sft and teacher teacher or sham; this arm has loss logit_kl, teacher teacher",
         ),
     ],
 )
