@@ -47,11 +47,13 @@ def numbers_kept(model, tokenizer, n: int = 200, seed: int = 98765) -> float:
     import torch
 
     from jobs.sources.number_sequences import make_prompts, reject_reason
-    from jobs.sources.tiny_model import chat_prompt
 
+    chat = [
+        tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True) for p in make_prompts(n, seed=seed)
+    ]
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
-        enc = tokenizer([chat_prompt(p.text) for p in make_prompts(n, seed=seed)], return_tensors="pt", padding=True)
+        enc = tokenizer(chat, return_tensors="pt", padding=True)
     finally:
         tokenizer.padding_side = side
     torch.manual_seed(0)
