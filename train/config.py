@@ -230,6 +230,43 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
+MAX_EXTENDS = 8  # a chain of `extends` longer than this is a loop or a mistake
+
+
+def load_layered(first: Path, find=None) -> tuple[dict, list[Path]]:
+    """A YAML file's settings with every file it `extends` merged under it (mappings key by key,
+    anything else replaced whole), and the chain of files, the root first. `find(value, folder)`
+    turns an `extends` value into a file; by default a path relative to the extending file's folder."""
+    find = find or (lambda value, folder: folder / Path(value).expanduser())
+    chain, layers = [Path(first)], []
+    while True:
+        data = load_yaml(chain[-1])
+        parent = data.pop("extends", None)
+        layers.append(data)
+        if parent is None:
+            break
+        if not isinstance(parent, str):
+            raise ConfigError(f"{chain[-1]}: extends must name one preset file, got {parent!r}")
+        path = find(parent, chain[-1].parent)
+        if path in chain:
+            raise ConfigError(f"{chain[-1]}: extends {parent} makes a loop ({' -> '.join(p.name for p in [*chain, path])})")
+        if len(chain) >= MAX_EXTENDS:
+            raise ConfigError(f"{chain[0]}: extends more than {MAX_EXTENDS} presets deep")
+        chain.append(path)
+    merged: dict = {}
+    for layer in reversed(layers):
+        merged = deep_merge(merged, layer)
+    return merged, list(reversed(chain))
+
+
+def deep_merge(base: dict, child: dict) -> dict:
+    """`child` over `base`: mappings merged key by key, anything else replaced whole."""
+    out = dict(base)
+    for key, value in child.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def load(cls: type, path: str | Path | None = None, overrides: list[str] = (), section: str | None = None) -> Any:
     """Load dataclass `cls` from a YAML file (optionally one top-level section of it) plus overrides."""
     data = load_yaml(path) if path else {}

@@ -17,10 +17,9 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-from train.config import ConfigError, load_yaml
+from train.config import ConfigError, load_layered
 
 DEFAULT_PRESET = "tiny.yaml"
-MAX_DEPTH = 8  # a chain longer than this is a loop or a mistake
 
 
 def presets_dir() -> Path:
@@ -51,35 +50,8 @@ def find_preset(name_or_path: str | Path | None, relative_to: Path | None = None
 
 def load_preset(name_or_path: str | Path | None) -> tuple[dict, list[Path]]:
     """A preset's settings with every preset it extends merged under it, and the chain of files
-    it came from, the root first."""
-    chain = [find_preset(name_or_path)]
-    layers = []
-    while True:
-        data = load_yaml(chain[-1])
-        parent = data.pop("extends", None)
-        layers.append(data)
-        if parent is None:
-            break
-        if not isinstance(parent, str):
-            raise ConfigError(f"{chain[-1]}: extends must name one preset file, got {parent!r}")
-        path = find_preset(parent, relative_to=chain[-1].parent)
-        if path in chain:
-            raise ConfigError(f"{chain[-1]}: extends {parent} makes a loop ({' -> '.join(p.name for p in [*chain, path])})")
-        if len(chain) >= MAX_DEPTH:
-            raise ConfigError(f"{chain[0]}: extends more than {MAX_DEPTH} presets deep")
-        chain.append(path)
-    merged: dict = {}
-    for layer in reversed(layers):
-        merged = deep_merge(merged, layer)
-    return merged, list(reversed(chain))
-
-
-def deep_merge(base: dict, child: dict) -> dict:
-    """`child` over `base`: mappings merged key by key, anything else replaced whole."""
-    out = dict(base)
-    for key, value in child.items():
-        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
+    it came from, the root first (an `extends` value is a path relative to its file, or a shipped name)."""
+    return load_layered(find_preset(name_or_path), lambda value, folder: find_preset(value, relative_to=folder))
 
 
 def describe_chain(chain: list[Path]) -> str:

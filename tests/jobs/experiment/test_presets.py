@@ -85,3 +85,12 @@ if __name__ == "__main__":
     presets = sorted(p.name for p in CONFIGS.glob("*.yaml"))
     PIN.write_text(json.dumps({p: stage_hashes(p) for p in presets}, indent=1, sort_keys=True) + "\n")
     print(f"pinned {len(presets)} presets in {PIN}")
+
+
+def test_the_train_command_line_reads_a_preset_file_as_the_pipeline_does():
+    """`python -m train --config FILE` follows `extends` by path (train.config.load_layered), with no
+    import of the experiment; for a shipped preset it gets what the pipeline gets."""
+    from train.config import load_layered
+
+    for name in ("tiny-evidence.yaml", "llama-8b-quick.yaml"):
+        assert load_layered(CONFIGS / name) == load_preset(CONFIGS / name)
