@@ -43,8 +43,8 @@ from serve.settings import ServiceSettings
 from train.config import TrainConfig
 from train.data import TEACHER_COLUMN, Tokenize, pack_batch
 from train.distill import TargetsSpec, load_teacher, number_token_ids, row_targets
-from train.loop import forward_loss
 from train.model import attach_lora, load_base
+from train.step import forward_loss
 
 # path -> its ratio to its reference on the final code (BENCHMARKS.md, "Quick guard").
 RECORDED = {"seeded generation": 0.91, "scoring": 0.88, "training step, sft": 0.98, "training step, logit_kl": 1.04}

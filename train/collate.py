@@ -2,7 +2,7 @@
 
 Ray 2.47 deprecated a plain function as `collate_fn` (it warns in every
 worker); a `NumpyBatchCollateFn` gets the same numpy batches. A module of its
-own, so that importing train.loop (bench/gpu_check.py does, on a machine
+own, so that importing train.loop or train.step (bench/gpu_check.py does, on a machine
 without Ray) does not import Ray Data.
 """
 

@@ -32,7 +32,7 @@ from train.config import ConfigError, TrainConfig, resolve_batch, to_dict
 from train.data import read_parquet, same_tokenizer, tokenize_to_cache
 from train.distill import TargetsSpec, number_token_ids, teacher_targets
 from train.divergence import ScoreSpec, divergence_scores, masked_rows
-from train.loop import train_loop
+from train.loop import WorkerJob, WorkerRun, train_loop
 from train.model import check_hardware, check_model_path
 from train.outputs import METRICS_FILE, finished_by, staging_dir
 
@@ -251,25 +251,17 @@ def train_lora_many(
         }
         if cfg.mask != "none":
             facts["tokens_masked"] = masked_total(rows_of[job.name])
-        plans.append({
-            "name": job.name, "train": to_dict(cfg), "output_dir": str(job.output_dir),
-            "micro_steps_per_epoch": micro_per_epoch, "total_steps": total_steps,
-            "snapshot_steps": snapshot_steps(total_steps, cfg.snapshots), "facts": facts, "teacher": job.teacher,
-            "init_a_from": job.init_a_from,
-        })  # fmt: skip
+        plans.append(WorkerJob(
+            job.name, cfg, str(job.output_dir), micro_per_epoch, total_steps, tuple(snapshot_steps(total_steps, cfg.snapshots)), facts,
+            distil=job.teacher is not None, init_a_from=job.init_a_from,
+        ))  # fmt: skip
         job.output_dir.parent.mkdir(parents=True, exist_ok=True)
 
     # The dashboard's Train view lists a run only when the process building its trainer asks for it.
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
     trainer = TorchTrainer(
         train_loop,
-        train_loop_config={
-            "jobs": plans,
-            "model_path": str(model_path),
-            "pad_id": pad_id,
-            "run_id": run_id,
-            "number_ids": number_ids,
-        },
+        train_loop_config={"run": WorkerRun(tuple(plans), str(model_path), pad_id, run_id, tuple(number_ids) if number_ids is not None else None)},
         scaling_config=ScalingConfig(num_workers=shared.num_workers, use_gpu=shared.use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
             name=run_name,

@@ -32,8 +32,8 @@ def hold_training_state(model_path: str, device: str, smoke: bool, workdir: str,
     """The child: a training worker's state, held until the process is killed."""
     from pathlib import Path
 
-    from train.loop import forward_loss, make_optimizer
     from train.model import attach_lora, load_base
+    from train.step import forward_loss, make_optimizer
 
     from .shared import Context, optimizer_step, packed, shape_rows
 

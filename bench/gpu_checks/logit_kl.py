@@ -20,8 +20,8 @@ import torch
 
 from train.data import TEACHER_COLUMN
 from train.distill import TargetsSpec, load_teacher, row_targets
-from train.loop import forward_loss, make_optimizer
 from train.model import adapter_hash, attach_lora, autocast_for, load_base, save_trained, trainable_state, wrap_distributed
+from train.step import forward_loss, make_optimizer
 
 from .shared import Context, flat_grads, optimizer_step, packed, rel, shape_rows
 

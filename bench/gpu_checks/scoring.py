@@ -34,7 +34,7 @@ from serve.hf_engine import HFEngine
 from serve.hf_scoring import mc_logprobs_batch
 from serve.mc_format import format_mc_prompt
 from serve.settings import ServiceSettings
-from train.loop import peak_flops
+from train.step import peak_flops
 
 from .shared import Context, clock, peak_gib, reset_peak
 

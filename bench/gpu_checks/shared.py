@@ -21,8 +21,8 @@ import torch
 
 from train.config import TrainConfig
 from train.data import pack_batch
-from train.loop import accumulate, apply_step
 from train.model import compute_dtype, packs_into_one_row, trained_parameters, unwrap
+from train.step import accumulate, apply_step
 
 LLAMA_3 = dict(vocab_size=128256, max_position_embeddings=4096, rope_theta=500000.0)
 WIDTHS = {  # Llama-3.1-8B and Llama-3.1-70B (a slice of its 80 layers); --smoke: narrow stand-ins

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 
-from train.loop import forward_loss, lr_factor, make_optimizer, peak_flops
 from train.model import attach_lora, count_parameters, load_base, trainable_state, unwrap, wrap_distributed
 from train.outputs import read_state, restore, write_checkpoint
+from train.step import forward_loss, lr_factor, make_optimizer, peak_flops
 
 from .shared import Context, Folder, allocated_gib, clock, flat_grads, flat_weights, free, optimizer_step, packed, peak_gib, rel, reset_peak, shape_rows
 

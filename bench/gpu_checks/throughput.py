@@ -12,8 +12,8 @@ the truth lies between), peak memory, and the SDPA kernel PyTorch dispatched to.
 
 from __future__ import annotations
 
-from train.loop import make_optimizer, peak_flops
 from train.model import count_parameters
+from train.step import make_optimizer, peak_flops
 
 from .shared import Context, clock, optimizer_step, packed, peak_gib, reset_peak, sdpa_backends, shape_rows
 

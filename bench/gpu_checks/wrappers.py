@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from train.loop import forward_loss
 from train.model import attach_lora, load_base, wrap_distributed
+from train.step import forward_loss
 
 from .shared import Context, flat_grads, packed, rel, shape_rows
 

@@ -1,7 +1,7 @@
 """The memory plan's activation terms (jobs/sizing/memory_plan.py), measured tensor by tensor.
 
 A tiny Llama with grouped KV heads, saved with save_pretrained and loaded through
-train.model.load_base and attach_lora, runs train.loop.forward_loss with
+train.model.load_base and attach_lora, runs train.step.forward_loss with
 torch.autograd.graph.saved_tensors_hooks catching every tensor autograd saves for
 backward. Each is put down to where it was first saved: before the first decoder layer
 ("embedding"), RoPE's cos and sin ("rope"), a decoder layer (from the end of the one
@@ -90,7 +90,7 @@ def saved_bytes(model, rows: int, packed: bool, regime: str) -> collections.Coun
     """Bytes autograd saves in one forward_loss of `rows` rows of SEQ tokens, by where (module docstring)."""
     from peft.helpers import disable_input_dtype_casting
 
-    from train.loop import forward_loss
+    from train.step import forward_loss
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     layers = base.model.layers
@@ -186,7 +186,7 @@ def test_the_loss_backward_holds_three_float32_logit_sized_tensors(llama, regime
     log_softmax's own gradient are alive together: the plan's "loss" and "loss backward"."""
     from transformers import AutoConfig
 
-    from train.loop import forward_loss
+    from train.step import forward_loss
 
     train = TrainConfig(lora_rank=8)
     model = load(llama, train, regime)

@@ -38,8 +38,8 @@ def test_full_fine_tuning_figures_match_the_tensors_of_a_real_step(tiny_model, o
     import torch
     from transformers import AutoConfig
 
-    from train.loop import make_optimizer
     from train.model import load_base
+    from train.step import make_optimizer
 
     train = replace(load_experiment().student, method="full", optimizer=optimizer)
     model = load_base(tiny_model, train, torch.device("cpu"))
