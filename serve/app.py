@@ -13,6 +13,7 @@ engine per request). Every API method runs under `request_timeout_s`, and a
 request cancelled (its client gone, its time up) cancels its engine work.
 Tokenizing and answer building run on a preparation thread, off the event loop
 that answers Serve's health checks.
+The OpenAI routes' serving is a mixin of its own (serve/openai_serving.py).
 Adapters come from the deployment's `user_config` (`{"adapters": {name: path}}`),
 which Serve hands to every replica (`reconfigure`), so they are registered
 by the operator and never by a request.
@@ -21,47 +22,28 @@ by the operator and never by a request.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import HTTPException
-from jinja2 import TemplateError
 from ray import serve
 
 from serve.cloze import choice_logprobs, cloze_sequences
-from serve.engine import BatchKey, Sampling, TokenCompletion, gather_all
+from serve.engine import BatchKey, Sampling
 from serve.engine_choice import build_engines
 from serve.http_api import build_http_api
-from serve.limits import check_count, check_new_tokens, check_room, check_work, invalid
+from serve.limits import check_count, check_new_tokens, check_room, check_work, invalid, timed
 from serve.mc_format import format_cloze_prompt, format_mc_prompt, left_truncate
 from serve.metrics import ServiceMetrics
-from serve.openai_format import NoChatTemplate, chat_logprobs, chat_prompt_ids, completion_logprobs, openai_answer
+from serve.openai_serving import OpenAIServing
 from serve.proxy_guard import CALLBACK, CALLBACK_ENV, PROXY_LIMIT_ENV, configured_limit
-from serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
+from serve.schemas import GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
 from serve.settings import ServiceSettings, api_key_from_env, check_open_host, check_user_config, config_args, model_id, resolve_model
 
 logger = logging.getLogger("ray.serve")
-
-
-def timed(method):
-    """An API method under the service's `request_timeout_s`: past it the method is cancelled
-    (the engines drop its work: vLLM aborts its requests, the transformers engine stops its job at
-    the next step), as when the client goes away, and the caller gets a 504 naming the setting."""
-
-    @functools.wraps(method)
-    async def run(self, body):
-        limit = self.settings.request_timeout_s
-        try:
-            return await asyncio.wait_for(method(self, body), limit)
-        except TimeoutError:
-            raise HTTPException(504, f"the request ran past the service's request_timeout_s ({limit:g} s) and was stopped") from None
-
-    return run
 
 
 @serve.deployment(
@@ -71,7 +53,7 @@ def timed(method):
     graceful_shutdown_timeout_s=30,
 )
 @serve.ingress()  # the FastAPI app is built per replica, around this instance: __serve_build_asgi_app__
-class InferenceService:
+class InferenceService(OpenAIServing):
     """One replica: the engines, the registered adapters, and the API's methods.
 
     The methods below are what HTTP routes call (serve/http_api.py) and what a
@@ -266,6 +248,17 @@ class InferenceService:
         results = [{"prediction": p, "logprobs": lp, "truncated_tokens": c} for p, lp, c in zip(predictions, logprobs, cut)]
         return ScoreResponse(results=results, accuracy=accuracy)
 
+    def _prompt_scorer(self, field: str = "echo"):
+        """The engine that scores prompts (`scores_prompts`): on CPU by default the transformers one beside vLLM."""
+        for engine in (self.scorer, self.engine):
+            if engine.scores_prompts:
+                return engine
+        raise invalid(
+            (field,),
+            "prompt log-probabilities (echo with logprobs, cloze scoring) need the transformers engine, and this replica has only vLLM, "
+            "whose 0.32 release fails on them with LoRA enabled; start the service with scoring: hf",
+        )
+
     async def health(self, detailed: bool = True) -> dict:
         """Healthy (200) or not (503, the reason in the replica's log, not the answer). `detailed`
         (a caller holding the token, or a service without one) adds the model and engines."""
@@ -285,116 +278,6 @@ class InferenceService:
         entry = {"object": "model", "created": self.started, "owned_by": "subliminal-ray"}
         data = [{"id": self.base_id, **entry}] + [{"id": name, "parent": self.base_id, **entry} for name in sorted(self.adapters)]
         return {"object": "list", "data": data}
-
-    # OpenAI-compatible routes: token ids through `complete_tokens` -------------------------------
-
-    def _prompt_ids(self, prompts: list[str | list[int]]) -> list[list[int]]:
-        """Each prompt's token ids: a text through the model's tokenizer with its special tokens
-        (as vLLM's server tokenizes one), token ids as they are, once checked against the vocabulary."""
-        tokenizer = self.engine.counting_tokenizer
-        ids = []
-        for i, prompt in enumerate(prompts):
-            if isinstance(prompt, str):
-                ids.append(tokenizer(prompt, add_special_tokens=True).input_ids)
-            elif max(prompt) >= len(tokenizer):
-                raise invalid(("prompt", i), f"token id {max(prompt)} is not in this model's vocabulary (ids 0..{len(tokenizer) - 1})")
-            else:
-                ids.append(list(prompt))
-        return ids
-
-    def _check_fits(self, ids: list[list[int]], new_tokens: int, n: int, logprobs: int | None, loc: Callable[[int], tuple]) -> None:
-        """The checks of `_generate`, on token-id prompts each sampled `n` times."""
-        check_new_tokens(self.settings, new_tokens)
-        check_count(len(ids) * n, self.settings.max_prompts_per_request, "prompts")
-        lengths = [len(prompt) for prompt in ids]
-        check_room(self.settings, lengths, new_tokens, loc)
-        check_work(self.settings, lengths, new_tokens, n, logprobs)
-
-    def _prompt_scorer(self, field: str = "echo"):
-        """The engine that scores prompts (`scores_prompts`): on CPU by default the transformers one beside vLLM."""
-        for engine in (self.scorer, self.engine):
-            if engine.scores_prompts:
-                return engine
-        raise invalid(
-            (field,),
-            "prompt log-probabilities (echo with logprobs, cloze scoring) need the transformers engine, and this replica has only vLLM, "
-            "whose 0.32 release fails on them with LoRA enabled; start the service with scoring: hf",
-        )
-
-    async def _complete(self, ids: list[list[int]], n: int, sampling: Sampling, adapter: str | None, logprobs: int | None, echo: bool):
-        """Choice j (prompt j // n, sampled with seed + j) from the generation engine, and, for echo with
-        logprobs, each prompt's log-probabilities from the engine that scores prompts (both at once;
-        when one fails, the other is cancelled)."""
-
-        async def given(value):
-            return value
-
-        scorer = self._prompt_scorer() if echo and logprobs is not None else None
-        expanded = [prompt for prompt in ids for _ in range(n)]
-        nothing = () if logprobs is not None else None
-        generation = (
-            self.engine.complete_tokens(expanded, sampling, adapter, logprobs=logprobs)
-            if sampling.max_tokens > 0
-            else given([TokenCompletion((), "", "length", len(p), nothing) for p in expanded])
-        )
-        scoring = scorer.complete_tokens(ids, Sampling(max_tokens=0, temperature=0.0), adapter, prompt_logprobs=logprobs) if scorer else given(None)
-        completions, scored = await gather_all([generation, scoring])
-        prompt_tokens, completion_tokens = sum(c.prompt_tokens for c in completions), sum(len(c.token_ids) for c in completions)
-        self.metrics.tokens(prompt_tokens, completion_tokens)
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
-        return completions, scored, usage
-
-    @timed
-    async def completions(self, body: CompletionRequest) -> dict:
-        adapter = self._adapter(body.model, field="model")
-        check_new_tokens(self.settings, body.max_tokens)  # what can be counted before tokenizing, first
-        check_count(len(body.prompts) * body.n, self.settings.max_prompts_per_request, "prompts")
-        ids = await self._off_loop(self._prompt_ids, body.prompts)
-        self._check_fits(ids, body.max_tokens, body.n, body.logprobs, lambda i: ("prompt", i))
-        sampling = Sampling(body.max_tokens, body.temperature, body.top_p, body.seed, body.stops)
-        completions, scored, usage = await self._complete(ids, body.n, sampling, adapter, body.logprobs, bool(body.echo))
-        choices = await self._off_loop(self._completion_choices, body, ids, completions, scored)
-        return openai_answer("cmpl", "text_completion", body.model, choices, usage)
-
-    def _completion_choices(self, body: CompletionRequest, ids: list[list[int]], completions: list[TokenCompletion], scored) -> list[dict]:
-        prompts, tokenizer = body.prompts, self.engine.counting_tokenizer
-        choices = []
-        for j, c in enumerate(completions):
-            i = j // body.n
-            echoed = (prompts[i] if isinstance(prompts[i], str) else tokenizer.decode(ids[i])) if body.echo else ""
-            logprobs = None
-            if body.logprobs is not None:
-                tokens = (ids[i] if body.echo else []) + list(c.token_ids)
-                entries = (list(scored[i].prompt_logprobs) if body.echo else []) + list(c.logprobs)
-                logprobs = completion_logprobs(tokenizer, tokens, entries)
-            choices.append({"index": j, "text": echoed + c.text, "finish_reason": c.finish_reason, "logprobs": logprobs})
-        return choices
-
-    def _chat_ids(self, body: ChatCompletionRequest) -> list[int]:
-        try:
-            return chat_prompt_ids(self.engine.counting_tokenizer, [{"role": m.role, "content": m.text} for m in body.messages])
-        except NoChatTemplate as error:
-            raise invalid(("messages",), str(error)) from error
-        except TemplateError as error:  # the template's own refusal (jinja raise_exception): its text stays in the log, not the answer
-            logger.info("chat template refused a request's messages: %s", error)
-            raise invalid(("messages",), "the model's chat template cannot format these messages (roles or their order)") from error
-
-    @timed
-    async def chat_completions(self, body: ChatCompletionRequest) -> dict:
-        adapter = self._adapter(body.model, field="model")
-        ids = await self._off_loop(self._chat_ids, body)
-        new_tokens = body.new_tokens or max(1, min(self.settings.max_tokens_cap, self.settings.max_model_len - len(ids)))
-        logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        self._check_fits([ids], new_tokens, body.n, logprobs, lambda i: ("messages",))
-        sampling = Sampling(new_tokens, body.temperature, body.top_p, body.seed, body.stops)
-        completions, _, usage = await self._complete([ids], body.n, sampling, adapter, logprobs, echo=False)
-        tokenizer = self.engine.counting_tokenizer
-        answers = await self._off_loop(lambda: [chat_logprobs(tokenizer, c.logprobs) if logprobs is not None else None for c in completions])
-        choices = [
-            {"index": j, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason, "logprobs": lp}
-            for j, (c, lp) in enumerate(zip(completions, answers))
-        ]
-        return openai_answer("chatcmpl", "chat.completion", body.model, choices, usage)
 
 
 def service_app(settings: ServiceSettings, adapters: dict[str, str] | None = None, **deployment_options):

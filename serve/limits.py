@@ -1,4 +1,4 @@
-"""What one request may ask of a replica, checked before any engine work.
+"""What one request may ask of a replica, checked before any engine work, and how long it may run (`timed`).
 
 Each limit is a setting (serve/settings.py) and each refusal names it, so a client
 can tell which knob it hit: a count of prompts or questions (413), max_tokens
@@ -11,6 +11,8 @@ generated tokens with 21 log-probabilities each.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import Callable
 
 from fastapi import HTTPException
@@ -56,3 +58,19 @@ def check_work(settings: ServiceSettings, lengths: list[int], new_tokens: int, n
             f"this request asks for {work:,} token positions (prompts x n x (prompt tokens + max_tokens) x (logprobs + 1)); "
             f"the service's max_work_per_request is {settings.max_work_per_request:,}",
         )
+
+
+def timed(method):
+    """An API method under the service's `request_timeout_s`: past it the method is cancelled
+    (the engines drop its work: vLLM aborts its requests, the transformers engine stops its job at
+    the next step), as when the client goes away, and the caller gets a 504 naming the setting."""
+
+    @functools.wraps(method)
+    async def run(self, body):
+        limit = self.settings.request_timeout_s
+        try:
+            return await asyncio.wait_for(method(self, body), limit)
+        except TimeoutError:
+            raise HTTPException(504, f"the request ran past the service's request_timeout_s ({limit:g} s) and was stopped") from None
+
+    return run

@@ -150,3 +150,19 @@ def test_no_module_imports_itself_round_a_circle():
     circles = import_circles(project_imports())
     assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
     assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail
+
+
+def test_modules_and_functions_stay_small():
+    """Every module of the project under 400 lines; every function of train/ and jobs/ under 80
+    (a long one is read as steps with names: docs/contributing.md)."""
+    long_modules, long_functions = [], []
+    for top in ("jobs", *LIBRARY):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            text = path.read_text()
+            if len(text.splitlines()) > 400:
+                long_modules.append(f"{path.relative_to(ROOT)}: {len(text.splitlines())} lines")
+            if top in ("jobs", "train"):
+                for node in ast.walk(ast.parse(text, str(path))):
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80:
+                        long_functions.append(f"{path.relative_to(ROOT)}: {node.name}, {node.end_lineno - node.lineno + 1} lines")
+    assert not long_modules and not long_functions, "\n".join(long_modules + long_functions)

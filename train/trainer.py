@@ -208,10 +208,7 @@ def train_lora_many(
     for job in jobs:
         _check_output(job.output_dir, run_id)
     check_model_path(model_path)
-    for base in {j.teacher_base for j in jobs if j.teacher_base} - {str(model_path)}:  # once per teacher base, not per job
-        if not same_tokenizer(base, str(model_path)):  # the targets are the teacher's reading of this base's token ids
-            names = ", ".join(j.name for j in jobs if j.teacher_base == base)
-            raise ConfigError(f"job {names}: logit_kl needs one tokenizer, and its teacher's base {base} has another than {model_path}")
+    check_teacher_bases(jobs, str(model_path))
     if not ray.is_initialized():
         ray.init()
     cap = cluster_capacity()
@@ -235,27 +232,7 @@ def train_lora_many(
         pad_id,
     )
     rows_of |= masked(jobs, rows_of, model_path, cache_dir, pad_id, tokenizer.eos_token_id)
-    datasets, plans = {}, []
-    for job in jobs:
-        cfg, tokens = job.cfg, tokenized[job.name]
-        micro_per_epoch, total_steps = plan_steps(tokens["rows"], cfg)
-        datasets[job.name] = job_dataset(rows_of[job.name])
-        facts = {
-            "rows": tokens["rows"],
-            "rows_truncated": tokens["truncated"],
-            "rows_dropped": tokens["dropped"],
-            "total_steps": total_steps,
-            "global_batch_size": cfg.num_workers * cfg.batch_size * cfg.grad_accum,
-            "train_config": to_dict(cfg),
-            "loss_type": "logit_kl" if job.teacher else "sft",
-        }
-        if cfg.mask != "none":
-            facts["tokens_masked"] = masked_total(rows_of[job.name])
-        plans.append(WorkerJob(
-            job.name, cfg, str(job.output_dir), micro_per_epoch, total_steps, tuple(snapshot_steps(total_steps, cfg.snapshots)), facts,
-            distil=job.teacher is not None, init_a_from=job.init_a_from,
-        ))  # fmt: skip
-        job.output_dir.parent.mkdir(parents=True, exist_ok=True)
+    datasets, plans = worker_jobs(jobs, tokenized, rows_of)
 
     # The dashboard's Train view lists a run only when the process building its trainer asks for it.
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
@@ -278,6 +255,48 @@ def train_lora_many(
     result = trainer.fit()
     if result.checkpoint is None:
         raise RuntimeError(f"training run {run_name} finished without a checkpoint")
+    return outputs(jobs, run_id, run_name, result.checkpoint.path)
+
+
+def check_teacher_bases(jobs: list[AdapterJob], model_path: str) -> None:
+    """A logit-KL job's teacher on another base must share this base's tokenizer: its targets are
+    the teacher's reading of this base's token ids. Checked once per teacher base, not per job."""
+    for base in {j.teacher_base for j in jobs if j.teacher_base} - {model_path}:
+        if not same_tokenizer(base, model_path):
+            names = ", ".join(j.name for j in jobs if j.teacher_base == base)
+            raise ConfigError(f"job {names}: logit_kl needs one tokenizer, and its teacher's base {base} has another than {model_path}")
+
+
+def worker_jobs(jobs: list[AdapterJob], tokenized: dict, rows_of: dict) -> tuple[dict, list[WorkerJob]]:
+    """({job: its Ray Dataset}, the WorkerJob every worker trains it by): its steps, snapshots and the
+    facts its final metrics carry (rows kept, cut and dropped; settings; loss)."""
+    datasets, plans = {}, []
+    for job in jobs:
+        cfg, tokens = job.cfg, tokenized[job.name]
+        micro_per_epoch, total_steps = plan_steps(tokens["rows"], cfg)
+        datasets[job.name] = job_dataset(rows_of[job.name])
+        facts = {
+            "rows": tokens["rows"],
+            "rows_truncated": tokens["truncated"],
+            "rows_dropped": tokens["dropped"],
+            "total_steps": total_steps,
+            "global_batch_size": cfg.num_workers * cfg.batch_size * cfg.grad_accum,
+            "train_config": to_dict(cfg),
+            "loss_type": "logit_kl" if job.teacher else "sft",
+        }
+        if cfg.mask != "none":
+            facts["tokens_masked"] = masked_total(rows_of[job.name])
+        plans.append(WorkerJob(
+            job.name, cfg, str(job.output_dir), micro_per_epoch, total_steps, tuple(snapshot_steps(total_steps, cfg.snapshots)), facts,
+            distil=job.teacher is not None, init_a_from=job.init_a_from,
+        ))  # fmt: skip
+        job.output_dir.parent.mkdir(parents=True, exist_ok=True)
+    return datasets, plans
+
+
+def outputs(jobs: list[AdapterJob], run_id: str, run_name: str, checkpoint: str) -> dict:
+    """Each job's final metrics from its output folder, which this run must have written; the last
+    job's carry the run's final checkpoint."""
     out = {}
     for job in jobs:
         if not finished_by(job.output_dir, run_id):
@@ -285,7 +304,7 @@ def train_lora_many(
                 f"job {job.name} finished earlier in run {run_name}, but {job.output_dir} no longer holds its adapter; train it again under a new run_name"
             )
         out[job.name] = json.loads((job.output_dir / METRICS_FILE).read_text())
-    out[jobs[-1].name]["checkpoint"] = result.checkpoint.path
+    out[jobs[-1].name]["checkpoint"] = checkpoint
     return out
 
 

@@ -167,7 +167,6 @@ def build_report(
     final = [*bases, *teachers] + [m.name for m in models]  # every model as trained (no earlier snapshots)
     both = {name: read_scores(run_dir, name) for name in final + earlier}
     scores = {name: on_split(rows, "held_out") for name, rows in both.items()}  # `models` and `transfer`: held out
-    teacher_init = manifest.output("teacher", "init_hash")
     report_models = {
         name: {**summarise(scores[name]), "ci95_by_subset": _subset_cis(scores[name]), "accuracy_by_split": _by_split(both[name])}
         for name in [*bases, *teachers]
@@ -176,34 +175,8 @@ def build_report(
     weights = _weight_readings(run_dir, models, teachers)
     shares = {name: w["shares"] for name, w in weights.items() if w["shares"] is not None}
     arms = {}
-    for arm, declared in cfg.arms.items():
-        members = [m for m in models if m.arm == arm]
-        replicates = []
-        for m in members:
-            out = manifest.entry(m.name)["outputs"]
-            replicates.append({
-                "model": m.name, **summarise(scores[m.name]), "accuracy_by_split": _by_split(both[m.name]),
-                "teacher_agreement": evidence.model_mean(m.name, m.teacher, "held_out", "agreement"),
-                "lora_seed": m.train.lora_seed, "init_hash": out["init_hash"], "same_init_as_teacher": out["init_hash"] == teacher_init,
-                "steps": out["steps"], "final_loss": out["loss"], "rows": out["rows"],
-                "update_cosine": weights[m.name]["cosine"] if m.name in weights else None,
-                "update_share": shares.get(m.name),
-            })  # fmt: skip
-        report_models[arm] = _mean_model([scores[m.name] for m in members])
-        against = reference_of(arm, cfg)
-        cosines = np.array([r["update_cosine"] for r in replicates if r["update_cosine"] is not None])
-        arms[arm] = {
-            "numbers": declared.numbers, "loss": declared.loss, "lora_seed": declared.lora_seed, "teacher": declared.teacher, "replicates": replicates,
-            "base": members[0].base, "lora_init": declared.lora_init, "method": members[0].train.method,
-            "mean": {**report_models[arm], "teacher_agreement": sum(r["teacher_agreement"] for r in replicates) / len(replicates)},
-            "update_cosine": {"mean": float(cosines.mean()) if len(cosines) else None, "sd": float(cosines.std(ddof=1)) if len(cosines) > 1 else None},
-            "against": against, "reference": reference_kind(arm, cfg), "transfer": evidence.compare(arm, against),
-        }  # fmt: skip
-        if (series := evidence.by_step(arm, against)) is not None:
-            arms[arm]["by_step"] = series
-        if (placebo := evidence.placebo_of(arm)) is not None and all(m.name in shares for m in models if m.arm in (arm, against)):
-            reference = None if against in BASES else [shares[m.name] for m in models if m.arm == against]
-            arms[arm]["weight_space"] = share_directions([shares[m.name] for m in members], reference, members[0].teacher, placebo)
+    for arm in cfg.arms:
+        arms[arm], report_models[arm] = _arm_entry(arm, cfg, models, manifest, evidence, both, weights, shares)
     contrasts = {}
     for name, c in cfg.contrasts.items():
         contrasts[name] = {"arm": c.arm, "against": c.against, **evidence.compare(c.arm, c.against)}
@@ -253,6 +226,40 @@ def build_report(
     report["timings"] = {phase: sec for phase, sec in manifest.timings().items() if phase != "report"}  # built before its own phase ends
     report["provenance"] = provenance(cfg, paths, registration)
     return report
+
+
+def _arm_entry(arm: str, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, evidence: Evidence, both: dict, weights: dict, shares: dict):
+    """(report.json's `arms.<arm>`, the arm's row of `models`): its replicates, mean, update cosine,
+    transfer against its reference, its dose curve and its weight-space reading."""
+    declared, members = cfg.arms[arm], [m for m in models if m.arm == arm]
+    teacher_init = manifest.output("teacher", "init_hash")
+    replicates = []
+    for m in members:
+        out, held_out = manifest.entry(m.name)["outputs"], on_split(both[m.name], "held_out")
+        replicates.append({
+            "model": m.name, **summarise(held_out), "accuracy_by_split": _by_split(both[m.name]),
+            "teacher_agreement": evidence.model_mean(m.name, m.teacher, "held_out", "agreement"),
+            "lora_seed": m.train.lora_seed, "init_hash": out["init_hash"], "same_init_as_teacher": out["init_hash"] == teacher_init,
+            "steps": out["steps"], "final_loss": out["loss"], "rows": out["rows"],
+            "update_cosine": weights[m.name]["cosine"] if m.name in weights else None,
+            "update_share": shares.get(m.name),
+        })  # fmt: skip
+    row = _mean_model([on_split(both[m.name], "held_out") for m in members])
+    against = reference_of(arm, cfg)
+    cosines = np.array([r["update_cosine"] for r in replicates if r["update_cosine"] is not None])
+    entry = {
+        "numbers": declared.numbers, "loss": declared.loss, "lora_seed": declared.lora_seed, "teacher": declared.teacher, "replicates": replicates,
+        "base": members[0].base, "lora_init": declared.lora_init, "method": members[0].train.method,
+        "mean": {**row, "teacher_agreement": sum(r["teacher_agreement"] for r in replicates) / len(replicates)},
+        "update_cosine": {"mean": float(cosines.mean()) if len(cosines) else None, "sd": float(cosines.std(ddof=1)) if len(cosines) > 1 else None},
+        "against": against, "reference": reference_kind(arm, cfg), "transfer": evidence.compare(arm, against),
+    }  # fmt: skip
+    if (series := evidence.by_step(arm, against)) is not None:
+        entry["by_step"] = series
+    if (placebo := evidence.placebo_of(arm)) is not None and all(m.name in shares for m in models if m.arm in (arm, against)):
+        reference = None if against in BASES else [shares[m.name] for m in models if m.arm == against]
+        entry["weight_space"] = share_directions([shares[m.name] for m in members], reference, members[0].teacher, placebo)
+    return entry, row
 
 
 def markdown(report: dict) -> str:
