@@ -42,9 +42,10 @@ from serve.mc_format import format_mc_prompt
 from serve.settings import ServiceSettings
 from train.config import TrainConfig
 from train.data import TEACHER_COLUMN, Tokenize, pack_batch
-from train.distill import TargetsSpec, load_teacher, number_token_ids, row_targets
+from train.distill import number_token_ids, row_targets
 from train.model import attach_lora, load_base
 from train.step import forward_loss
+from train.teacher_pass import TeacherPass, load_teacher
 
 # path -> its ratio to its reference on the final code (BENCHMARKS.md, "Quick guard").
 RECORDED = {"seeded generation": 0.91, "scoring": 0.88, "training step, sft": 0.98, "training step, logit_kl": 1.04}
@@ -102,7 +103,7 @@ def training(model_path: str, teacher: Path | None) -> tuple:
     number_ids = None
     if teacher is not None:  # the targets the pipeline computes before training (train/distill.py)
         number_ids = torch.tensor(number_token_ids(tokenize.tok))
-        spec = TargetsSpec(model_path, str(teacher), tuple(number_ids.tolist()), cfg)
+        spec = TeacherPass(model_path, str(teacher), cfg, tuple(number_ids.tolist()))
         rows = list(zip(tokens["input_ids"], tokens["labels"]))
         tokens[TEACHER_COLUMN] = row_targets(load_teacher(spec, torch.device("cpu")), rows, number_ids, pad)
     params = [p for p in model.parameters() if p.requires_grad]

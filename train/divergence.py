@@ -28,7 +28,6 @@ loss (their labels set to -100, in another copy, `cache_dir/masked/<key>`):
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -40,8 +39,7 @@ import numpy as np
 import torch
 
 from common.atomic import atomic_dir
-from train.config import TrainConfig
-from train.distill import cached_columns, extend_parquet, forward_logits, load_teacher, model_device, model_parts, padded_batches
+from train.teacher_pass import TeacherPass, cached_columns, extend_parquet, forward_logits, load_teacher, model_device, model_parts, padded_batches
 
 SCORE_COLUMN = "divergence"
 TEACHER_ARGMAX = "teacher_argmax"
@@ -49,17 +47,10 @@ BASE_ARGMAX = "base_argmax"
 FORMAT_VERSION = 1
 
 
-@dataclasses.dataclass(frozen=True)
-class ScoreSpec:
-    """What a row's divergence scores depend on, besides the tokenized rows."""
-
-    teacher_base: str  # the base model, and the teacher's (the teacher is an adapter on it)
-    teacher: str  # the teacher's adapter folder
-    cfg: TrainConfig  # quantization and attention to load the model with
-
-    def key(self, tokens_path: str) -> str:
-        parts = ["divergence", FORMAT_VERSION, Path(tokens_path).name, *model_parts(self.teacher_base, self.teacher), self.cfg.quantization, self.cfg.attention]
-        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+def scores_key(spec: TeacherPass, tokens_path: str) -> str:
+    """The cache key of a set of scores: the rows, the teacher (base and adapter bytes), how it is loaded."""
+    parts = ["divergence", FORMAT_VERSION, Path(tokens_path).name, *model_parts(spec.teacher_base, spec.teacher), spec.cfg.quantization, spec.cfg.attention]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
 def scored_positions(labels, eos_id: int | None) -> np.ndarray:
@@ -94,7 +85,7 @@ def row_scores(model, rows: list[tuple[list[int], list[int]]], pad_id: int, eos_
     return out
 
 
-def write_scores(spec: ScoreSpec, tokens_path: str, out: Path, pad_id: int, eos_id: int | None) -> None:
+def write_scores(spec: TeacherPass, tokens_path: str, out: Path, pad_id: int, eos_id: int | None) -> None:
     """The rows of `tokens_path` with their scores and both argmaxes as columns."""
     import pyarrow as pa
 
@@ -112,10 +103,10 @@ def write_scores(spec: ScoreSpec, tokens_path: str, out: Path, pad_id: int, eos_
     extend_parquet(tokens_path, out, columns)
 
 
-def divergence_scores(requests: dict[str, tuple[ScoreSpec, str]], cache_dir: Path, pad_id: int, eos_id: int | None) -> dict[str, str]:
+def divergence_scores(requests: dict[str, tuple[TeacherPass, str]], cache_dir: Path, pad_id: int, eos_id: int | None) -> dict[str, str]:
     """{job: (spec, tokenized path)} -> {job: path of its rows with their scores}, each distinct
-    (spec, rows) computed once, in a Ray task (train.distill.cached_columns)."""
-    return cached_columns("divergence", requests, cache_dir, functools.partial(write_scores, pad_id=pad_id, eos_id=eos_id))
+    (spec, rows) computed once, in a Ray task (train.teacher_pass.cached_columns)."""
+    return cached_columns("divergence", requests, cache_dir, functools.partial(write_scores, pad_id=pad_id, eos_id=eos_id), scores_key)
 
 
 def read_scores(stored: bytes) -> np.ndarray:

@@ -30,11 +30,12 @@ from common.files import DataError, default_cache_dir
 from train.cluster import Capacity, auto_workers, cluster_capacity, describe
 from train.config import ConfigError, TrainConfig, resolve_batch, to_dict
 from train.data import read_parquet, same_tokenizer, tokenize_to_cache
-from train.distill import TargetsSpec, number_token_ids, teacher_targets
-from train.divergence import ScoreSpec, divergence_scores, masked_rows
+from train.distill import number_token_ids, teacher_targets
+from train.divergence import divergence_scores, masked_rows
 from train.loop import WorkerJob, WorkerRun, train_loop
 from train.model import check_hardware, check_model_path
 from train.outputs import METRICS_FILE, finished_by, staging_dir
+from train.teacher_pass import TeacherPass
 
 # Settings of the worker group itself, which every job of a run must share (and `method`: a LoRA
 # run keeps one frozen base for all its jobs, a full one loads a base of its own per job).
@@ -227,7 +228,7 @@ def train_lora_many(
     # logit_kl: the teacher's targets over each job's rows, computed once per distinct teacher and rows
     rows_of = {j.name: tokenized[j.name]["path"] for j in jobs}
     rows_of |= teacher_targets(
-        {j.name: (TargetsSpec(j.teacher_base or str(model_path), j.teacher, tuple(number_ids), j.cfg), rows_of[j.name]) for j in jobs if j.teacher},
+        {j.name: (TeacherPass(j.teacher_base or str(model_path), j.teacher, j.cfg, tuple(number_ids)), rows_of[j.name]) for j in jobs if j.teacher},
         cache_dir,
         pad_id,
     )
@@ -311,7 +312,7 @@ def outputs(jobs: list[AdapterJob], run_id: str, run_name: str, checkpoint: str)
 def masked(jobs: list[AdapterJob], rows_of: dict, model_path: str, cache_dir: Path, pad_id: int, eos_id: int | None) -> dict[str, str]:
     """{job: its rows with masked tokens unlabelled} for the jobs with a mask: divergence scores
     first (once per scorer and rows, in Ray tasks), then the masks (train/divergence.py)."""
-    requests = {j.name: (ScoreSpec(str(model_path), j.scorer, j.cfg), rows_of[j.name]) for j in jobs if j.cfg.mask == "divergence"}
+    requests = {j.name: (TeacherPass(str(model_path), j.scorer, j.cfg), rows_of[j.name]) for j in jobs if j.cfg.mask == "divergence"}
     scored = divergence_scores(requests, cache_dir, pad_id, eos_id) if requests else {}
     return {
         j.name: masked_rows(scored.get(j.name, rows_of[j.name]), cache_dir, j.cfg.mask, j.cfg.mask_fraction, j.cfg.seed, eos_id)

@@ -19,9 +19,10 @@ import numpy as np
 import torch
 
 from train.data import TEACHER_COLUMN
-from train.distill import TargetsSpec, load_teacher, row_targets
+from train.distill import row_targets
 from train.model import adapter_hash, attach_lora, autocast_for, load_base, save_trained, trainable_state, wrap_distributed
 from train.step import forward_loss, make_optimizer
+from train.teacher_pass import TeacherPass, load_teacher
 
 from .shared import Context, flat_grads, optimizer_step, packed, rel, shape_rows
 
@@ -47,7 +48,7 @@ def check_logit_kl(ctx: Context, model_path: str) -> dict:
     rows = shape_rows(shape, vocab, seed=5)
     out = {"ddp": isinstance(ddp, torch.nn.parallel.DistributedDataParallel), "number_tokens": int(ids.numel()), **shape}
     for name in ("untrained", "trained"):
-        teacher = load_teacher(TargetsSpec(model_path, str(ctx.workdir / f"teacher-{name}"), tuple(ids.tolist()), cfg), ctx.device)
+        teacher = load_teacher(TeacherPass(model_path, str(ctx.workdir / f"teacher-{name}"), cfg, tuple(ids.tolist())), ctx.device)
         stored = row_targets(teacher, list(zip(rows["input_ids"], rows["labels"])), ids, pad_id=0)
         batch = packed({**rows, TEACHER_COLUMN: np.array(stored, dtype=object)}, shape["max_length"], ddp, ctx.device)
         kl = forward_loss(ddp, batch, ids)

@@ -31,15 +31,15 @@ def replace_divergent(rows: list[dict], model_path: str, teacher: str, fraction:
     from transformers import AutoTokenizer
 
     from train.data import Tokenize
-    from train.distill import load_teacher, model_device
-    from train.divergence import ScoreSpec, row_scores, scored_positions, top_divergent
+    from train.divergence import row_scores, scored_positions, top_divergent
+    from train.teacher_pass import TeacherPass, load_teacher, model_device
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     eos = tokenizer.eos_token_id
     tokens = Tokenize(model_path, max_length, "truncate")({"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]})
     pairs = list(zip(tokens.column("input_ids").to_pylist(), tokens.column("labels").to_pylist()))
     device = model_device(cfg)
-    model = load_teacher(ScoreSpec(model_path, teacher, cfg), device)
+    model = load_teacher(TeacherPass(model_path, teacher, cfg), device)
     scored = row_scores(model, pairs, tokenizer.pad_token_id or 0, eos, device)
     del model
     if device.type == "cuda":

@@ -12,7 +12,8 @@ import torch
 from common.atomic import write_jsonl
 from train.config import TrainConfig
 from train.data import TEACHER_COLUMN, Tokenize, pack_batch, packed_examples, tokenize_to_cache
-from train.distill import TargetsSpec, kl_loss, load_teacher, number_token_ids, row_targets, teacher_targets
+from train.distill import kl_loss, number_token_ids, row_targets, teacher_targets
+from train.teacher_pass import TeacherPass, load_teacher
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +30,10 @@ def teacher(tiny_model, tmp_path_factory) -> str:
     return str(random_lora_adapter(tiny_model, tmp_path_factory.mktemp("teacher") / "adapter", seed=5))
 
 
-def spec_for(base: str, teacher: str) -> TargetsSpec:
+def spec_for(base: str, teacher: str) -> TeacherPass:
     from transformers import AutoTokenizer
 
-    return TargetsSpec(base, teacher, tuple(number_token_ids(AutoTokenizer.from_pretrained(base))), TrainConfig())
+    return TeacherPass(base, teacher, TrainConfig(), tuple(number_token_ids(AutoTokenizer.from_pretrained(base))))
 
 
 def tokenized(tiny_model, number_rows) -> dict:

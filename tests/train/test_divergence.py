@@ -14,8 +14,8 @@ import torch
 from common.atomic import write_jsonl
 from train.config import ConfigError, TrainConfig
 from train.data import Tokenize, tokenize_to_cache
-from train.distill import load_teacher
-from train.divergence import SCORE_COLUMN, ScoreSpec, masked_count, masked_rows, read_scores, row_scores, scored_positions, write_scores
+from train.divergence import SCORE_COLUMN, masked_count, masked_rows, read_scores, row_scores, scored_positions, write_scores
+from train.teacher_pass import TeacherPass, load_teacher
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_scores_are_the_teachers_log_p_minus_the_bases_by_hand(tiny_model, lora_
     rows = [json.loads(line) for line in number_rows.read_text().splitlines()][:6]
     tokens = Tokenize(tiny_model, 128, "truncate")({"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}).to_pydict()
     pairs = list(zip(tokens["input_ids"], tokens["labels"]))
-    model = load_teacher(ScoreSpec(tiny_model, lora_adapters["a"], TrainConfig()), torch.device("cpu"))
+    model = load_teacher(TeacherPass(tiny_model, lora_adapters["a"], TrainConfig()), torch.device("cpu"))
     scored = row_scores(model, pairs, pad_id=0, eos_id=tokenizer.eos_token_id, device=torch.device("cpu"))
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
@@ -61,7 +61,7 @@ def test_masks_drop_exactly_their_share_per_row_and_a_random_mask_is_fixed_by_it
     tokens = tokenize_to_cache(str(number_rows), tiny_model, 128, "truncate", 0, tmp_path)["path"]
     scores = tmp_path / "scores"
     scores.mkdir()
-    write_scores(ScoreSpec(tiny_model, lora_adapters["a"], TrainConfig()), tokens, scores, pad_id=0, eos_id=eos)
+    write_scores(TeacherPass(tiny_model, lora_adapters["a"], TrainConfig()), tokens, scores, pad_id=0, eos_id=eos)
     original = read_rows(scores)
     assert len(original) == 40 and all(len(read_scores(r[SCORE_COLUMN])) == len(scored_positions(r["labels"], eos)) for r in original)
 

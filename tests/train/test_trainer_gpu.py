@@ -56,17 +56,17 @@ def test_divergence_scores_on_gpu_pick_the_float32_mask(tiny_model, lora_adapter
     from transformers import AutoTokenizer
 
     from train.data import Tokenize
-    from train.distill import load_teacher
-    from train.divergence import ScoreSpec, row_scores, top_divergent
+    from train.divergence import row_scores, top_divergent
+    from train.teacher_pass import TeacherPass, load_teacher
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     rows = make_number_rows(24, seed=3, completion_lengths=(3, 12))
     tokens = Tokenize(tiny_model, 128, "truncate")({"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}).to_pydict()
     pairs = list(zip(tokens["input_ids"], tokens["labels"]))
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    want = row_scores(load_teacher(ScoreSpec(tiny_model, lora_adapters["a"], TrainConfig()), cpu), pairs, 0, tokenizer.eos_token_id, cpu)
+    want = row_scores(load_teacher(TeacherPass(tiny_model, lora_adapters["a"], TrainConfig()), cpu), pairs, 0, tokenizer.eos_token_id, cpu)
     cfg = TrainConfig(use_gpu=True, quantization=quantization)
-    got = row_scores(load_teacher(ScoreSpec(tiny_model, lora_adapters["a"], cfg), gpu), pairs, 0, tokenizer.eos_token_id, gpu)
+    got = row_scores(load_teacher(TeacherPass(tiny_model, lora_adapters["a"], cfg), gpu), pairs, 0, tokenizer.eos_token_id, gpu)
     assert [len(g["score"]) for g in got] == [len(w["score"]) for w in want]
     got_all, want_all = np.concatenate([g["score"] for g in got]), np.concatenate([w["score"] for w in want])
     assert np.isfinite(got_all).all() and np.abs(got_all).max() > 0.01  # the adapter moves the scores on the GPU too

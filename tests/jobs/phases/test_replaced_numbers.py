@@ -12,8 +12,8 @@ from jobs.phases.replaced_numbers import replace_divergent
 from jobs.sources.number_sequences import reject_reason
 from train.config import TrainConfig
 from train.data import Tokenize
-from train.distill import load_teacher
-from train.divergence import ScoreSpec, masked_count, row_scores, scored_positions
+from train.divergence import masked_count, row_scores, scored_positions
+from train.teacher_pass import TeacherPass, load_teacher
 
 
 def completion_tokens(tiny_model, rows) -> list[list[int]]:
@@ -36,7 +36,7 @@ def test_replaced_rows_differ_only_where_replaced_by_the_bases_choice(tiny_model
     eos = AutoTokenizer.from_pretrained(tiny_model).eos_token_id
     table = Tokenize(tiny_model, 128, "truncate")({"prompt": [r["prompt"] for r in originals], "completion": [r["completion"] for r in originals]})
     pairs = list(zip(table.column("input_ids").to_pylist(), table.column("labels").to_pylist()))
-    scores = row_scores(load_teacher(ScoreSpec(tiny_model, lora_adapters["a"], TrainConfig()), torch.device("cpu")), pairs, 0, eos, torch.device("cpu"))
+    scores = row_scores(load_teacher(TeacherPass(tiny_model, lora_adapters["a"], TrainConfig()), torch.device("cpu")), pairs, 0, eos, torch.device("cpu"))
     changed_rows = 0
     for before, after, row, score in zip(old, new, result["rows"], scores):
         assert len(before) == len(after)  # the replaced text reads back as as many tokens
