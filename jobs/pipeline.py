@@ -61,8 +61,7 @@ from jobs.rundir.manifest import Manifest, RunDirError, digest  # noqa: E402
 from jobs.rundir.plan import Stage, describe, plan  # noqa: E402
 from jobs.rundir.registration import registration  # noqa: E402
 from jobs.rundir.run_lock import check_free, hold_run_dir  # noqa: E402
-from jobs.sizing.placement import plan as place  # noqa: E402
-from jobs.sizing.placement import resolved  # noqa: E402
+from jobs.sizing.placement import place, resolved  # noqa: E402
 from jobs.sources.wmdp import load_wmdp  # noqa: E402
 from jobs.tracking import Tracker  # noqa: E402
 from train.cluster import cluster_capacity  # noqa: E402

@@ -95,7 +95,7 @@ def _arm_runs(student: TrainConfig, workers: int, cap: Capacity) -> int:
     return max(1, int(sum(cap.auto_node_gpus) // workers))
 
 
-def plan(cfg: ExperimentConfig, cap: Capacity) -> Placement:
+def place(cfg: ExperimentConfig, cap: Capacity) -> Placement:
     """Resolve `auto` counts for this cluster; raise PlacementError listing every request that cannot fit."""
     problems: list[str] = []
     tp = cfg.service.tensor_parallel_size

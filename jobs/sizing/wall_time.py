@@ -79,7 +79,7 @@ class Tokens:
 
 
 @dataclass(frozen=True)
-class Stage:
+class PhaseTime:
     name: str
     work: str  # what was counted, in words and numbers
     compute_s: float
@@ -159,7 +159,7 @@ class Workload:
     tokens: Tokens
 
 
-def teacher_stage(w: Workload) -> Stage:
+def teacher_time(w: Workload) -> PhaseTime:
     from jobs.experiment.arms import teachers_used
     from train.config import resolve_batch
 
@@ -169,11 +169,11 @@ def teacher_stage(w: Workload) -> Stage:
     run_tokens = teachers * rows * row_tokens
     overhead = w.rates.train_start_s + load_seconds(w.params, w.rates) + teachers * checkpoint_seconds(rows, teacher, w.params, w.lora, w.rates)
     what = f"{teachers} x " if teachers > 1 else ""
-    return Stage("teacher", f"{what}{rows:,} rows ({w.questions[1]:,} questions x {teacher.epochs} epochs) x {row_tokens} tokens = {run_tokens / 1e6:.1f} M tokens",
+    return PhaseTime("teacher", f"{what}{rows:,} rows ({w.questions[1]:,} questions x {teacher.epochs} epochs) x {row_tokens} tokens = {run_tokens / 1e6:.1f} M tokens",
                  train_seconds(run_tokens, w.params, teacher, teacher.num_workers, w.rates), overhead)  # fmt: skip
 
 
-def numbers_stage(w: Workload) -> Stage:
+def numbers_time(w: Workload) -> PhaseTime:
     from jobs.experiment.arms import number_sets
     from jobs.experiment.rows_kinds import KINDS
 
@@ -190,11 +190,11 @@ def numbers_stage(w: Workload) -> Stage:
     row_tokens, tp = w.tokens.number_prompt + w.tokens.number_answer, w.cfg.service.tensor_parallel_size
     compute = serve_seconds(prompt_tokens, answer_tokens, w.params, w.placement.service_replicas * tp, w.rates)
     compute += forward_seconds(forwards, numbers.keep, row_tokens, w)
-    return Stage("numbers", f"{sets} sets x {generated:,} sequences{answers}: {prompt_tokens / 1e6:.1f} M prompt + {answer_tokens / 1e6:.1f} M generated tokens{scored}",
+    return PhaseTime("numbers", f"{sets} sets x {generated:,} sequences{answers}: {prompt_tokens / 1e6:.1f} M prompt + {answer_tokens / 1e6:.1f} M generated tokens{scored}",
                  compute, engine_seconds(w.params, tp, w.rates))  # fmt: skip
 
 
-def arms_stage(w: Workload) -> Stage:
+def arms_time(w: Workload) -> PhaseTime:
     from jobs.experiment.arms import arm_groups
     from jobs.experiment.rows_kinds import KINDS
     from train.config import resolve_batch
@@ -222,10 +222,10 @@ def arms_stage(w: Workload) -> Stage:
     work += f"; overt control {overt:,} answer rows x {w.tokens.wmdp_prompt + w.tokens.wmdp_answer} tokens" if overt else ""
     work += f"; teacher targets for {distilled} number set(s)" if distilled else ""
     work += f"; divergence scores for {divergence} number set(s)" if divergence else ""
-    return Stage("arms", work, compute / runs, overhead / runs)
+    return PhaseTime("arms", work, compute / runs, overhead / runs)
 
 
-def evaluate_stage(w: Workload) -> Stage:
+def evaluate_time(w: Workload) -> PhaseTime:
     from jobs.experiment.arms import teachers_used
 
     snapshots = sum(max(m.train.snapshots - 1, 0) for m in w.models)
@@ -234,26 +234,26 @@ def evaluate_stage(w: Workload) -> Stage:
     services = 1 + other_base + sum(m.full for m in w.models)
     orders, total, tp = w.cfg.evaluate.orders(), w.questions[0], w.cfg.service.tensor_parallel_size
     score_tokens = scored * total * orders * w.tokens.wmdp_prompt
-    return Stage("evaluate", f"{scored} models x {total:,} questions x {orders} order(s) x {w.tokens.wmdp_prompt} tokens = {score_tokens / 1e6:.1f} M prompt tokens, {services} service(s)",
+    return PhaseTime("evaluate", f"{scored} models x {total:,} questions x {orders} order(s) x {w.tokens.wmdp_prompt} tokens = {score_tokens / 1e6:.1f} M prompt tokens, {services} service(s)",
                  serve_seconds(score_tokens, 0, w.params, w.placement.eval_replicas * tp, w.rates), services * engine_seconds(w.params, tp, w.rates))  # fmt: skip
 
 
-def project(cfg, gpus: int, rates: Rates = Rates(), tokens: Tokens = Tokens(), questions: int | None = None) -> list[Stage]:
+def project(cfg, gpus: int, rates: Rates = Rates(), tokens: Tokens = Tokens(), questions: int | None = None) -> list[PhaseTime]:
     """The four phases' projected times for `cfg` on one node of `gpus` GPUs (nodes of 8 beyond 8)."""
     from jobs.experiment.arms import arm_models
-    from jobs.sizing.placement import plan, resolved
+    from jobs.sizing.placement import place, resolved
     from train.cluster import Capacity
 
     nodes = tuple([8.0] * (gpus // 8) + ([float(gpus % 8)] if gpus % 8 else []))
-    placement = plan(cfg, Capacity(cpus=16.0 * len(nodes), node_gpus=nodes, max_node_gpus=nodes))
+    placement = place(cfg, Capacity(cpus=16.0 * len(nodes), node_gpus=nodes, max_node_gpus=nodes))
     cfg = resolved(cfg, placement)
     shape = load_shape(cfg.model.path)
     w = Workload(cfg, placement, arm_models(cfg), shape.params(), shape.lora_params(cfg.teacher.lora_rank, cfg.teacher.lora_targets),
                  question_counts(cfg, questions), gpus, rates, tokens)  # fmt: skip
-    return [teacher_stage(w), numbers_stage(w), arms_stage(w), evaluate_stage(w)]
+    return [teacher_time(w), numbers_time(w), arms_time(w), evaluate_time(w)]
 
 
-def markdown(stages: list[Stage]) -> str:
+def markdown(stages: list[PhaseTime]) -> str:
     """The projection as the table docs/scaling.md quotes (minutes)."""
     lines = ["| stage | work | compute | starts, loads, checkpoints | total |", "|---|---|---|---|---|"]
     lines += [f"| {s.name} | {s.work} | {s.compute_s / 60:.1f} min | {s.overhead_s / 60:.1f} min | {s.total_s / 60:.1f} min |" for s in stages]

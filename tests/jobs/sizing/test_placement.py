@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from jobs.experiment.config import load_experiment
-from jobs.sizing.placement import PlacementError, plan, resolved
+from jobs.sizing.placement import PlacementError, place, resolved
 from train.cluster import Capacity, cluster_capacity, launcher_node_gpus
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -32,7 +32,7 @@ def counts(p):
 
 
 def test_tiny_on_a_two_core_laptop():
-    assert counts(plan(preset("tiny"), fixed(2))) == (2, 2, 2, 2)  # two generation replicas: the tiny preset serves numbers with transformers
+    assert counts(place(preset("tiny"), fixed(2))) == (2, 2, 2, 2)  # two generation replicas: the tiny preset serves numbers with transformers
 
 
 @pytest.mark.parametrize(
@@ -46,46 +46,46 @@ def test_tiny_on_a_two_core_laptop():
     ],
 )
 def test_llama_8b_one_worker_and_one_replica_per_gpu(cap, expected):
-    assert counts(plan(preset("llama-8b"), cap)) == expected
+    assert counts(place(preset("llama-8b"), cap)) == expected
 
 
 def test_llama_70b_on_8_gpus_and_tensor_parallel_replicas():
     cfg = preset("llama-70b-qlora")
-    assert counts(plan(cfg, fixed(192, 8))) == (8, 8, 2, 2)  # 2 replicas of 4 GPUs per node
-    assert counts(plan(cfg, autoscaling())) == (8, 8, 2, 2)
-    assert counts(plan(cfg, fixed(384, 8, 8))) == (8, 8, 4, 4)
+    assert counts(place(cfg, fixed(192, 8))) == (8, 8, 2, 2)  # 2 replicas of 4 GPUs per node
+    assert counts(place(cfg, autoscaling())) == (8, 8, 2, 2)
+    assert counts(place(cfg, fixed(384, 8, 8))) == (8, 8, 4, 4)
     # Ten 1-GPU nodes hold 8 workers but no 4-GPU replica.
     with pytest.raises(PlacementError, match="a replica needs 4 GPUs on one node; the largest node has 1"):
-        plan(cfg, fixed(160, *[1] * 10))
+        place(cfg, fixed(160, *[1] * 10))
 
 
 def test_resolved_config_has_numbers_not_auto():
-    cfg = resolved(preset("llama-8b"), plan(preset("llama-8b"), fixed(192, 8)))
+    cfg = resolved(preset("llama-8b"), place(preset("llama-8b"), fixed(192, 8)))
     assert (cfg.teacher.num_workers, cfg.student.num_workers, cfg.service.replicas, cfg.evaluate.replicas) == (8, 8, 8, 8)
 
 
 def test_more_gpus_than_the_cluster_can_ever_have_names_the_numbers():
     with pytest.raises(PlacementError) as err:
-        plan(preset("llama-70b-qlora"), fixed(64, 4))
+        place(preset("llama-70b-qlora"), fixed(64, 4))
     assert "teacher: 8 GPU workers need 8 GPUs; the cluster can have 4" in str(err.value)
     # With the autoscaler's bound (18 GPUs) counted, not just what is up now.
     with pytest.raises(PlacementError, match="32 GPU workers need 32 GPUs; the cluster can have 18"):
-        plan(preset("llama-70b-qlora", "teacher.num_workers=32"), autoscaling())
+        place(preset("llama-70b-qlora", "teacher.num_workers=32"), autoscaling())
     with pytest.raises(PlacementError, match="evaluate: 5 replicas x 4 GPUs on one node each; 4 fit"):
-        plan(preset("llama-70b-qlora", "evaluate.replicas=5"), autoscaling())
+        place(preset("llama-70b-qlora", "evaluate.replicas=5"), autoscaling())
 
 
 def test_four_bit_without_a_gpu_says_it_needs_one():
     with pytest.raises(PlacementError, match="teacher.quantization=4bit needs a CUDA GPU"):
-        plan(preset("llama-70b-qlora"), fixed(2))
+        place(preset("llama-70b-qlora"), fixed(2))
     with pytest.raises(PlacementError, match="needs a CUDA GPU"):
-        plan(preset("tiny", "teacher.quantization=4bit", "student.quantization=4bit"), fixed(2))
+        place(preset("tiny", "teacher.quantization=4bit", "student.quantization=4bit"), fixed(2))
 
 
 def test_tensor_parallel_needs_one_gpu_per_rank():
     for gpus in (2, 8):  # fewer cannot hold the ranks; more would be reserved and never used
         with pytest.raises(PlacementError, match=f"service.gpus_per_replica={gpus} must equal service.tensor_parallel_size=4"):
-            plan(preset("llama-70b-qlora", f"service.gpus_per_replica={gpus}"), fixed(192, 8))
+            place(preset("llama-70b-qlora", f"service.gpus_per_replica={gpus}"), fixed(192, 8))
 
 
 def test_capacity_of_a_real_ray_cluster(ray_cluster):
@@ -93,7 +93,7 @@ def test_capacity_of_a_real_ray_cluster(ray_cluster):
     assert (cap.cpus, cap.gpus, cap.max_gpus, cap.autoscaler) == (2.0, 0, 0, False)
     with_launcher = cluster_capacity(launcher_config=LAUNCHER)
     assert with_launcher.autoscaler and with_launcher.max_gpus == 18 and with_launcher.max_gpus_per_node == 8
-    assert counts(plan(preset("llama-70b-qlora"), with_launcher)) == (8, 8, 2, 2)
+    assert counts(place(preset("llama-70b-qlora"), with_launcher)) == (8, 8, 2, 2)
 
 
 def test_auto_workers_leave_a_cpu_to_ray_data_and_fill_gpus():
