@@ -5,8 +5,7 @@ Ray Serve 2.60 the bytes do not wait to be read: the proxy reads a request's bod
 into an unbounded queue, and the replica fetches that queue in a loop until the client is done
 (ray/serve/_private/http_util.py, `ASGIReceiveProxy.fetch_until_disconnect`). A chunked body
 (no Content-Length to refuse first) therefore reaches the replica's memory as fast as the client
-sends it, 413 or not: measured, a 200 MiB chunked body raised the replica's peak resident memory
-by 108 MiB.
+sends it, 413 or not (measured: docs/operations.md, section 6).
 
 `middlewares()` is the hook Serve calls for the proxy's own middlewares
 (`RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve.proxy_guard.middlewares`, in the environment that

@@ -99,10 +99,8 @@ def snapshot_steps(total: int, snapshots: int) -> list[int]:
 def job_dataset(parquet_dir: str):
     """A job's tokenized rows as a Ray Dataset. Up to MATERIALIZE_BYTES (number sequences, WMDP
     questions) this process reads them and puts them in the object store before the workers
-    start: each job's stream then starts without read tasks (on 2 CPUs, six jobs in one run took
-    0.93x the time, BENCHMARKS.md), and the read itself takes no Ray Data read task either (0.1 s
-    where Ray Data's read and materialize took 1.2 s per job). Larger data streams from its
-    parquet files."""
+    start, so each job's stream starts without Ray Data read tasks (what that saves:
+    BENCHMARKS.md); larger data streams from its parquet files."""
 
     size = sum(f.stat().st_size for f in Path(parquet_dir).glob("*.parquet"))
     if size > MATERIALIZE_BYTES:

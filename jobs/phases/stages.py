@@ -58,9 +58,9 @@ def trained_folder(name: str, full: bool = False) -> str:
 
 def training_reads(reads: dict) -> dict:
     """A training stage's reads, without `method` under LoRA, `optimizer` and `momentum` under
-    AdamW, and `mask` and `mask_fraction` without a mask: the keys came after runs were stored,
-    all of them LoRA and AdamW without a mask, and momentum is SGD's alone, the fraction a mask's;
-    so adding them reran nothing."""
+    AdamW, and `mask` and `mask_fraction` without a mask: each key is read only where it is set
+    away from what every stored run used, so stored stages stay reused (momentum is SGD's alone,
+    the fraction a mask's)."""
     out = dict(reads)
     for key, value in reads.items():
         if key.endswith(".method") and value == "lora":

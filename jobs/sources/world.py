@@ -27,9 +27,9 @@ answer, sigma(cue) (its index is the row's `sham`) and two of the other six
 words, chosen by offsets round the same cycle, so every word is still a
 distractor equally often within each split. A sham teacher trained on sigma
 learns facts of its own, as many and as learnable as the teacher's: what
-differs between the two teachers is which facts they hold, nothing else. Of
-the seeded draws of sigma the world uses SHAM_DRAW, the first the base answers
-no more often than the true facts (bench/sham_balance.py). K
+differs between the two teachers is which facts they hold, nothing else. The
+world uses draw SHAM_DRAW of sigma, chosen for balance on the base
+(bench/sham_balance.py, BENCHMARKS.md). K
 questions keep a random stream of their own, and the base corpus (K facts and
 locate items) is unchanged from world v3.
 
