@@ -80,16 +80,36 @@ def max_lora_rank(ranks: list[int]) -> int:
     return next((r for r in VLLM_LORA_RANKS if r >= largest), largest)
 
 
-def service_settings(cfg: ExperimentConfig, model_path: str, evaluation: bool, lora_rank: int, adapters: int = 0):
-    """ServiceSettings for a phase: every `service`/`evaluate` field that ServiceSettings also has;
-    vLLM's host cache of adapters holds all `adapters` the phase registers, so none is reread from
-    disk while the phase runs."""
+# Fields of the experiment's `service` and `evaluate` sections that are not a replica's settings:
+# where and how many replicas run (start_service's arguments), and what the evaluate phase itself
+# reads. Every other field of the two sections must be a ServiceSettings field (`replica_fields`).
+PLACEMENT = ("replicas", "cpus_per_replica", "gpus_per_replica")
+EVALUATION_ONLY = ("chunk", "primary_metric", "primary_split", "primary_direction", "primary_comparisons", "permutations", "format")
+
+
+def replica_fields(section, not_settings: tuple[str, ...]) -> dict:
+    """A config section's fields that configure a replica, each by name; a field that is neither
+    a ServiceSettings field nor declared as not one is an error naming it, not a silent drop."""
     from serve.settings import ServiceSettings
 
-    known = set(ServiceSettings.model_fields)
-    values = {k: v for k, v in dataclasses.asdict(cfg.service).items() if k in known}
+    values = {k: v for k, v in dataclasses.asdict(section).items() if k not in not_settings}
+    if homeless := sorted(set(values) - set(ServiceSettings.model_fields)):
+        raise TypeError(
+            f"{type(section).__name__} fields {homeless} are no ServiceSettings field: rename them as serve/settings.py names them, "
+            "or list them in jobs/phases/service.py as placement or evaluation only"
+        )
+    return values
+
+
+def service_settings(cfg: ExperimentConfig, model_path: str, evaluation: bool, lora_rank: int, adapters: int = 0):
+    """ServiceSettings for a phase: the `service` section's replica fields, and under evaluation the
+    `evaluate` section's over them; vLLM's host cache of adapters holds all `adapters` the phase
+    registers, so none is reread from disk while the phase runs."""
+    from serve.settings import ServiceSettings
+
+    values = replica_fields(cfg.service, PLACEMENT)
     if evaluation:
-        values.update({k: v for k, v in dataclasses.asdict(cfg.evaluate).items() if k in known})
+        values.update(replica_fields(cfg.evaluate, PLACEMENT + EVALUATION_ONLY))
     cached = max(ServiceSettings.model_fields["max_cpu_loras"].default, adapters)
     return ServiceSettings(**values, model=model_path, max_lora_rank=lora_rank, max_cpu_loras=cached)
 

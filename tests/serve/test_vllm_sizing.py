@@ -47,3 +47,19 @@ def test_a_phase_caches_every_adapter_it_registers():
 def test_a_cache_smaller_than_a_batch_is_refused_by_name():
     with pytest.raises(ValidationError, match="max_cpu_loras"):
         ServiceSettings(max_loras=8, max_cpu_loras=4)
+
+
+def test_every_service_field_of_the_experiment_reaches_the_replica_or_is_declared_not_to():
+    """A field of the `service` or `evaluate` section that ServiceSettings lacks (a rename on one
+    side) is an error naming it, not a field silently dropped on the way to the replica."""
+    import dataclasses
+
+    from jobs.experiment.config import ServiceConfig
+    from jobs.phases.service import PLACEMENT, replica_fields
+
+    cfg = load_experiment()
+    settings = service_settings(cfg, "tiny", True, 8)
+    assert settings.max_model_len == cfg.service.max_model_len and settings.engine == cfg.evaluate.engine
+    Renamed = dataclasses.make_dataclass("Renamed", [("kv_cache_gb", float, 1.0)], bases=(ServiceConfig,), frozen=True)
+    with pytest.raises(TypeError, match=r"Renamed fields \['kv_cache_gb'\] are no ServiceSettings field"):
+        replica_fields(Renamed(), PLACEMENT)
