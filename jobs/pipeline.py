@@ -57,7 +57,7 @@ from jobs.phases.evaluate import check_orders, context_check  # noqa: E402
 from jobs.phases.numbers import NoNumbersError  # noqa: E402
 from jobs.phases.service import delete_leftover_app, max_lora_rank, stop_on_sigterm  # noqa: E402
 from jobs.phases.stages import experiment_stages  # noqa: E402
-from jobs.rundir.manifest import Manifest, RunDirError, digest  # noqa: E402
+from jobs.rundir.manifest import Manifest, RunDirError, digest, flatten  # noqa: E402
 from jobs.rundir.plan import Stage, describe, plan  # noqa: E402
 from jobs.rundir.registration import registration  # noqa: E402
 from jobs.rundir.run_lock import check_free, hold_run_dir  # noqa: E402
@@ -65,6 +65,7 @@ from jobs.sizing.placement import place, resolved  # noqa: E402
 from jobs.sources.wmdp import load_wmdp  # noqa: E402
 from jobs.tracking import Tracker  # noqa: E402
 from train.cluster import cluster_capacity  # noqa: E402
+from train.config import build  # noqa: E402
 from train.model import check_model_path  # noqa: E402
 
 
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = (args.run_dir or default_run_dir(cfg.name)).absolute()
         files = load_preset(args.config)[1]
         chain = describe_chain(files)
-        claim = registration(files, args.overrides, digest(as_dict(cfg)))  # before any stage runs
+        claim = registration(files, args.overrides, digest(as_dict(cfg)), design=flatten(as_dict(cfg)), defaults=flatten(as_dict(build(ExperimentConfig, {}))))
         experiment = Experiment(cfg, run_dir, args.fresh, chain, claim)
         if args.plan:
             print(f"preset: {chain}")

@@ -73,3 +73,24 @@ def test_the_pipeline_says_what_its_run_may_claim_before_it_runs():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "registration: exploratory (" in done.stdout and "--set given: evaluate.primary_split=train" in done.stdout
+
+
+def test_a_key_added_to_the_code_later_keeps_a_design_a_repeat(repo):
+    """A config key added since the first confirmatory run changes the preset digest; at its default
+    the design is the same one (a repeat), set away from it a new one (confirmatory)."""
+    design = {"name": "confirm", "replicates": 8}
+    first = registration([repo / "configs" / "confirm.yaml"], [], "d1", root=repo, results=repo / "results", design=design, defaults={"replicates": 1})
+    stored = repo / "results" / "confirm" / "first" / "report.json"
+    stored.parent.mkdir(parents=True)
+    stored.write_text(json.dumps({"provenance": {"registration": first, "config": {}}}))
+    defaults = {"replicates": 1, "sham_teacher.kind": "matched"}
+
+    def later(kind: str) -> str:
+        now = {**design, "sham_teacher.kind": kind}
+        return registration([repo / "configs" / "confirm.yaml"], [], "d2", root=repo, results=repo / "results", design=now, defaults=defaults)["status"]
+
+    assert later("matched") == "repeat" and later("null1") == "confirmatory"
+    # A report kept before designs were recorded is read from its provenance's config.
+    first.pop("design")
+    stored.write_text(json.dumps({"provenance": {"registration": first, "config": {"name": "confirm", "replicates": 8}}}))
+    assert later("matched") == "repeat"
