@@ -219,9 +219,10 @@ def start_job(model, job: WorkerJob, run: WorkerRun, checkpoint) -> JobState:
         sched.load_state_dict(sched_state)
     step = resumed["step"]
     return JobState(
-        model, opt, sched, params, device, ctx.get_world_rank(), ctx.get_world_size(), ctx.get_experiment_name(), step, step * cfg.grad_accum,
-        resumed["loss_history"], step if checkpoint is not None else None, init_hash, n_params,
-        torch.tensor(run.number_ids, device=device) if job.distil else None, Window(device),
+        model=model, opt=opt, sched=sched, params=params, device=device,
+        rank=ctx.get_world_rank(), world=ctx.get_world_size(), run_name=ctx.get_experiment_name(),
+        step=step, micro=step * cfg.grad_accum, history=resumed["loss_history"], resumed_from=step if checkpoint is not None else None,
+        init_hash=init_hash, n_params=n_params, number_ids=torch.tensor(run.number_ids, device=device) if job.distil else None, window=Window(device),
     )  # fmt: skip
 
 

@@ -76,10 +76,7 @@ def declared_kind(numbers: str, where: str) -> tuple[RowsKind, bool]:
 
 def declarable() -> list[str]:
     """Every value an arm's `numbers` may take."""
-    out = []
-    for kind in KINDS.values():
-        out += [kind.name, f"{kind.name}_shuffled"] if kind.shuffles else [kind.name]
-    return [name for name in out if KINDS[name.removesuffix("_shuffled")].declarable]
+    return [name for kind in KINDS.values() if kind.declarable for name in (kind.name, f"{kind.name}_shuffled")[: 2 if kind.shuffles else 1]]
 
 
 def source_for(kind: RowsKind, teacher: str) -> str:
