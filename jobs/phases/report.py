@@ -176,7 +176,7 @@ def build_report(
     shares = {name: w["shares"] for name, w in weights.items() if w["shares"] is not None}
     arms = {}
     for arm in cfg.arms:
-        arms[arm], report_models[arm] = _arm_entry(arm, cfg, models, manifest, evidence, both, weights, shares)
+        arms[arm], report_models[arm] = _arm_entry(arm, cfg, models, manifest, evidence, scores, both, weights, shares)
     contrasts = {}
     for name, c in cfg.contrasts.items():
         contrasts[name] = {"arm": c.arm, "against": c.against, **evidence.compare(c.arm, c.against)}
@@ -228,23 +228,26 @@ def build_report(
     return report
 
 
-def _arm_entry(arm: str, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, evidence: Evidence, both: dict, weights: dict, shares: dict):
+def _arm_entry(
+    arm: str, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, evidence: Evidence, scores: dict, both: dict, weights: dict, shares: dict
+):
     """(report.json's `arms.<arm>`, the arm's row of `models`): its replicates, mean, update cosine,
-    transfer against its reference, its dose curve and its weight-space reading."""
+    transfer against its reference, its dose curve and its weight-space reading. `scores`: each
+    model's held-out rows, `both` its rows of every split."""
     declared, members = cfg.arms[arm], [m for m in models if m.arm == arm]
     teacher_init = manifest.output("teacher", "init_hash")
     replicates = []
     for m in members:
-        out, held_out = manifest.entry(m.name)["outputs"], on_split(both[m.name], "held_out")
+        out = manifest.entry(m.name)["outputs"]
         replicates.append({
-            "model": m.name, **summarise(held_out), "accuracy_by_split": _by_split(both[m.name]),
+            "model": m.name, **summarise(scores[m.name]), "accuracy_by_split": _by_split(both[m.name]),
             "teacher_agreement": evidence.model_mean(m.name, m.teacher, "held_out", "agreement"),
             "lora_seed": m.train.lora_seed, "init_hash": out["init_hash"], "same_init_as_teacher": out["init_hash"] == teacher_init,
             "steps": out["steps"], "final_loss": out["loss"], "rows": out["rows"],
             "update_cosine": weights[m.name]["cosine"] if m.name in weights else None,
             "update_share": shares.get(m.name),
         })  # fmt: skip
-    row = _mean_model([on_split(both[m.name], "held_out") for m in members])
+    row = _mean_model([scores[m.name] for m in members])
     against = reference_of(arm, cfg)
     cosines = np.array([r["update_cosine"] for r in replicates if r["update_cosine"] is not None])
     entry = {
