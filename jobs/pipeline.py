@@ -58,7 +58,7 @@ from jobs.phases.numbers import NoNumbersError  # noqa: E402
 from jobs.phases.service import delete_leftover_app, max_lora_rank, stop_on_sigterm  # noqa: E402
 from jobs.phases.stages import experiment_stages  # noqa: E402
 from jobs.rundir.manifest import Manifest, RunDirError, digest, flatten  # noqa: E402
-from jobs.rundir.plan import Stage, describe, plan  # noqa: E402
+from jobs.rundir.plan import Stage, describe, plan, restate  # noqa: E402
 from jobs.rundir.registration import registration  # noqa: E402
 from jobs.rundir.run_lock import check_free, hold_run_dir  # noqa: E402
 from jobs.sizing.placement import place, resolved  # noqa: E402
@@ -145,7 +145,11 @@ class Experiment:
         app = f"subliminal-{self.cfg.name}-{digest(str(self.run_dir))[:8]}"
         delete_leftover_app(app)  # before any work: a killed driver's replicas may hold GPUs
         questions, stages = self.declared()
-        print(f"[plan] {describe(plan(stages, manifest))}", flush=True)
+        decisions = plan(stages, manifest)
+        print(f"[plan] {describe(decisions)}", flush=True)
+        restated = restate(decisions, manifest)  # stages stored under an earlier identity, recorded as read now
+        if restated:
+            print(f"[plan] {len(restated)} reused stage(s) recorded with their inputs as read now", flush=True)
         cfg = resolved(self.cfg, placement)  # phases see numbers, not `auto`
         paths = base_paths(cfg, self.cache)  # {"base": ..., "other_base": ... when an arm declares one}
         for path in paths.values():

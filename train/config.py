@@ -21,6 +21,12 @@ class ConfigError(ValueError):
     """A configuration file or override is invalid; the message names the key."""
 
 
+# TrainConfig fields that only pace or place a fine-tune (logging, checkpoint cadence and
+# retention, retries, CPUs per worker): they never change what it makes, so no stage's identity
+# reads them (jobs/phases/stages.py).
+PACING = ("log_every", "checkpoint_every", "keep_checkpoints", "max_failures", "cpus_per_worker")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Settings of one fine-tune (teacher, student or control): LoRA, or every weight."""
@@ -80,7 +86,7 @@ class TrainConfig:
     cpus_per_worker: float | None = None
     attention: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
 
-    # Observability and fault tolerance.
+    # Observability and fault tolerance (with cpus_per_worker: PACING below).
     log_every: int = 5  # steps between progress lines and Ray metrics (ray.train.report: with each checkpoint)
     checkpoint_every: int = 50  # steps between checkpoints (and one at the end)
     keep_checkpoints: int = 2

@@ -24,21 +24,27 @@
 
 Config values are read from the config as written (before `auto` counts are
 resolved for the cluster at hand), so the same preset on a bigger cluster reuses
-what it made on a smaller one. Settings that only place work (replicas, CPUs,
-chunk sizes of scoring) are not read: they do not change what a stage makes.
+what it made on a smaller one. Settings that only place or pace work are not
+read: they do not change what a stage makes (replicas, CPUs and chunk sizes of
+scoring, and a fine-tune's PACING fields, train/config.py). Every other key a
+stage reads is in its identity, at any value; a key the code adds later is read
+at its default where a stored stage lacks it (jobs/rundir/plan.py), so adding
+one reruns nothing stored.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from functools import cache
 
 from jobs.experiment.arms import OTHER_BASE, ArmModel, number_sets, numbers_seed, teachers_used
 from jobs.experiment.bases import other_base_identity
-from jobs.experiment.config import ExperimentConfig, as_dict
+from jobs.experiment.config import ExperimentConfig, as_dict, build
 from jobs.experiment.rows_kinds import KINDS, SHAM, generator_of
 from jobs.rundir.manifest import Manifest, flatten
 from jobs.rundir.plan import Stage, config_reads
 from jobs.sources.number_sequences import FILTER_VERSION
+from train.config import PACING, TrainConfig
 
 TEACHERS = ("teacher", "letter_teacher", SHAM)  # models trained on the questions; each keeps <name>/adapter
 SPLIT_FILES = {"train": "train_questions.jsonl", "held_out": "held_out.jsonl", "known": "known.jsonl"}  # what eval/<model> scores, under data/
@@ -56,20 +62,16 @@ def trained_folder(name: str, full: bool = False) -> str:
     return f"{name}/adapter" if name in TEACHERS else f"arms/{name}/{'model' if full else 'adapter'}"
 
 
-def training_reads(reads: dict) -> dict:
-    """A training stage's reads, without `method` under LoRA, `optimizer` and `momentum` under
-    AdamW, and `mask` and `mask_fraction` without a mask: each key is read only where it is set
-    away from what every stored run used, so stored stages stay reused (momentum is SGD's alone,
-    the fraction a mask's)."""
-    out = dict(reads)
-    for key, value in reads.items():
-        if key.endswith(".method") and value == "lora":
-            del out[key]
-        if key.endswith(".optimizer") and value == "adamw":
-            del out[key], out[key.removesuffix("optimizer") + "momentum"]
-        if key.endswith(".mask") and value == "none":
-            del out[key], out[key + "_fraction"]
-    return out
+def identity(reads: dict) -> dict:
+    """A stage's reads without the fine-tune fields that only pace or place it (PACING)."""
+    return {key: value for key, value in reads.items() if key.rsplit(".", 1)[-1] not in PACING}
+
+
+@cache
+def read_defaults() -> dict:
+    """Each read key's value when unset: the default experiment's, and an arm's training settings'."""
+    train = flatten(dataclasses.asdict(TrainConfig()), "train.")
+    return {**flatten(as_dict(build(ExperimentConfig, {}))), **train, "lora_init": "seed"}
 
 
 def numbers_file(source: str, replicate: int) -> str:
@@ -138,23 +140,22 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
     """Every stage of the experiment, in dependency order."""
     config = as_dict(cfg)
     model = config_reads(config, "model")
-    cloze = config_reads(config, "evaluate.format") if cfg.evaluate.format == "cloze" else {}  # read only when set: stored runs stay reused
     stages = [
         Stage(
             "data",
             "data",
-            {**config_reads(config, "data"), "questions": questions_hash, **cloze},
+            {**config_reads(config, "data", "evaluate.format"), "questions": questions_hash},
             files=(TEACHER_TRAIN, *(f"data/{f}" for f in SPLIT_FILES.values())),
         ),
-        Stage("teacher", "teacher", training_reads({**model, **config_reads(config, "teacher")}), ("data",), files=(trained_folder("teacher"),)),
     ]
     teachers = teachers_used(models)
-    for other in teachers[1:]:  # the positive control's letter teacher, the reference's sham teacher
-        reads = training_reads({**model, **config_reads(config, "teacher", other)})
-        stages.append(Stage(other, "teacher", reads, ("data",), files=(trained_folder(other),)))
+    for teacher in teachers:  # the teacher; the positive control's letter teacher, the reference's sham teacher
+        sections = ("teacher",) if teacher == "teacher" else ("teacher", teacher)
+        reads = identity({**model, **config_reads(config, *sections)})
+        stages.append(Stage(teacher, "teacher", reads, ("data",), files=(trained_folder(teacher),)))
     engine = config_reads(config, "numbers", "service.engine", "service.max_model_len")
     own = {path: config_reads(config, path)[path] for kind in KINDS.values() for _, path in kind.reads}
-    for path in own:  # read by the kinds that declare them alone: the others' hashes stay
+    for path in own:  # read by the kinds that declare them alone
         engine.pop(path, None)
     for source, i in number_sets(models):
         kind, generator = KINDS[source], generator_of(source)
@@ -171,29 +172,31 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
     for m in models:
         reads = {
             **model,
-            **training_reads(flatten(dataclasses.asdict(m.train), "train.")),
+            **identity(flatten(dataclasses.asdict(m.train), "train.")),
             "source": m.source,
             "shuffled": m.shuffled,
             "loss": m.loss,
             "learns_from": m.teacher,
+            "lora_init": m.lora_init,
             **(other if m.base == OTHER_BASE else {}),
-            **({"lora_init": m.lora_init} if m.lora_init != "seed" else {}),
         }
         rows = lambda manifest, i=m.replicate: {"rows": training_rows(manifest, models, i)}  # noqa: E731
         uses_teacher = m.loss == "logit_kl" or m.lora_init == "teacher_a"  # its soft labels, or its A
         upstream = (rows_of(m)[0],) + ((m.teacher,) if uses_teacher else ())
         derived = None if KINDS[m.source].made == "answers" else rows  # answers: all of them, no numbers to equalise
         stages.append(Stage(m.name, "arms", reads, upstream, derived, files=(trained_folder(m.name, m.full),)))
-    scoring = {**model, **config_reads(config, "evaluate.engine", "service.max_model_len"), "splits": list(SPLIT_FILES), **cloze}
-    if cfg.evaluate.orders() > 1:  # read only when set: runs stored before the key stay reused
-        scoring["evaluate.permutations"] = cfg.evaluate.permutations
+    scoring = {
+        **model,
+        **config_reads(config, "evaluate.engine", "service.max_model_len", "evaluate.format"),
+        "splits": list(SPLIT_FILES),
+        "evaluate.permutations": cfg.evaluate.orders(),  # the orders scored: one under cloze, whatever is set
+    }
     bases = [("base", (), {})] + ([(OTHER_BASE, (), other)] if any(m.base == OTHER_BASE for m in models) else [])
     for name, upstream, extra in bases + [(t, (t,), {}) for t in teachers] + [(m.name, (m.name,), other if m.base == OTHER_BASE else {}) for m in models]:
         stages.append(Stage(eval_stage(name), "evaluate", {**scoring, **extra}, ("data", *upstream), files=(scored_file(name),)))
     everything = tuple(s.name for s in stages if s.phase in ("numbers", "arms", "evaluate"))
-    reads = {**config_reads(config, "evaluate.primary_metric", "evaluate.primary_split", "arms", "replicates"), "contrasts": config["contrasts"]}
-    reads["family"] = cfg.evaluate.primary_comparisons or "every comparison"  # Holm across the primary verdicts (since the verdicts issue)
-    if cfg.evaluate.primary_direction != "toward_teacher":  # read only when set: stored reports stay reused
-        reads["evaluate.primary_direction"] = cfg.evaluate.primary_direction
+    reads = config_reads(config, "evaluate.primary_metric", "evaluate.primary_split", "evaluate.primary_direction", "arms", "replicates")
+    reads |= {"contrasts": config["contrasts"], "family": cfg.evaluate.primary_comparisons or "every comparison"}  # Holm across the primary verdicts
     stages.append(Stage("report", "report", reads, everything, files=("report.json",)))
-    return stages
+    defaults = read_defaults()
+    return [dataclasses.replace(s, defaults={k: defaults[k] for k in s.reads if k in defaults}) for s in stages]

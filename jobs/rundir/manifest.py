@@ -157,6 +157,13 @@ class Manifest:
         }  # fmt: skip
         self.save()
 
+    def restate(self, inputs: dict[str, dict]) -> None:
+        """Record finished stages' inputs as read now ({stage: inputs}; plan.restate); outputs stay."""
+        for stage, values in inputs.items():
+            self.data["stages"][stage].update(inputs=normalised(values), hash=digest(values))
+        if inputs:
+            self.save()
+
     def file_digests(self, paths) -> dict[str, str]:
         """{relative path: digest} of every file at or under `paths` (relative to the run directory);
         a temporary of an unfinished write (common/atomic.py) is not an output."""

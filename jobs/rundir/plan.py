@@ -7,7 +7,11 @@ Its inputs are those values, with each upstream stage's output hash; the
 manifest keeps them. So a change reruns exactly what depends on it:
 
 - a stage whose recorded inputs equal its inputs now, with its outputs on disk as it wrote
-  them, is reused;
+  them, is reused. Inputs compare key by key over what the stage reads now: a key the record
+  lacks (a setting added to the code after the stage ran) is read at its default
+  (`Stage.defaults`), and a recorded key the stage no longer reads is not compared. So adding a
+  setting, or declaring that one only paces work, reruns nothing stored; `restate` then
+  records the inputs as read now;
 - a stage whose upstream runs, runs;
 - otherwise the keys that differ are the reason it runs ("evaluate.primary_split: 'held_out' -> 'train'"),
   or the output file that is missing or damaged ("numbers/teacher/0.jsonl changed since it
@@ -33,6 +37,7 @@ class Stage:
     upstream: tuple[str, ...] = ()
     derived: Callable[[Manifest], dict] | None = field(default=None, compare=False)  # from upstream outputs
     files: tuple[str, ...] = ()  # outputs, relative to the run directory, that reuse needs on disk
+    defaults: dict = field(default_factory=dict, compare=False)  # a read key -> its value when unset
 
     def inputs(self, manifest: Manifest) -> dict:
         """Everything this stage reads, upstream outputs included (they must have finished)."""
@@ -55,14 +60,27 @@ def config_reads(config: dict, *keys: str) -> dict:
     return picked
 
 
-def _changes(before: dict, now: dict, limit: int = 3) -> str:
-    keys = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+MISSING = object()
+
+
+def _recorded(before: dict, key: str, defaults: dict):
+    """A key's recorded value; for a key the record lacks, its default (normalised as inputs are)."""
+    return before[key] if key in before else normalised(defaults[key]) if key in defaults else MISSING
+
+
+def differing(before: dict, now: dict, defaults: dict) -> list[str]:
+    """The keys read now whose recorded value (or default, where unrecorded) is not their value now."""
+    return sorted(k for k, v in now.items() if _recorded(before, k, defaults) != v)
+
+
+def _changes(before: dict, now: dict, defaults: dict, limit: int = 3) -> str:
+    keys = differing(before, now, defaults)
     parts = []
     for key in keys[:limit]:
         if key.startswith("upstream "):
             parts.append(f"{key[len('upstream ') :]} output changed")
         else:
-            parts.append(f"{key}: {before.get(key, '(none)')!r} -> {now.get(key, '(none)')!r}")
+            parts.append(f"{key}: {before.get(key, '(none)')!r} -> {now[key]!r}")
     return "; ".join(parts) + (f"; and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
@@ -82,8 +100,8 @@ def decide(stage: Stage, manifest: Manifest, running: set[str]) -> tuple[bool, s
     if entry is None:
         return True, "not run before"
     now = stage.inputs(manifest)
-    if entry["inputs"] != now:
-        return True, _changes(entry["inputs"], now)
+    if differing(entry["inputs"], now, stage.defaults):
+        return True, _changes(entry["inputs"], now, stage.defaults)
     gone = [f for f in stage.files if not (manifest.run_dir / f).exists()]
     if gone:
         return True, f"output {gone[0]} is missing"
@@ -103,6 +121,17 @@ def plan(stages: list[Stage], manifest: Manifest) -> list[tuple[Stage, bool, str
             running.add(stage.name)
         decisions.append((stage, run, reason))
     return decisions
+
+
+def restate(decisions: list[tuple[Stage, bool, str]], manifest: Manifest) -> list[str]:
+    """Record each reused stage's inputs as read now, where the record says them another way (keys
+    read at their defaults, keys no longer read): later plans compare exactly. The stages restated."""
+    restated = {}
+    for stage, run, _ in decisions:
+        if not run and manifest.entry(stage.name)["inputs"] != (now := stage.inputs(manifest)):
+            restated[stage.name] = now
+    manifest.restate(restated)
+    return list(restated)
 
 
 def describe(decisions: list[tuple[Stage, bool, str]]) -> str:

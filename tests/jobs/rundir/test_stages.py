@@ -5,8 +5,10 @@ stand-in outputs: what a stage wrote does not matter to the plan, only its hash)
 then change one thing and check which stages the plan runs.
 """
 
+import gzip
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +16,9 @@ from jobs.experiment.arms import arm_models
 from jobs.experiment.config import load_experiment
 from jobs.phases.stages import experiment_stages
 from jobs.rundir.manifest import Manifest, RunDirError, digest, read_jsonl
-from jobs.rundir.plan import describe, plan
+from jobs.rundir.plan import describe, plan, restate
+
+PRESETS = Path(__file__).resolve().parents[3] / "jobs" / "presets"
 
 
 def stages_for(*overrides):
@@ -92,31 +96,78 @@ def test_adding_an_arm_trains_only_that_arm(tmp_path):
     assert todo["other/0"] == "not run before"
 
 
-def test_an_sgd_arm_reads_its_optimizer_and_leaves_adamw_stages_as_stored(tmp_path):
-    """`optimizer` and `momentum` came after runs were stored: at AdamW they are not read (nothing
-    reruns, tests/data/manifest_before_layout.json holds that too); an sgd arm reads both."""
+def test_an_sgd_arm_trains_alone_and_reads_its_momentum(tmp_path):
     manifest = finished_run(tmp_path)
     arms = "arms={student: {numbers: teacher}, control: {numbers: base}, sgd: {train: {optimizer: sgd, lr: 0.05}}}"
     todo = runs(stages_for(arms), manifest)
     assert set(todo) == {"sgd/0", "sgd/1", "eval/sgd/0", "eval/sgd/1", "report"}
     stages = {s.name: s for s in stages_for(arms)}
     assert stages["sgd/0"].reads["train.optimizer"] == "sgd" and stages["sgd/0"].reads["train.momentum"] == 0.9
-    assert not any(key.endswith((".optimizer", ".momentum")) for key in {**stages["student/0"].reads, **stages["teacher"].reads})
     finish([s for s in stages_for(arms) if s.name in todo], manifest)
     changed = runs(stages_for(arms, "arms.sgd.train.momentum=0.5"), manifest)
     assert set(changed) == set(todo) and changed["sgd/0"] == "train.momentum: 0.9 -> 0.5"
 
 
-def test_a_fully_fine_tuned_arm_reads_its_method_and_declares_its_model_folder(tmp_path):
-    """`method` came after runs were stored: under LoRA it is not read; a full arm reads it and
-    keeps a model folder, not an adapter."""
+def test_a_fully_fine_tuned_arm_declares_its_model_folder(tmp_path):
     manifest = finished_run(tmp_path)
     arms = "arms={student: {numbers: teacher}, control: {numbers: base}, full: {train: {method: full, lr: 1.0e-4}}}"
     assert set(runs(stages_for(arms), manifest)) == {"full/0", "full/1", "eval/full/0", "eval/full/1", "report"}
     stages = {s.name: s for s in stages_for(arms)}
     assert stages["full/0"].reads["train.method"] == "full" and stages["full/0"].files == ("arms/full/0/model",)
-    assert not any(key.endswith(".method") for key in {**stages["student/0"].reads, **stages["teacher"].reads})
     assert stages["student/0"].files == ("arms/student/0/adapter",)
+
+
+PACING_SETTINGS = ("teacher.log_every=1", "teacher.checkpoint_every=7", "student.keep_checkpoints=5", "student.max_failures=0", "teacher.cpus_per_worker=3")
+
+
+def test_settings_that_only_pace_training_rerun_nothing(tmp_path):
+    """Logging, checkpoint cadence and retention, retries and CPUs per worker never change what a
+    fine-tune makes (train/config.py PACING): no stage reads them."""
+    manifest = finished_run(tmp_path)
+    assert runs(stages_for(*PACING_SETTINGS), manifest) == {}
+    assert not any(key.endswith(("log_every", "cpus_per_worker")) for s in stages_for() for key in s.reads)
+
+
+def test_a_key_added_after_a_stage_ran_is_read_at_its_default(tmp_path):
+    """A stored stage lacks a key the code added later: at the key's default the stage is reused (and
+    `restate` records its inputs as read now), set away from it the stage reruns, naming the key."""
+    finished_run(tmp_path)
+    recorded = json.loads((tmp_path / "manifest.json").read_text())
+    for name in ("teacher", "student/0"):  # as if written before `momentum` existed, with a key no longer read
+        inputs = recorded["stages"][name]["inputs"]
+        momentum = next(key for key in inputs if key.endswith(".momentum"))
+        del inputs[momentum]
+        inputs[momentum.replace("momentum", "log_every")] = 99
+    (tmp_path / "manifest.json").write_text(json.dumps(recorded))
+    manifest = Manifest(tmp_path)
+    assert runs(stages_for(), manifest) == {}
+    todo = runs(stages_for("teacher.momentum=0.5"), manifest)
+    assert todo["teacher"] == "teacher.momentum: '(none)' -> 0.5" and "student/0" in todo  # through the teacher's numbers
+    assert restate(plan(stages_for(), manifest), manifest) == ["teacher", "student/0"]
+    stages = {s.name: s for s in stages_for()}
+    again = Manifest(tmp_path)
+    assert again.entry("teacher")["inputs"] == stages["teacher"].inputs(again) and restate(plan(stages_for(), again), again) == []
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS.glob("*.yaml")), ids=lambda p: p.name)
+def test_stages_stored_under_the_earlier_identity_are_reused(tmp_path, preset):
+    """data/stage_reads_before_identity.json.gz holds every shipped preset's stage reads as the code
+    before this identity (commit 44c5c6e) recorded them: whole config sections, PACING included,
+    keys added later left out at their defaults. A run directory recorded that way reuses every stage,
+    and is restated to the reads declared now."""
+    before = json.loads(gzip.decompress((Path(__file__).parent / "data" / "stage_reads_before_identity.json.gz").read_bytes()))
+    cfg = load_experiment(preset)
+    stages = experiment_stages(cfg, arm_models(cfg), questions_hash="questions")
+    assert {s.name for s in stages} == set(before[preset.name])
+    manifest = Manifest(tmp_path)
+    for stage in stages:
+        for f in stage.files:
+            write_output(tmp_path / f, stage.name)
+        inputs = {**before[preset.name][stage.name], **{k: v for k, v in stage.inputs(manifest).items() if k not in stage.reads}}
+        manifest.record(stage.name, inputs, 1.0, {"hash": digest(stage.name), "kept": 100}, stage.files)
+    decisions = plan(stages, Manifest(tmp_path))
+    assert [s.name for s, run, _ in decisions if run] == []
+    assert restate(decisions, manifest) and restate(plan(stages, manifest), manifest) == []
 
 
 def test_scoring_in_more_orders_reruns_evaluation_and_report_only(tmp_path):
@@ -124,7 +175,7 @@ def test_scoring_in_more_orders_reruns_evaluation_and_report_only(tmp_path):
     finish(stages_for("evaluate.format=letters", "evaluate.permutations=1"), manifest)
     todo = runs(stages_for("evaluate.format=letters", "evaluate.permutations=2"), Manifest(tmp_path))
     assert {name.split("/")[0] for name in todo} == {"eval", "report"}
-    assert todo["eval/base"] == "evaluate.permutations: '(none)' -> 2" and "eval/student/1" in todo
+    assert todo["eval/base"] == "evaluate.permutations: 1 -> 2" and "eval/student/1" in todo
     # Under cloze no order enters a prompt: more orders change nothing, and nothing reruns.
     assert runs(stages_for("evaluate.permutations=1"), finished_run(tmp_path / "cloze")) == {}
 
@@ -359,7 +410,6 @@ def test_a_run_directory_made_before_the_layout_change_reruns_from_the_new_world
     jobs/pipeline.py`) written by the code before jobs/ became packages. The stages declared now
     have the same names, phases and output files; the synthetic questions are world v3's, so its
     data stage, and everything after it, reruns (on world v2 every stage was reused)."""
-    from pathlib import Path
 
     from jobs.phases import PHASES
     from jobs.sources.wmdp import load_wmdp
