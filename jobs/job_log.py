@@ -20,7 +20,7 @@ every worker process of the job:
   Ray 2.60 itself deprecates: that one warning, by its message.
 
 Elsewhere: Ray Train's per-report and per-checkpoint lines (train/trainer.py,
-train/loop.py), Serve's line per request (jobs/phases/service.py). Ray keeps
+train/loop.py), Serve's line per request (jobs/runtime/service.py). Ray keeps
 what is not printed in its session's log files (`logs/ray-data`, `logs/train`);
 warnings and errors still reach the job log.
 """

@@ -6,7 +6,7 @@
 
 With no arguments it runs the tiny preset (model and data built on first use)
 on the Ray cluster it is submitted to, or on a local one it starts. Phases
-(jobs/phases/, one module each; jobs/phases/stages.py declares each stage's inputs):
+(jobs/phases/, one module each; jobs/experiment/stages.py declares each stage's inputs):
 
 1. data      WMDP questions split into teacher-train and held-out, disjoint by text
 2. teacher   Ray Train LoRA on the train split (prompt = the WMDP question, completion = its letter);
@@ -50,17 +50,17 @@ from jobs.experiment.arms import arm_models  # noqa: E402
 from jobs.experiment.bases import base_paths, check_kl_tokenizers  # noqa: E402
 from jobs.experiment.config import ExperimentConfig, as_dict, load_experiment  # noqa: E402
 from jobs.experiment.presets import describe_chain, load_preset  # noqa: E402
+from jobs.experiment.stages import experiment_stages  # noqa: E402
 from jobs.job_log import quiet_driver, runtime_env  # noqa: E402
 from jobs.phases import PHASES  # noqa: E402
-from jobs.phases.context import RunContext  # noqa: E402
 from jobs.phases.evaluate import check_orders, context_check  # noqa: E402
 from jobs.phases.numbers import NoNumbersError  # noqa: E402
-from jobs.phases.service import delete_leftover_app, max_lora_rank, stop_on_sigterm  # noqa: E402
-from jobs.phases.stages import experiment_stages  # noqa: E402
 from jobs.rundir.manifest import Manifest, RunDirError, digest, flatten  # noqa: E402
 from jobs.rundir.plan import Stage, describe, plan, restate  # noqa: E402
 from jobs.rundir.registration import registration  # noqa: E402
 from jobs.rundir.run_lock import check_free, hold_run_dir  # noqa: E402
+from jobs.runtime.context import RunContext  # noqa: E402
+from jobs.runtime.service import delete_leftover_app, max_lora_rank, stop_on_sigterm  # noqa: E402
 from jobs.sizing.placement import place, resolved  # noqa: E402
 from jobs.sources.wmdp import load_wmdp  # noqa: E402
 from jobs.tracking import Tracker  # noqa: E402

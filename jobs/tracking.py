@@ -34,7 +34,7 @@ import urllib.request
 from pathlib import Path
 
 from jobs.experiment.config import ExperimentConfig, TrackingConfig
-from jobs.phases.stages import TEACHERS, trained_folder
+from jobs.experiment.stages import TEACHERS, trained_folder
 from jobs.rundir.manifest import Manifest, flatten
 from jobs.rundir.registration import source_state
 from train.config import ConfigError

@@ -1,6 +1,7 @@
-"""The tree's promise, kept: imports run one way (pipeline -> phases -> experiment, rundir, sources,
-stats, train, serve), stats imports nothing of the project, the library packages (common, train,
-serve) never import the experiment, and a built wheel carries every subpackage."""
+"""The tree's promise, kept: imports run one way (pipeline -> phases -> runtime, reporting ->
+experiment -> rundir, sources, stats, train, serve), stats imports nothing of the project, the library
+packages (common, train, serve) never import the experiment, jobs/phases/ holds phases alone, and a
+built wheel carries every subpackage."""
 
 import ast
 from pathlib import Path
@@ -12,10 +13,12 @@ ROOT = Path(__file__).resolve().parent.parent
 ALLOWED = {
     "stats": set(),
     "rundir": {"common"},
-    "sources": {"common", "serve"},
-    "experiment": {"sources", "stats", "common", "train", "serve"},
+    "sources": {"common", "serve", "train"},
+    "experiment": {"sources", "stats", "rundir", "common", "train", "serve"},
     "sizing": {"experiment", "common", "train"},
-    "phases": {"experiment", "rundir", "sources", "stats", "common", "train", "serve"},
+    "runtime": {"experiment", "rundir", "common", "train", "serve"},
+    "reporting": {"experiment", "stats", "common"},
+    "phases": {"experiment", "rundir", "runtime", "reporting", "sources", "stats", "common", "train", "serve"},
 }
 NO_RAY = {"stats", "rundir", "sources", "experiment"}  # what a preset declares and the math: no cluster
 LIBRARY = ("common", "train", "serve")
@@ -63,6 +66,14 @@ def test_the_library_never_imports_the_experiment():
         if module.split(".")[0] == "jobs"
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def test_jobs_phases_holds_phases_alone():
+    """Each module of jobs/phases/ is a phase PHASES runs; what phases share lives in runtime/ and reporting/."""
+    from jobs.phases import PHASES
+
+    modules = {p.stem for p in (ROOT / "jobs" / "phases").glob("*.py")} - {"__init__"}
+    assert modules == set(PHASES)
 
 
 def test_the_walk_sees_a_wrong_import(tmp_path):

@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 
 # TrainConfig fields that only pace or place a fine-tune (logging, checkpoint cadence and
 # retention, retries, CPUs per worker): they never change what it makes, so no stage's identity
-# reads them (jobs/phases/stages.py).
+# reads them (jobs/experiment/stages.py).
 PACING = ("log_every", "checkpoint_every", "keep_checkpoints", "max_failures", "cpus_per_worker")
 
 

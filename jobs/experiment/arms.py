@@ -100,7 +100,7 @@ def _check_mask(name: str, arm, train: TrainConfig, on_other: bool) -> None:
     if train.mask == "none":
         return
     kind = declared_kind(arm.numbers, f"arms.{name}.numbers")[0]
-    if arm.loss != "sft" or kind.made == "answers":
+    if arm.loss != "sft" or kind.answers:
         raise ConfigError(f"arms.{name}: train.mask {train.mask} drops number tokens from an sft loss; this arm has loss {arm.loss} on {arm.numbers}")
     if train.mask == "divergence" and (on_other or not kind.teachers_numbers or arm.teacher == "letter_teacher"):
         raise ConfigError(
@@ -295,7 +295,7 @@ def arm_groups(pairs: list, runs: int, base_of) -> list[list]:
 def overt_arm(cfg) -> str | None:
     """The overt positive control: the first arm taught its teacher's answers directly (`numbers:
     teacher_answers`) by the teacher itself, not the sham."""
-    return next((name for name, arm in cfg.arms.items() if KINDS.get(arm.numbers) and KINDS[arm.numbers].made == "answers" and arm.teacher == "teacher"), None)
+    return next((name for name, arm in cfg.arms.items() if KINDS.get(arm.numbers) and KINDS[arm.numbers].answers and arm.teacher == "teacher"), None)
 
 
 def number_sets(models: list[ArmModel]) -> list[tuple[str, int]]:
@@ -305,5 +305,5 @@ def number_sets(models: list[ArmModel]) -> list[tuple[str, int]]:
     replicate can train on equally many rows. Answers are no numbers: none here."""
     used = {m.source for m in models}
     used |= {KINDS[s].derived_from for s in used if KINDS[s].derived_from}
-    sources = [s for s, kind in KINDS.items() if s in used and kind.made != "answers"]
+    sources = [s for s, kind in KINDS.items() if s in used and not kind.answers]
     return [(s, i) for i in range(max(m.replicate for m in models) + 1) for s in sources]

@@ -2,7 +2,7 @@
 
 An arm's `numbers` names a kind (`<kind>_shuffled`: the same rows, each row's numbers shuffled).
 Each kind is one frozen record below. The config check and the arm expansion
-(jobs/experiment/arms.py), the stage graph (jobs/phases/stages.py), the numbers phase, the
+(jobs/experiment/arms.py), the stage graph (jobs/experiment/stages.py), the numbers phase, the
 wall-time projection, the report's labels and the share analysis read the records and nothing
 else about kinds: a new kind is one entry, plus a maker in jobs/phases/numbers.py (`REWRITERS`)
 only when its rows are made a way no kind makes them yet.
@@ -45,6 +45,11 @@ class RowsKind:
     sham_source: str | None = None  # the kind the sham samples for a sham arm on this one
     declarable: bool = True  # an arm may name it (the sham's own numbers are reached through `teacher: sham`)
     shuffles: bool = False  # `<name>_shuffled` is declarable too
+
+    @property
+    def answers(self) -> bool:
+        """Its rows are the teacher's answers, not numbers: no replicate seed, no equal row count across arms."""
+        return self.made == "answers"
 
 
 # In the order their stages are made and listed: a rewritten kind after what it derives from.

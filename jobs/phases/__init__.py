@@ -7,9 +7,9 @@
     evaluate  every model scored on both splits, one service per base model
     report    report.json, report.md and the plots
 
-stages.py declares every stage (its phase, what it reads, its upstream); a phase
+jobs/experiment/stages.py declares every stage (its phase, what it reads, its upstream); a phase
 is handed the stages the plan says must run (jobs/rundir/plan.py) and records
-each one it finishes in the manifest (context.RunContext.record). A new phase is
+each one it finishes in the manifest (jobs/runtime/context.RunContext.record). A new phase is
 a module here and its entry below.
 """
 

@@ -3,7 +3,7 @@
 Several adapters per Ray Train run over one copy of the base (one per run under
 FSDP), several runs at once where the GPUs allow (jobs/sizing/placement.py);
 arms on the other base model in runs of their own over that base. Every arm of
-a replicate trains on equally many rows (phases/stages.training_rows), so arms
+a replicate trains on equally many rows (experiment/stages.training_rows), so arms
 differ in content alone; the overt positive control trains on every answer of
 its teacher.
 """
@@ -16,10 +16,10 @@ import time
 from common.atomic import write_jsonl
 from jobs.experiment.arms import OTHER_BASE, arm_groups, numbers_seed
 from jobs.experiment.rows_kinds import KINDS
-from jobs.phases.context import RunContext
-from jobs.phases.stages import rows_of, training_rows
-from jobs.phases.training import record_trained, train_groups
+from jobs.experiment.stages import rows_of, training_rows
 from jobs.rundir.manifest import read_jsonl
+from jobs.runtime.context import RunContext
+from jobs.runtime.training_runs import record_trained, train_groups
 from jobs.sources.number_sequences import shuffle_numbers
 
 
@@ -31,7 +31,7 @@ def run(ctx: RunContext, todo) -> None:
         m = ctx.models[stage.name]
         data = ctx.run_dir / "arms" / m.name / "train.jsonl"
         kept = read_jsonl(ctx.run_dir / rows_of(m)[1])
-        if KINDS[m.source].made != "answers":  # numbers: the replicate's arms train on equally many rows
+        if not KINDS[m.source].answers:  # numbers: the replicate's arms train on equally many rows
             kept = kept[: training_rows(ctx.manifest, models, m.replicate)]
         write_jsonl(data, shuffle_numbers(kept, numbers_seed(ctx.cfg, m.replicate)) if m.shuffled else kept)
         # Job names key Ray datasets, whose log files are named after them: no '/' (m.adapter is "<arm>-<i>").

@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 
 from common.atomic import write_jsonl
-from jobs.phases.context import RunContext
-from jobs.phases.stages import SPLIT_FILES, TEACHER_TRAIN
+from jobs.experiment.stages import SPLIT_FILES, TEACHER_TRAIN
 from jobs.rundir.manifest import digest
+from jobs.runtime.context import RunContext
 from jobs.sources.wmdp import split_questions
 from jobs.sources.world import cue_of, null_sham_facts
 from serve.mc_format import choice_continuation, cloze_continuation, format_cloze_prompt, format_mc_prompt

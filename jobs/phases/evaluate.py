@@ -21,12 +21,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from common.atomic import write_jsonl
-from jobs.phases.adapter_check import check_adapters_applied, probe_scores
-from jobs.phases.context import RunContext
-from jobs.phases.progress import ProgressLine
-from jobs.phases.service import result_or_resend, running_service
-from jobs.phases.stages import SPLIT_FILES, TEACHERS, earlier_snapshots, scored_file, scored_model
+from jobs.experiment.stages import SPLIT_FILES, TEACHERS, earlier_snapshots, scored_file, scored_model
 from jobs.rundir.manifest import digest, read_jsonl
+from jobs.runtime.adapter_check import check_adapters_applied, probe_scores
+from jobs.runtime.context import RunContext
+from jobs.runtime.progress import ProgressLine
+from jobs.runtime.service import result_or_resend, running_service
 from jobs.stats.accuracy import on_split, summarise
 from serve.schemas import Question, ScoreRequest
 from train.config import ConfigError

@@ -24,12 +24,12 @@ from common.atomic import write_jsonl
 from jobs.experiment.arms import number_sets, numbers_seed
 from jobs.experiment.config import NumbersConfig
 from jobs.experiment.rows_kinds import KINDS, generator_of
-from jobs.phases.adapter_check import check_adapters_applied, probe_generation, probe_scores
-from jobs.phases.context import RunContext
-from jobs.phases.progress import ProgressLine
-from jobs.phases.service import result_or_resend, running_service
-from jobs.phases.stages import SPLIT_FILES, answering_teacher, numbers_file, numbers_stage
+from jobs.experiment.stages import SPLIT_FILES, answering_teacher, numbers_file, numbers_stage
 from jobs.rundir.manifest import read_jsonl
+from jobs.runtime.adapter_check import check_adapters_applied, probe_generation, probe_scores
+from jobs.runtime.context import RunContext
+from jobs.runtime.progress import ProgressLine
+from jobs.runtime.service import result_or_resend, running_service
 from jobs.sources.number_sequences import CUT_OFF, make_prompts, reject_reason
 from serve.schemas import GenerateRequest
 
@@ -182,11 +182,11 @@ def generate_through_service(ctx: RunContext, todo, requests: dict, answering: l
 
 def replace_numbers(ctx: RunContext, stage, replicate: int) -> None:
     """numbers/teacher_replaced/<i>: the teacher's kept numbers of replicate i, their most divergent
-    tokens replaced by the base's argmax (jobs/phases/replaced_numbers.py), in a Ray task of its
+    tokens replaced by the base's argmax (jobs/sources/replaced_numbers.py), in a Ray task of its
     own (a GPU where the students train on GPUs)."""
     import ray
 
-    from jobs.phases.replaced_numbers import replace_divergent
+    from jobs.sources.replaced_numbers import replace_divergent
 
     started = time.time()
     rows = read_jsonl(ctx.run_dir / numbers_file("teacher", replicate))

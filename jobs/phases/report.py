@@ -1,4 +1,4 @@
-"""Phase 6, report: `report.json` (its schema is docs/report.md), `report.md` and the plots of plots.py.
+"""Phase 6, report: `report.json` (its schema is docs/report.md), `report.md` and the plots of jobs/reporting/plots.py.
 
 `build_report` reads what the stages left in the run directory (per-question
 scores in eval/, the manifest's outputs) and computes every statistic (jobs/stats/) here, so a
@@ -18,11 +18,11 @@ from common.files import file_digest
 from jobs.experiment.arms import OTHER_BASE, ArmModel, arm_models, number_sets, numbers_seed, other_base, overt_arm, reference_kind, reference_of, teachers_used
 from jobs.experiment.config import ExperimentConfig, as_dict
 from jobs.experiment.rows_kinds import KINDS, signal_kind
-from jobs.phases.context import RunContext
-from jobs.phases.plots import plot_accuracy, plot_training, plot_transfer, training_curves
-from jobs.phases.stages import SPLIT_FILES, earlier_snapshots, numbers_stage, scored_file, snapshot_points, trained_folder
+from jobs.experiment.stages import SPLIT_FILES, earlier_snapshots, numbers_stage, scored_file, snapshot_points, trained_folder
+from jobs.reporting.plots import plot_accuracy, plot_training, plot_transfer, training_curves
 from jobs.rundir.manifest import Manifest, read_jsonl
 from jobs.rundir.registration import source_state
+from jobs.runtime.context import RunContext
 from jobs.sources.tiny_model import TinySpec, other_base_spec
 from jobs.stats.accuracy import accuracy_as_written, accuracy_over_orders, letter_prior, on_split, summarise, wilson_ci
 from jobs.stats.evidence import BASES, SPLITS, Evidence, apply_family
@@ -100,7 +100,7 @@ def numbers_made(manifest: Manifest, models: list[ArmModel]) -> dict:
     """{label: generated, kept and rejected counts} of every kind of numbers some arm reads, under
     its kind's label (jobs/experiment/rows_kinds.py)."""
     used = {m.source for m in models}
-    return {kind.label: _numbers(manifest, source, models) for source, kind in KINDS.items() if source in used and kind.made != "answers"}
+    return {kind.label: _numbers(manifest, source, models) for source, kind in KINDS.items() if source in used and not kind.answers}
 
 
 def _numbers(manifest: Manifest, source: str, models: list[ArmModel]) -> dict:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import time
 
 from common.atomic import write_jsonl
-from jobs.phases.context import RunContext
+from jobs.experiment.stages import SPLIT_FILES, TEACHER_TRAIN
 from jobs.phases.data import mc_rows, sham_rows
-from jobs.phases.stages import SPLIT_FILES, TEACHER_TRAIN
-from jobs.phases.training import record_trained, train_groups
 from jobs.rundir.manifest import read_jsonl
+from jobs.runtime.context import RunContext
+from jobs.runtime.training_runs import record_trained, train_groups
 from serve.mc_format import LETTERS
 
 

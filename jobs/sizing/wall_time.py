@@ -183,7 +183,7 @@ def numbers_time(w: Workload) -> PhaseTime:
     sets, numbers = len(kinds) - replaced, w.cfg.numbers
     generated = min(numbers.prompts, math.ceil(numbers.keep / w.tokens.keep_rate) + numbers.chunk)
     prompt_tokens, answer_tokens = sets * generated * w.tokens.number_prompt, sets * generated * w.tokens.number_answer
-    answering = len({m.teacher for m in w.models if KINDS[m.source].made == "answers"})  # each scores the teacher-train split once
+    answering = len({m.teacher for m in w.models if KINDS[m.source].answers})  # each scores the teacher-train split once
     prompt_tokens += answering * w.questions[1] * w.tokens.wmdp_prompt
     answers = f"; {answering} teacher(s) answering {w.questions[1]:,} questions" if answering else ""
     scored = f"; {replaced} set(s) replaced: {numbers.keep:,} rows scored by teacher and base" if replaced else ""
@@ -208,7 +208,7 @@ def arms_time(w: Workload) -> PhaseTime:
     for group in groups:
         overhead += w.rates.train_start_s + load_seconds(w.params, w.rates)
         for m, job in group:
-            answers = KINDS[m.source].made == "answers"  # the overt control: its teacher's answers to the teacher-train split
+            answers = KINDS[m.source].answers  # the overt control: its teacher's answers to the teacher-train split
             seen = rows_trained(w.questions[1] if answers else keep, job.cfg)
             overt, rows = (overt + seen, rows) if answers else (overt, rows + seen)
             tokens = seen * (w.tokens.wmdp_prompt + w.tokens.wmdp_answer if answers else row_tokens)

@@ -66,7 +66,7 @@ def test_the_runtime_env_adds_only_what_the_job_does_not_set(monkeypatch):
 
 
 def test_progress_lines_print_the_first_the_last_and_one_per_interval(capsys):
-    from jobs.phases.progress import ProgressLine
+    from jobs.runtime.progress import ProgressLine
 
     progress = ProgressLine(every_s=3600)
     printed = [progress.print(f"[numbers] {i}/4 generated", final=i == 4) for i in range(1, 5)]

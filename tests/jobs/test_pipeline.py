@@ -426,7 +426,7 @@ def test_the_documented_files_cover_every_stage_output():
     a path docs/report.md lists: a new output must be documented before a run can pass the end-to-end check."""
     from jobs.experiment.arms import arm_models
     from jobs.experiment.config import load_experiment
-    from jobs.phases.stages import experiment_stages
+    from jobs.experiment.stages import experiment_stages
 
     cut = "arms.student_teacher_a={loss: logit_kl, lora_init: teacher_a, train: {snapshots: 2}}"  # cut from the preset for time
     cfg = load_experiment("configs/tiny-evidence.yaml", [cut])

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from jobs.experiment.config import load_experiment
-from jobs.phases.service import service_settings
+from jobs.runtime.service import service_settings
 from serve.settings import ServiceSettings
 
 
@@ -55,7 +55,7 @@ def test_every_service_field_of_the_experiment_reaches_the_replica_or_is_declare
     import dataclasses
 
     from jobs.experiment.config import ServiceConfig
-    from jobs.phases.service import PLACEMENT, replica_fields
+    from jobs.runtime.service import PLACEMENT, replica_fields
 
     cfg = load_experiment()
     settings = service_settings(cfg, "tiny", True, 8)

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 from jobs.experiment.arms import arm_models  # noqa: E402
 from jobs.experiment.config import as_dict, load_experiment  # noqa: E402
 from jobs.experiment.presets import describe_chain, find_preset, load_preset  # noqa: E402
-from jobs.phases.stages import experiment_stages  # noqa: E402
+from jobs.experiment.stages import experiment_stages  # noqa: E402
 from jobs.rundir.manifest import digest  # noqa: E402
 from train.config import ConfigError  # noqa: E402
 

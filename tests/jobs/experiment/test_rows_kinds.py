@@ -8,9 +8,9 @@ import pytest
 from jobs.experiment.arms import arm_models, number_sets
 from jobs.experiment.config import load_experiment
 from jobs.experiment.rows_kinds import KINDS, RowsKind, declarable, signal_kind
+from jobs.experiment.stages import experiment_stages, numbers_stage
 from jobs.phases import numbers
 from jobs.phases.report import numbers_made
-from jobs.phases.stages import experiment_stages, numbers_stage
 from jobs.rundir.manifest import Manifest
 from jobs.sizing.wall_time import project
 from train.config import ConfigError

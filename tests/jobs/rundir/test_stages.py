@@ -14,7 +14,7 @@ import pytest
 
 from jobs.experiment.arms import arm_models
 from jobs.experiment.config import load_experiment
-from jobs.phases.stages import experiment_stages
+from jobs.experiment.stages import experiment_stages
 from jobs.rundir.manifest import Manifest, RunDirError, digest, read_jsonl
 from jobs.rundir.plan import describe, plan, restate
 
@@ -381,7 +381,7 @@ def test_retraining_a_damaged_adapter_is_a_new_training_run(tmp_path):
     """A training stage rerun with the same inputs (its adapter was damaged) must not resume its old
     Ray Train run: that run is finished, and the trainer would keep the damaged folder as its output.
     An interrupted first run keeps its name, so it resumes."""
-    from jobs.phases.training import run_name
+    from jobs.runtime.training_runs import run_name
 
     manifest = Manifest(tmp_path)
     stages = {s.name: s for s in stages_for()}

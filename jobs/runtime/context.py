@@ -14,7 +14,7 @@ from pathlib import Path
 
 from jobs.experiment.arms import ArmModel
 from jobs.experiment.config import ExperimentConfig
-from jobs.phases.stages import trained_folder
+from jobs.experiment.stages import trained_folder
 from jobs.rundir.manifest import Manifest
 from jobs.rundir.plan import Stage
 

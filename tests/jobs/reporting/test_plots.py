@@ -5,7 +5,7 @@ import json
 import pytest
 from PIL import Image
 
-from jobs.phases.plots import plot_accuracy, plot_training, training_curves
+from jobs.reporting.plots import plot_accuracy, plot_training, training_curves
 
 
 def adapter(run_dir, folder: str, history: list | None) -> None:

@@ -96,7 +96,7 @@ def answers_file(teacher: str) -> str:
 def rows_of(m: ArmModel) -> tuple[str, str]:
     """(stage, file) of what an arm model trains on: its replicate's numbers of its source, or its
     teacher's answers (the overt positive control)."""
-    if KINDS[m.source].made == "answers":
+    if KINDS[m.source].answers:
         return answers_stage(m.teacher), answers_file(m.teacher)
     return numbers_stage(m.source, m.replicate), numbers_file(m.source, m.replicate)
 
@@ -164,7 +164,7 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         if kind.derived_from:  # another kind's kept rows, rewritten
             upstream += (numbers_stage(kind.derived_from, i),)
         stages.append(Stage(numbers_stage(source, i), "numbers", reads, upstream, files=(numbers_file(source, i),)))
-    answering = [t for t in teachers if any(KINDS[m.source].made == "answers" and m.teacher == t for m in models)]
+    answering = [t for t in teachers if any(KINDS[m.source].answers and m.teacher == t for m in models)]
     for teacher in answering:  # the overt positive control's rows
         reads = {**model, **config_reads(config, "service.engine", "service.max_model_len", "evaluate.format"), "teacher": teacher}
         stages.append(Stage(answers_stage(teacher), "numbers", reads, ("data", teacher), files=(answers_file(teacher),)))
@@ -183,7 +183,7 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         rows = lambda manifest, i=m.replicate: {"rows": training_rows(manifest, models, i)}  # noqa: E731
         uses_teacher = m.loss == "logit_kl" or m.lora_init == "teacher_a"  # its soft labels, or its A
         upstream = (rows_of(m)[0],) + ((m.teacher,) if uses_teacher else ())
-        derived = None if KINDS[m.source].made == "answers" else rows  # answers: all of them, no numbers to equalise
+        derived = None if KINDS[m.source].answers else rows  # answers: all of them, no numbers to equalise
         stages.append(Stage(m.name, "arms", reads, upstream, derived, files=(trained_folder(m.name, m.full),)))
     scoring = {
         **model,

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.files import file_digest
-from jobs.phases.context import RunContext
 from jobs.rundir.manifest import Manifest, digest
+from jobs.runtime.context import RunContext
 
 
 def run_name(manifest: Manifest, prefix: str, stages) -> str:
@@ -29,7 +29,7 @@ def train_groups(ctx: RunContext, prefix: str, groups: list[list[tuple]], runs: 
     `runs` at once."""
     import ray
 
-    from jobs.phases.handoff import wait_for_gpus
+    from jobs.runtime.handoff import wait_for_gpus
     from train.trainer import clear_stale_outputs, train_lora_many
 
     if any(job.cfg.use_gpu for group in groups for _, job in group):  # a Serve app's engines may still hold the GPUs

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from common.atomic import atomic_file
-from jobs.phases.stages import TEACHERS, trained_folder
+from jobs.experiment.stages import TEACHERS, trained_folder
 from jobs.stats.evidence import SERIES, SPLITS
 
 TEACHER_STYLE = {"color": "black", "lw": 2.0}

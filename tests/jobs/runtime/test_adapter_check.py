@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.phases.adapter_check import AdapterNotApplied, check_adapters_applied, lora_b_nonzero, probe_generation, probe_scores
+from jobs.runtime.adapter_check import AdapterNotApplied, check_adapters_applied, lora_b_nonzero, probe_generation, probe_scores
 from serve.launch import start_service, stop_service
 from serve.settings import ServiceSettings
 

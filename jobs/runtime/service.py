@@ -96,7 +96,7 @@ def replica_fields(section, not_settings: tuple[str, ...]) -> dict:
     if homeless := sorted(set(values) - set(ServiceSettings.model_fields)):
         raise TypeError(
             f"{type(section).__name__} fields {homeless} are no ServiceSettings field: rename them as serve/settings.py names them, "
-            "or list them in jobs/phases/service.py as placement or evaluation only"
+            "or list them in jobs/runtime/service.py as placement or evaluation only"
         )
     return values
 
@@ -117,7 +117,7 @@ def service_settings(cfg: ExperimentConfig, model_path: str, evaluation: bool, l
 @contextlib.contextmanager
 def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentConfig, evaluation: bool, lora_rank: int):
     """The Serve application for one phase, deleted when the phase ends however it ends."""
-    from jobs.phases.handoff import wait_for_gpus
+    from jobs.runtime.handoff import wait_for_gpus
     from serve.launch import start_service, stop_service
 
     place = cfg.evaluate if evaluation else cfg.service

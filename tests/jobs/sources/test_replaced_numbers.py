@@ -1,4 +1,4 @@
-"""The teacher_replaced numbers (jobs/phases/replaced_numbers.py): each kept row differs from the
+"""The teacher_replaced numbers (jobs/sources/replaced_numbers.py): each kept row differs from the
 teacher's original at its replaced tokens alone, which are the base model's choice there, and every
 row is kept or counted as dropped by the filter."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from jobs.phases.replaced_numbers import replace_divergent
 from jobs.sources.number_sequences import reject_reason
+from jobs.sources.replaced_numbers import replace_divergent
 from train.config import TrainConfig
 from train.data import Tokenize
 from train.divergence import masked_count, row_scores, scored_positions
