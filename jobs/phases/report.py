@@ -1,4 +1,4 @@
-"""Phase 6, report: `report.json` (its schema is docs/report.md), `report.md` and the plots of jobs/reporting/plots.py.
+"""Phase 6, report: `report.json` (its schema is jobs/reporting/schema.py, its meaning docs/report.md), `report.md` and the plots of jobs/reporting/plots.py.
 
 `build_report` reads what the stages left in the run directory (per-question
 scores in eval/, the manifest's outputs) and computes every statistic (jobs/stats/) here, so a
@@ -8,6 +8,7 @@ change of a statistic's settings reruns only this stage.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from jobs.experiment.config import ExperimentConfig, as_dict
 from jobs.experiment.rows_kinds import KINDS, signal_kind
 from jobs.experiment.stages import SPLIT_FILES, earlier_snapshots, numbers_stage, scored_file, snapshot_points, trained_folder
 from jobs.reporting.plots import plot_accuracy, plot_training, plot_transfer, training_curves
+from jobs.reporting.schema import check_report
 from jobs.rundir.manifest import Manifest, read_jsonl
 from jobs.rundir.registration import source_state
 from jobs.runtime.context import RunContext
@@ -354,7 +356,9 @@ def run(ctx: RunContext, todo) -> None:
 
 
 def write_report(run_dir: Path, report: dict) -> None:
-    """report.json, report.md and the plots; the training curves come from the adapters' metrics."""
+    """report.json, report.md and the plots; the training curves come from the adapters' metrics.
+    The report is checked against its schema first: one of another shape writes nothing."""
+    check_report(json.loads(json.dumps(report, default=str)))  # as report.json will hold it
     write_json(run_dir / "report.json", report)
     write_text(run_dir / "report.md", markdown(report))
     plot_transfer(report, run_dir / "transfer.png")
