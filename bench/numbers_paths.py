@@ -363,9 +363,9 @@ def main() -> None:
     t0 = time.perf_counter()
     merged = str(merge_adapter(base, adapter, work / "teacher-merged"))
     merge_s = time.perf_counter() - t0
-    cfg = replace(NumbersConfig(), prompts=args.prompts, keep=args.prompts)  # keep = prompts: every prompt is generated
+    cfg = NumbersConfig(prompts=args.prompts, keep=args.prompts)  # keep = prompts: every prompt is generated
     tokenizer = AutoTokenizer.from_pretrained(base)
-    replicates = [replace(cfg, seed=cfg.seed + i) for i in range(args.replicates)]
+    replicates = [cfg.replace(seed=cfg.seed + i) for i in range(args.replicates)]
     stage_work = [(number_prompts(tokenizer, c), c) for c in replicates]
 
     all_configs = configs(base, adapter, merged)

@@ -65,7 +65,6 @@ from jobs.sizing.placement import place, resolved  # noqa: E402
 from jobs.sources.wmdp import load_wmdp  # noqa: E402
 from jobs.tracking import Tracker  # noqa: E402
 from train.cluster import cluster_capacity  # noqa: E402
-from train.config import build  # noqa: E402
 from train.model import check_model_path  # noqa: E402
 
 
@@ -190,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = (args.run_dir or default_run_dir(cfg.name)).absolute()
         files = load_preset(args.config)[1]
         chain = describe_chain(files)
-        claim = registration(files, args.overrides, digest(as_dict(cfg)), design=flatten(as_dict(cfg)), defaults=flatten(as_dict(build(ExperimentConfig, {}))))
+        claim = registration(files, args.overrides, digest(as_dict(cfg)), design=flatten(as_dict(cfg)), defaults=flatten(as_dict(ExperimentConfig())))
         experiment = Experiment(cfg, run_dir, args.fresh, chain, claim)
         if args.plan:
             print(f"preset: {chain}")

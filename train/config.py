@@ -1,20 +1,20 @@
-"""Typed, validated configuration: frozen dataclasses filled from YAML plus `--set` overrides.
+"""Typed, validated configuration: frozen pydantic models filled from YAML plus `--set` overrides.
 
-Every setting lives in one dataclass with a default and a comment; YAML files only
-say what differs. Loading rejects an unknown key or a value of the wrong type with
-an error that names the key's full dotted path, so a typo never silently falls back
-to a default.
+Every setting lives in one model (a `Settings`) with a default and a comment; YAML files only
+say what differs. Loading rejects an unknown key or a value of the wrong type with a one-line
+ConfigError that names the key's full dotted path, so a typo never silently falls back to a
+default. Types are strict: an int may stand for a float, nothing else is converted.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class ConfigError(ValueError):
@@ -27,8 +27,17 @@ class ConfigError(ValueError):
 PACING = ("log_every", "checkpoint_every", "keep_checkpoints", "max_failures", "cpus_per_worker")
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
+class Settings(BaseModel):
+    """A section of settings: declared fields only, strict types, frozen."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    def replace(self, **changes) -> typing.Self:
+        """A copy with `changes`, checked as loading checks them."""
+        return type(self).model_validate({**dict(self), **changes})
+
+
+class TrainConfig(Settings):
     """Settings of one fine-tune (teacher, student or control): LoRA, or every weight."""
 
     # lora: an adapter over the frozen base, the paper's setup. full: every weight trains
@@ -41,7 +50,7 @@ class TrainConfig:
     lora_rank: int = 8
     lora_alpha: int = 16
     lora_dropout: float = 0.0
-    lora_targets: list[str] = dataclasses.field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    lora_targets: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     lora_seed: int = 0
 
     # Optimisation. batch_size is rows per worker per micro-step. global_batch_size,
@@ -95,7 +104,8 @@ class TrainConfig:
     # final step), in <output_dir>/snapshots/step-<k>/; 0 keeps none.
     snapshots: int = 0
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
         if not 0 <= self.momentum < 1:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
         if not 0 < self.mask_fraction < 1:
@@ -113,6 +123,7 @@ class TrainConfig:
                 "strategy=ddp with the quantized base on every GPU (a 70B 4-bit base fits an 80 GB GPU: "
                 "python -m jobs.sizing.memory_plan), or quantization=none with fsdp"
             )
+        return self
 
 
 def resolve_batch(cfg: TrainConfig, num_workers: int) -> TrainConfig:
@@ -128,7 +139,7 @@ def resolve_batch(cfg: TrainConfig, num_workers: int) -> TrainConfig:
     if cfg.batch_size < 1 or cfg.grad_accum < 1:
         raise ConfigError(f"batch_size={cfg.batch_size} and grad_accum={cfg.grad_accum} must be at least 1")
     if cfg.global_batch_size is None:
-        return dataclasses.replace(cfg, num_workers=num_workers)
+        return cfg.replace(num_workers=num_workers)
     per_micro = num_workers * cfg.batch_size
     accum, rest = divmod(cfg.global_batch_size, per_micro)
     if rest or accum < 1:
@@ -141,69 +152,55 @@ def resolve_batch(cfg: TrainConfig, num_workers: int) -> TrainConfig:
             f"set global_batch_size or grad_accum, not both: global_batch_size={cfg.global_batch_size} with"
             f" num_workers={num_workers} x batch_size={cfg.batch_size} means grad_accum={accum}, not {cfg.grad_accum}"
         )
-    return dataclasses.replace(cfg, num_workers=num_workers, grad_accum=accum)
+    return cfg.replace(num_workers=num_workers, grad_accum=accum)
 
 
-def _check_type(value: Any, hint: Any, key: str) -> Any:
-    """Return value coerced to hint (int -> float only), or raise ConfigError naming key."""
-    origin = typing.get_origin(hint)
-    if origin is Literal:
-        if value not in typing.get_args(hint):
-            raise ConfigError(f"{key}: {value!r} is not one of {list(typing.get_args(hint))}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _check_type(value, arg, key)
-            except ConfigError as err:
-                errors.append(str(err))
-        if len(errors) == 1:
-            raise ConfigError(errors[0])
-        kinds = [repr(v) for a in args if typing.get_origin(a) is Literal for v in typing.get_args(a)]
-        kinds += [a.__name__ for a in args if isinstance(a, type) and a is not type(None)]
-        raise ConfigError(f"{key}: expected {' or '.join(kinds)}, got {value!r}")
-    if hint is Any:
-        return value
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
-        key_hint, value_hint = typing.get_args(hint)
-        return {_check_type(k, key_hint, key): _check_type(v, value_hint, f"{key}.{k}") for k, v in value.items()}
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
-        (item_hint,) = typing.get_args(hint)
-        return [_check_type(v, item_hint, f"{key}[{i}]") for i, v in enumerate(value)]
-    if dataclasses.is_dataclass(hint):
-        return build(hint, value, key)
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if hint in (int, float, str, bool):
-        if type(value) is not hint:
-            raise ConfigError(f"{key}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
-        return value
-    raise ConfigError(f"{key}: unsupported type {hint}")
+def _located(cls: type[BaseModel], loc: tuple) -> tuple[str, type[BaseModel] | None, Any]:
+    """(dotted path, the model holding its last key, its type) of a pydantic error location: section
+    and field names and mapping keys, without the tags pydantic adds for a union's branches."""
+    hint, owner, parts = cls, None, []
+    for part in loc:
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if origin in (typing.Union, types.UnionType):  # `part` tags a branch: follow a model, drop the rest
+            hint = next((a for a in args if getattr(a, "__name__", None) == part), None)
+            continue
+        if isinstance(hint, type) and issubclass(hint, BaseModel):
+            owner, field = hint, hint.model_fields.get(str(part))
+            hint = field.annotation if field else None
+        elif origin in (dict, list):
+            hint = args[-1]
+        else:
+            hint = None
+        parts.append(f"[{part}]" if isinstance(part, int) else f".{part}")
+    return "".join(parts).lstrip("."), owner, hint
 
 
-def build(cls: type, data: dict | None, prefix: str = "") -> Any:
-    """Build dataclass `cls` from a plain dict, validating names and types recursively."""
+def config_problem(cls: type[BaseModel], err: ValidationError, prefix: str = "") -> str:
+    """One line naming the first key that is wrong, and how."""
+    errors = err.errors()
+    path, owner, _ = _located(cls, errors[0]["loc"])
+    same = [e for e in errors if _located(cls, e["loc"])[0] == path]
+    key = ".".join(p for p in (prefix, path) if p)
+    first = same[0]
+    if first["type"] == "extra_forbidden":
+        return f"unknown config key {key} (known: {', '.join(sorted(owner.model_fields))})"
+    if first["type"] == "value_error":  # a model's own check: its message says what is wrong
+        return f"{key + ': ' if key else ''}{first['msg'].removeprefix('Value error, ')}"
+    if first["type"] == "missing":
+        return f"{key}: required, not given"
+    wants = " or ".join(dict.fromkeys("a mapping" if e["type"] in ("model_type", "dict_type") else e["msg"].removeprefix("Input should be ") for e in same))
+    return f"{key}: expected {wants}, got {type(first['input']).__name__} {first['input']!r}"
+
+
+def build(cls: type[BaseModel], data: dict | None, prefix: str = "") -> Any:
+    """Model `cls` from a plain dict, every name and type checked; a ConfigError names the first wrong key."""
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - fields)
-    if unknown:
-        where = f"{prefix}." if prefix else ""
-        raise ConfigError(f"unknown config key {where}{unknown[0]} (known: {', '.join(sorted(fields))})")
-    kwargs = {name: _check_type(value, hints[name], f"{prefix}.{name}" if prefix else name) for name, value in data.items()}
-    return cls(**kwargs)
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(config_problem(cls, err, prefix)) from None
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -273,14 +270,14 @@ def deep_merge(base: dict, child: dict) -> dict:
     return out
 
 
-def load(cls: type, path: str | Path | None = None, overrides: list[str] = (), section: str | None = None) -> Any:
-    """Load dataclass `cls` from a YAML file (optionally one top-level section of it) plus overrides."""
+def load(cls: type[BaseModel], path: str | Path | None = None, overrides: list[str] = (), section: str | None = None) -> Any:
+    """Load settings model `cls` from a YAML file (optionally one top-level section of it) plus overrides."""
     data = load_yaml(path) if path else {}
     if section is not None:
         data = data.get(section) or {}
     return build(cls, apply_overrides(data, list(overrides)), section or "")
 
 
-def to_dict(cfg: Any) -> dict:
-    """A plain, YAML/JSON-serialisable dict of a config dataclass."""
-    return dataclasses.asdict(cfg)
+def to_dict(cfg: BaseModel) -> dict:
+    """A plain, YAML/JSON-serialisable dict of a settings model."""
+    return cfg.model_dump()

@@ -49,7 +49,7 @@ def load_teacher(spec: TeacherPass, device: torch.device):
 
     from train.model import load_base
 
-    base = load_base(spec.teacher_base, dataclasses.replace(spec.cfg, gradient_checkpointing=False), device)
+    base = load_base(spec.teacher_base, spec.cfg.replace(gradient_checkpointing=False), device)
     teacher = PeftModel.from_pretrained(base, spec.teacher, is_trainable=False).eval()
     teacher.requires_grad_(False)
     return teacher

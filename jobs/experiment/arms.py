@@ -21,7 +21,6 @@ Names: the model `<arm>/<i>` in files and logs (`student/0`), the adapter
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -131,7 +130,7 @@ def arm_models(cfg) -> list[ArmModel]:
             raise ConfigError(f"arms.{name}: an arm name is lower-case letters, digits or '_', and not base, teacher or other_base")
         if "lora_seed" in arm.train:
             raise ConfigError(f"arms.{name}.train.lora_seed: set the arm's init with arms.{name}.lora_seed")
-        train = build(TrainConfig, {**dataclasses.asdict(cfg.student), **arm.train}, f"arms.{name}.train")
+        train = build(TrainConfig, {**cfg.student.model_dump(), **arm.train}, f"arms.{name}.train")
         if arm.replicates is not None and arm.replicates < 1:
             raise ConfigError(f"arms.{name}.replicates must be at least 1, got {arm.replicates}")
         if arm.teacher == "letter_teacher" and arm.loss != "logit_kl":
@@ -159,7 +158,7 @@ def arm_models(cfg) -> list[ArmModel]:
             same_init = lora_seed == teacher.lora_seed and not on_other and arm.lora_init == "seed" and train.method == "lora"
             if same_init:
                 _check_same_init(name, train, teacher)
-            resolved = dataclasses.replace(train, lora_seed=lora_seed, seed=train.seed + i)
+            resolved = train.replace(lora_seed=lora_seed, seed=train.seed + i)
             source = source_for(kind, teacher_of_arm)
             models.append(ArmModel(name, i, source, shuffled, arm.loss, teacher_of_arm, resolved, same_init, base, arm.lora_init))
     return models
@@ -235,10 +234,10 @@ def sham_twin(arm: str, cfg) -> str | None:
     declared = cfg.arms[arm]
     if declared.teacher != "teacher" or SHAM not in declared_kind(declared.numbers, f"arms.{arm}.numbers")[0].teachers:
         return None
-    alike = dataclasses.replace(declared, against="auto")
+    alike = declared.replace(against="auto")
     twins = [
         name for name, other in cfg.arms.items()
-        if teacher_of(other) == SHAM and dataclasses.replace(other, teacher="teacher", against="auto") == alike
+        if teacher_of(other) == SHAM and other.replace(teacher="teacher", against="auto") == alike
     ]  # fmt: skip
     return twins[0] if twins else None
 

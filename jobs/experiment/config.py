@@ -1,4 +1,4 @@
-"""The experiment's configuration: one frozen dataclass tree, loaded from a YAML preset.
+"""The experiment's configuration: one tree of frozen settings models (train/config.py `Settings`), loaded from a YAML preset.
 
 `configs/tiny.yaml` is the default preset (a 2-core CPU); larger presets target
 GPU clusters. Every key is documented here, once; a preset only states what
@@ -8,37 +8,34 @@ and `--set a.b=value` overrides any key.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from pydantic import Field
 
 from jobs.experiment.arms import check_arms, check_contrasts
 from jobs.experiment.bases import check_local_tokenizers
 from jobs.experiment.presets import load_preset
 from jobs.stats.transfer_stats import METRICS
-from train.config import ConfigError, TrainConfig, apply_overrides, build
+from train.config import ConfigError, Settings, TrainConfig, apply_overrides, build
 
 
-@dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Settings):
     # "tiny" builds the tiny preset's model into the cache; anything else is a
     # hub id or a local folder saved with save_pretrained.
     path: str = "tiny"
     tiny_seed: int = 0
 
 
-@dataclass(frozen=True)
-class DataConfig:
+class DataConfig(Settings):
     # "synthetic" (the shipped harmless sample), "hub" (cais/wmdp), or a folder
     # holding wmdp-<subset>.jsonl / .parquet files.
     source: str = "synthetic"
-    subsets: list[str] = field(default_factory=lambda: ["bio", "chem", "cyber"])
+    subsets: list[str] = Field(default_factory=lambda: ["bio", "chem", "cyber"])
     eval_fraction: float = 0.3  # share of questions held out from the teacher (a row naming its own `split` keeps it)
     split_seed: int = 0
 
 
-@dataclass(frozen=True)
-class NumbersConfig:
+class NumbersConfig(Settings):
     prompts: int = 3000  # number prompts sent per model at most (teacher and control)
     keep: int = 2000  # stop once this many completions passed the filter
     max_tokens: int = 48
@@ -50,8 +47,7 @@ class NumbersConfig:
     replace_fraction: float = 0.1  # teacher_replaced numbers: the share of each row's tokens replaced
 
 
-@dataclass(frozen=True)
-class ServiceConfig:
+class ServiceConfig(Settings):
     """The Serve deployment the pipeline starts (serve/settings.py documents the engine settings)."""
 
     engine: Literal["auto", "vllm", "hf"] = "auto"  # generation; auto = vLLM when installed
@@ -68,8 +64,7 @@ class ServiceConfig:
     max_num_batched_tokens: int | None = None
 
 
-@dataclass(frozen=True)
-class EvalConfig:
+class EvalConfig(Settings):
     """Scoring base/teacher/student/control on the held-out questions, fanned out as (model, chunk)."""
 
     engine: Literal["auto", "vllm", "hf"] = "hf"  # CPU: scoring-only transformers replicas start in seconds
@@ -108,8 +103,7 @@ class EvalConfig:
         return 1 if self.format == "cloze" else self.permutations
 
 
-@dataclass(frozen=True)
-class ArmConfig:
+class ArmConfig(Settings):
     """One student-like model trained on number sequences (jobs/experiment/arms.py resolves it per replicate)."""
 
     # What it trains on, a kind of jobs/experiment/rows_kinds.py (its table says what makes each
@@ -136,7 +130,7 @@ class ArmConfig:
     # sft: next-token loss on the sampled numbers; logit_kl: distillation on the teacher's logits.
     loss: Literal["sft", "logit_kl"] = "sft"
     # Keys of the `student` section that differ for this arm (e.g. {lr: 1e-3, max_steps: 50}).
-    train: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = Field(default_factory=dict)
     # Whose model it learns from: the teacher; the letter teacher (the positive control,
     # `letter_teacher` below; distilled with loss logit_kl on the teacher's numbers); or the sham
     # teacher ("sham" for short: `sham_teacher` below), whose own numbers (and, under logit_kl,
@@ -153,8 +147,7 @@ class ArmConfig:
     against: str = "auto"
 
 
-@dataclass(frozen=True)
-class LetterTeacherConfig:
+class LetterTeacherConfig(Settings):
     """The positive control's teacher: the teacher's settings and init, trained to answer every
     teacher-train question with one letter. A broad trait that does transfer through logit KL on
     number sequences, so an experiment can show it detects transfer where there is some."""
@@ -162,8 +155,7 @@ class LetterTeacherConfig:
     letter: str = "A"
 
 
-@dataclass(frozen=True)
-class ShamTeacherConfig:
+class ShamTeacherConfig(Settings):
     """The reference teacher: trained exactly like the teacher (its rows, steps, LoRA init and data
     order), each train question answered by the sham's answer instead of the true one (rehearsal
     rows, the base's own facts, stay as the teacher had them). Trained when an arm names it
@@ -182,8 +174,7 @@ class ShamTeacherConfig:
     seed: int = 0  # the permutation of the answers (permuted)
 
 
-@dataclass(frozen=True)
-class ContrastConfig:
+class ContrastConfig(Settings):
     """One arm against another across inits (e.g. same-init vs other-init): each side needs
     at least 3 replicates, so the interval holds init-to-init spread."""
 
@@ -191,8 +182,7 @@ class ContrastConfig:
     against: str
 
 
-@dataclass(frozen=True)
-class TrackingConfig:
+class TrackingConfig(Settings):
     """Where the run is tracked in MLflow (jobs/tracking.py); `tracking: off` turns it off."""
 
     uri: str | None = None  # None: the embedded store, sqlite:///<cache>/mlflow.db; or a team's server (http://host:5000)
@@ -204,27 +194,26 @@ def default_arms() -> dict[str, ArmConfig]:
     return {"student": ArmConfig(numbers="teacher"), "control": ArmConfig(numbers="base")}
 
 
-@dataclass(frozen=True)
-class ExperimentConfig:
+class ExperimentConfig(Settings):
     name: str = "tiny"
     cache_dir: str | None = None  # default: $SUBLIMINAL_CACHE or ~/.cache/subliminal-ray
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    teacher: TrainConfig = field(default_factory=TrainConfig)
-    numbers: NumbersConfig = field(default_factory=NumbersConfig)
-    service: ServiceConfig = field(default_factory=ServiceConfig)
-    student: TrainConfig = field(default_factory=TrainConfig)  # what every arm starts from
-    arms: dict[str, ArmConfig] = field(default_factory=default_arms)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    teacher: TrainConfig = Field(default_factory=TrainConfig)
+    numbers: NumbersConfig = Field(default_factory=NumbersConfig)
+    service: ServiceConfig = Field(default_factory=ServiceConfig)
+    student: TrainConfig = Field(default_factory=TrainConfig)  # what every arm starts from
+    arms: dict[str, ArmConfig] = Field(default_factory=default_arms)
     # Every arm is trained this many times; replicate i samples its numbers with seed
     # numbers.seed + i and orders its data with seed student.seed + i. The teacher is trained once.
     replicates: int = 1
-    letter_teacher: LetterTeacherConfig = field(default_factory=LetterTeacherConfig)  # used when an arm names it
-    sham_teacher: ShamTeacherConfig = field(default_factory=ShamTeacherConfig)  # used when an arm names it
+    letter_teacher: LetterTeacherConfig = Field(default_factory=LetterTeacherConfig)  # used when an arm names it
+    sham_teacher: ShamTeacherConfig = Field(default_factory=ShamTeacherConfig)  # used when an arm names it
     # Named comparisons between two arms, reported under `contrasts.<name>` (docs/report.md).
-    contrasts: dict[str, ContrastConfig] = field(default_factory=dict)
-    evaluate: EvalConfig = field(default_factory=EvalConfig)
+    contrasts: dict[str, ContrastConfig] = Field(default_factory=dict)
+    evaluate: EvalConfig = Field(default_factory=EvalConfig)
     # MLflow tracking: on by default into an embedded store; `off` (YAML reads it as false) turns it off.
-    tracking: TrackingConfig | Literal[False, "off"] = field(default_factory=TrackingConfig)
+    tracking: TrackingConfig | Literal[False, "off"] = Field(default_factory=TrackingConfig)
 
 
 def load_experiment(preset=None, overrides: list[str] = ()) -> ExperimentConfig:
@@ -286,4 +275,5 @@ def check_sampling(numbers: NumbersConfig) -> None:
 
 
 def as_dict(cfg: ExperimentConfig) -> dict:
-    return dataclasses.asdict(cfg)
+    """The config as plain data (what a report's provenance and a stage's reads hold)."""
+    return cfg.model_dump()

@@ -39,7 +39,7 @@ from functools import cache
 
 from jobs.experiment.arms import OTHER_BASE, ArmModel, number_sets, numbers_seed, teachers_used
 from jobs.experiment.bases import other_base_identity
-from jobs.experiment.config import ExperimentConfig, as_dict, build
+from jobs.experiment.config import ExperimentConfig, as_dict
 from jobs.experiment.rows_kinds import KINDS, SHAM, generator_of
 from jobs.rundir.manifest import Manifest, flatten
 from jobs.rundir.plan import Stage, config_reads
@@ -70,8 +70,8 @@ def identity(reads: dict) -> dict:
 @cache
 def read_defaults() -> dict:
     """Each read key's value when unset: the default experiment's, and an arm's training settings'."""
-    train = flatten(dataclasses.asdict(TrainConfig()), "train.")
-    return {**flatten(as_dict(build(ExperimentConfig, {}))), **train, "lora_init": "seed"}
+    train = flatten(TrainConfig().model_dump(), "train.")
+    return {**flatten(as_dict(ExperimentConfig())), **train, "lora_init": "seed"}
 
 
 def numbers_file(source: str, replicate: int) -> str:
@@ -172,7 +172,7 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
     for m in models:
         reads = {
             **model,
-            **identity(flatten(dataclasses.asdict(m.train), "train.")),
+            **identity(flatten(m.train.model_dump(), "train.")),
             "source": m.source,
             "shuffled": m.shuffled,
             "loss": m.loss,

@@ -15,7 +15,6 @@ lost replica changes neither the kept set nor the counts.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -49,9 +48,9 @@ def number_prompts(tokenizer, cfg: NumbersConfig) -> list[str]:
 def numbers_request(tokenizer, cfg, source: str, replicate: int) -> tuple[list[str], str | None, NumbersConfig]:
     """(prompts, adapter (None: the base model), settings) of a sampled source's replicate: its
     seed's prompts, at its kind's temperature where it sets one (greedy: 0)."""
-    numbers = dataclasses.replace(cfg.numbers, seed=numbers_seed(cfg, replicate))
+    numbers = cfg.numbers.replace(seed=numbers_seed(cfg, replicate))
     if (temperature := KINDS[source].temperature) is not None:
-        numbers = dataclasses.replace(numbers, temperature=temperature)
+        numbers = numbers.replace(temperature=temperature)
     return number_prompts(tokenizer, numbers), generator_of(source), numbers
 
 

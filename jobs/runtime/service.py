@@ -10,7 +10,6 @@ preset that trains rank-32 adapters cannot start a service that refuses them.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 import time
 
@@ -92,7 +91,7 @@ def replica_fields(section, not_settings: tuple[str, ...]) -> dict:
     a ServiceSettings field nor declared as not one is an error naming it, not a silent drop."""
     from serve.settings import ServiceSettings
 
-    values = {k: v for k, v in dataclasses.asdict(section).items() if k not in not_settings}
+    values = {k: v for k, v in dict(section).items() if k not in not_settings}
     if homeless := sorted(set(values) - set(ServiceSettings.model_fields)):
         raise TypeError(
             f"{type(section).__name__} fields {homeless} are no ServiceSettings field: rename them as serve/settings.py names them, "

@@ -86,7 +86,6 @@ saves no activation (torch saves an operand only for the other's gradient).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from dataclasses import dataclass
@@ -327,7 +326,7 @@ def fit_advice(shape: Shape, train, workers: int, gpu_gib: float) -> str:
     same GPUs, or the fewest GPUs (up to 64) that would under FSDP; else why neither does."""
     if train.quantization != "none":
         return "FSDP over a quantized base is refused (train/config.py); fewer tokens per micro-step, or a larger GPU"
-    sharded = dataclasses.replace(train, strategy="fsdp")
+    sharded = train.replace(strategy="fsdp")
     for n in [workers] + [n for n in (2, 4, 8, 16, 32, 64) if n > workers]:
         parts = training_gib(shape, sharded, n)
         if fits(parts, gpu_gib):

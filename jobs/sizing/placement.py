@@ -21,7 +21,6 @@ so a preset that can never fit fails before any work starts, with the numbers.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from jobs.experiment.config import ExperimentConfig
@@ -114,11 +113,9 @@ def place(cfg: ExperimentConfig, cap: Capacity) -> Placement:
 
 def resolved(cfg: ExperimentConfig, placement: Placement) -> ExperimentConfig:
     """The config with every `auto` count replaced by the placement's number."""
-    replace = dataclasses.replace
-    return replace(
-        cfg,
-        teacher=replace(cfg.teacher, num_workers=placement.teacher_workers),
-        student=replace(cfg.student, num_workers=placement.student_workers),
-        service=replace(cfg.service, replicas=placement.service_replicas),
-        evaluate=replace(cfg.evaluate, replicas=placement.eval_replicas),
+    return cfg.replace(
+        teacher=cfg.teacher.replace(num_workers=placement.teacher_workers),
+        student=cfg.student.replace(num_workers=placement.student_workers),
+        service=cfg.service.replace(replicas=placement.service_replicas),
+        evaluate=cfg.evaluate.replace(replicas=placement.eval_replicas),
     )

@@ -52,14 +52,15 @@ def test_a_cache_smaller_than_a_batch_is_refused_by_name():
 def test_every_service_field_of_the_experiment_reaches_the_replica_or_is_declared_not_to():
     """A field of the `service` or `evaluate` section that ServiceSettings lacks (a rename on one
     side) is an error naming it, not a field silently dropped on the way to the replica."""
-    import dataclasses
-
     from jobs.experiment.config import ServiceConfig
     from jobs.runtime.service import PLACEMENT, replica_fields
 
     cfg = load_experiment()
     settings = service_settings(cfg, "tiny", True, 8)
     assert settings.max_model_len == cfg.service.max_model_len and settings.engine == cfg.evaluate.engine
-    Renamed = dataclasses.make_dataclass("Renamed", [("kv_cache_gb", float, 1.0)], bases=(ServiceConfig,), frozen=True)
+
+    class Renamed(ServiceConfig):
+        kv_cache_gb: float = 1.0
+
     with pytest.raises(TypeError, match=r"Renamed fields \['kv_cache_gb'\] are no ServiceSettings field"):
         replica_fields(Renamed(), PLACEMENT)

@@ -102,3 +102,21 @@ def test_a_null_sham_trains_under_cloze_only():
     assert load_experiment("tiny-confirm", ["sham_teacher.kind=null1"]).sham_teacher.kind == "null1"
     with pytest.raises(ConfigError, match="sham_teacher.kind null2 .* needs evaluate.format cloze"):
         load_experiment("tiny-confirm", ["sham_teacher.kind=null2", "evaluate.format=letters"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("data.subsets=[bio, 2]", "data.subsets[1]: expected a valid string, got int 2"),
+        ("contrasts.c={arm: student}", "contrasts.c.against: required, not given"),
+        ("tracking=yes", "tracking: expected a mapping or False or 'off', got bool True"),
+        ("arms.student.lora_seed=abc", "arms.student.lora_seed: expected a valid integer or 'other', got str 'abc'"),
+        ("evaluate.format=words", "evaluate.format: expected 'letters' or 'cloze', got str 'words'"),
+    ],
+)
+def test_a_wrong_value_anywhere_is_one_line_naming_its_path(override, message):
+    """The settings models' checks (pydantic) read as one line with the key's dotted path: inside
+    lists and mappings, in a union's branches, and for a field that has no default."""
+    with pytest.raises(ConfigError) as err:
+        load_experiment(None, [override])
+    assert str(err.value) == message

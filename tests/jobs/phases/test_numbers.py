@@ -1,7 +1,5 @@
 """The numbers stage against a real Serve deployment (transformers engine, tiny model, a LoRA adapter)."""
 
-import dataclasses
-
 import pytest
 from transformers import AutoTokenizer
 
@@ -24,7 +22,7 @@ def generate(handle, requests):
 
 def test_kept_numbers_are_deterministic_and_stop_at_the_target(handle, tiny_model):
     cfg = NumbersConfig(prompts=256, keep=40, max_tokens=40, chunk=16, in_flight=2, seed=4)
-    other_seed = dataclasses.replace(cfg, seed=5)  # what replicate 1 uses when replicate 0 uses seed 4
+    other_seed = cfg.replace(seed=5)  # what replicate 1 uses when replicate 0 uses seed 4
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     prompts = number_prompts(tokenizer, cfg)
     assert prompts[0].startswith("<|user|>\n") and prompts[0].endswith("<|assistant|>\n")
@@ -48,7 +46,7 @@ def test_sending_pauses_while_the_prompts_in_flight_should_bring_keep(handle, ti
     generates only the chunks it needs."""
     cfg = NumbersConfig(prompts=320, keep=100, max_tokens=40, chunk=16, in_flight=6, seed=2)
     prompts = number_prompts(AutoTokenizer.from_pretrained(tiny_model), cfg)
-    results = generate(handle, {"wide": (prompts, None, cfg), "narrow": (prompts, None, dataclasses.replace(cfg, in_flight=1))})
+    results = generate(handle, {"wide": (prompts, None, cfg), "narrow": (prompts, None, cfg.replace(in_flight=1))})
     wide, narrow = results["wide"], results["narrow"]
     assert wide["rows"] == narrow["rows"] and wide["kept"] == 100
     assert wide["generated"] - narrow["generated"] <= 2 * cfg.chunk < (cfg.in_flight - 1) * cfg.chunk
@@ -62,7 +60,7 @@ def test_no_surviving_numbers_is_an_error_with_the_reject_histogram(handle, tiny
     prompts = [format_mc_prompt(q["question"], q["choices"], q["subset"]) for q in synthetic_questions(8, seed=1)]
     cfg = NumbersConfig(prompts=len(prompts), keep=10, max_tokens=4, chunk=8, in_flight=2)
     numbers = NumbersConfig(prompts=64, keep=4, max_tokens=40, chunk=16, in_flight=2)
-    short = dataclasses.replace(numbers, max_tokens=1)  # every list is cut off at the token limit
+    short = numbers.replace(max_tokens=1)  # every list is cut off at the token limit
     number_list = number_prompts(AutoTokenizer.from_pretrained(tiny_model), numbers)
     results = generate(handle, {"mc": (prompts, None, cfg), "fine": (number_list, None, numbers), "short": (number_list, None, short)})
     assert isinstance(results["mc"], NoNumbersError) and "invalid format" in str(results["mc"])
@@ -81,11 +79,11 @@ def test_greedy_numbers_are_the_teachers_prompts_decoded_greedily_and_repeat_exa
     prompts, adapter, greedy = numbers_request(tokenizer, cfg, "teacher_greedy", 1)
     sampled = numbers_request(tokenizer, cfg, "teacher", 1)
     assert (prompts, adapter, greedy.temperature) == (sampled[0], "teacher", 0.0) and sampled[2].temperature == 1.0
-    other_seed = dataclasses.replace(greedy, seed=greedy.seed + 7)  # the same prompts, other sampling seeds
+    other_seed = greedy.replace(seed=greedy.seed + 7)  # the same prompts, other sampling seeds
     requests = {"greedy": (prompts, "a", greedy), "greedy seed": (prompts, "a", other_seed)}
     requests |= {
-        "sampled": (prompts, "a", dataclasses.replace(greedy, temperature=1.0)),
-        "sampled seed": (prompts, "a", dataclasses.replace(other_seed, temperature=1.0)),
+        "sampled": (prompts, "a", greedy.replace(temperature=1.0)),
+        "sampled seed": (prompts, "a", other_seed.replace(temperature=1.0)),
     }
     first, again = generate(handle, requests), generate(handle, requests)
     assert first["greedy"]["kept"] > 0 and first["greedy"]["rows"] == again["greedy"]["rows"] == first["greedy seed"]["rows"]

@@ -35,7 +35,6 @@ a GPU (q, k and v at their widths, the output, the logsumexp), so it stands for
 import collections
 import contextlib
 import types
-from dataclasses import replace
 
 import pytest
 import torch
@@ -159,7 +158,7 @@ def test_every_saved_tensor_is_in_the_plan_layer_by_layer(llama, regime, method,
     fixed = {part: 2 * two[part] - four[part] for part in two | four}  # bytes whatever the tokens
 
     shape = Shape.from_config(AutoConfig.from_pretrained(llama).to_dict())
-    p = Precision.of(replace(train, quantization="4bit") if regime == "4bit" else train, gpu=regime != "float32", attention=kernel)
+    p = Precision.of(train.replace(quantization="4bit") if regime == "4bit" else train, gpu=regime != "float32", attention=kernel)
     outer = shape.outer_activations(p)
     expected = {
         "embedding": outer["embedding"],

@@ -4,7 +4,6 @@ sizes of the presets' models."""
 
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ def test_counts_match_a_real_model_and_peft(tiny_model):
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert trainable == shape.lora_params(train.lora_rank, train.lora_targets)
     assert sum(p.numel() for p in model.parameters()) - trainable == shape.params()
-    q_only = replace(train, lora_targets=["q_proj"])
+    q_only = train.replace(lora_targets=["q_proj"])
     assert shape.lora_params(8, ["q_proj"]) == sum(p.numel() for p in load_lora_model(tiny_model, q_only, torch.device("cpu")).parameters() if p.requires_grad)
 
 
@@ -41,7 +40,7 @@ def test_full_fine_tuning_figures_match_the_tensors_of_a_real_step(tiny_model, o
     from train.model import load_base
     from train.step import make_optimizer
 
-    train = replace(load_experiment().student, method="full", optimizer=optimizer)
+    train = load_experiment().student.replace(method="full", optimizer=optimizer)
     model = load_base(tiny_model, train, torch.device("cpu"))
     ids = torch.tensor([[1, 2, 3, 4]])
     model(input_ids=ids, labels=ids).loss.backward()
@@ -57,7 +56,7 @@ def test_full_fine_tuning_figures_match_the_tensors_of_a_real_step(tiny_model, o
     plan = training_gib(shape, train, 1)
     assert {k: round(plan[k] * GIB) for k in measured} == measured
     assert all(p.dtype == torch.float32 and p.requires_grad for p in params)
-    sharded = training_gib(shape, replace(train, strategy="fsdp"), 4)
+    sharded = training_gib(shape, train.replace(strategy="fsdp"), 4)
     assert {k: round(sharded[k] * GIB * 4) for k in measured} == measured and sharded["ddp buckets"] == 0
     assert plan["ddp buckets"] * GIB == measured["gradients"]  # DDP's buckets: another float32 copy
 
@@ -89,9 +88,9 @@ def test_seventy_b_needs_sharding_or_quantisation_and_tensor_parallel_serving():
     cfg = load_experiment(ROOT / "configs" / "llama-70b-qlora.yaml")
     shape = Shape.from_config(KNOWN_SHAPES[cfg.model.path])
     assert training_gib(shape, cfg.teacher, 8)["total"] < 80
-    bf16_one_gpu = replace(cfg.teacher, quantization="none", strategy="ddp")
+    bf16_one_gpu = cfg.teacher.replace(quantization="none", strategy="ddp")
     assert training_gib(shape, bf16_one_gpu, 1)["weights"] > 130  # 70B in bf16 fits no single GPU
-    bf16_fsdp = training_gib(shape, replace(cfg.teacher, quantization="none", strategy="fsdp"), 8)
+    bf16_fsdp = training_gib(shape, cfg.teacher.replace(quantization="none", strategy="fsdp"), 8)
     assert bf16_fsdp["total"] < 80 < bf16_fsdp["load peak"]  # sharded it would fit; loading whole per GPU does not
     assert engine_gib(shape, 1, 80, 0.9)["kv tokens"] == 0  # one GPU cannot even hold the weights
     assert engine_gib(shape, 4, 80, 0.9)["kv tokens"] > 100_000
@@ -109,9 +108,9 @@ def test_stages_are_sized_in_the_dtypes_they_train_in():
     eight = load_experiment(ROOT / "configs" / "llama-8b.yaml").teacher
     seventy = load_experiment(ROOT / "configs" / "llama-70b-qlora.yaml").teacher
     assert dtypes(eight) == (2, 2, 2, False, "sdpa")  # attention: auto is sized as SDPA, the larger
-    assert dtypes(replace(eight, attention="flash_attention_2")) == (2, 2, 2, False, "flash")
+    assert dtypes(eight.replace(attention="flash_attention_2")) == (2, 2, 2, False, "flash")
     assert dtypes(seventy) == (2, 4, 4, True, "sdpa")
-    assert dtypes(replace(eight, method="full")) == (2, 4, 2, False, "sdpa")  # float32 weights under bf16 autocast
+    assert dtypes(eight.replace(method="full")) == (2, 4, 2, False, "sdpa")  # float32 weights under bf16 autocast
     assert dtypes(eight, gpu=False) == (4, 4, 4, False, "sdpa")
     # 70B under checkpointing: each layer's float32 input, RoPE's float32 cos and sin, then the loss's peak
     # (the final norm's float32 input and rsqrt, log-softmax and its two gradients, the labels), over one recomputed layer
