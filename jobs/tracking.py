@@ -62,8 +62,11 @@ class Tracker:
     def for_run(cls, cfg: ExperimentConfig, cache: Path, run_dir: Path, preset_chain: str = "") -> Tracker | None:
         if not isinstance(cfg.tracking, TrackingConfig):
             return None
-        uri = cfg.tracking.uri or f"sqlite:///{cache / 'mlflow.db'}"
-        return cls(uri, cfg.tracking.experiment or cfg.name, run_dir, preset_chain, sqlite_artifact_root(uri))
+        # The preset's keys first, then MLflow's own variables (as transformers, Ray's setup_mlflow and
+        # other trainers read them), then the embedded store and the preset's name.
+        uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{cache / 'mlflow.db'}"
+        experiment = cfg.tracking.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.name
+        return cls(uri, experiment, run_dir, preset_chain, sqlite_artifact_root(uri))
 
     # -- before any work ---------------------------------------------------------------------------
 

@@ -8,6 +8,8 @@ import pytest
 
 # Tests share the user's cache (the tiny model takes a minute to build) unless CI points it elsewhere.
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+for _name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):  # the suite tracks into its own stores, not a user's server
+    os.environ.pop(_name, None)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -216,8 +216,18 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             node = node.setdefault(key, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {path}: {key} is not a section")
-        node[keys[-1]] = yaml.safe_load(raw)
+        try:
+            node[keys[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({yaml_problem(err)})") from None
     return data
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """What a YAML parser found wrong, and where, in one line: "found unexpected end of stream at line 3, column 1"."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return f"{getattr(err, 'problem', None) or err}{where}"
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -225,7 +235,10 @@ def load_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    data = yaml.safe_load(path.read_text())
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {yaml_problem(err)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -12,6 +12,8 @@ BAD = {
     "missing preset": (["--config", "nowhere"], "nowhere does not exist"),
     "unknown key": (["--config", "tiny", "--set", "teacher.learning_rate=1"], "unknown config key teacher.learning_rate"),
     "wrong type": (["--config", "tiny", "--set", "teacher.epochs=many"], "teacher.epochs"),
+    "malformed value": (["--config", "tiny", "--set", "teacher.lora_targets=[q_proj"], "lora_targets=[q_proj': the value is not valid YAML"),
+    "malformed preset": (["--config", "broken.yaml"], "broken.yaml is not valid YAML: "),
 }
 PRESETS = Path(__file__).resolve().parents[2] / "configs"
 TRAIN_ARGS = ["--model", "m", "--data", "d.jsonl", "--output", "out"]
@@ -27,6 +29,7 @@ COMMANDS = {
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_config_error_exits_2_with_one_line(command, problem, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken.yaml").write_text("name: broken\nteacher: {lr: 0.1\n")  # a mapping never closed
     main, extra = COMMANDS[command]
     args, named = BAD[problem]
     if command == "train":  # a preset file, not a name (python -m train imports no experiment); its --set names keys of the one section it reads (teacher)

@@ -94,6 +94,26 @@ def test_a_sqlite_uri_of_the_users_keeps_its_artifacts_beside_its_file(tmp_path,
     assert list(workdir.iterdir()) == []
 
 
+def test_mlflows_own_variables_choose_the_store_and_experiment_a_preset_leaves_open(tmp_path, monkeypatch):
+    """MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME are read as other trainers read them, after the
+    preset's own tracking.uri and tracking.experiment."""
+    run_dir = tmp_path / "run"
+    manifest = teacher_run(run_dir)
+    (tmp_path / "team").mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/team/store.db")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "team-wmdp")
+    cfg = load_experiment("tiny")
+    tracker = Tracker.for_run(cfg, tmp_path / "cache", run_dir, "tiny.yaml")
+    tracker.sync(cfg, manifest, {})
+    experiment = mlflow.MlflowClient(f"sqlite:///{tmp_path}/team/store.db").get_experiment_by_name("team-wmdp")
+    assert experiment is not None and not (tmp_path / "cache" / "mlflow.db").exists()
+    preset = load_experiment("tiny", [f"tracking.uri=sqlite:///{tmp_path}/own.db", "tracking.experiment=mine"])
+    assert (Tracker.for_run(preset, tmp_path / "cache", run_dir).uri, Tracker.for_run(preset, tmp_path / "cache", run_dir).experiment) == (
+        f"sqlite:///{tmp_path}/own.db",
+        "mine",
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
