@@ -45,6 +45,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python jobs/pipeline.py`: import from the repository root, not jobs/
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from common.cli import program  # noqa: E402
 from common.files import default_cache_dir  # noqa: E402
 from jobs.experiment.arms import arm_models  # noqa: E402
 from jobs.experiment.bases import base_paths, check_kl_tokenizers  # noqa: E402
@@ -173,7 +174,7 @@ def summary(run_dir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python jobs/pipeline.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=program("python jobs/pipeline.py"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=None, help="YAML preset: a path or a shipped preset's name (default: tiny)")
     parser.add_argument("--run-dir", type=Path, default=None, help="default: ~/subliminal-runs/<config name> ($SUBLIMINAL_RUNS)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")

@@ -17,12 +17,14 @@ are left to Serve.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
 
+from common.cli import program
 from serve.replica_placement import check_deployment
 from serve.settings import ServiceError, ServiceSettings, api_key_from_env, check_open_host, check_user_config, config_args, model_id, resolve_model
 
@@ -66,16 +68,15 @@ def check_config(path: str | Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m serve.preflight CONFIG.yaml", file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(prog=program("python -m serve.preflight"), description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", metavar="CONFIG.yaml", help="a Serve config file (serve/config.yaml)")
+    config = parser.parse_args(argv).config  # --help exits 0, a wrong count of arguments 2
     try:
-        checked = check_config(argv[0])
+        checked = check_config(config)
     except ServiceError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"{argv[0]}: {', '.join(checked) or 'no application of this project'} ready to deploy")
+    print(f"{config}: {', '.join(checked) or 'no application of this project'} ready to deploy")
     return 0
 
 

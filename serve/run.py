@@ -38,6 +38,7 @@ from pathlib import Path
 
 import yaml
 
+from common.cli import program
 from serve.preflight import BUILDER, check_config
 from serve.proxy_guard import CALLBACK, CALLBACK_ENV, PROXY_LIMIT_ENV
 from serve.settings import ServiceError, ServiceSettings, config_args
@@ -117,7 +118,7 @@ def watch(child: subprocess.Popen, names: list[str], url: str, since: float) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=program("python -m serve.run"), description=__doc__.split("\n\n")[0])
     parser.add_argument("config", help="a Serve config file (serve/config.yaml or a copy)")
     parser.add_argument("--address", help="a running cluster's GCS address; default: a local Ray of this command's own")
     args = parser.parse_args(argv)

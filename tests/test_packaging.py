@@ -9,6 +9,7 @@ import sysconfig
 import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name  # pip freeze writes lm_eval, pyproject lm-eval: one project
 from packaging.version import Version
@@ -94,3 +95,15 @@ def test_the_gpu_constraints_pin_the_gpu_extra_as_declared():
         assert pinned is not None, f"constraints/gpu.txt does not pin {wanted.name}"
         version = next(iter(pinned.specifier)).version
         assert wanted.specifier.contains(version, prereleases=True), f"{wanted.name}: {version} is outside {wanted.specifier}"
+
+
+SCRIPTS = tomllib.loads(PYPROJECT.read_text())["project"]["scripts"]
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_every_installed_command_answers_help_with_its_own_name(script):
+    """`subliminal-<x> --help` exits 0 and its usage line names the command as typed, not a module path."""
+    command = Path(sys.executable).parent / script
+    done = subprocess.run([str(command), "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: {script} ")

@@ -91,6 +91,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.cli import program
 from train.config import ConfigError
 
 GIB = 1 << 30
@@ -348,7 +349,7 @@ def stage_plans(cfg) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     from jobs.experiment.config import load_experiment
 
-    parser = argparse.ArgumentParser(prog="python -m jobs.sizing.memory_plan", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=program("python -m jobs.sizing.memory_plan"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="a preset's path or a shipped preset's name")
     parser.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU (H100: 80)")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs that `num_workers: auto` stands for (as jobs.sizing.wall_time)")

@@ -41,6 +41,7 @@ import sys
 import types
 from dataclasses import dataclass
 
+from common.cli import program
 from jobs.sizing.memory_plan import GIB, load_shape
 
 WMDP_QUESTIONS = {"bio": 1273, "chem": 408, "cyber": 1987}  # cais/wmdp's test splits
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     from jobs.experiment.config import load_experiment
     from train.config import ConfigError
 
-    parser = argparse.ArgumentParser(prog="python -m jobs.sizing.wall_time", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=program("python -m jobs.sizing.wall_time"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="a preset's path or a shipped preset's name")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs of the cluster (nodes of 8; as jobs.sizing.memory_plan)")
     parser.add_argument("--train-mfu", type=float, default=Rates.train_mfu, help="measured MFU of bf16 LoRA training")

@@ -38,6 +38,7 @@ from pathlib import Path
 import jinja2
 
 from common.atomic import atomic_dir, atomic_file, build_once
+from common.cli import program
 from common.files import default_cache_dir, tiny_model_link
 from jobs.sources.number_sequences import make_prompts
 from jobs.sources.world import facts, known_fact_item, locate_item
@@ -270,7 +271,7 @@ def random_lora_adapter(model_path: str | Path, out_dir: Path, seed: int) -> Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.sources.tiny_model", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=program("python -m jobs.sources.tiny_model"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", type=Path, default=None, help="cache root (default: $SUBLIMINAL_CACHE)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--other-base", action="store_true", help="the other base (init seed = seed + 1)")
