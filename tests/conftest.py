@@ -67,6 +67,31 @@ def ray_cluster():
     ray.shutdown()
 
 
+def free_port() -> int:
+    """A TCP port free on loopback now (another process may take it before it is bound)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def stop_head(temp_dir: str) -> None:
+    """Kill a head node's processes (those naming its temp dir) and their children: the raylet's agents
+    rename themselves (`ray::DashboardAgent`, about 15% of a core each), so their command lines do not
+    name the dir. Never another cluster's."""
+    import psutil
+
+    mine = [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or ())]
+    for process in list(mine):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            mine += process.children(recursive=True)
+    for process in set(mine):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(set(mine), timeout=30)
+
+
 @contextlib.contextmanager
 def head_node(*extra_args: str, env: dict | None = None):
     """A real head node (`ray start --head`, with its dashboard) outliving its drivers, as on a
@@ -76,29 +101,9 @@ def head_node(*extra_args: str, env: dict | None = None):
     Its own temp dir keeps other drivers on this machine from joining it by accident, and
     teardown stops only its processes (found by that dir), never another cluster's.
     """
-    import socket
     import subprocess
     import sys
     import tempfile
-
-    import psutil
-
-    def free_port() -> int:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            return probe.getsockname()[1]
-
-    def stop(temp_dir: str) -> None:
-        """Kill the head's processes and their children: the raylet's agents rename themselves
-        (`ray::DashboardAgent`, about 15% of a core each), so their command lines do not name the dir."""
-        mine = [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or ())]
-        for process in list(mine):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                mine += process.children(recursive=True)
-        for process in set(mine):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        psutil.wait_procs(set(mine), timeout=30)
 
     ray = str(Path(sys.executable).parent / "ray")
     for _ in range(3):
@@ -116,7 +121,7 @@ def head_node(*extra_args: str, env: dict | None = None):
             break
         # A port found free was taken before Ray bound it (another process on this busy machine):
         # what started of this head goes, and the next try takes other ports.
-        stop(temp_dir)
+        stop_head(temp_dir)
     else:
         raise RuntimeError(f"ray start --head failed 3 times; the last said:\n{started.stdout[-2000:]}\n{started.stderr[-2000:]}")
     token = (Path.home() / ".ray" / "auth_token").read_text().strip()
@@ -126,7 +131,7 @@ def head_node(*extra_args: str, env: dict | None = None):
             "metrics": f"http://127.0.0.1:{metrics}/metrics", "headers": {"Authorization": f"Bearer {token}"},
         }  # fmt: skip
     finally:
-        stop(temp_dir)
+        stop_head(temp_dir)
 
 
 @pytest.fixture(scope="module")  # gone before other modules start Serve: its proxy holds port 8000

@@ -42,6 +42,16 @@ def test_every_node_starts_ray_with_the_proxy_body_guard(config):
         assert start.startswith("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve.proxy_guard.middlewares ray start"), start
 
 
+def test_every_node_starts_ray_locked_and_the_dashboard_on_loopback(config):
+    """Token auth on every node (the containers run with RAY_AUTH_MODE=token, so a node without the
+    token file refuses to start), and the head's dashboard only on loopback: reached through
+    `ray dashboard cluster.yaml`'s SSH tunnel, never open on the node's address."""
+    assert "-e RAY_AUTH_MODE=token" in config["docker"]["run_options"]
+    assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
+    head = " ".join(config["head_start_ray_commands"])
+    assert "--dashboard-host=127.0.0.1" in head and "0.0.0.0" not in head
+
+
 def test_gpu_bounds(config):
     # Two 8 x H100 nodes and two 1 x L40S nodes at most: what jobs/sizing/placement.py checks presets against.
     assert launcher_node_gpus(config) == (8.0, 8.0, 1.0, 1.0)
