@@ -1,7 +1,7 @@
 """Put a model's weights on every GPU node's local disk once, before a run reads them many times.
 
     ray job submit --address http://localhost:8265 --working-dir . \
-        --runtime-env-json '{"env_vars": {"HF_TOKEN": "..."}}' \
+        --runtime-env-json '{"env_vars": {"HF_TOKEN_PATH": "/mnt/shared/secrets/hf_token"}}' \
         -- python jobs/prestage.py meta-llama/Llama-3.1-70B-Instruct [--dest /mnt/local/models]
     python jobs/prestage.py /mnt/shared/models/my-70b --dest /mnt/local/models   # copy from shared storage
 

@@ -1,0 +1,51 @@
+"""The hub token reaches a job as a file, and is then in no Ray log and no job record.
+
+A job's `env_vars` are kept in Ray's job table (served by the dashboard's jobs API) and written to
+the runtime-env agent's log on every node. The documented way (docs/scaling.md) passes
+`HF_TOKEN_PATH`, the path of a file only its owner reads, which huggingface_hub reads the token
+from: this test submits a job that way to a real head node and finds the token nowhere in Ray's
+files or job records, while the job itself reads it. The same job with `HF_TOKEN` in its
+`env_vars` leaves the token there: the search can find it.
+"""
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from conftest import head_node
+
+TOKEN = "hf_job_secret_5b1e7c0f9a2d4e6b8c3f"
+DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()  # what the job compares with: the token itself is not in its command
+READS_IT = f"import hashlib, huggingface_hub, sys; sys.exit(hashlib.sha256((huggingface_hub.get_token() or '').encode()).hexdigest() != '{DIGEST}')"
+
+
+def submitted(head: dict, env_vars: dict) -> tuple[str, str]:
+    """Run a job that exits 0 only if huggingface_hub finds TOKEN; (its status, everything Ray keeps of it)."""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(head["dashboard"], headers=head["headers"])
+    job = client.submit_job(entrypoint=f'{sys.executable} -c "{READS_IT}"', runtime_env={"env_vars": env_vars})
+    deadline = time.time() + 180
+    while (status := client.get_job_status(job).value) not in ("SUCCEEDED", "FAILED", "STOPPED") and time.time() < deadline:
+        time.sleep(1)
+    records = json.dumps([client.get_job_info(job).dict(), [j.dict() for j in client.list_jobs()]], default=str)
+    return status, records + client.get_job_logs(job)
+
+
+def ray_files_holding(temp_dir: str, text: str) -> list[str]:
+    return [str(p) for p in Path(temp_dir).rglob("*") if p.is_file() and not p.is_symlink() and text.encode() in p.read_bytes()]
+
+
+def test_a_token_file_keeps_the_token_out_of_rays_logs_and_job_records(tmp_path):
+    token_file = tmp_path / "hf_token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o600)
+    with head_node() as head:
+        status, kept = submitted(head, {"HF_TOKEN_PATH": str(token_file)})
+        assert status == "SUCCEEDED", kept[-2000:]  # the job read the token from the file
+        assert TOKEN not in kept and ray_files_holding(head["temp_dir"], TOKEN) == []
+        status, kept = submitted(head, {"HF_TOKEN": TOKEN})  # the way the docs no longer show
+        assert status == "SUCCEEDED"
+        assert TOKEN in kept or ray_files_holding(head["temp_dir"], TOKEN)
