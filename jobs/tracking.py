@@ -6,14 +6,15 @@ every preset on this machine is comparable in one UI (`mlflow ui --backend-store
 sqlite:///<cache>/mlflow.db`). `tracking.uri` points a run at a team's server instead; `tracking: off`
 turns tracking off. The experiment is named after the preset (`tracking.experiment` to choose).
 
-- The parent run (tags `preset`, `run_dir`, `preset_chain`, `git_commit`, `git_dirty` and, once the
-  report exists, `registration`: confirmatory, repeat or exploratory) holds each comparison's primary verdict
+- The parent run (tags `preset`, `run_dir`, `preset_chain`, `git_commit`, `git_dirty`, MLflow's own
+  `mlflow.user`, `mlflow.source.name` and `mlflow.source.git.commit`, and, once the report exists, `registration`: confirmatory, repeat or exploratory) holds each comparison's primary verdict
   (effect, CI, p, Holm p, MDE as metrics `verdict.<name>.*`, the sentence as a tag), the accuracy of
   every model and arm per split (as written and over orders), and report.md, report.json and the
   plots as artifacts.
 - A child run per trained model (teacher, letter or sham teacher, every arm x replicate), tagged
   with its stage and the stage's hash, holds its resolved training config as params, the loss of
-  every optimizer step (rank 0's, the numbers of `loss_history`), tokens/s, and its accuracy per split.
+  every optimizer step (rank 0's, the numbers of `loss_history`), tokens/s, its accuracy per split,
+  and its `train_metrics.json` as an artifact.
 
 The pipeline syncs after every phase: what a finished stage made is written once, found again by
 the stage's hash, so a rerun that reuses a stage adds no run (a report setting changed adds none);
@@ -170,6 +171,9 @@ class Tracker:
         state = source_state()  # the one reader of the commit and the dirty flag (the report's registration uses it too)
         tags = {PIPELINE_TAG: "pipeline", "run_dir": str(self.run_dir), "preset": self.experiment, "preset_chain": self.chain}
         tags |= {"git_commit": str(state["commit"]), "git_dirty": str(state["dirty"])}
+        tags |= {"mlflow.user": user(), "mlflow.source.name": "jobs/pipeline.py", "mlflow.source.type": "JOB"}  # MLflow's own: its UI shows them
+        if state["commit"]:
+            tags["mlflow.source.git.commit"] = str(state["commit"])
         return self.client.create_run(self.experiment_id(), tags=tags, run_name=self.run_dir.name)
 
     def finish(self, status: str) -> None:
@@ -214,6 +218,7 @@ class Tracker:
             self.client.log_batch(run_id, params=params[i : i + 100])
         for i in range(0, len(series), 1000):
             self.client.log_batch(run_id, metrics=series[i : i + 1000])
+        self.client.log_artifact(run_id, str(self.run_dir / trained_folder(stage, model is not None and model.full) / "train_metrics.json"))
         self.client.set_terminated(run_id, end_time=int(finished * 1000))
         return run_id
 
@@ -234,6 +239,16 @@ class Tracker:
             self.client.set_tag(run_id, f"verdict.{name}", sentence[:5000])
         if registration := report.get("provenance", {}).get("registration"):
             self.client.set_tag(run_id, "registration", registration["status"])
+
+
+def user() -> str:
+    """Who ran the pipeline, as MLflow's own runs record it."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        return str(os.getuid())
 
 
 def sqlite_artifact_root(uri: str) -> str | None:

@@ -58,6 +58,9 @@ def check_sync(tracker: Tracker, run_dir: Path, manifest: Manifest) -> None:
     history = mlflow.MlflowClient(tracker.uri).get_metric_history(child.info.run_id, "loss")
     assert [[m.step, m.value] for m in history] == LOSSES
     assert child.data.metrics["tokens_per_s"] == 1234.5 and child.data.metrics["accuracy.held_out"] == 0.7
+    assert [a.path for a in mlflow.MlflowClient(tracker.uri).list_artifacts(child.info.run_id)] == ["train_metrics.json"]
+    assert parent.data.tags["mlflow.source.name"] == "jobs/pipeline.py" and parent.data.tags["mlflow.user"]
+    assert parent.data.tags["mlflow.source.git.commit"] == parent.data.tags["git_commit"]
     assert parent.data.metrics["accuracy.teacher.held_out.over_orders"] == 0.65
     assert {a.path for a in mlflow.MlflowClient(tracker.uri).list_artifacts(parent.info.run_id)} == {"report.md", "report.json"}
     assert parent.info.status == "RUNNING"
