@@ -106,10 +106,14 @@ LOGPROBS_MAX = 20  # alternatives per token at most: vLLM's default max_logprobs
 TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1, max_length=LIST_MAX)]
 
 
+ECHO_MAX = 64  # characters of a refused value an error repeats
+
+
 def neutral(value, default, field: str, why: str):
     """An OpenAI field this service does not implement: taken at its neutral value, refused otherwise."""
     if value is not None and value != default:
-        raise ValueError(f"{field}={value!r} is not supported ({why}); leave it out or send {json.dumps(default)}")
+        shown = repr(value) if len(repr(value)) <= ECHO_MAX else f"{type(value).__name__} of {len(value)}"  # never a whole megabyte back
+        raise ValueError(f"{field}={shown} is not supported ({why}); leave it out or send {json.dumps(default)}")
     return value
 
 

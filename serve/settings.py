@@ -123,12 +123,17 @@ def check_user_config(user_config: dict, base_id: str) -> dict[str, str]:
 API_KEY_ENV = "SERVE_API_KEY"
 
 
+API_KEY_MIN = 16  # characters: `openssl rand -hex 24` gives 48
+
+
 def api_key_from_env() -> str | None:
     """$SERVE_API_KEY: the bearer token every route but /health needs; unset, none. Set but empty
     (a deploy script's unset variable) it is an error at start, not a service without a token."""
     key = os.environ.get(API_KEY_ENV)
     if key is not None and not key.strip():
         raise ServiceError(f"{API_KEY_ENV} is set but empty: set a token, or unset it to serve without one")
+    if key is not None and len(key) < API_KEY_MIN:
+        raise ServiceError(f"{API_KEY_ENV} is {len(key)} characters: a token shorter than {API_KEY_MIN} can be guessed; use openssl rand -hex 24")
     return key
 
 

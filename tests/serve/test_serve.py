@@ -327,9 +327,12 @@ def test_malformed_and_oversized_bodies(services):
     assert post(services["vllm"], "/generate", GOOD).status_code == 200
 
 
+KEY = "s3cret-0123456789abcdef"  # SERVE_API_KEY: at least 16 characters
+
+
 def test_token_auth_and_overload(ray_cluster, tiny_model, monkeypatch):
     """With SERVE_API_KEY set, requests need the bearer token; past the queue limit, 503 and no hang."""
-    monkeypatch.setenv("SERVE_API_KEY", "s3cret")
+    monkeypatch.setenv("SERVE_API_KEY", KEY)
     start_service(
         ServiceSettings(model=tiny_model, engine="hf", max_model_len=512),
         name="t-guarded",
@@ -338,12 +341,12 @@ def test_token_auth_and_overload(ray_cluster, tiny_model, monkeypatch):
         max_ongoing_requests=1,
         max_queued_requests=1,
     )
-    url, auth = f"{URL}/guarded", {"Authorization": "Bearer s3cret"}
+    url, auth = f"{URL}/guarded", {"Authorization": f"Bearer {KEY}"}
     try:
         assert post(url, "/generate", GOOD).status_code == 401
-        for near_miss in ("Bearer wrong", "Bearer s3cre", "Bearer s3cretx", "Bearer  s3cret", "s3cret"):
+        for near_miss in ("Bearer wrong", f"Bearer {KEY[:-1]}", f"Bearer {KEY}x", f"Bearer  {KEY}", KEY):
             assert post(url, "/generate", GOOD, headers={"Authorization": near_miss}).status_code == 401, near_miss
-        assert requests.get(url + "/adapters", headers={"Authorization": "Bearer s3cre"}, timeout=30).status_code == 401
+        assert requests.get(url + "/adapters", headers={"Authorization": f"Bearer {KEY[:-1]}"}, timeout=30).status_code == 401
         long_stop = post(url, "/generate", {**GOOD, "stop": ["x" * (1 << 20)]}, headers=auth)  # 1 MiB: 422 naming stop
         assert long_stop.status_code == 422 and long_stop.json()["detail"][0]["loc"][:2] == ["body", "stop"], long_stop.text[:300]
         assert requests.get(url + "/health", timeout=30).status_code == 200
@@ -370,6 +373,9 @@ def test_an_empty_key_or_an_open_host_without_one_is_refused_at_start(tiny_model
 
     monkeypatch.setenv("SERVE_API_KEY", "  ")
     with pytest.raises(ServiceError, match="SERVE_API_KEY is set but empty"):
+        build_app({"model": tiny_model})
+    monkeypatch.setenv("SERVE_API_KEY", "s3cret")
+    with pytest.raises(ServiceError, match="SERVE_API_KEY is 6 characters: a token shorter than 16 can be guessed"):
         build_app({"model": tiny_model})
     monkeypatch.delenv("SERVE_API_KEY")
     with pytest.raises(ServiceError, match="host 0.0.0.0 is reachable from other machines and SERVE_API_KEY is not set.*allow_open_host=True"):

@@ -102,7 +102,7 @@ def test_an_open_host_without_a_token_exits_2_naming_the_host_and_the_key(tmp_pa
     done = preflight(tmp_path, args={"model": tiny_model}, host="0.0.0.0")
     assert done.returncode == 2 and "host 0.0.0.0 is reachable from other machines and SERVE_API_KEY is not set" in done.stderr, done.stderr
     assert "http_options.host" in done.stderr and len(done.stderr.splitlines()) == 1
-    assert preflight(tmp_path, args={"model": tiny_model}, host="0.0.0.0", env={"SERVE_API_KEY": "k"}).returncode == 0
+    assert preflight(tmp_path, args={"model": tiny_model}, host="0.0.0.0", env={"SERVE_API_KEY": "k" * 16}).returncode == 0
     assert preflight(tmp_path, args={"model": tiny_model, "allow_open_host": True}, host="0.0.0.0").returncode == 0
     assert preflight(tmp_path, args={"model": tiny_model}, host="::1").returncode == 0  # loopback
 
@@ -136,7 +136,7 @@ def test_serve_run_on_a_cluster_that_refuses_the_build_exits_1_naming_the_settin
     from conftest import head_node
 
     path, port = open_host_config(tmp_path, tiny_model)
-    environment = {**os.environ, "SERVE_API_KEY": "k", "RAY_AUTH_MODE": "token"}
+    environment = {**os.environ, "SERVE_API_KEY": "k" * 16, "RAY_AUTH_MODE": "token"}
     with head_node(env={}) as head:
         done = subprocess.run([sys.executable, "-m", "serve.run", str(path), "--address", head["address"]], cwd=ROOT, env=environment,
                               capture_output=True, text=True, timeout=300)  # fmt: skip
