@@ -211,7 +211,10 @@ class InferenceService(OpenAIServing):
         room = self.settings.max_model_len
         prompts = [format_cloze_prompt(q.question, q.subject) for q in body.questions]
         choices = [q.choices for q in body.questions]
-        sequences, starts, cut = await self._off_loop(cloze_sequences, self.engine.counting_tokenizer, prompts, choices, room, body.truncate)
+        try:
+            sequences, starts, cut = await self._off_loop(cloze_sequences, self.engine.counting_tokenizer, prompts, choices, room, body.truncate)
+        except ValueError as error:  # a choice that leaves no room for any of its question
+            raise invalid(("truncate",), str(error)) from error
         lengths = [len(s) for s in sequences]
         owner = [i for i, q in enumerate(body.questions) for _ in q.choices]  # the question of each sequence
         check_room(self.settings, lengths, 0, lambda i: ("questions", owner[i]))

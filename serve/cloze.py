@@ -27,7 +27,10 @@ def cloze_sequences(tokenizer, prompts: list[str], choices: list[list[str]], roo
         continuations = [tokenizer(cloze_continuation(c), add_special_tokens=False).input_ids for c in options]
         lost = 0
         if truncate:
-            prompt, lost, _ = left_truncate(tokenizer, prompt, room - max(map(len, continuations)))
+            longest = max(map(len, continuations))
+            if longest >= room:
+                raise ValueError(f"a choice of {longest} tokens leaves no room for its question in a context of {room}")
+            prompt, lost, _ = left_truncate(tokenizer, prompt, room - longest)
         prompt_ids = tokenizer(prompt, add_special_tokens=True).input_ids
         for continuation in continuations:
             sequences.append(prompt_ids + continuation)

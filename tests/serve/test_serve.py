@@ -163,6 +163,9 @@ def test_a_question_longer_than_the_context_is_left_truncated_when_asked(service
     long = {**questions[0], "question": "Background: " + "0x3f 0xa1 " * 300 + questions[0]["question"]}
     refused = post(services[engine], "/score", {"questions": [long]})
     assert refused.status_code == 422 and "context of 256" in refused.text
+    wide = {**questions[1], "choices": ["word " * 300, *questions[1]["choices"][1:]]}  # a choice alone past the context
+    refused = post(services[engine], "/score", {"questions": [wide], "format": "cloze", "truncate": True})
+    assert refused.status_code == 422 and "leaves no room for its question" in refused.text, refused.text[:300]
     cut, short = post(services[engine], "/score", {"questions": [long, questions[1]], "truncate": True}).json()["results"]
     alone = post(services[engine], "/score", {"questions": [questions[1]]}).json()["results"][0]
     assert short["truncated_tokens"] == 0 and short["prediction"] == alone["prediction"]
