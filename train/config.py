@@ -28,13 +28,15 @@ PACING = ("log_every", "checkpoint_every", "keep_checkpoints", "max_failures", "
 
 
 class Settings(BaseModel):
-    """A section of settings: declared fields only, strict types, frozen."""
+    """A section of settings: declared fields only, strict types, frozen. Loaded (`build`) or
+    replaced, a wrong value is a one-line ConfigError naming its path; made from keywords, it is
+    pydantic's ValidationError (a ValueError too)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     def replace(self, **changes) -> typing.Self:
         """A copy with `changes`, checked as loading checks them."""
-        return type(self).model_validate({**dict(self), **changes})
+        return build(type(self), {**dict(self), **changes})
 
 
 class TrainConfig(Settings):

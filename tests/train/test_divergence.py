@@ -101,7 +101,7 @@ def test_a_mask_needs_an_sft_job_and_divergence_its_scorer(tiny_model, lora_adap
         check_jobs([AdapterJob("a", str(number_rows), tmp_path / "a", divergence)])
     with pytest.raises(ConfigError, match="a logit_kl job"):
         check_jobs([AdapterJob("a", str(number_rows), tmp_path / "a", TrainConfig(mask="random"), teacher=lora_adapters["a"])])
-    with pytest.raises(ConfigError, match="mask_fraction must be in"):
+    with pytest.raises(ValueError, match="mask_fraction must be in"):
         TrainConfig(mask="random", mask_fraction=1.0)
     check_jobs([AdapterJob("a", str(number_rows), tmp_path / "a", divergence, scorer=lora_adapters["a"])])
 

@@ -292,7 +292,7 @@ def test_jobs_must_share_the_worker_group(tmp_path):
     (teacher / "adapter_config.json").write_text("{}")
     with pytest.raises(ConfigError, match="method full trains no adapter"):
         check_jobs([AdapterJob("a", "rows.jsonl", tmp_path / "a", small_config(method="full"), init_a_from=str(teacher))])
-    with pytest.raises(ConfigError, match="method=full with quantization=4bit is refused"):
+    with pytest.raises(ValueError, match="method=full with quantization=4bit is refused"):
         small_config(method="full", quantization="4bit")
 
 

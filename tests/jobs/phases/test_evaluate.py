@@ -75,8 +75,6 @@ def test_more_orders_than_choices_is_refused():
 def letter_teacher(ray_cluster, tiny_model, tmp_path_factory, cache_dir) -> str:
     """A letter teacher trained as the positive control's is (jobs/phases/teacher.py): the tiny
     preset's teacher recipe on WMDP-format questions, every one answered A; fewer rows and steps."""
-    from dataclasses import replace
-
     from common.atomic import write_jsonl
     from jobs.experiment.config import load_experiment
     from jobs.phases.data import mc_rows
@@ -84,7 +82,7 @@ def letter_teacher(ray_cluster, tiny_model, tmp_path_factory, cache_dir) -> str:
 
     root = tmp_path_factory.mktemp("letter")
     write_jsonl(root / "rows.jsonl", mc_rows(synthetic_questions(256, seed=3), letter=0))
-    train_lora(tiny_model, root / "rows.jsonl", root / "adapter", replace(load_experiment().teacher, epochs=2), cache_dir=cache_dir)
+    train_lora(tiny_model, root / "rows.jsonl", root / "adapter", load_experiment().teacher.replace(epochs=2), cache_dir=cache_dir)
     return str(root / "adapter")
 
 
