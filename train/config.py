@@ -190,8 +190,13 @@ def config_problem(cls: type[BaseModel], err: ValidationError, prefix: str = "")
         return f"{key + ': ' if key else ''}{first['msg'].removeprefix('Value error, ')}"
     if first["type"] == "missing":
         return f"{key}: required, not given"
-    wants = " or ".join(dict.fromkeys("a mapping" if e["type"] in ("model_type", "dict_type") else e["msg"].removeprefix("Input should be ") for e in same))
+    wants = " or ".join(dict.fromkeys(_wanted(e) for e in same))  # each branch of a union once
     return f"{key}: expected {wants}, got {type(first['input']).__name__} {first['input']!r}"
+
+
+def _wanted(error: dict) -> str:
+    """What one pydantic error says the value should be: "a valid integer", "'ddp' or 'fsdp'", "a mapping"."""
+    return "a mapping" if error["type"] in ("model_type", "dict_type") else error["msg"].removeprefix("Input should be ")
 
 
 def build(cls: type[BaseModel], data: dict | None, prefix: str = "") -> Any:

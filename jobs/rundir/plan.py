@@ -60,12 +60,14 @@ def config_reads(config: dict, *keys: str) -> dict:
     return picked
 
 
-MISSING = object()
+MISSING = object()  # a key neither recorded nor defaulted: equal to no value
 
 
 def _recorded(before: dict, key: str, defaults: dict):
     """A key's recorded value; for a key the record lacks, its default (normalised as inputs are)."""
-    return before[key] if key in before else normalised(defaults[key]) if key in defaults else MISSING
+    if key in before:
+        return before[key]
+    return normalised(defaults[key]) if key in defaults else MISSING
 
 
 def differing(before: dict, now: dict, defaults: dict) -> list[str]:
