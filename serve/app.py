@@ -306,10 +306,13 @@ def build_app(args: dict):
 
 
 def proxy_host() -> str | None:
-    """The host Serve's proxies bind (the controller's http_options), or None where no controller answers."""
-    try:
-        from ray.serve.context import _get_global_client
+    """The host Serve's proxies bind (the running controller's http_options); None where this process
+    has no Ray or its cluster runs no Serve (a unit test building the app). Any other failure to read
+    it is raised: the open-host check is never skipped on an error."""
+    import ray
+    from ray.serve.context import _get_global_client
 
-        return _get_global_client().http_config.host
-    except Exception:  # noqa: BLE001 - no cluster to ask (a unit test building the app): nothing to check
+    if not ray.is_initialized():
         return None
+    client = _get_global_client(raise_if_no_controller_running=False)
+    return None if client is None else client.http_config.host

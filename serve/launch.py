@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ray import serve
 
-from serve.app import service_app
+from serve.app import proxy_host, service_app
 from serve.replica_placement import replica_options
 from serve.settings import ServiceSettings, api_key_from_env, check_open_host
 
@@ -45,8 +45,12 @@ def start_service(
     no line per request). A host other than loopback needs $SERVE_API_KEY, or `allow_open_host=True`
     (a private network the caller vouches for): anyone who reaches it could use the models.
     """
-    check_open_host(host, api_key_from_env(), allow_open_host)
+    api_key = api_key_from_env()
+    check_open_host(host, api_key, allow_open_host)
     serve.start(http_options={"host": host, "port": port})
+    running = proxy_host()  # a Serve already running keeps the host it was started on, whatever was asked
+    if running is not None and running != host:
+        check_open_host(running, api_key, allow_open_host)
     options = {"num_replicas": replicas, **replica_options(settings.tensor_parallel_size, num_cpus, num_gpus)}
     if max_ongoing_requests is not None:
         options["max_ongoing_requests"] = max_ongoing_requests

