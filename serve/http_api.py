@@ -135,8 +135,6 @@ def build_http_api(service) -> FastAPI:
         reads_body, refused = path in BODY_ROUTES and request.method == "POST", None
         if service.api_key and path not in OPEN_PATHS and not token_matches(request.headers.get("authorization"), service.api_key):
             refused = error_response(path, 401, "missing or wrong bearer token (Authorization: Bearer $SERVE_API_KEY)")
-        elif not path.isprintable():  # "/generate%0A": a router's `$` would match it to /generate, body unguarded
-            refused = error_response(path, 404, "no route has a control character in its path")
         elif reads_body:
             refused = await body_refusal(request, path, limit, body_timeout_s)
         if refused is not None:

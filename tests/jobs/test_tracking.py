@@ -27,6 +27,14 @@ REPORT = {
 }
 
 
+@pytest.fixture(autouse=True)
+def no_mlflow_variables(monkeypatch):
+    """mlflow.set_tracking_uri (tracked() below, and other tests of the session) sets MLFLOW_TRACKING_URI
+    in this process, which Tracker.for_run reads: each test starts without it."""
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def teacher_run(run_dir: Path, lr: float = 2.0e-3) -> Manifest:
     """A run directory holding a trained teacher and a report, as the pipeline writes them."""
     (run_dir / "teacher" / "adapter").mkdir(parents=True)

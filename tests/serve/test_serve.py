@@ -164,9 +164,10 @@ def test_a_question_longer_than_the_context_is_left_truncated_when_asked(service
     long = {**questions[0], "question": "Background: " + "0x3f 0xa1 " * 300 + questions[0]["question"]}
     refused = post(services[engine], "/score", {"questions": [long]})
     assert refused.status_code == 422 and "context of 256" in refused.text
-    wide = {**questions[1], "choices": ["word " * 300, *questions[1]["choices"][1:]]}  # a choice alone past the context
-    refused = post(services[engine], "/score", {"questions": [wide], "format": "cloze", "truncate": True})
-    assert refused.status_code == 422 and "leaves no room for its question" in refused.text, refused.text[:300]
+    if engine == "hf":  # cloze scores on the transformers engine only
+        wide = {**questions[1], "choices": ["word " * 300, *questions[1]["choices"][1:]]}  # a choice alone past the context
+        refused = post(services[engine], "/score", {"questions": [wide], "format": "cloze", "truncate": True})
+        assert refused.status_code == 422 and "leaves no room for its question" in refused.text, refused.text[:300]
     cut, short = post(services[engine], "/score", {"questions": [long, questions[1]], "truncate": True}).json()["results"]
     alone = post(services[engine], "/score", {"questions": [questions[1]]}).json()["results"][0]
     assert short["truncated_tokens"] == 0 and short["prediction"] == alone["prediction"]
@@ -324,11 +325,11 @@ def test_malformed_and_oversized_bodies(services):
     assert broken.status_code in (400, 422) and "JSON" in broken.text
     huge = requests.post(url, data=b"[" + b"1," * (5 << 20) + b"1]", headers={"content-type": "application/json"}, timeout=60)
     assert huge.status_code == 413 and "max_body_bytes" in huge.text
-    # A route with a newline after it is no route: a router's `$` would take it for /generate, and the
-    # body guard, keyed by route, would not read its body.
-    for sent in ((b" " * (1 << 20) for _ in range(20)), json.dumps(GOOD)):
-        newline = requests.post(url + "%0A", data=sent, headers={"content-type": "application/json"}, timeout=60)
-        assert newline.status_code == 404 and "control character" in newline.text, newline.text[:300]
+    # /generate%0A is /generate (the URL parser drops the newline before the router and the body guard
+    # see the path): its body is guarded the same, an oversized chunked one refused at the limit.
+    newline = requests.post(url + "%0A", data=(b" " * (1 << 20) for _ in range(20)), headers={"content-type": "application/json"}, timeout=60)
+    assert newline.status_code == 413 and "max_body_bytes" in newline.text, newline.text[:300]
+    assert requests.post(url + "%0A", data=json.dumps(GOOD), headers={"content-type": "application/json"}, timeout=60).status_code == 200
     # Chunked (no Content-Length): refused once the bytes read pass the limit, 20 MiB offered.
     chunks = (b" " * (1 << 20) for _ in range(20))
     chunked = requests.post(url, data=chunks, headers={"content-type": "application/json"}, timeout=60)
