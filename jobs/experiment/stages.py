@@ -1,6 +1,6 @@
 """The experiment's stages: each one's name, phase, reads and upstream (the generic plan is jobs/rundir/plan.py).
 
-    data                  the split of the WMDP questions         reads data.*, the questions
+    data                  the split of the WMDP questions         reads data.*, evaluate.format, the questions
     teacher               LoRA on the teacher-train split         reads model.*, teacher.*; data
     letter_teacher        the same, every answer one letter       reads model.*, teacher.*, letter_teacher.*;
                           (when an arm names it)                  data
@@ -16,9 +16,9 @@
                                                                   (and the teacher, under logit_kl)
                           (an arm on the other base reads that base too; lora_init teacher_a, the teacher)
     eval/<model>          per-question scores of one model on     reads model.*, evaluate.engine,
-                          both splits (train, held_out), and of   service.max_model_len; data, the model
-                          each of its snapshots (`train.snapshots`);  (evaluate.permutations when
-                          `other_base` when an arm declares one   above 1)
+                          both splits (train, held_out), and of   evaluate.format, service.max_model_len,
+                          each of its snapshots (`train.snapshots`);  the orders scored (evaluate.permutations;
+                          `other_base` when an arm declares one   1 under cloze); data, the model
     report                report.json / .md / .png                reads evaluate.primary_*, arms,
                                                                   contrasts, the family; all above
 

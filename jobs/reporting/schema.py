@@ -265,6 +265,12 @@ def _type(hint) -> str:
     return hint.__name__
 
 
+def _extra_type(model: type[BaseModel]):
+    """The type of the fields a model takes beyond those it declares (SplitResults' metrics), or None."""
+    extra = typing.get_type_hints(model).get("__pydantic_extra__")
+    return typing.get_args(extra)[1] if extra else None
+
+
 def _models(root: type[BaseModel]) -> list[type[BaseModel]]:
     """`root` and every model its fields reach, in the order first reached."""
     found, queue = [], [root]
@@ -273,9 +279,7 @@ def _models(root: type[BaseModel]) -> list[type[BaseModel]]:
         if model in found:
             continue
         found.append(model)
-        hints = [f.annotation for f in model.model_fields.values()]
-        extra = typing.get_type_hints(model).get("__pydantic_extra__")
-        for hint in hints + ([extra] if extra else []):
+        for hint in [f.annotation for f in model.model_fields.values()] + [_extra_type(model)]:
             stack = [hint]
             while stack:
                 h = stack.pop()
@@ -298,9 +302,8 @@ def schema_markdown() -> str:
         lines += [f"### `{model.__name__}`", "", (model.__doc__ or "").strip().splitlines()[0], "", "| field | type |", "|---|---|"]
         for name, field in model.model_fields.items():
             lines.append(f"| `{name}`{'' if field.is_required() else '?'} | `{_type(field.annotation)}` |")
-        extra = typing.get_type_hints(model).get("__pydantic_extra__")
-        if extra:
-            lines.append(f"| any other | `{_type(typing.get_args(extra)[1])}` |")
+        if extra := _extra_type(model):
+            lines.append(f"| any other | `{_type(extra)}` |")
         lines.append("")
     return "\n".join(lines)
 
