@@ -97,7 +97,7 @@ class TrainConfig(Settings):
     cpus_per_worker: float | None = None
     attention: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
 
-    # Observability and fault tolerance (with cpus_per_worker: PACING below).
+    # Observability and fault tolerance (with cpus_per_worker: PACING, above).
     log_every: int = 5  # steps between progress lines and Ray metrics (ray.train.report: with each checkpoint)
     checkpoint_every: int = 50  # steps between checkpoints (and one at the end)
     keep_checkpoints: int = 2
@@ -157,9 +157,9 @@ def resolve_batch(cfg: TrainConfig, num_workers: int) -> TrainConfig:
     return cfg.replace(num_workers=num_workers, grad_accum=accum)
 
 
-def _located(cls: type[BaseModel], loc: tuple) -> tuple[str, type[BaseModel] | None, Any]:
-    """(dotted path, the model holding its last key, its type) of a pydantic error location: section
-    and field names and mapping keys, without the tags pydantic adds for a union's branches."""
+def _located(cls: type[BaseModel], loc: tuple) -> tuple[str, type[BaseModel] | None]:
+    """(dotted path, the model holding its last key) of a pydantic error location: section and field
+    names and mapping keys, without the tags pydantic adds for a union's branches."""
     hint, owner, parts = cls, None, []
     for part in loc:
         origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -174,13 +174,13 @@ def _located(cls: type[BaseModel], loc: tuple) -> tuple[str, type[BaseModel] | N
         else:
             hint = None
         parts.append(f"[{part}]" if isinstance(part, int) else f".{part}")
-    return "".join(parts).lstrip("."), owner, hint
+    return "".join(parts).lstrip("."), owner
 
 
 def config_problem(cls: type[BaseModel], err: ValidationError, prefix: str = "") -> str:
     """One line naming the first key that is wrong, and how."""
     errors = err.errors()
-    path, owner, _ = _located(cls, errors[0]["loc"])
+    path, owner = _located(cls, errors[0]["loc"])
     same = [e for e in errors if _located(cls, e["loc"])[0] == path]
     key = ".".join(p for p in (prefix, path) if p)
     first = same[0]
