@@ -29,7 +29,10 @@ Checks (bench/gpu_checks/, one module each, whose docstrings say why), with thei
   falls, the trainer's optimizer checkpoint saved and resumed; per-layer weight memory, peak memory
   and step time (4 vs 2 layers) extrapolated to 80 layers, with the formula;
 - handoff: a child holding 8B training state is SIGKILLed; seconds until 90% of the GPU is free
-  (common/gpu_memory.py) and whether an allocation of 90% of it then succeeds.
+  (common/gpu_memory.py) and whether an allocation of 90% of it then succeeds;
+- 8b_levers: the trainer's throughput levers (pack_length, Liger kernels, torch.compile, twice the
+  rows a micro-step) at the teacher's and student's shapes, each alone and all together: tokens/s,
+  MFU, peak memory, and the loss at the same weights against the plain path's.
 
 The JSON (--out) is rewritten (whole, atomically) as each check ends, so a run cut short keeps
 what finished; a check that raises is recorded as failed with its error, and the next one runs.
@@ -53,13 +56,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project's packages
 
 import torch  # noqa: E402
-from gpu_checks import handoff, logit_kl, packing, scoring, slice70b, throughput, wrappers  # noqa: E402
+from gpu_checks import handoff, levers, logit_kl, packing, scoring, slice70b, throughput, wrappers  # noqa: E402
 from gpu_checks.shared import Context, free  # noqa: E402
 
 from common.atomic import write_json  # noqa: E402
 from train.model import attach_lora, load_base  # noqa: E402
 
-CHECKS = ("8b_lora", "packing", "8b_scoring", "logit_kl_ddp", "gradient_checkpointing", "fsdp2_world_size_1", "70b_slice_4bit_ddp", "handoff")
+# 8b_levers last: Liger patches transformers' Llama classes for the rest of the process.
+CHECKS = ("8b_lora", "packing", "8b_scoring", "logit_kl_ddp", "gradient_checkpointing", "fsdp2_world_size_1", "70b_slice_4bit_ddp", "handoff", "8b_levers")
 
 
 def main() -> int:
@@ -104,6 +108,7 @@ def main() -> int:
             "fsdp2_world_size_1": lambda: wrappers.check_fsdp(ctx, ctx.model("8b", layers=2)),
             "70b_slice_4bit_ddp": lambda: slice70b.check_70b_slice(ctx, max(2, steps // 2)),
             "handoff": lambda: handoff.check_handoff(ctx, ctx.model("8b")),
+            "8b_levers": lambda: levers.check_levers(ctx, lora_8b(), steps),
         }
         try:
             for name in only:

@@ -272,7 +272,7 @@ class InferenceService(OpenAIServing):
             raise HTTPException(503, "unhealthy") from error
         if not detailed:
             return {"status": "ok"}
-        return {"status": "ok", "model": self.base_id, "engine": self.engine.name, "scoring": self.scorer.name}
+        return {"status": "ok", "model": self.base_id, "engine": self.engine.name, "scoring": self.scorer.name, "device": self.engine.device}
 
     async def list_adapters(self) -> dict:
         return {"adapters": sorted(self.adapters)}

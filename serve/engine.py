@@ -64,6 +64,7 @@ class Engine(Protocol):
     """The engine contract the deployment (serve/app.py) relies on."""
 
     name: str  # "vllm" or "hf", reported by /health
+    device: str  # "cuda" or "cpu": where its model runs, reported by /health
     continuous_batching: bool  # True: the engine batches concurrent calls itself; False: the deployment gathers them
     max_choices: int  # how many choices one-pass scoring handles with this tokenizer
     counting_tokenizer: Any  # the model's tokenizer, for the event loop (counting and truncating prompts)

@@ -107,6 +107,7 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, settings: ServiceSettings):
         on_gpu = torch.cuda.is_available()
+        self.device = "cuda" if on_gpu else "cpu"
         if not on_gpu:
             preload_tcmalloc()
         args = AsyncEngineArgs(**engine_args(model_path, settings, on_gpu))

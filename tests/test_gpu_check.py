@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKS = ["8b_lora", "packing", "8b_scoring", "logit_kl_ddp", "gradient_checkpointing", "fsdp2_world_size_1", "70b_slice_4bit_ddp", "handoff"]
+CHECKS = ["8b_lora", "packing", "8b_scoring", "logit_kl_ddp", "gradient_checkpointing", "fsdp2_world_size_1", "70b_slice_4bit_ddp", "handoff", "8b_levers"]
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +87,16 @@ def test_it_needs_neither_ray_nor_vllm_and_asks_for_a_gpu_without_smoke():
     assert subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300).stdout.strip() == "[]"
     done = subprocess.run([sys.executable, "bench/gpu_check.py"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "no CUDA GPU" in done.stderr
+
+
+def test_each_throughput_lever_keeps_the_loss_and_falls_back_where_it_cannot_run(smoke):
+    check = smoke["checks"]["8b_levers"]
+    ran = {name: v for name, v in check["variants"].items() if "shapes" in v}
+    assert set(ran) == {"plain", "pack_length 4096", "2x rows a micro-step", "liger"}  # compiled variants: tests/train/test_levers.py
+    assert check["kernels"].startswith("kernels: liger asked for, the plain path runs: ")  # no CUDA here: Liger's kernels cannot run
+    for name, variant in ran.items():
+        for shape, v in variant["shapes"].items():
+            assert v["ok"] and v["last_loss"] < v["first_loss"], (name, shape)
+            assert v["loss_gap"] is None if variant["rows_factor"] == 2 else v["loss_gap"] <= check["loss_tolerance"], (name, shape)
+    for shape, v in ran["pack_length 4096"]["shapes"].items():  # one sequence, no padding, where max_length packs several
+        assert v["packed_rows"] == 1 < ran["plain"]["shapes"][shape]["packed_rows"] and v["padding_fraction"] == 0

@@ -96,6 +96,15 @@ class TrainConfig(Settings):
     # their workers together still leave Ray Data a CPU.
     cpus_per_worker: float | None = None
     attention: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
+    # Throughput levers (the same optimisation, faster; BENCHMARKS.md measures each on a GPU).
+    # pack_length: tokens per packed sequence (None: max_length). Rows are still cut at max_length; a
+    # longer pack_length packs a micro-step's rows into fewer, longer sequences, with less padding.
+    pack_length: int | None = Field(None, gt=0)
+    # liger: Liger's Triton kernels for the norms, SwiGLU and rotary embedding, and a cross-entropy
+    # fused with the lm_head that never holds the logits (Llama models on CUDA; elsewhere the plain
+    # path runs, and the worker's log says why).
+    kernels: Literal["none", "liger"] = "none"
+    compile: bool = False  # torch.compile of the model each job trains (its first steps pay the compile)
 
     # Observability and fault tolerance (with cpus_per_worker: PACING, above).
     log_every: int = 5  # steps between progress lines and Ray metrics (ray.train.report: with each checkpoint)
@@ -112,6 +121,8 @@ class TrainConfig(Settings):
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
         if not 0 < self.mask_fraction < 1:
             raise ConfigError(f"mask_fraction must be in (0, 1), got {self.mask_fraction}")
+        if self.pack_length is not None and self.pack_length < self.max_length:
+            raise ConfigError(f"pack_length={self.pack_length} is shorter than max_length={self.max_length}: a row of max_length tokens would fit no sequence")
         if self.method == "full" and self.quantization != "none":
             raise ConfigError(
                 f"method=full with quantization={self.quantization} is refused: full fine-tuning updates every "

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from train.config import TrainConfig
+from train.levers import use_compile
 from train.model import (
     adapter_hash,
     attach_lora,
@@ -208,6 +209,8 @@ def start_job(model, job: WorkerJob, run: WorkerRun, checkpoint) -> JobState:
     resumed = read_state(checkpoint, job.name)
     n_params, _ = count_parameters(model)
     model = wrap_distributed(model, cfg, device)
+    if cfg.compile and (note := use_compile(model, cfg, device)) and ctx.get_world_rank() == 0:
+        progress(f"[train] {job.name}: {note}")
     torch.manual_seed(cfg.seed)  # dropout: the same stream alone or after other jobs
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -280,6 +283,7 @@ def report(t: JobState, job: WorkerJob, save: bool, done: list[str], gauges: dic
         "resumed_from_step": t.resumed_from,
         "init_hash": t.init_hash,
         "done": t.step >= job.total_steps,
+        "device": t.device.type,  # cuda or cpu: a run that fell back to CPU says so
     }
     if t.device.type == "cuda":
         metrics["gpu_mem_gib"] = torch.cuda.max_memory_allocated(t.device) / 2**30
@@ -326,7 +330,7 @@ def train_job(model, job: WorkerJob, run: WorkerRun, checkpoint, done: list[str]
     staging = staging_dir(Path(job.output_dir), run.run_id)
     if t.rank == 0 and t.resumed_from is not None:
         progress(f"[train] {job.name}: resumed from the checkpoint at step {t.resumed_from}/{total}")
-    collate = PackBatch(cfg.max_length, run.pad_id, packs_into_one_row(unwrap(t.model)))
+    collate = PackBatch(cfg.pack_length or cfg.max_length, run.pad_id, packs_into_one_row(unwrap(t.model)))
     t.model.train()
     last, reported_final = {}, False
     for batch in job_batches(ray.train.get_dataset_shard(job.name), collate, job, t):

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from train.config import ConfigError, TrainConfig
+from train.levers import decoder_layers, use_kernels
 
 
 def check_model_path(model_path: str) -> None:
@@ -92,6 +93,8 @@ def load_base(model_path: str, cfg: TrainConfig, device: torch.device):
         kwargs["device_map"] = {"": device}
     model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
     model.config.use_cache = False
+    if cfg.kernels != "none":  # before any adapter wraps the modules it patches
+        print(f"[train] {use_kernels(model, cfg, device)}", flush=True)
     if cfg.quantization != "none":
         from peft import prepare_model_for_kbit_training
 
@@ -203,11 +206,9 @@ def wrap_distributed(model, cfg: TrainConfig, device: torch.device, ddp_alone: b
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype(device), reduce_dtype=torch.float32)
-    base = model.get_base_model() if is_adapter_model(model) else model
-    layer_types = set(getattr(base, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in layer_types]
+    layers = decoder_layers(model)
     if not layers:
-        raise ValueError(f"FSDP: found no decoder layers ({sorted(layer_types)}) to shard in {type(model).__name__}")
+        raise ValueError(f"FSDP: found no decoder layers (_no_split_modules) to shard in {type(model).__name__}")
     for layer in layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)

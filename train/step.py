@@ -57,7 +57,7 @@ def forward_loss(model, batch: dict, number_ids: torch.Tensor | None = None) -> 
     loss still touches the graph, which keeps DDP's collectives in step."""
     has_labels = bool((batch["labels"] != -100).any())
     with autocast_for(next(unwrap(model).parameters()).device):
-        if number_ids is not None:
+        if number_ids is not None or not has_labels:  # the logits themselves (a fused loss would not make them)
             out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
         else:
             out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=batch["labels"])

@@ -41,7 +41,7 @@ from train.teacher_pass import TeacherPass
 # run keeps one frozen base for all its jobs, a full one loads a base of its own per job).
 SHARED_KEYS = (
     "method", "num_workers", "use_gpu", "strategy", "quantization", "attention",
-    "gradient_checkpointing", "max_failures", "keep_checkpoints", "cpus_per_worker",
+    "gradient_checkpointing", "kernels", "max_failures", "keep_checkpoints", "cpus_per_worker",
 )  # fmt: skip
 MATERIALIZE_BYTES = 256 * 2**20  # tokenized data up to this size is read before the workers start (job_dataset)
 

@@ -131,6 +131,8 @@ def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentCo
     )  # fmt: skip
     RUNNING_APPS.add(app)
     try:
+        health = handle.health.remote(detailed=True).result()  # one replica's: they share settings and resources
+        print(f"[serve] {app} ready: engine {health['engine']} on {health['device']}, scoring {health['scoring']}", flush=True)
         yield handle
     finally:
         stop_service(app)

@@ -30,6 +30,9 @@ import requests
 from jobs.sources.world_checks import TARGETS
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+from gpu_job import off_gpu, phases_of  # noqa: E402
+
 REDUCED = ["--set", "numbers.prompts=384", "--set", "numbers.keep=192", "--set", "replicates=2"]
 MODELS = {"base", "teacher", "student", "control"}
 
@@ -212,6 +215,13 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
                  "[arms] 4 stage(s) done in", "[evaluate] eval/base done in", "[report] report done in"):  # fmt: skip
         assert line in everything, line
     assert re.search(r"^\[evaluate\] (\d+)/\1 scored, \d+ questions/s$", log, re.M)  # progress ends at the total
+    # Where each phase ran, as bench/gpu_job.py reads it: every training run and Serve app names its device,
+    # and on this CPU cluster the GPU run's check would fail on each phase.
+    phases = phases_of([(0.0, line) for line in everything.splitlines()])
+    assert {name: phases[name]["devices"] for name in ("teacher", "numbers", "arms", "evaluate")} == dict.fromkeys(
+        ("teacher", "numbers", "arms", "evaluate"), ["cpu"]
+    )
+    assert off_gpu(phases) == dict.fromkeys(("teacher", "numbers", "arms", "evaluate"), "ran on cpu")
 
     report = json.loads((run_dir / "report.json").read_text())
     assert report["truncated_questions"] == {"train": 0, "held_out": 0}

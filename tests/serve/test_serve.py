@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
+import torch
 
 from jobs.sources.wmdp import synthetic_questions
 from serve.launch import start_service, stop_service
@@ -65,6 +66,7 @@ def test_generate_counts_seeds_and_adapters(services, engine):
     assert requests.get(url + "/adapters").json() == {"adapters": ["a", "b"]}
     health = requests.get(url + "/health").json()
     assert health["engine"] == engine
+    assert health["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
     assert health["proxy_guard"] == {"installed": False, "limit_bytes": None}  # this session's Ray started without the guard
 
 

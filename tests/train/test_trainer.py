@@ -114,6 +114,18 @@ def kill_a_worker_after(storage: Path, job: str, step: int, actor_pids) -> list[
     return killed
 
 
+@pytest.mark.timeout(600)
+def test_every_lever_through_ray_train_lands_where_the_plain_run_does(plain_run, tiny_model, toy_rows, tmp_path, cache_dir):
+    """small_config() with all three levers on a real 2-worker DDP run: Liger falls back (no GPU), the
+    model is compiled, micro-steps pack into one sequence; the loss curve is the plain run's."""
+    plain_metrics, _ = plain_run
+    cfg = small_config(kernels="liger", compile=True, pack_length=1024)
+    metrics = train_lora(tiny_model, toy_rows, tmp_path / "adapter", cfg, cache_dir=cache_dir)
+    assert metrics["device"] == "cpu" and metrics["step"] == plain_metrics["step"]
+    assert metrics["padding_fraction"] < plain_metrics["padding_fraction"]
+    assert metrics["loss"] == pytest.approx(plain_metrics["loss"], rel=0.02) and metrics["first_loss"] == pytest.approx(plain_metrics["first_loss"], rel=1e-4)
+
+
 @pytest.mark.timeout(400)
 def test_a_killed_worker_resumes_from_checkpoint(plain_run, actor_pids, tiny_model, toy_rows, tmp_path, cache_dir):
     cfg = small_config()  # 32 steps, checkpoints at 8, 16, 24, 32: the settings of plain_run

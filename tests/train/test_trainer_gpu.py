@@ -16,14 +16,40 @@ pytestmark = pytest.mark.gpu
         {},
         {"quantization": "4bit", "gradient_checkpointing": True},
         {"strategy": "fsdp", "gradient_checkpointing": True},
+        {"kernels": "liger", "compile": True, "pack_length": 1024},
     ],
-    ids=["bf16", "4bit-checkpointing", "fsdp-1gpu"],
+    ids=["bf16", "4bit-checkpointing", "fsdp-1gpu", "levers"],
 )
 def test_lora_on_gpu_learns(ray_cluster, tiny_model, toy_rows, tmp_path, cache_dir, overrides):  # noqa: F811
     cfg = TrainConfig(num_workers=1, use_gpu=True, batch_size=32, epochs=4, lr=5e-3, log_every=2, checkpoint_every=16, **overrides)
     metrics = train_lora(tiny_model, toy_rows, tmp_path / "adapter", cfg, cache_dir=cache_dir)
     assert metrics["loss"] < 0.5 * metrics["first_loss"], metrics
-    assert metrics["gpu_mem_gib"] > 0
+    assert metrics["gpu_mem_gib"] > 0 and metrics["device"] == "cuda"
+
+
+def test_liger_kernels_replace_the_modules_and_keep_the_loss(tiny_model):
+    """kernels: liger on CUDA: Liger's modules in place of the Llama ones, and the loss of a packed
+    batch within bf16's rounding of the plain model's (the fused cross-entropy never makes the logits)."""
+    import numpy as np
+    import torch
+
+    from train.data import pack_batch
+    from train.model import attach_lora, load_base
+    from train.step import forward_loss
+
+    device = torch.device("cuda")
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(3, 500, int(n)) for n in rng.integers(20, 60, 6)]
+    batch = pack_batch({"input_ids": np.array(rows, dtype=object), "labels": np.array(rows, dtype=object)}, 128, pad_id=0)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    losses = {}
+    for kernels in ("none", "liger"):  # plain first: Liger patches transformers' Llama classes for the process
+        cfg = TrainConfig(use_gpu=True, kernels=kernels)
+        model = attach_lora(load_base(tiny_model, cfg, device), cfg).train()
+        with torch.no_grad():
+            losses[kernels] = float(forward_loss(model, batch))
+    assert type(model.get_base_model().model.norm).__name__ == "LigerRMSNorm"
+    assert losses["liger"] == pytest.approx(losses["none"], rel=2e-2)
 
 
 def test_a_4bit_base_counts_as_many_weights_as_bf16(tiny_model):

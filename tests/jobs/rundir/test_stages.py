@@ -149,13 +149,16 @@ def test_a_key_added_after_a_stage_ran_is_read_at_its_default(tmp_path):
     assert again.entry("teacher")["inputs"] == stages["teacher"].inputs(again) and restate(plan(stages_for(), again), again) == []
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS.glob("*.yaml")), ids=lambda p: p.name)
+BEFORE_IDENTITY = json.loads(gzip.decompress((Path(__file__).parent / "data" / "stage_reads_before_identity.json.gz").read_bytes()))
+
+
+@pytest.mark.parametrize("preset", [PRESETS / name for name in sorted(BEFORE_IDENTITY)], ids=lambda p: p.name)
 def test_stages_stored_under_the_earlier_identity_are_reused(tmp_path, preset):
-    """data/stage_reads_before_identity.json.gz holds every shipped preset's stage reads as the code
-    before this identity (commit 44c5c6e) recorded them: whole config sections, PACING included,
-    keys added later left out at their defaults. A run directory recorded that way reuses every stage,
-    and is restated to the reads declared now."""
-    before = json.loads(gzip.decompress((Path(__file__).parent / "data" / "stage_reads_before_identity.json.gz").read_bytes()))
+    """data/stage_reads_before_identity.json.gz holds the stage reads of every preset shipped then
+    (tiny-gpu came later) as the code before this identity (commit 44c5c6e) recorded them: whole config
+    sections, PACING included, keys added later left out at their defaults. A run directory recorded
+    that way reuses every stage, and is restated to the reads declared now."""
+    before = BEFORE_IDENTITY
     cfg = load_experiment(preset)
     stages = experiment_stages(cfg, arm_models(cfg), questions_hash="questions")
     assert {s.name for s in stages} == set(before[preset.name])
