@@ -72,6 +72,7 @@ def main() -> int:
     parser.add_argument("--out", default="gpu_check.json")
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per shape (the 70B slice takes half)")
     parser.add_argument("--only", default=",".join(CHECKS), help="comma-separated checks to run")
+    parser.add_argument("--levers", default=None, help="8b_levers: comma-separated variants only (plain is always measured: the others compare with it)")
     parser.add_argument("--workdir", default=None, help="where the models are written (27 GB on GPU; default: the temp folder)")
     args = parser.parse_args()
     only = [name for name in CHECKS if name in args.only.split(",")]
@@ -108,7 +109,7 @@ def main() -> int:
             "fsdp2_world_size_1": lambda: wrappers.check_fsdp(ctx, ctx.model("8b", layers=2)),
             "70b_slice_4bit_ddp": lambda: slice70b.check_70b_slice(ctx, max(2, steps // 2)),
             "handoff": lambda: handoff.check_handoff(ctx, ctx.model("8b")),
-            "8b_levers": lambda: levers.check_levers(ctx, lora_8b(), steps),
+            "8b_levers": lambda: levers.check_levers(ctx, lora_8b(), steps, args.levers.split(",") if args.levers else None),
         }
         try:
             for name in only:

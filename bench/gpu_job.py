@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -89,19 +90,29 @@ class MemorySampler(threading.Thread):
             self.stop.wait(self.every_s)
 
 
-def run_pipeline(args, run_dir: Path, log_path: Path) -> tuple[int, list[tuple[float, str]], float]:
-    """The pipeline in a child process: (exit status, its log lines timed from launch, wall seconds)."""
+def run_pipeline(args, run_dir: Path, log_path: Path, lines: list) -> int:
+    """The pipeline in a child process; its log lines, timed from launch, are appended to `lines` as
+    they come (so a run cut short keeps them). Returns its exit status."""
     command = [sys.executable, "jobs/pipeline.py", "--config", args.config, "--run-dir", str(run_dir), "--fresh"]
     for assignment in args.set:
         command += ["--set", assignment]
-    started, lines = time.time(), []
-    with open(log_path, "w") as log, subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-        for line in proc.stdout:
-            print(line, end="", flush=True)
-            log.write(line)
-            lines.append((time.time() - started, line.rstrip("\n")))
-        code = proc.wait()
-    return code, lines, time.time() - started
+    started = time.time()
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        with open(log_path, "w") as log:
+            for line in proc.stdout:
+                print(line, end="", flush=True)
+                log.write(line)
+                log.flush()
+                lines.append((time.time() - started, line.rstrip("\n")))
+        return proc.wait()
+    finally:
+        if proc.poll() is None:  # cut short (SIGTERM from `timeout`): the pipeline tears its Serve app down on SIGTERM
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def main() -> int:
@@ -115,30 +126,40 @@ def main() -> int:
     if not gpu_memory():
         print("error: no CUDA GPU on this machine", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` stops us so: the finally below still writes what ran
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="gpu-job-"))
     log_path = Path(args.log or Path(args.out).with_suffix(".log"))
     sampler = MemorySampler()
     sampler.start()
-    code, lines, wall = run_pipeline(args, run_dir, log_path)
-    sampler.stop.set()
+    started, lines, code = time.time(), [], None
+    try:
+        code = run_pipeline(args, run_dir, log_path, lines)
+    finally:
+        sampler.stop.set()
+        fell_back = summarize(args, lines, code, time.time() - started, sampler.peak_gib, run_dir, log_path)
+    return 1 if code != 0 or fell_back else 0
+
+
+def summarize(args, lines: list, code: int | None, wall: float, peak_gib: float, run_dir: Path, log_path: Path) -> dict:
+    """Write the JSON (also for a run cut short: `exit_code` null), print the table; returns off_gpu's verdict."""
     phases = phases_of(lines)
     first = min((p["started_s"] for p in phases.values() if p["started_s"] is not None), default=None)
     fell_back = off_gpu(phases)
     result = {
         "config": args.config, "set": args.set, "gpu": gpu_name(), "exit_code": code, "wall_s": round(wall, 1),
-        "before_first_phase_s": first, "phases": phases, "off_gpu": fell_back, "peak_gpu_memory_gib": round(sampler.peak_gib, 2),
+        "before_first_phase_s": first, "phases": phases, "off_gpu": fell_back, "peak_gpu_memory_gib": round(peak_gib, 2),
         "run_dir": str(run_dir), "log": str(log_path),
     }  # fmt: skip
     write_json(args.out, result)
     print(f"\n{'phase':<10} {'seconds':>8}  ran on")
     for name, phase in phases.items():
         print(f"{name:<10} {phase['seconds'] if phase['seconds'] is not None else '-':>8}  {', '.join(phase['devices']) or '-'}")
-    print(f"wall {wall:.0f} s, {first} s before the first phase, peak GPU memory {sampler.peak_gib:.1f} GiB; {args.out}")
+    print(f"wall {wall:.0f} s, {first} s before the first phase, peak GPU memory {peak_gib:.1f} GiB; {args.out}")
     if code != 0:
-        print(f"FAILED: the pipeline exited {code}", file=sys.stderr)
+        print(f"FAILED: the pipeline {'was cut short' if code is None else f'exited {code}'}", file=sys.stderr)
     for name, why in fell_back.items():
         print(f"FAILED: {name} {why}", file=sys.stderr)
-    return 1 if code != 0 or fell_back else 0
+    return fell_back
 
 
 def gpu_name() -> str | None:

@@ -39,7 +39,10 @@ VARIANTS = {  # name -> (TrainConfig overrides, rows a micro-step x)
 }
 
 
-def check_levers(ctx: Context, model, steps: int) -> dict:
+def check_levers(ctx: Context, model, steps: int, only: list[str] | None = None) -> dict:
+    """Every variant of VARIANTS (or `only` those, with plain), in its order, on `model` (a PeftModel)."""
+    if unknown := sorted(set(only or ()) - set(VARIANTS)):
+        raise ValueError(f"unknown lever variants {unknown}; known: {list(VARIANTS)}")
     n_params, _ = count_parameters(model)
     peak = peak_flops(ctx.device)
     initial = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -47,6 +50,8 @@ def check_levers(ctx: Context, model, steps: int) -> dict:
     out = {"parameters": n_params, "loss_tolerance": loss_tol, "pack_length": PACK_LENGTH, "variants": {}}
     patched = False
     for name, (overrides, factor) in VARIANTS.items():
+        if only and name != "plain" and name not in only:
+            continue
         cfg = ctx.cfg(**overrides)
         if cfg.compile and ctx.smoke:
             out["variants"][name] = {"ok": None, "skipped": "compilation on CPU is tested in tests/train/test_levers.py"}
@@ -63,7 +68,13 @@ def check_levers(ctx: Context, model, steps: int) -> dict:
                 for layer in decoder_layers(model):
                     layer._compiled_call_impl = None  # nn.Module.compile's own attribute: eager again
                 torch._dynamo.reset()
-        out["variants"][name] = {"overrides": overrides, "rows_factor": factor, "compile": compiled, "shapes": shapes, "seconds": round(time.time() - started, 1)}
+        out["variants"][name] = {
+            "overrides": overrides,
+            "rows_factor": factor,
+            "compile": compiled,
+            "shapes": shapes,
+            "seconds": round(time.time() - started, 1),
+        }
         line = ", ".join(f"{s}: {v['tokens_per_s']:.0f} tokens/s, MFU {v['mfu'] or 0:.3f}, {v['peak_memory_gib'] or 0:.1f} GiB" for s, v in shapes.items())
         print(f"  8b_levers {name}: {line}", flush=True)
     plain = out["variants"]["plain"]["shapes"]

@@ -254,7 +254,8 @@ class Shape:
 
 def activation_bytes_per_token(shape: Shape, train) -> float:
     """Peak activation bytes per token of one training stage (a TrainConfig), on its device."""
-    return shape.activation_bytes_per_token(Precision.of(train, train.use_gpu), train.max_length, train.gradient_checkpointing)
+    sequence = train.pack_length or train.max_length  # the longest packed sequence: SDPA's mask spans it
+    return shape.activation_bytes_per_token(Precision.of(train, train.use_gpu), sequence, train.gradient_checkpointing)
 
 
 def full_training_gib(shape: Shape, train, workers: int) -> dict[str, float]:
