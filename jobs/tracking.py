@@ -6,19 +6,24 @@ every preset on this machine is comparable in one UI (`mlflow ui --backend-store
 sqlite:///<cache>/mlflow.db`). `tracking.uri` points a run at a team's server instead; `tracking: off`
 turns tracking off. The experiment is named after the preset (`tracking.experiment` to choose).
 
-- The parent run (tags `preset`, `run_dir`, `preset_chain`, `git_commit`, `git_dirty`, MLflow's own
-  `mlflow.user`, `mlflow.source.name` and `mlflow.source.git.commit`, and, once the report exists, `registration`: confirmatory, repeat or exploratory) holds each comparison's primary verdict
+- The parent run, one per run directory and resolved config (tags `preset`, `run_dir`, `preset_chain`,
+  `config_digest`, `supersedes`, `git_commit`, `git_dirty`, MLflow's own `mlflow.user`, `mlflow.source.name` and
+  `mlflow.source.git.commit`, and, once the report exists, `registration`: confirmatory, repeat or
+  exploratory), holds the resolved config (every key a param, and config.json), each comparison's primary verdict
   (effect, CI, p, Holm p, MDE as metrics `verdict.<name>.*`, the sentence as a tag), the accuracy of
   every model and arm per split (as written and over orders), and report.md, report.json and the
   plots as artifacts.
 - A child run per trained model (teacher, letter or sham teacher, every arm x replicate), tagged
-  with its stage and the stage's hash, holds its resolved training config as params, the loss of
-  every optimizer step (rank 0's, the numbers of `loss_history`), tokens/s, its accuracy per split,
-  and its `train_metrics.json` as an artifact.
+  with its stage and the stage's hash, holds its resolved training config as params, the loss,
+  learning rate and gradient norm (before clipping) of every optimizer step, each at the time the
+  step ended (rank 0's `loss_history` and `step_history`), tokens/s, its accuracy per split, and its
+  `train_metrics.json` as an artifact.
 
 The pipeline syncs after every phase: what a finished stage made is written once, found again by
-the stage's hash, so a rerun that reuses a stage adds no run (a report setting changed adds none);
-a changed stage is a new model and gets a new child. A training stage is written when it
+the stage's hash, so a rerun that reuses a stage adds no run; a changed stage is a new model and
+gets a new child. A rerun with another config (a `--set`, an edited preset) gets a parent of its
+own, under which the models it reuses are logged again: each parent's params are what its runs
+were made with. A training stage is written when it
 finishes, so a resumed training appears once, with its whole loss history. The store is checked
 before any work (`check`); a failure while the run goes on is printed and never stops it.
 """
@@ -34,9 +39,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from jobs.experiment.config import ExperimentConfig, TrackingConfig
+from jobs.experiment.config import ExperimentConfig, TrackingConfig, as_dict
 from jobs.experiment.stages import TEACHERS, trained_folder
-from jobs.rundir.manifest import Manifest, flatten
+from jobs.rundir.manifest import Manifest, digest, flatten
 from jobs.rundir.registration import source_state
 from train.config import ConfigError
 
@@ -51,9 +56,11 @@ class TrackingError(ConfigError):
 class Tracker:
     """One pipeline's MLflow runs. Made with `for_run`, which returns None when tracking is off."""
 
-    def __init__(self, uri: str, experiment: str, run_dir: Path, preset_chain: str, artifact_root: str | None = None):
+    def __init__(self, uri: str, experiment: str, run_dir: Path, preset_chain: str, artifact_root: str | None = None, config: dict | None = None):
         self.uri, self.experiment, self.run_dir, self.chain = uri, experiment, run_dir, preset_chain
         self.artifact_root = artifact_root
+        self.config = config or {}  # the resolved config: the parent's params, and its digest picks the parent
+        self.config_digest = digest(self.config)[:16]
         self._client = None
         self._experiment_id = None
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # MLflow's client retries for minutes by default
@@ -67,7 +74,7 @@ class Tracker:
         # other trainers read them), then the embedded store and the preset's name.
         uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{cache / 'mlflow.db'}"
         experiment = cfg.tracking.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.name
-        return cls(uri, experiment, run_dir, preset_chain, sqlite_artifact_root(uri))
+        return cls(uri, experiment, run_dir, preset_chain, sqlite_artifact_root(uri), as_dict(cfg))
 
     # -- before any work ---------------------------------------------------------------------------
 
@@ -87,6 +94,11 @@ class Tracker:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as err:
                 raise TrackingError(f"tracking.uri {self.uri}: cannot create {folder} ({err}); {advice}") from None
+            if shared := network_filesystem(folder):
+                raise TrackingError(
+                    f"tracking.uri {self.uri}: a SQLite file on a network file system ({shared}), whose locking SQLite cannot rely on; "
+                    "put it on a local disk (MLFLOW_TRACKING_URI=sqlite:////local/path/mlflow.db), use an MLflow server, or pass --set tracking=off"
+                )
         try:
             with self.creation_lock():
                 self.experiment_id()
@@ -156,25 +168,52 @@ class Tracker:
             self._experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment, artifact_location=artifacts)
         return self._experiment_id
 
-    def parents(self, max_results: int = 1000) -> list:
-        """This run directory's parent runs (one, but for a store written before --fresh set one aside)."""
+    def parents(self, max_results: int = 1000, any_config: bool = False) -> list:
+        """This run directory's parent run under this resolved config (`any_config`: under any; more
+        than one only in a store written before configs had a parent each)."""
         query = f"tags.`{PIPELINE_TAG}` = 'pipeline' and tags.run_dir = '{self.run_dir}'"
+        if not any_config:
+            query += f" and tags.config_digest = '{self.config_digest}'"
         return self.client.search_runs([self.experiment_id()], query, max_results=max_results)
 
     def parent_run(self):
-        """This run directory's parent run, made on first use (and running again on a rerun)."""
+        """This run directory's parent run, made on first use with the config as params and config.json
+        (and running again on a rerun). A rerun with another config (a --set, an edited preset) sets the
+        earlier parent aside and starts one of its own, tagged `supersedes` with the earlier run's id, so
+        each parent's params say what its runs were made with; the models it reuses are logged under it again."""
         found = self.parents(max_results=1)
         if found:
             if found[0].info.status != "RUNNING":
                 self.client.update_run(found[0].info.run_id, status="RUNNING")
             return found[0]
+        earlier = self.set_aside(f"superseded by config {self.config_digest}")
         state = source_state()  # the one reader of the commit and the dirty flag (the report's registration uses it too)
-        tags = {PIPELINE_TAG: "pipeline", "run_dir": str(self.run_dir), "preset": self.experiment, "preset_chain": self.chain}
+        tags = {
+            PIPELINE_TAG: "pipeline",
+            "run_dir": str(self.run_dir),
+            "preset": self.experiment,
+            "preset_chain": self.chain,
+            "config_digest": self.config_digest,
+        }
         tags |= {"git_commit": str(state["commit"]), "git_dirty": str(state["dirty"])}
         tags |= {"mlflow.user": user(), "mlflow.source.name": "jobs/pipeline.py", "mlflow.source.type": "JOB"}  # MLflow's own: its UI shows them
         if state["commit"]:
             tags["mlflow.source.git.commit"] = str(state["commit"])
-        return self.client.create_run(self.experiment_id(), tags=tags, run_name=self.run_dir.name)
+        if earlier:
+            tags["supersedes"] = earlier[0].info.run_id
+        run = self.client.create_run(self.experiment_id(), tags=tags, run_name=self.run_dir.name)
+        self.log_config(run.info.run_id)
+        return run
+
+    def log_config(self, run_id: str) -> None:
+        """The resolved config: every key as a param (dotted path; MLflow keeps a param's first value,
+        hence a parent per config) and whole as config.json."""
+        from mlflow.entities import Param
+
+        params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(self.config).items())]
+        for i in range(0, len(params), 100):  # a request holds at most 100 params
+            self.client.log_batch(run_id, params=params[i : i + 100])
+        self.client.log_dict(run_id, self.config, "config.json")
 
     def finish(self, status: str) -> None:
         """The pipeline ended: its parent run is marked FINISHED, FAILED or KILLED, so the UI never
@@ -186,13 +225,18 @@ class Tracker:
             print(f"[tracking] could not mark the run {status} ({type(err).__name__}: {err})", flush=True)
 
     def supersede(self) -> None:
-        """--fresh: the run directory's parent run keeps its runs under a renamed `run_dir` tag, so
-        the fresh run writes a parent and children of its own."""
+        """--fresh: the run directory's parent run is set aside, so the fresh run writes a parent and children of its own."""
         try:
-            for run in self.parents():
-                self.client.set_tag(run.info.run_id, "run_dir", f"{self.run_dir} (before --fresh at {time.strftime('%Y-%m-%d %H:%M:%S')})")
+            self.set_aside("before --fresh")
         except Exception as err:  # noqa: BLE001 - as sync: never stops the run
             print(f"[tracking] could not set aside the earlier run ({type(err).__name__}: {err}); the run goes on", flush=True)
+
+    def set_aside(self, why: str) -> list:
+        """This run directory's parent runs, each keeping its runs under a renamed `run_dir` tag; returns them."""
+        earlier = self.parents(any_config=True)
+        for run in earlier:
+            self.client.set_tag(run.info.run_id, "run_dir", f"{self.run_dir} ({why} at {time.strftime('%Y-%m-%d %H:%M:%S')})")
+        return earlier
 
     def find_child(self, parent, stage_hash: str) -> str | None:
         query = f"tags.`mlflow.parentRunId` = '{parent.info.run_id}' and tags.stage_hash = '{stage_hash}'"
@@ -212,7 +256,7 @@ class Tracker:
         run_id = run.info.run_id
         params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(metrics.get("train_config", {})).items())]
         now = int(finished * 1000)
-        series = [Metric("loss", float(loss), now, int(step)) for step, loss in metrics.get("loss_history", [])]
+        series = step_series(metrics, now)
         series += [Metric(key, float(metrics[key]), now, 0) for key in ("tokens_per_s", "step_time_s", "padding_fraction") if metrics.get(key) is not None]
         for i in range(0, len(params), 100):  # a request holds at most 100 params and 1,000 metrics
             self.client.log_batch(run_id, params=params[i : i + 100])
@@ -241,6 +285,19 @@ class Tracker:
             self.client.set_tag(run_id, "registration", registration["status"])
 
 
+def step_series(metrics: dict, default_ms: int) -> list:
+    """Each optimizer step's loss, learning rate and gradient norm (before clipping), stamped with the
+    time the step ended (`step_history`); a model trained before those were kept has its losses
+    alone, all stamped `default_ms`."""
+    from mlflow.entities import Metric
+
+    marks = {int(step): (int(at * 1000), lr, norm) for step, at, lr, norm in metrics.get("step_history", [])}
+    series = [Metric("loss", float(loss), marks.get(int(step), (default_ms,))[0], int(step)) for step, loss in metrics.get("loss_history", [])]
+    for step, (at, lr, norm) in sorted(marks.items()):
+        series += [Metric("lr", float(lr), at, step), Metric("grad_norm", float(norm), at, step)]
+    return series
+
+
 def user() -> str:
     """Who ran the pipeline, as MLflow's own runs record it."""
     import getpass
@@ -249,6 +306,28 @@ def user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # no name for this uid (a container)
         return str(os.getuid())
+
+
+NETWORK_FILESYSTEMS = ("nfs", "nfs4", "efs", "cifs", "smb3", "lustre", "fuse.sshfs", "9p")
+
+
+def network_filesystem(path: Path, mounts: str | None = None) -> str | None:
+    """'<type> at <mount point>' when `path` lies on a network file system (the longest mount point
+    holding it, in /proc/mounts or `mounts`, that table's text); None on a local disk or where
+    the table cannot be read."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/mounts").read_text()
+        except OSError:
+            return None
+    resolved, best = str(Path(path).resolve()), ("", "")
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) >= 3:
+            point = fields[1].replace("\\040", " ")
+            if (resolved == point or resolved.startswith(point.rstrip("/") + "/")) and len(point) > len(best[0]):
+                best = (point, fields[2])
+    return f"{best[1]} at {best[0]}" if best[1] in NETWORK_FILESYSTEMS else None
 
 
 def sqlite_artifact_root(uri: str) -> str | None:

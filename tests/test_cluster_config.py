@@ -48,6 +48,7 @@ def test_every_node_starts_ray_locked_and_the_dashboard_on_loopback(config):
     `ray dashboard cluster.yaml`'s SSH tunnel, never open on the node's address."""
     assert "-e RAY_AUTH_MODE=token" in config["docker"]["run_options"]
     assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
+    assert config["setup_commands"][0] == "chmod 600 ~/.ray/auth_token"  # copied with the default umask: made the owner's alone first
     head = " ".join(config["head_start_ray_commands"])
     assert "--dashboard-host=127.0.0.1" in head and "0.0.0.0" not in head
 
@@ -77,3 +78,52 @@ def test_gpu_nodes_stop_at_setup_on_an_old_driver(config, tmp_path, driver, fail
     done = subprocess.run(["bash", "-c", check], env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}, capture_output=True, text=True)
     assert (done.returncode != 0) == fails and (f"NVIDIA driver {driver} is older than 580" in done.stdout) == fails
     assert any("torch.cuda.device_count()" in c and "sys.exit" in c for c in config["worker_setup_commands"])
+
+
+POLICIES = CLUSTER_YAML.parent / "docs" / "aws"
+
+
+def actions(policy: dict) -> list[str]:
+    return [a for statement in policy["Statement"] for a in ([statement["Action"]] if isinstance(statement["Action"], str) else statement["Action"])]
+
+
+def test_each_node_type_has_an_instance_profile_of_least_privilege(config):
+    """Named profiles, so Ray does not give the head its default role (every EC2 and S3 action): the head's
+    may launch and tag, and stop or terminate only this cluster's instances, pass only the workers' role
+    and mount the file system; the workers' may only mount it."""
+    import json
+
+    profiles = {name: node["node_config"].get("IamInstanceProfile", {}).get("Name") for name, node in config["available_node_types"].items()}
+    assert profiles == {"head": "subliminal-head", "gpu-8x-h100": "subliminal-worker", "gpu-1x-l40s": "subliminal-worker"}
+    head, worker = (json.loads((POLICIES / f"{who}-policy.json").read_text()) for who in ("head", "worker"))
+    for policy in (head, worker):
+        assert all(statement["Effect"] == "Allow" for statement in policy["Statement"])
+        assert not [a for a in actions(policy) if "*" in a], actions(policy)  # no wildcard action
+    assert set(actions(worker)) == {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}
+    assert not {a.split(":")[0] for a in actions(head)} - {"ec2", "ssm", "iam", "elasticfilesystem"}  # no S3, no other service
+    for statement in head["Statement"]:
+        if {"ec2:TerminateInstances", "ec2:StopInstances"} & set(statement["Action"]):
+            assert statement["Condition"] == {"StringEquals": {"ec2:ResourceTag/ray-cluster-name": config["cluster_name"]}}
+        if "iam:PassRole" in statement["Action"]:
+            assert statement["Action"] == ["iam:PassRole"] and statement["Resource"].endswith(":role/subliminal-worker")
+
+
+def test_ssh_is_open_to_one_range_and_the_shared_store_mounted_with_tls(config):
+    rules = config["provider"]["security_group"]["IpPermissions"]
+    assert [(r["FromPort"], r["ToPort"]) for r in rules] == [(22, 22)]
+    ranges = [block["CidrIp"] for r in rules for block in r.get("IpRanges", [])]
+    assert ranges and not {"0.0.0.0/0", "::/0"} & set(ranges) and not any(r.get("Ipv6Ranges") for r in rules)
+    mounts = [c for c in config["initialization_commands"] if "mount " in c and "mountpoint" in c]
+    assert mounts and all("-t efs -o tls" in c for c in mounts) and not any("nfs" in c for c in config["initialization_commands"])
+    (helper,) = [c for c in config["initialization_commands"] if "command -v mount.efs" in c]
+    import subprocess
+
+    done = subprocess.run(["/bin/bash", "-c", helper], env={"PATH": "/nonexistent"}, capture_output=True, text=True)  # a node without the helper
+    assert done.returncode == 1 and "amazon-efs-utils is not installed" in done.stdout  # stops: never mounts in the clear
+
+
+def test_mlflows_embedded_store_is_on_a_local_disk_not_the_shared_file_system(config):
+    (uri,) = [o.split("=", 1)[1] for o in config["docker"]["run_options"] if o.startswith("-e MLFLOW_TRACKING_URI=")]
+    local = {o.split(":")[1] for o in config["docker"]["run_options"] if o.startswith("-v /opt/dlami/nvme:")}
+    assert uri.startswith("sqlite:///") and not uri.removeprefix("sqlite:///").startswith("/mnt/shared")
+    assert any(uri.removeprefix("sqlite:///").startswith(folder + "/") for folder in local)  # the node's own NVMe

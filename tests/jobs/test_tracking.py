@@ -19,6 +19,7 @@ from jobs.rundir.manifest import Manifest
 from jobs.tracking import Tracker, TrackingError
 
 LOSSES = [[1, 2.5], [2, 2.0], [3, 1.25]]
+STEPS = [[1, 1_700_000_000.25, 1e-3, 4.5], [2, 1_700_000_001.5, 2e-3, 3.0], [3, 1_700_000_002.75, 2e-3, 1.5]]  # step, time, lr, grad norm
 REPORT = {
     "models": {"teacher": {"accuracy_by_split": {"train": 0.8, "held_out": 0.7}}},
     "arms": {},
@@ -38,7 +39,7 @@ def no_mlflow_variables(monkeypatch):
 def teacher_run(run_dir: Path, lr: float = 2.0e-3) -> Manifest:
     """A run directory holding a trained teacher and a report, as the pipeline writes them."""
     (run_dir / "teacher" / "adapter").mkdir(parents=True)
-    metrics = {"loss_history": LOSSES, "tokens_per_s": 1234.5, "train_config": {"lr": lr, "lora_rank": 8}}
+    metrics = {"loss_history": LOSSES, "step_history": STEPS, "tokens_per_s": 1234.5, "train_config": {"lr": lr, "lora_rank": 8}}
     (run_dir / "teacher" / "adapter" / "train_metrics.json").write_text(json.dumps(metrics))
     (run_dir / "report.json").write_text(json.dumps(REPORT))
     (run_dir / "report.md").write_text("# report\n")
@@ -63,14 +64,25 @@ def check_sync(tracker: Tracker, run_dir: Path, manifest: Manifest) -> None:
     (parent,), (child,) = tracked(tracker, run_dir)
     assert child.data.tags["stage"] == "teacher" and child.data.params == {"lr": "0.002", "lora_rank": "8"}
     assert child.info.end_time - child.info.start_time == 1000  # dated when the stage ran (1 s), not when written
-    history = mlflow.MlflowClient(tracker.uri).get_metric_history(child.info.run_id, "loss")
+    client = mlflow.MlflowClient(tracker.uri)
+    history = client.get_metric_history(child.info.run_id, "loss")
     assert [[m.step, m.value] for m in history] == LOSSES
+    assert [m.timestamp for m in history] == [int(at * 1000) for _, at, _, _ in STEPS]  # each step at the time it ended
+    for name, column in (("lr", 2), ("grad_norm", 3)):
+        assert [[m.step, m.value] for m in client.get_metric_history(child.info.run_id, name)] == [[row[0], row[column]] for row in STEPS]
     assert child.data.metrics["tokens_per_s"] == 1234.5 and child.data.metrics["accuracy.held_out"] == 0.7
     assert [a.path for a in mlflow.MlflowClient(tracker.uri).list_artifacts(child.info.run_id)] == ["train_metrics.json"]
     assert parent.data.tags["mlflow.source.name"] == "jobs/pipeline.py" and parent.data.tags["mlflow.user"]
     assert parent.data.tags["mlflow.source.git.commit"] == parent.data.tags["git_commit"]
     assert parent.data.metrics["accuracy.teacher.held_out.over_orders"] == 0.65
-    assert {a.path for a in mlflow.MlflowClient(tracker.uri).list_artifacts(parent.info.run_id)} == {"report.md", "report.json"}
+    assert {a.path for a in mlflow.MlflowClient(tracker.uri).list_artifacts(parent.info.run_id)} == {"report.md", "report.json", "config.json"}
+    assert parent.data.params["teacher.lr"] == str(cfg.teacher.lr) and parent.data.params["replicates"] == str(cfg.replicates)
+    assert (
+        json.loads(Path(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="config.json", tracking_uri=tracker.uri)).read_text())[
+            "name"
+        ]
+        == "tiny"
+    )
     assert parent.info.status == "RUNNING"
     tracker.finish("FAILED")  # the pipeline ended on an error: the UI says so, not RUNNING
     assert tracked(tracker, run_dir)[0][0].info.status == "FAILED"
@@ -89,6 +101,24 @@ def test_the_embedded_store_holds_a_parent_and_a_child_per_model_once(tmp_path):
     tracker.sync(load_experiment("tiny"), manifest, {})
     assert len(tracked(tracker, run_dir)[1]) == 2
     assert Tracker.for_run(load_experiment("tiny", ["tracking=off"]), tmp_path, run_dir) is None
+
+
+def test_a_rerun_with_another_config_starts_a_parent_that_names_the_one_it_supersedes(tmp_path):
+    run_dir = tmp_path / "run"
+    manifest = teacher_run(run_dir)
+    first_cfg, second_cfg = load_experiment("tiny"), load_experiment("tiny", ["evaluate.primary_metric=agreement"])
+    Tracker.for_run(first_cfg, tmp_path / "cache", run_dir, "tiny.yaml").sync(first_cfg, manifest, {})
+    (first,), _ = tracked(Tracker.for_run(first_cfg, tmp_path / "cache", run_dir), run_dir)
+    second_tracker = Tracker.for_run(second_cfg, tmp_path / "cache", run_dir, "tiny.yaml")
+    second_tracker.sync(second_cfg, manifest, {})
+    (current,), (child,) = tracked(second_tracker, run_dir)  # one current parent; the reused teacher logged under it
+    assert current.data.tags["supersedes"] == first.info.run_id and child.data.tags["stage"] == "teacher"
+    assert current.data.params["evaluate.primary_metric"] == "agreement"
+    earlier = mlflow.MlflowClient(second_tracker.uri).get_run(first.info.run_id)
+    assert earlier.data.params["evaluate.primary_metric"] == "teacher_answer_rank"  # what its runs were made with, kept
+    assert earlier.data.tags["run_dir"].startswith(f"{run_dir} (superseded by config {second_tracker.config_digest} at ")
+    second_tracker.sync(second_cfg, manifest, {})  # the same config again: the same parent
+    assert [r.info.run_id for r in tracked(second_tracker, run_dir)[0]] == [current.info.run_id]
 
 
 def test_a_sqlite_uri_of_the_users_keeps_its_artifacts_beside_its_file(tmp_path, monkeypatch):
@@ -187,3 +217,31 @@ def test_an_unreachable_tracking_server_stops_the_pipeline_before_any_work(tmp_p
     assert done.returncode == 2 and f"error: tracking.uri {uri}: cannot reach the MLflow server" in done.stderr, done.stderr[-2000:]
     assert "tracking=off" in done.stderr
     assert not (run_dir / "manifest.json").exists() and "[placement]" not in done.stdout  # before Ray, before any stage
+
+
+MOUNTS = """/dev/nvme0n1p1 / ext4 rw,relatime 0 0
+tmpfs /tmp tmpfs rw 0 0
+fs-0123.efs.us-west-2.amazonaws.com:/ /mnt/shared nfs4 rw,vers=4.1 0 0
+/dev/nvme1n1 /mnt/shared/local\\040disk ext4 rw 0 0
+"""
+
+
+def test_a_network_file_system_is_told_from_a_local_disk():
+    from jobs.tracking import network_filesystem
+
+    assert network_filesystem(Path("/mnt/shared/cache"), MOUNTS) == "nfs4 at /mnt/shared"
+    assert network_filesystem(Path("/mnt/shared"), MOUNTS) == "nfs4 at /mnt/shared"
+    assert network_filesystem(Path("/mnt/shared/local disk/mlflow"), MOUNTS) is None  # a local disk mounted inside it
+    assert network_filesystem(Path("/mnt/sharedother"), MOUNTS) is None and network_filesystem(Path("/tmp/x"), MOUNTS) is None
+
+
+def test_a_sqlite_store_on_a_network_file_system_is_refused_before_any_work(tmp_path, monkeypatch):
+    """SQLite's locks are unreliable over NFS: the run stops naming the store and what to do instead."""
+    import jobs.tracking
+
+    monkeypatch.setattr(jobs.tracking, "network_filesystem", lambda folder: "nfs4 at /mnt/shared" if folder == tmp_path / "shared" else None)
+    cfg = load_experiment("tiny", [f"tracking.uri=sqlite:///{tmp_path}/shared/mlflow.db"])
+    with pytest.raises(TrackingError, match=r"a SQLite file on a network file system \(nfs4 at /mnt/shared\).*local disk.*tracking=off"):
+        Tracker.for_run(cfg, tmp_path, tmp_path / "run").check()
+    assert not (tmp_path / "shared" / "mlflow.db").exists()
+    Tracker.for_run(load_experiment("tiny", [f"tracking.uri=sqlite:///{tmp_path}/local/mlflow.db"]), tmp_path, tmp_path / "run").check()
