@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import HTTPException
 from ray import serve
 
-from serve.cloze import choice_logprobs, cloze_sequences
+from serve.cloze import choice_logprobs, cloze_lengths, cloze_parts, cloze_sequences
 from serve.engine import BatchKey, Sampling
 from serve.engine_choice import build_engines
 from serve.http_api import build_http_api
@@ -212,13 +212,14 @@ class InferenceService(OpenAIServing):
         prompts = [format_cloze_prompt(q.question, q.subject) for q in body.questions]
         choices = [q.choices for q in body.questions]
         try:
-            sequences, starts, cut = await self._off_loop(cloze_sequences, self.engine.counting_tokenizer, prompts, choices, room, body.truncate)
+            prompt_ids, continuations, cut = await self._off_loop(cloze_parts, self.engine.counting_tokenizer, prompts, choices, room, body.truncate)
         except ValueError as error:  # a choice that leaves no room for any of its question
             raise invalid(("truncate",), str(error)) from error
-        lengths = [len(s) for s in sequences]
+        lengths = cloze_lengths(prompt_ids, continuations)
         owner = [i for i, q in enumerate(body.questions) for _ in q.choices]  # the question of each sequence
         check_room(self.settings, lengths, 0, lambda i: ("questions", owner[i]))
         check_work(self.settings, lengths, 0)
+        sequences, starts = await self._off_loop(cloze_sequences, prompt_ids, continuations)  # each prompt copied per choice: once it all fits
         scored = await scorer.complete_tokens(sequences, Sampling(max_tokens=0, temperature=0.0), adapter, prompt_logprobs=0)
         return choice_logprobs(scored, starts, [len(q.choices) for q in body.questions]), cut, lengths
 

@@ -17,26 +17,40 @@ from serve.engine import TokenCompletion
 from serve.mc_format import cloze_continuation, left_truncate
 
 
-def cloze_sequences(tokenizer, prompts: list[str], choices: list[list[str]], room: int, truncate: bool) -> tuple[list[list[int]], list[int], list[int]]:
-    """(token ids of prompt + choice, for every question's choices in order; where each choice's
-    tokens start; prompt tokens cut per question). With `truncate`, a prompt is cut from the left
-    to leave room for its longest choice (lm-eval's rule); otherwise it is kept whole and the
-    caller checks the sequences fit."""
-    sequences, starts, cut = [], [], []
+def cloze_parts(tokenizer, prompts: list[str], choices: list[list[str]], room: int, truncate: bool) -> tuple[list[list[int]], list[list[list[int]]], list[int]]:
+    """(each question's prompt token ids, each of its choices' continuation ids, prompt tokens cut
+    per question), tokenized apart. With `truncate`, a prompt is cut from the left to leave room for
+    its longest choice (lm-eval's rule); otherwise it is kept whole and the caller checks that the
+    sequences fit (`cloze_lengths`) before building them (`cloze_sequences`): a question's prompt is
+    copied once per choice, so that copy waits for the checks."""
+    prompt_ids, continuations, cut = [], [], []
     for prompt, options in zip(prompts, choices):
-        continuations = [tokenizer(cloze_continuation(c), add_special_tokens=False).input_ids for c in options]
+        ids = [tokenizer(cloze_continuation(c), add_special_tokens=False).input_ids for c in options]
         lost = 0
         if truncate:
-            longest = max(map(len, continuations))
+            longest = max(map(len, ids))
             if longest >= room:
                 raise ValueError(f"a choice of {longest} tokens leaves no room for its question in a context of {room}")
             prompt, lost, _ = left_truncate(tokenizer, prompt, room - longest)
-        prompt_ids = tokenizer(prompt, add_special_tokens=True).input_ids
-        for continuation in continuations:
-            sequences.append(prompt_ids + continuation)
-            starts.append(len(prompt_ids))
+        prompt_ids.append(tokenizer(prompt, add_special_tokens=True).input_ids)
+        continuations.append(ids)
         cut.append(lost)
-    return sequences, starts, cut
+    return prompt_ids, continuations, cut
+
+
+def cloze_lengths(prompt_ids: list[list[int]], continuations: list[list[list[int]]]) -> list[int]:
+    """The token count of every (question, choice) sequence, in order, before any is built."""
+    return [len(prompt) + len(c) for prompt, options in zip(prompt_ids, continuations) for c in options]
+
+
+def cloze_sequences(prompt_ids: list[list[int]], continuations: list[list[list[int]]]) -> tuple[list[list[int]], list[int]]:
+    """(token ids of prompt + choice for every question's choices in order, where each choice's tokens start)."""
+    sequences, starts = [], []
+    for prompt, options in zip(prompt_ids, continuations):
+        for continuation in options:
+            sequences.append(prompt + continuation)
+            starts.append(len(prompt))
+    return sequences, starts
 
 
 def choice_logprobs(scored: list[TokenCompletion], starts: list[int], n_choices: list[int]) -> list[list[float]]:

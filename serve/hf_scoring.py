@@ -73,10 +73,11 @@ def cloze_logprobs(model, tokenizer, prompts: list[str], choices: list[list[str]
     """Per question, each choice's text scored as the continuation of its prompt with the service's
     arithmetic (serve/cloze.py), batch_size sequences a forward, right-padded: what the tiny
     world's checks score a model with outside a service."""
-    from serve.cloze import cloze_sequences, renormalised
+    from serve.cloze import cloze_parts, cloze_sequences, renormalised
 
     device = next(model.parameters()).device
-    sequences, starts, _ = cloze_sequences(tokenizer, prompts, choices, 0, truncate=False)
+    prompt_ids, continuations, _ = cloze_parts(tokenizer, prompts, choices, 0, truncate=False)
+    sequences, starts = cloze_sequences(prompt_ids, continuations)
     sums = []
     for begin in range(0, len(sequences), batch_size):
         batch = sequences[begin : begin + batch_size]

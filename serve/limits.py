@@ -60,6 +60,18 @@ def check_work(settings: ServiceSettings, lengths: list[int], new_tokens: int, n
         )
 
 
+def check_answer_size(settings: ServiceSettings, entries: int) -> None:
+    """An answer's `logprobs` entries (each token's and its alternatives': request_work over the tokens
+    the answer lists), counted before any work: each is a JSON object of some 40 bytes, built on
+    the replica's one preparation thread."""
+    if entries > settings.max_logprobs_per_answer:
+        raise HTTPException(
+            413,
+            f"this answer would hold {entries:,} log-probabilities (choices x (echoed prompt tokens + max_tokens) x (logprobs + 1)); "
+            f"the service's max_logprobs_per_answer is {settings.max_logprobs_per_answer:,}",
+        )
+
+
 def timed(method):
     """An API method under the service's `request_timeout_s`: past it the method is cancelled
     (the engines drop its work: vLLM aborts its requests, the transformers engine stops its job at

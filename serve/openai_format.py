@@ -33,19 +33,33 @@ def finite(logprob: float) -> float:
     return max(logprob, FLOOR)
 
 
-def completion_logprobs(tokenizer, ids: Sequence[int], entries: Sequence[TokenLogprob | None]) -> dict:
+class TokenTexts:
+    """`token_texts` for one request's answers, each distinct id decoded once: an echo of n choices
+    with 20 alternatives a position would otherwise decode its prompt's ids n x 21 times."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.known = tokenizer, {}
+
+    def __call__(self, ids: Sequence[int]) -> list[str]:
+        if missing := [i for i in dict.fromkeys(ids) if i not in self.known]:
+            self.known.update(zip(missing, token_texts(self.tokenizer, missing)))
+        return [self.known[i] for i in ids]
+
+
+def completion_logprobs(texts: TokenTexts, ids: Sequence[int], entries: Sequence[TokenLogprob | None], offset: int = 0) -> dict:
     """The `logprobs` of a /v1/completions choice for tokens `ids` (one entry each; None where there
-    is no log-probability, the prompt's first token): tokens, token_logprobs, top_logprobs, text_offset."""
-    tokens = token_texts(tokenizer, ids)
+    is no log-probability, the prompt's first token): tokens, token_logprobs, top_logprobs, and
+    text_offset counted from `offset` (where these tokens follow others: `joined`)."""
+    tokens = texts(ids)
     tops = []
     for token, entry in zip(tokens, entries):
         if entry is None:
             tops.append(None)
             continue
         top = {token: finite(entry.logprob)}
-        top.update({text: finite(value) for text, (_, value) in zip(token_texts(tokenizer, [t for t, _ in entry.top]), entry.top) if text not in top})
+        top.update({text: finite(value) for text, (_, value) in zip(texts([t for t, _ in entry.top]), entry.top) if text not in top})
         tops.append(top)
-    offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0)) if tokens else []
+    offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=offset)) if tokens else []
     return {
         "tokens": tokens,
         "token_logprobs": [None if e is None else finite(e.logprob) for e in entries],
@@ -54,17 +68,27 @@ def completion_logprobs(tokenizer, ids: Sequence[int], entries: Sequence[TokenLo
     }
 
 
-def chat_logprobs(tokenizer, entries: Sequence[TokenLogprob]) -> dict:
+def text_length(block: dict) -> int:
+    """Characters of a completion_logprobs block's tokens: where tokens after them start."""
+    return sum(map(len, block["tokens"]))
+
+
+def joined(first: dict, then: dict) -> dict:
+    """Two completion_logprobs blocks as one (`then` made with offset text_length(first))."""
+    return {key: first[key] + then[key] for key in first}
+
+
+def chat_logprobs(texts: TokenTexts, entries: Sequence[TokenLogprob]) -> dict:
     """The `logprobs` of a /v1/chat/completions choice: per generated token, its text, bytes,
     log-probability and `top_logprobs` (the k most likely)."""
 
     def item(text: str, logprob: float) -> dict:
         return {"token": text, "logprob": finite(logprob), "bytes": list(text.encode())}
 
-    tokens = token_texts(tokenizer, [e.token for e in entries])
+    tokens = texts([e.token for e in entries])
     content = []
     for text, entry in zip(tokens, entries):
-        alternatives = [item(t, v) for t, (_, v) in zip(token_texts(tokenizer, [t for t, _ in entry.top]), entry.top)]
+        alternatives = [item(t, v) for t, (_, v) in zip(texts([t for t, _ in entry.top]), entry.top)]
         content.append({**item(text, entry.logprob), "top_logprobs": alternatives})
     return {"content": content}
 

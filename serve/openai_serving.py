@@ -16,8 +16,8 @@ from collections.abc import Callable
 from jinja2 import TemplateError
 
 from serve.engine import Sampling, TokenCompletion, gather_all
-from serve.limits import check_count, check_new_tokens, check_room, check_work, invalid, timed
-from serve.openai_format import NoChatTemplate, chat_logprobs, chat_prompt_ids, completion_logprobs, openai_answer
+from serve.limits import check_answer_size, check_count, check_new_tokens, check_room, check_work, invalid, request_work, timed
+from serve.openai_format import NoChatTemplate, TokenTexts, chat_logprobs, chat_prompt_ids, completion_logprobs, joined, openai_answer, text_length
 from serve.schemas import ChatCompletionRequest, CompletionRequest
 
 logger = logging.getLogger("ray.serve")
@@ -40,13 +40,16 @@ class OpenAIServing:
                 ids.append(list(prompt))
         return ids
 
-    def _check_fits(self, ids: list[list[int]], new_tokens: int, n: int, logprobs: int | None, loc: Callable[[int], tuple]) -> None:
-        """The checks of `_generate`, on token-id prompts each sampled `n` times."""
+    def _check_fits(self, ids: list[list[int]], new_tokens: int, n: int, logprobs: int | None, loc: Callable[[int], tuple], echo: bool = False) -> None:
+        """The checks of `_generate`, on token-id prompts each sampled `n` times, and the size of the
+        answer's `logprobs` (an echo's prompt tokens count in each of its n choices)."""
         check_new_tokens(self.settings, new_tokens)
         check_count(len(ids) * n, self.settings.max_prompts_per_request, "prompts")
         lengths = [len(prompt) for prompt in ids]
         check_room(self.settings, lengths, new_tokens, loc)
         check_work(self.settings, lengths, new_tokens, n, logprobs)
+        if logprobs is not None:
+            check_answer_size(self.settings, request_work(lengths if echo else [0] * len(lengths), new_tokens, n, logprobs))
 
     async def _complete(self, ids: list[list[int]], n: int, sampling: Sampling, adapter: str | None, logprobs: int | None, echo: bool):
         """Choice j (prompt j // n, sampled with seed + j) from the generation engine, and, for echo with
@@ -77,23 +80,26 @@ class OpenAIServing:
         check_new_tokens(self.settings, body.max_tokens)  # what can be counted before tokenizing, first
         check_count(len(body.prompts) * body.n, self.settings.max_prompts_per_request, "prompts")
         ids = await self._off_loop(self._prompt_ids, body.prompts)
-        self._check_fits(ids, body.max_tokens, body.n, body.logprobs, lambda i: ("prompt", i))
+        self._check_fits(ids, body.max_tokens, body.n, body.logprobs, lambda i: ("prompt", i), echo=bool(body.echo))
         sampling = Sampling(body.max_tokens, body.temperature, body.top_p, body.seed, body.stops)
         completions, scored, usage = await self._complete(ids, body.n, sampling, adapter, body.logprobs, bool(body.echo))
         choices = await self._off_loop(self._completion_choices, body, ids, completions, scored)
         return openai_answer("cmpl", "text_completion", body.model, choices, usage)
 
     def _completion_choices(self, body: CompletionRequest, ids: list[list[int]], completions: list[TokenCompletion], scored) -> list[dict]:
+        """The choices' texts and `logprobs`; an echoed prompt's block is made once and shared by its n choices."""
         prompts, tokenizer = body.prompts, self.engine.counting_tokenizer
+        texts, echoes = TokenTexts(tokenizer), {}
         choices = []
         for j, c in enumerate(completions):
             i = j // body.n
             echoed = (prompts[i] if isinstance(prompts[i], str) else tokenizer.decode(ids[i])) if body.echo else ""
             logprobs = None
             if body.logprobs is not None:
-                tokens = (ids[i] if body.echo else []) + list(c.token_ids)
-                entries = (list(scored[i].prompt_logprobs) if body.echo else []) + list(c.logprobs)
-                logprobs = completion_logprobs(tokenizer, tokens, entries)
+                if body.echo and i not in echoes:
+                    echoes[i] = completion_logprobs(texts, ids[i], scored[i].prompt_logprobs)
+                echo = echoes[i] if body.echo else completion_logprobs(texts, [], [])
+                logprobs = joined(echo, completion_logprobs(texts, c.token_ids, c.logprobs, offset=text_length(echo)))
             choices.append({"index": j, "text": echoed + c.text, "finish_reason": c.finish_reason, "logprobs": logprobs})
         return choices
 
@@ -115,8 +121,8 @@ class OpenAIServing:
         self._check_fits([ids], new_tokens, body.n, logprobs, lambda i: ("messages",))
         sampling = Sampling(new_tokens, body.temperature, body.top_p, body.seed, body.stops)
         completions, _, usage = await self._complete([ids], body.n, sampling, adapter, logprobs, echo=False)
-        tokenizer = self.engine.counting_tokenizer
-        answers = await self._off_loop(lambda: [chat_logprobs(tokenizer, c.logprobs) if logprobs is not None else None for c in completions])
+        texts = TokenTexts(self.engine.counting_tokenizer)
+        answers = await self._off_loop(lambda: [chat_logprobs(texts, c.logprobs) if logprobs is not None else None for c in completions])
         choices = [
             {"index": j, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason, "logprobs": lp}
             for j, (c, lp) in enumerate(zip(completions, answers))

@@ -70,6 +70,11 @@ class ServiceSettings(BaseModel):
         gt=0,
         description="token positions one request may ask for: prompts x n x (prompt tokens + max_tokens) x (logprobs + 1); more is a 413 naming this setting",
     )
+    max_logprobs_per_answer: int = Field(
+        1 << 20,
+        gt=0,
+        description="log-probabilities one answer may list: choices x (echoed prompt tokens + max_tokens) x (logprobs + 1), some 40 bytes of JSON each; more is a 413 naming this setting",
+    )
     request_timeout_s: float = Field(900.0, gt=0, description="a request still running after this long is stopped and answered 504")
 
     @model_validator(mode="after")

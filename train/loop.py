@@ -143,13 +143,22 @@ class Window:
     def __init__(self, device: torch.device):
         self.sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, micro-steps, real tokens, all tokens
         self.step_losses: list[torch.Tensor] = []  # per optimizer step: [loss sum, micro-steps]
+        self.step_norms: list[torch.Tensor] = []  # per optimizer step: the gradients' norm before clipping
+        self.step_marks: list[tuple[float, float]] = []  # per optimizer step: (wall-clock time it ended, its learning rate)
         self.one = torch.ones((), dtype=torch.float64, device=device)
         self.restart()
 
     def restart(self) -> None:
         self.sums.zero_()
         self.step_losses.clear()
+        self.step_norms.clear()
+        self.step_marks.clear()
         self.started, self.steps = time.time(), 0
+
+    def end_step(self, grad_norm: torch.Tensor, lr: float) -> None:
+        self.step_norms.append(grad_norm.detach().double())
+        self.step_marks.append((time.time(), lr))
+        self.steps += 1
 
     def add(self, loss: torch.Tensor, batch: dict, first_micro: bool) -> None:
         """One micro-step's loss and tokens; `first_micro` opens a new optimizer step."""
@@ -158,14 +167,17 @@ class Window:
             self.step_losses.append(torch.zeros(2, dtype=torch.float64, device=self.sums.device))
         self.step_losses[-1] += torch.stack([loss.double(), self.one])
 
-    def collect(self) -> tuple[list[float], list[list[float]], float]:
-        """(the four sums, [loss sum, micro-steps] per optimizer step, seconds) since the last
-        restart, summed over the workers in one collective."""
+    def collect(self) -> tuple[list[float], list[list[float]], list[list[float]], float]:
+        """(the four sums, [loss sum, micro-steps] per optimizer step, [time, lr, gradient norm] per
+        optimizer step, seconds) since the last restart; the sums over the workers in one collective
+        (the norm is the same on every worker: it is taken after gradients are synchronised)."""
         per_step = torch.stack(self.step_losses) if self.step_losses else self.sums.new_zeros((0, 2))
         summed = torch.cat([self.sums, per_step.flatten()])
         if torch.distributed.is_initialized():
             torch.distributed.all_reduce(summed)
-        return summed[:4].tolist(), summed[4:].view(-1, 2).tolist(), time.time() - self.started
+        norms = torch.stack(self.step_norms).tolist() if self.step_norms else []
+        marks = [[at, lr, norm] for (at, lr), norm in zip(self.step_marks, norms)]
+        return summed[:4].tolist(), summed[4:].view(-1, 2).tolist(), marks, time.time() - self.started
 
 
 @dataclass
@@ -183,6 +195,7 @@ class JobState:
     step: int
     micro: int
     history: list  # [step, loss] per optimizer step so far
+    step_history: list  # [step, wall-clock time, learning rate, gradient norm before clipping] per optimizer step so far
     resumed_from: int | None
     init_hash: str | None
     n_params: int
@@ -224,7 +237,7 @@ def start_job(model, job: WorkerJob, run: WorkerRun, checkpoint) -> JobState:
     return JobState(
         model=model, opt=opt, sched=sched, params=params, device=device,
         rank=ctx.get_world_rank(), world=ctx.get_world_size(), run_name=ctx.get_experiment_name(),
-        step=step, micro=step * cfg.grad_accum, history=resumed["loss_history"], resumed_from=step if checkpoint is not None else None,
+        step=step, micro=step * cfg.grad_accum, history=resumed["loss_history"], step_history=resumed["step_history"], resumed_from=step if checkpoint is not None else None,
         init_hash=init_hash, n_params=n_params, number_ids=torch.tensor(run.number_ids, device=device) if job.distil else None, window=Window(device),
     )  # fmt: skip
 
@@ -256,18 +269,20 @@ def micro_step(t: JobState, batch: dict, cfg: TrainConfig) -> bool:
     t.window.add(loss, batch, first_micro=t.micro % cfg.grad_accum == 0)
     t.micro += 1
     if last_micro:
-        apply_step(t.params, t.opt, cfg.max_grad_norm)
+        lr = t.sched.get_last_lr()[0]  # the rate this step takes
+        t.window.end_step(apply_step(t.params, t.opt, cfg.max_grad_norm), lr)
         t.sched.step()
         t.step += 1
-        t.window.steps += 1
     return last_micro
 
 
 def report(t: JobState, job: WorkerJob, save: bool, done: list[str], gauges: dict) -> dict:
     """The window's metrics, summed over the workers: the loss history extended, Ray metrics set
     and one progress line (rank 0), and, with `save`, a checkpoint reported to Ray Train."""
-    (loss_sum, n_micro, real_tokens, all_tokens), per_step, elapsed = t.window.collect()
-    t.history.extend([s, total_loss / count] for s, (total_loss, count) in zip(range(t.step - len(per_step) + 1, t.step + 1), per_step))
+    (loss_sum, n_micro, real_tokens, all_tokens), per_step, marks, elapsed = t.window.collect()
+    steps = range(t.step - len(per_step) + 1, t.step + 1)
+    t.history.extend([s, total_loss / count] for s, (total_loss, count) in zip(steps, per_step))
+    t.step_history.extend([s, *mark] for s, mark in zip(steps, marks))
     loss = loss_sum / n_micro if n_micro else None  # None: no steps since the last report
     t.first_loss = loss if t.first_loss is None else t.first_loss
     metrics = {
@@ -311,7 +326,7 @@ def save_checkpoint(t: JobState, job: WorkerJob, metrics: dict, done: list[str])
         optim = get_optimizer_state_dict(t.model, t.opt, options=full_state())
         ckpt = None
         if t.rank == 0:
-            state = {"done": done, "job": job.name, "step": t.step, "loss_history": t.history}
+            state = {"done": done, "job": job.name, "step": t.step, "loss_history": t.history, "step_history": t.step_history}
             write_checkpoint(Path(tmp), t.model, weights, optim, t.sched.state_dict(), state)
             ckpt = ray.train.Checkpoint.from_directory(tmp)
         ray.train.report(metrics, checkpoint=ckpt)
@@ -348,5 +363,5 @@ def train_job(model, job: WorkerJob, run: WorkerRun, checkpoint, done: list[str]
         last = report(t, job, save=True, done=done, gauges=gauges)
     weights = trainable_state(t.model)  # collective under FSDP
     if t.rank == 0:
-        metrics = {**last, **job.facts, "loss_history": t.history}
+        metrics = {**last, **job.facts, "loss_history": t.history, "step_history": t.step_history}
         finalize(Path(job.output_dir), run.run_id, unwrap(t.model), weights, metrics, bool(job.snapshot_steps))

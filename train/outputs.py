@@ -45,18 +45,21 @@ def finished_by(output_dir: Path, run_id: str) -> bool:
 
 
 def read_state(checkpoint, first_job: str) -> dict:
-    """{done: [job names], job: name or None, step, loss_history: [[step, loss], ...]} of a
-    checkpoint; a fresh start without one.
+    """{done: [job names], job: name or None, step, loss_history: [[step, loss], ...], step_history:
+    [[step, time, lr, gradient norm], ...]} of a checkpoint; a fresh start without one.
 
     A checkpoint written before the trainer ran several jobs has only the step:
-    it belongs to the first (only) job. One written before the loss history was
-    kept has none: the history then starts at the resumed step.
+    it belongs to the first (only) job. One written before a history was kept
+    has none: that history then starts at the resumed step.
     """
     if checkpoint is None:
-        return {"done": [], "job": None, "step": 0, "loss_history": []}
+        return {"done": [], "job": None, "step": 0, "loss_history": [], "step_history": []}
     with checkpoint.as_directory() as d:
         state = json.loads((Path(d) / "state.json").read_text())
-    return {"done": state.get("done", []), "job": state.get("job", first_job), "step": state["step"], "loss_history": state.get("loss_history", [])}
+    return {
+        "done": state.get("done", []), "job": state.get("job", first_job), "step": state["step"],
+        "loss_history": state.get("loss_history", []), "step_history": state.get("step_history", []),
+    }  # fmt: skip
 
 
 def restore(model, checkpoint) -> tuple[dict, dict]:

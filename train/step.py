@@ -81,8 +81,10 @@ def accumulate(model, batch: dict, grad_accum: int, last_micro: bool, number_ids
     return loss.detach()
 
 
-def apply_step(params: list, opt, max_grad_norm: float) -> None:
-    """The optimizer step once a step's gradients are accumulated: clip, step, clear."""
-    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+def apply_step(params: list, opt, max_grad_norm: float) -> torch.Tensor:
+    """The optimizer step once a step's gradients are accumulated: clip, step, clear. Returns the
+    gradients' total norm before clipping, on the device (read with the step's other figures)."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     opt.step()
     opt.zero_grad(set_to_none=True)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor

@@ -310,7 +310,8 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert {stage for stage, decision in plan_lines(changed.stdout).items() if decision == "run"} == {"report"}
     rerun = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", primary, cache_dir=cache_dir, head=ray_head)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-    assert len(mlflow_runs(run_dir, cache_dir)[1]) == 5  # the report reran: no model run written twice
+    parent, children = mlflow_runs(run_dir, cache_dir)  # another config: a parent of its own, naming the one it supersedes
+    assert len(children) == 5 and parent.data.tags["supersedes"] and parent.data.params["evaluate.primary_metric"] == "agreement"
 
     # Added arms train only themselves (and are scored, with their snapshots and their base); the others are reused as
     # they are. `other` is the paper's control: logit KL to the teacher from another base (a folder; `base: other`, the

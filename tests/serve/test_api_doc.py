@@ -45,7 +45,18 @@ def test_every_route_has_a_section_and_a_curl_example():
         assert f"curl -s localhost:8000{path}" in body, path
 
 
-@pytest.mark.parametrize("name", ["max_body_bytes", "max_prompts_per_request", "max_questions_per_request", "max_tokens_cap", "max_model_len"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "max_body_bytes",
+        "max_prompts_per_request",
+        "max_questions_per_request",
+        "max_tokens_cap",
+        "max_model_len",
+        "max_work_per_request",
+        "max_logprobs_per_answer",
+    ],
+)
 def test_documented_limit_defaults_are_the_settings(name):
     row = re.search(rf"^\| `{name}` \| (\d+)", DOC, re.M)
     assert row, f"{name} is not in the limits table"

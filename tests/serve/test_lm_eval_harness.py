@@ -220,6 +220,21 @@ def test_echo_with_logprobs_gives_the_models_log_probabilities(served, questions
     assert alone["usage"] == {"prompt_tokens": len(ids) + 5, "completion_tokens": 0, "total_tokens": len(ids) + 5}
 
 
+def test_an_echoed_answer_is_sized_before_any_work_and_shares_its_prompt_block(served):
+    """Echo with logprobs lists the prompt's entries in each of its n choices: 8 prompts of 500 ids, n 16,
+    20 alternatives would list 1,344,000 log-probabilities (within max_work_per_request, 4,194,304), over
+    max_logprobs_per_answer: refused before any work. Within it, a prompt's n choices list the same entries."""
+    ids = list(range(5, 505))
+    amplified = {"model": served["model"], "prompt": [ids] * 8, "echo": True, "logprobs": 20, "max_tokens": 0, "n": 16}
+    refused = post(served, "/v1/completions", amplified)
+    assert refused.status_code == 413 and "max_logprobs_per_answer is 1,048,576" in refused.json()["error"]["message"], refused.text
+    assert "1,344,000 log-probabilities" in refused.json()["error"]["message"]
+    small = post(served, "/v1/completions", {**amplified, "prompt": [ids[:40], ids[40:90]], "n": 3, "logprobs": 2}).json()["choices"]
+    blocks = [c["logprobs"] for c in small]
+    assert len(blocks) == 6 and blocks[0] == blocks[1] == blocks[2] != blocks[3] == blocks[4] == blocks[5]
+    assert len(blocks[0]["tokens"]) == 40 and len(blocks[3]["tokens"]) == 50
+
+
 def test_logprobs_without_echo_cover_the_completion_only(served, tiny_model):
     from transformers import AutoTokenizer
 

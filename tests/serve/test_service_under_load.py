@@ -196,6 +196,41 @@ def test_an_amplified_request_is_refused_and_a_heavy_one_served_while_health_ans
     assert latencies and max(latencies) < 2, latencies
 
 
+def latencies_while(url: str, until) -> dict[str, list[float]]:
+    """Seconds each /health and each small /generate took, alternately, until `until()`."""
+    seen = {"health": [], "generate": []}
+    while not until():
+        for name, send in (("health", lambda: requests.get(url + "/health", timeout=60)),
+                           ("generate", lambda: requests.post(url + "/generate", json={"prompts": ["1, 2,"], "max_tokens": 2}, headers=AUTH, timeout=60))):  # fmt: skip
+            started = time.perf_counter()
+            assert send().status_code == 200, name
+            seen[name].append(time.perf_counter() - started)
+        time.sleep(0.25)
+    return seen
+
+
+def test_an_echo_and_long_cloze_questions_leave_health_and_a_small_generate_fast(service):
+    """The expensive answers to cheap requests: an echo listing 21 log-probabilities of every prompt
+    token in each of 16 choices, sized before any work (the whole one refused, a smaller one served,
+    its prompt's entries built and decoded once), and cloze questions whose prompts fill the context,
+    their lengths checked before each prompt is copied for its choices."""
+    url, ids = service["url"], list(range(5, 505))
+    amplified = {"model": "tiny", "prompt": [ids] * 24, "echo": True, "logprobs": 20, "max_tokens": 0, "n": 16}  # 12,000 ids: inside max_work_per_request
+    refused = requests.post(url + "/v1/completions", json=amplified, headers=AUTH, timeout=60)
+    assert refused.status_code == 413 and "max_logprobs_per_answer" in refused.json()["error"]["message"], refused.text
+    echo = {**amplified, "prompt": [ids] * 2}  # 336,000 log-probabilities
+    long_question = {"question": " ".join(["1, 2, 3"] * 96), "choices": ["4", "5", "6", "7"], "answer": 0}  # 494 tokens of a context of 512
+    cloze = {"format": "cloze", "questions": [long_question] * 256}
+    with ThreadPoolExecutor(2) as pool:
+        answers = [
+            pool.submit(requests.post, url + path, json=body, headers=AUTH, timeout=600) for path, body in (("/v1/completions", echo), ("/score", cloze))
+        ]
+        seen = latencies_while(url, lambda: all(a.done() for a in answers))
+    assert [a.result().status_code for a in answers] == [200, 200], [a.result().text[:300] for a in answers]
+    assert len(answers[0].result().json()["choices"]) == 32 and len(answers[1].result().json()["results"]) == 256
+    assert seen["health"] and max(seen["health"]) < 2 and max(seen["generate"]) < 5, seen
+
+
 def test_health_stays_fast_and_the_replica_is_kept_through_eight_4096_question_scores(service):
     """Before, one job held all eight (gathered) and the health check queued behind it."""
     body = {"questions": [{"question": r["question"], "choices": r["choices"], "answer": r["answer"]} for r in questions(4096)]}

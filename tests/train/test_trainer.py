@@ -74,6 +74,13 @@ def test_ddp_workers_learn_and_adapter_reloads(plain_run, tiny_model):
     history = metrics["loss_history"]
     assert [step for step, _ in history] == list(range(1, 33)) and history[0][1] > 2 * history[-1][1]
     assert (history[-2][1] + history[-1][1]) / 2 == pytest.approx(metrics["loss"], rel=1e-9)
+    # Each step's wall-clock time, learning rate (the schedule's: warmup, then cosine) and gradient norm before clipping.
+    from train.step import lr_factor
+
+    steps = metrics["step_history"]
+    assert [s for s, *_ in steps] == list(range(1, 33)) and all(a[1] <= b[1] for a, b in zip(steps, steps[1:]))
+    assert [lr for _, _, lr, _ in steps] == pytest.approx([cfg.lr * lr_factor(i, 32, cfg) for i in range(32)], rel=1e-9)
+    assert all(0 < norm < float("inf") for *_, norm in steps) and steps[-1][3] != steps[0][3]
     reloaded, trained = reload_both_ways(tiny_model, adapter, metrics["checkpoint"], cfg)
     torch.testing.assert_close(reloaded, trained, atol=1e-5, rtol=1e-5)
     from transformers import AutoModelForCausalLM
