@@ -40,7 +40,9 @@ Exit status: 1 if any check failed, 2 without a GPU and without --smoke. In --sm
 float32 with gloo, everything runs except what needs CUDA: 4-bit, MFU and peak memory (null), and
 the handoff's GPU memory (its kill and reaping run); those parts say "skipped" and why.
 Measured on one H100 80GB (2026-11-26): 106 s, about half of it writing and loading the 27 GB of
-model files; if a run is cut short, `--only` runs the rest. The smoke run takes about 15 s on 2 CPU cores.
+model files; if a run is cut short, `--only` runs the rest. The smoke run takes 17 s on 2 CPU cores
+(2026-11-27, its nine checks 12 s of it); a first run on a fresh machine was seen to take 351 s,
+with Python's and the disk's caches cold.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ def pytest_collection_modifyitems(config, items):
 
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if {"ray_cluster", "ray_head", "ray_head_with_gpus"} & set(getattr(item, "fixturenames", ())):
+        if {"ray_cluster", "ray_head", "ray_head_with_gpus", "keyed_head"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
         if skip and "gpu" in item.keywords:
             item.add_marker(skip)

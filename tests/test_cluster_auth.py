@@ -15,7 +15,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from conftest import free_port, stop_head
+
+pytestmark = pytest.mark.slow  # starts Ray
 
 ROOT = Path(__file__).resolve().parent.parent
 

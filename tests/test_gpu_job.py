@@ -20,6 +20,7 @@ def test_the_command_refuses_without_a_gpu(tmp_path):
     assert not (tmp_path / "job.json").exists()
 
 
+@pytest.mark.slow  # starts Ray
 def test_the_gpu_preset_names_what_it_needs_before_any_work(tmp_path):
     done = subprocess.run([sys.executable, "jobs/pipeline.py", "--config", "tiny-gpu", "--run-dir", str(tmp_path / "run")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip

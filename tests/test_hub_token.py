@@ -14,7 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import head_node
+
+pytestmark = pytest.mark.slow  # starts Ray
 
 TOKEN = "hf_job_secret_5b1e7c0f9a2d4e6b8c3f"
 DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()  # what the job compares with: the token itself is not in its command

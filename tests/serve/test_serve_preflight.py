@@ -128,6 +128,7 @@ def test_serve_run_of_an_open_host_without_a_token_exits_2_before_starting_anyth
     assert time.time() - started < 60  # the preflight's answer: no Ray was started
 
 
+@pytest.mark.slow  # starts Ray
 def test_serve_run_on_a_cluster_that_refuses_the_build_exits_1_naming_the_setting(tmp_path, tiny_model):
     """The key is set here, so the preflight passes, but the cluster was started without it: its
     build refuses the open host (DEPLOY_FAILED). Ray's own `serve run CONFIG` keeps running then;
@@ -172,6 +173,7 @@ sys.exit(1)
 """
 
 
+@pytest.mark.slow  # starts Ray
 def test_start_service_checks_the_host_the_running_proxy_binds_not_the_one_asked(tiny_model):
     """Serve keeps the host its proxies were started on: a service asked for 127.0.0.1 on a cluster
     whose proxy already binds 0.0.0.0 is reachable from other machines, and without a token refused."""
