@@ -72,7 +72,9 @@ def record_trained(ctx: RunContext, stage, metrics: dict, started: float) -> Non
     folder: Path = ctx.trained(stage.name)
     adapter = folder / "adapter_model.safetensors"
     weights = file_digest(adapter) if adapter.is_file() else digest(*(file_digest(f) for f in sorted(folder.glob("*.safetensors"))))
-    print(f"[{stage.phase}] {stage.name}: {metrics['step']} steps, loss {metrics['first_loss']:.3f} -> {metrics['loss']:.3f}, on {metrics['device']}", flush=True)
+    print(
+        f"[{stage.phase}] {stage.name}: {metrics['step']} steps, loss {metrics['first_loss']:.3f} -> {metrics['loss']:.3f}, on {metrics['device']}", flush=True
+    )
     outputs = {
         "hash": weights, "steps": metrics["step"], "loss": metrics["loss"],
         "init_hash": metrics["init_hash"], "rows": metrics["rows"], "snapshot_steps": metrics.get("snapshot_steps", []),
