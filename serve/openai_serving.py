@@ -87,18 +87,19 @@ class OpenAIServing:
         return openai_answer("cmpl", "text_completion", body.model, choices, usage)
 
     def _completion_choices(self, body: CompletionRequest, ids: list[list[int]], completions: list[TokenCompletion], scored) -> list[dict]:
-        """The choices' texts and `logprobs`; an echoed prompt's block is made once and shared by its n choices."""
+        """The choices' texts and `logprobs`; an echoed prompt's text and block are made once and shared by its n choices."""
         prompts, tokenizer = body.prompts, self.engine.counting_tokenizer
         texts, echoes = TokenTexts(tokenizer), {}
         choices = []
         for j, c in enumerate(completions):
             i = j // body.n
-            echoed = (prompts[i] if isinstance(prompts[i], str) else tokenizer.decode(ids[i])) if body.echo else ""
+            if i not in echoes:  # (text, logprobs block) of prompt i as its choices echo it
+                text = (prompts[i] if isinstance(prompts[i], str) else tokenizer.decode(ids[i])) if body.echo else ""
+                block = completion_logprobs(texts, ids[i], scored[i].prompt_logprobs) if body.echo and body.logprobs is not None else None
+                echoes[i] = (text, block if block is not None else completion_logprobs(texts, [], []))
+            echoed, echo = echoes[i]
             logprobs = None
             if body.logprobs is not None:
-                if body.echo and i not in echoes:
-                    echoes[i] = completion_logprobs(texts, ids[i], scored[i].prompt_logprobs)
-                echo = echoes[i] if body.echo else completion_logprobs(texts, [], [])
                 logprobs = joined(echo, completion_logprobs(texts, c.token_ids, c.logprobs, offset=text_length(echo)))
             choices.append({"index": j, "text": echoed + c.text, "finish_reason": c.finish_reason, "logprobs": logprobs})
         return choices
