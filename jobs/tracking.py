@@ -208,12 +208,17 @@ class Tracker:
     def log_config(self, run_id: str) -> None:
         """The resolved config: every key as a param (dotted path; MLflow keeps a param's first value,
         hence a parent per config) and whole as config.json."""
+        self.log_params(run_id, self.config)
+        self.client.log_dict(run_id, self.config, "config.json")
+
+    def log_params(self, run_id: str, values: dict) -> None:
+        """`values` flattened to dotted keys, each a param (within MLflow's limits: 6,000 characters a
+        value, 100 params a request)."""
         from mlflow.entities import Param
 
-        params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(self.config).items())]
-        for i in range(0, len(params), 100):  # a request holds at most 100 params
+        params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(values).items())]
+        for i in range(0, len(params), 100):
             self.client.log_batch(run_id, params=params[i : i + 100])
-        self.client.log_dict(run_id, self.config, "config.json")
 
     def finish(self, status: str) -> None:
         """The pipeline ended: its parent run is marked FINISHED, FAILED or KILLED, so the UI never
@@ -245,7 +250,7 @@ class Tracker:
 
     def child_run(self, parent, stage: str, entry: dict, metrics: dict, model) -> str:
         """A new child for this stage's model (its hash has none yet), dated when the stage ran."""
-        from mlflow.entities import Metric, Param
+        from mlflow.entities import Metric
 
         tags = {PIPELINE_TAG: "model", "mlflow.parentRunId": parent.info.run_id, "stage": stage, "stage_hash": entry["hash"]}
         if model is not None:
@@ -254,13 +259,11 @@ class Tracker:
         started = int((finished - entry.get("seconds", 0.0)) * 1000)
         run = self.client.create_run(parent.info.experiment_id, tags=tags, run_name=stage, start_time=started)
         run_id = run.info.run_id
-        params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(metrics.get("train_config", {})).items())]
+        self.log_params(run_id, metrics.get("train_config", {}))
         now = int(finished * 1000)
         series = step_series(metrics, now)
         series += [Metric(key, float(metrics[key]), now, 0) for key in ("tokens_per_s", "step_time_s", "padding_fraction") if metrics.get(key) is not None]
-        for i in range(0, len(params), 100):  # a request holds at most 100 params and 1,000 metrics
-            self.client.log_batch(run_id, params=params[i : i + 100])
-        for i in range(0, len(series), 1000):
+        for i in range(0, len(series), 1000):  # a request holds at most 1,000 metrics
             self.client.log_batch(run_id, metrics=series[i : i + 1000])
         self.client.log_artifact(run_id, str(self.run_dir / trained_folder(stage, model is not None and model.full) / "train_metrics.json"))
         self.client.set_terminated(run_id, end_time=int(finished * 1000))

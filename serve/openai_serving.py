@@ -90,14 +90,14 @@ class OpenAIServing:
         """The choices' texts and `logprobs`; an echoed prompt's text and block are made once and shared by its n choices."""
         prompts, tokenizer = body.prompts, self.engine.counting_tokenizer
         texts, echoes = TokenTexts(tokenizer), {}
+        nothing = ("", completion_logprobs(texts, [], []))  # what a choice echoes without `echo`
         choices = []
         for j, c in enumerate(completions):
             i = j // body.n
-            if i not in echoes:  # (text, logprobs block) of prompt i as its choices echo it
-                text = (prompts[i] if isinstance(prompts[i], str) else tokenizer.decode(ids[i])) if body.echo else ""
-                block = completion_logprobs(texts, ids[i], scored[i].prompt_logprobs) if body.echo and body.logprobs is not None else None
-                echoes[i] = (text, block if block is not None else completion_logprobs(texts, [], []))
-            echoed, echo = echoes[i]
+            if body.echo and i not in echoes:  # (text, logprobs block) of prompt i as its choices echo it
+                text = prompts[i] if isinstance(prompts[i], str) else tokenizer.decode(ids[i])
+                echoes[i] = (text, completion_logprobs(texts, ids[i], scored[i].prompt_logprobs) if body.logprobs is not None else nothing[1])
+            echoed, echo = echoes[i] if body.echo else nothing
             logprobs = None
             if body.logprobs is not None:
                 logprobs = joined(echo, completion_logprobs(texts, c.token_ids, c.logprobs, offset=text_length(echo)))
