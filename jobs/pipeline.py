@@ -42,6 +42,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 if __package__ in (None, ""):  # `python jobs/pipeline.py`: import from the repository root, not jobs/
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
@@ -56,6 +58,7 @@ from jobs.job_log import quiet_driver, runtime_env  # noqa: E402
 from jobs.phases import PHASES  # noqa: E402
 from jobs.phases.evaluate import check_orders, context_check  # noqa: E402
 from jobs.phases.numbers import NoNumbersError  # noqa: E402
+from jobs.reporting.timeline import overhead_lines  # noqa: E402
 from jobs.rundir.manifest import Manifest, RunDirError, digest, flatten  # noqa: E402
 from jobs.rundir.plan import Stage, describe, plan, restate  # noqa: E402
 from jobs.rundir.registration import registration  # noqa: E402
@@ -122,15 +125,20 @@ class Experiment:
     def run_phases(self, placement) -> None:
         """Every phase with a stage to run, in order; the tracking store synced after each."""
         ctx, stages = self.prepare(placement)
-        synced = False
+        synced = first = False
         for phase, run_phase in PHASES.items():
             todo = [stage for stage, run, _ in plan(stages, ctx.manifest) if run and stage.phase == phase]
             if todo:
                 print(f"[{phase}] starting {len(todo)} stage(s)", flush=True)
                 started = time.time()
+                if not first:  # the driver's own start: interpreter, imports, Ray, the plan (the timeline's first bar)
+                    began = psutil.Process().create_time()
+                    ctx.manifest.record_spans("start", began, started - began, [{"lane": "driver", "kind": "start-up", "start": began, "end": started}])
+                    first = True
+                ctx.spans.clear()
                 run_phase(ctx, todo)
                 seconds = time.time() - started
-                ctx.manifest.record_phase(phase, seconds)
+                ctx.manifest.record_phase(phase, seconds, started, ctx.spans)
                 print(f"[{phase}] {len(todo)} stage(s) done in {seconds:.0f}s", flush=True)
                 if self.tracker:
                     self.tracker.sync(self.cfg, ctx.manifest, self.models)
@@ -171,6 +179,8 @@ def summary(run_dir: Path) -> dict:
         print(f"[report] {name}: accuracy {m['accuracy']['overall']:.3f} ({ci})", flush=True)
     if "transfer" in report:
         print(f"[report] transfer {report['transfer']['value']:+.3f}; {run_dir / 'report.md'}", flush=True)
+    for line in overhead_lines(report["timeline"]):  # where the minutes went that were not compute (timeline.png)
+        print(line, flush=True)
     return report
 
 

@@ -51,6 +51,7 @@ logger = logging.getLogger("ray.serve")
     max_queued_requests=256,  # beyond this, 503 instead of an ever longer wait
     health_check_period_s=10,
     graceful_shutdown_timeout_s=30,
+    graceful_shutdown_wait_loop_s=0.2,  # a replica with nothing in flight stops at once, not after Serve's 2 s loop
 )
 @serve.ingress()  # the FastAPI app is built per replica, around this instance: __serve_build_asgi_app__
 class InferenceService(OpenAIServing):

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from train.config import TrainConfig
@@ -54,6 +55,7 @@ from train.model import (
 )
 from train.outputs import finalize, read_state, restore, staging_dir, write_checkpoint, write_snapshot
 from train.step import accumulate, apply_step, full_state, lr_factor, make_optimizer, peak_flops
+from train.streams import Stream, Streams
 
 EPOCH_CACHE_TOKENS = 4_000_000  # rows x max_length up to which a worker keeps its shard's batches between epochs
 GAUGES = ("loss", "lr", "tokens_per_s", "padding_fraction", "step_time_s", "gpu_mem_gib", "mfu")
@@ -118,17 +120,24 @@ def train_loop(config: dict) -> None:
     # Tagged "adapter", not "job": Prometheus owns the "job" label (its scrape job) and renames ours.
     gauges = {key: Gauge(f"lora_train_{key}", description=f"LoRA training {key}", tag_keys=("run", "adapter")) for key in GAUGES}
 
+    # When this worker's process started and its loop began (the rest of a job's marks: train_job).
+    marks = {"process_started": psutil.Process().create_time(), "loop_started": time.time()}
     lora = shared.method == "lora"  # else each job trains a base of its own, every weight
     base = load_base(run.model_path, shared, device) if lora else None
+    marks["base_loaded"] = time.time()
     checkpoint = ray.train.get_checkpoint()
     state = read_state(checkpoint, run.jobs[0].name)
     done = list(state["done"])
+    todo = [job for job in run.jobs if job.name not in done]
+    streams = Streams(run.pad_id)
     for i, job in enumerate(run.jobs):
         if job.name in done:
             continue
         resume = checkpoint if state["job"] == job.name else None
+        job_marks = {**marks, "job_started": time.time()}
         model = attach_lora(base, job.cfg) if lora else load_base(run.model_path, job.cfg, device)
-        train_job(model, job, run, resume, done, gauges)
+        following = todo[todo.index(job) + 1] if todo.index(job) + 1 < len(todo) else None
+        train_job(model, job, run, resume, done, gauges, job_marks, streams, following)
         done.append(job.name)
         if lora and i < len(run.jobs) - 1:
             base = detach_lora(model)
@@ -242,14 +251,14 @@ def start_job(model, job: WorkerJob, run: WorkerRun, checkpoint) -> JobState:
     )  # fmt: skip
 
 
-def job_batches(shard, collate, job: WorkerJob, t: JobState):
+def job_batches(stream: Stream, job: WorkerJob, t: JobState):
     """The micro-batches still to train, epoch after epoch in the same order, until the last step;
     a resumed job skips those trained before its checkpoint. A small shard is kept after its first
     full pass, so later epochs skip restarting Ray Data's pipeline (seconds each on small CPU runs)."""
     keep, epoch = job.facts["rows"] * job.cfg.max_length <= EPOCH_CACHE_TOKENS, None
     while t.step < job.total_steps:
         skip = t.micro % job.micro_steps_per_epoch
-        batches = epoch if epoch is not None else shard.iter_torch_batches(batch_size=job.cfg.batch_size, collate_fn=collate, drop_last=True)
+        batches = epoch if epoch is not None else stream.passes()
         seen = []
         for i, batch in enumerate(batches):
             if keep and epoch is None:
@@ -332,23 +341,27 @@ def save_checkpoint(t: JobState, job: WorkerJob, metrics: dict, done: list[str])
         ray.train.report(metrics, checkpoint=ckpt)
 
 
-def train_job(model, job: WorkerJob, run: WorkerRun, checkpoint, done: list[str], gauges: dict) -> None:
+def train_job(
+    model, job: WorkerJob, run: WorkerRun, checkpoint, done: list[str], gauges: dict, marks: dict, streams: Streams, following: WorkerJob | None
+) -> None:
     """Train one adapter (already attached to the base), or one whole model, to its last step and
     write its output folder. `checkpoint` is the run's latest when it belongs to this job, else
-    None; `done` lists the jobs finished before this one (recorded in every checkpoint)."""
-    import ray.train
-
-    from train.collate import PackBatch
-
+    None; `done` lists the jobs finished before this one (recorded in every checkpoint). `marks`
+    (wall-clock times: the worker's start, its base loaded, this job's start) gain the job's first
+    batch, last step and save, and are written with its metrics: the run's timeline (docs/report.md).
+    The `following` job's stream is started once this job's is at hand (`streams`)."""
     cfg, total = job.cfg, job.total_steps
     t = start_job(model, job, run, checkpoint)
     staging = staging_dir(Path(job.output_dir), run.run_id)
     if t.rank == 0 and t.resumed_from is not None:
         progress(f"[train] {job.name}: resumed from the checkpoint at step {t.resumed_from}/{total}")
-    collate = PackBatch(cfg.pack_length or cfg.max_length, run.pad_id, packs_into_one_row(unwrap(t.model)))
+    one_row = packs_into_one_row(unwrap(t.model))
+    stream = streams.of(job, one_row)
+    streams.start_ahead(following, one_row)
     t.model.train()
     last, reported_final = {}, False
-    for batch in job_batches(ray.train.get_dataset_shard(job.name), collate, job, t):
+    for batch in job_batches(stream, job, t):
+        marks.setdefault("first_batch", time.time())
         if not micro_step(t, batch, cfg):
             continue
         if t.step in job.snapshot_steps and t.step < total:  # the final one is written with the adapter
@@ -361,7 +374,9 @@ def train_job(model, job: WorkerJob, run: WorkerRun, checkpoint, done: list[str]
             reported_final = t.step == total
     if not reported_final:  # e.g. resumed from the job's final checkpoint: report it again
         last = report(t, job, save=True, done=done, gauges=gauges)
+    marks["last_step"] = t.step_history[-1][1] if t.step_history else time.time()
+    marks["saving"] = time.time()
     weights = trainable_state(t.model)  # collective under FSDP
     if t.rank == 0:
-        metrics = {**last, **job.facts, "loss_history": t.history, "step_history": t.step_history}
+        metrics = {**last, **job.facts, "loss_history": t.history, "step_history": t.step_history, "marks": marks}
         finalize(Path(job.output_dir), run.run_id, unwrap(t.model), weights, metrics, bool(job.snapshot_steps))

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,6 +201,7 @@ def train_lora_many(
     from ray.train.torch import TorchTrainer
     from transformers import AutoTokenizer
 
+    run_started = time.time()
     check_jobs(jobs)
     storage_path = Path(storage_path).absolute()
     run_id = run_id_of(storage_path, run_name)
@@ -235,6 +237,9 @@ def train_lora_many(
 
     # The dashboard's Train view lists a run only when the process building its trainer asks for it.
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
+    # The controller polls its workers this often (Ray's default 2 s): a run's end was seen 1-2 s late,
+    # once per run (BENCHMARKS.md, "The pipeline's overhead"). Ray Train passes it on to the controller.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"run": WorkerRun(tuple(plans), str(model_path), pad_id, run_id, tuple(number_ids) if number_ids is not None else None)},
@@ -251,10 +256,12 @@ def train_lora_many(
         datasets=datasets,
         dataset_config=DataConfig(execution_options=ExecutionOptions(preserve_order=True)),
     )
+    fit_started = time.time()
     result = trainer.fit()
     if result.checkpoint is None:
         raise RuntimeError(f"training run {run_name} finished without a checkpoint")
-    return outputs(jobs, run_id, run_name, result.checkpoint.path)
+    marks = {"run_started": run_started, "fit_started": fit_started, "fit_finished": time.time()}
+    return outputs(jobs, run_id, run_name, result.checkpoint.path, marks)
 
 
 def check_teacher_bases(jobs: list[AdapterJob], model_path: str) -> None:
@@ -293,9 +300,10 @@ def worker_jobs(jobs: list[AdapterJob], tokenized: dict, rows_of: dict) -> tuple
     return datasets, plans
 
 
-def outputs(jobs: list[AdapterJob], run_id: str, run_name: str, checkpoint: str) -> dict:
-    """Each job's final metrics from its output folder, which this run must have written; the last
-    job's carry the run's final checkpoint."""
+def outputs(jobs: list[AdapterJob], run_id: str, run_name: str, checkpoint: str, marks: dict) -> dict:
+    """Each job's final metrics from its output folder, which this run must have written, with the
+    driver's `marks` (when the run was called, its workers asked for, and done) beside the worker's;
+    the last job's carry the run's final checkpoint."""
     out = {}
     for job in jobs:
         if not finished_by(job.output_dir, run_id):
@@ -303,6 +311,10 @@ def outputs(jobs: list[AdapterJob], run_id: str, run_name: str, checkpoint: str)
                 f"job {job.name} finished earlier in run {run_name}, but {job.output_dir} no longer holds its adapter; train it again under a new run_name"
             )
         out[job.name] = json.loads((job.output_dir / METRICS_FILE).read_text())
+    saved = [m["marks"]["saving"] for m in out.values() if m.get("marks", {}).get("saving", 0) >= marks["run_started"]]
+    for m in out.values():
+        if m.get("marks", {}).get("saving", 0) >= marks["run_started"]:  # trained by this call, not an earlier one
+            m["marks"] = {**marks, "workers_done": max(saved), **m["marks"]}
     out[jobs[-1].name]["checkpoint"] = checkpoint
     return out
 

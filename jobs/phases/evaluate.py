@@ -156,7 +156,7 @@ def run(ctx: RunContext, todo) -> None:
     scored = {}
     for model_path, targets, adapters in services:
         if targets:
-            with running_service(ctx.app, model_path, adapters, ctx.cfg, True, ctx.lora_rank) as handle:
+            with running_service(ctx.app, model_path, adapters, ctx.cfg, True, ctx.lora_rank, ctx.span) as handle:
                 check_adapters_applied(handle, adapters, lambda adapter: probe_scores(handle, adapter, ctx.cfg.evaluate.format))
                 scored.update(
                     score_models(

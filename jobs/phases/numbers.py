@@ -158,7 +158,7 @@ def generate_through_service(ctx: RunContext, todo, requests: dict, answering: l
     generating = {a: str(ctx.trained(a)) for _, a, _ in requests.values() if a}
     answerers = {t: str(ctx.trained(t)) for _, t in answering}
     errors = []
-    with running_service(ctx.app, ctx.model_path, {**generating, **answerers}, ctx.cfg, False, ctx.lora_rank) as handle:
+    with running_service(ctx.app, ctx.model_path, {**generating, **answerers}, ctx.cfg, False, ctx.lora_rank, ctx.span) as handle:
         check_adapters_applied(handle, generating, lambda adapter: probe_generation(handle, adapter))
         check_adapters_applied(handle, answerers, lambda adapter: probe_scores(handle, adapter, ctx.cfg.evaluate.format))
         started = time.time()

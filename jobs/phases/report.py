@@ -22,6 +22,7 @@ from jobs.experiment.rows_kinds import KINDS, signal_kind
 from jobs.experiment.stages import SPLIT_FILES, earlier_snapshots, numbers_stage, scored_file, snapshot_points, trained_folder
 from jobs.reporting.plots import plot_accuracy, plot_training, plot_transfer, training_curves
 from jobs.reporting.schema import check_report
+from jobs.reporting.timeline import build_timeline, plot_timeline
 from jobs.rundir.manifest import Manifest, read_jsonl
 from jobs.rundir.registration import source_state
 from jobs.runtime.context import RunContext
@@ -226,6 +227,8 @@ def build_report(
     }
     report["numbers"] = numbers_made(manifest, models)
     report["timings"] = {phase: sec for phase, sec in manifest.timings().items() if phase != "report"}  # built before its own phase ends
+    without_report = lambda recorded: {k: v for k, v in recorded.items() if k != "report"}  # noqa: E731  (built before its own phase ends)
+    report["timeline"] = build_timeline(without_report(manifest.data["stages"]), without_report(manifest.phase_spans()))
     report["provenance"] = provenance(cfg, paths, registration)
     return report
 
@@ -364,3 +367,4 @@ def write_report(run_dir: Path, report: dict) -> None:
     plot_transfer(report, run_dir / "transfer.png")
     plot_accuracy(report, run_dir / "accuracy.png")
     plot_training(training_curves(run_dir, report), run_dir / "training.png")
+    plot_timeline(report["timeline"], run_dir / "timeline.png")

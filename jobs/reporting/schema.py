@@ -217,6 +217,33 @@ class Provenance(Closed):
     registration: dict[str, Any]  # confirmatory, repeat or exploratory (jobs/rundir/registration.py)
 
 
+class Bar(Closed):
+    """`timeline.bars[]`: one stage, phase or span on the run's time axis (seconds from `timeline.started`)."""
+
+    lane: str
+    kind: str  # stage, phase, or a span's kind (jobs/reporting/timeline.py KINDS)
+    start: float
+    end: float
+
+
+class PhaseTime(Closed):
+    """`timeline.phases.<phase>`: its wall seconds, its compute (the union of its compute spans), the rest."""
+
+    seconds: float
+    compute: float
+    overhead: float
+    parts: dict[str, float]  # seconds of each span kind, summed over the phase's lanes
+
+
+class Timeline(Closed):
+    """`timeline`: where the run's time went (jobs/reporting/timeline.py, timeline.png)."""
+
+    started: float | None  # wall-clock time (Unix seconds) of the earliest bar
+    bars: list[Bar]
+    phases: dict[str, PhaseTime]
+    largest_overheads: list[str]  # the three phases with the most time not computing, largest first
+
+
 class Report(Closed):
     """`report.json`."""
 
@@ -235,6 +262,7 @@ class Report(Closed):
     accuracy_by_order: ByOrder | None = None
     numbers: dict[str, NumbersMade]
     timings: dict[str, float]
+    timeline: Timeline
     provenance: Provenance
 
 

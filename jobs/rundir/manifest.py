@@ -202,9 +202,21 @@ class Manifest:
             cached = self._digests[path] = (key, file_digest(path))
         return cached[1]
 
-    def record_phase(self, phase: str, seconds: float) -> None:
+    def record_phase(self, phase: str, seconds: float, started: float | None = None, spans: list[dict] = ()) -> None:
+        """A phase's wall seconds (`timings`) and, when `started` is given, its spans as it ran."""
         self.data["phases"][phase] = round(seconds, 2)
+        if started is not None:
+            self.record_spans(phase, started, seconds, spans)
         self.save()
+
+    def record_spans(self, name: str, started: float, seconds: float, spans: list[dict]) -> None:
+        """What a phase (or the driver's `start`, before the first phase) did while it ran: the run's
+        timeline (jobs/reporting/timeline.py). The latest run of each replaces the one before."""
+        self.data.setdefault("spans", {})[name] = {"started": started, "seconds": round(seconds, 2), "spans": list(spans)}
+
+    def phase_spans(self) -> dict:
+        """{phase: {started, seconds, spans}} as recorded by the latest run of each phase."""
+        return dict(self.data.get("spans", {}))
 
     def save(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ reads what it needs from it and records every stage it finishes through
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobs.experiment.arms import ArmModel
@@ -32,6 +32,15 @@ class RunContext:
     lora_rank: int  # the largest rank a service of this run must accept
     arm_runs: int  # training runs of arms at once (placement)
     registration: dict | None = None  # what the report may claim, decided at the start (jobs/rundir/registration.py)
+    spans: list[dict] = field(default_factory=list)  # the running phase's timeline spans (`span`), taken at its end
+
+    def span(self, lane: str, kind: str, start: float, end: float) -> None:
+        """One span of the running phase's timeline (jobs/reporting/timeline.py names the kinds): `lane`
+        is what did it (a training run, a Serve application), `start`/`end` wall-clock times. A span
+        every job of a training run reports (its start-up, its model load) is kept once."""
+        span = {"lane": lane, "kind": kind, "start": round(start, 3), "end": round(end, 3)}
+        if end >= start and span not in self.spans:
+            self.spans.append(span)
 
     @property
     def model_path(self) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from pathlib import Path
 
 from jobs.experiment.config import ExperimentConfig
 
@@ -114,8 +115,9 @@ def service_settings(cfg: ExperimentConfig, model_path: str, evaluation: bool, l
 
 
 @contextlib.contextmanager
-def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentConfig, evaluation: bool, lora_rank: int):
-    """The Serve application for one phase, deleted when the phase ends however it ends."""
+def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentConfig, evaluation: bool, lora_rank: int, span=None):
+    """The Serve application for one phase, deleted when the phase ends however it ends. `span`
+    (RunContext.span) is told its start-up, the time it served and its teardown."""
     from jobs.runtime.handoff import wait_for_gpus
     from serve.launch import start_service, stop_service
 
@@ -124,6 +126,7 @@ def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentCo
     if place.gpus_per_replica:  # the last stage's workers or replicas may still hold these GPUs
         wait_for_gpus(settings.gpu_memory_utilization, f"starting {app}")
     print(f"[serve] starting {app}: {place.replicas} replica(s), engine {settings.engine}, {len(adapters)} adapter(s)", flush=True)
+    lane, marks = f"service {'evaluate' if evaluation else 'numbers'} ({Path(model_path).name})", [time.time()]
     handle = start_service(
         settings, adapters, name=app, route_prefix=f"/{app}", replicas=place.replicas,
         num_cpus=place.cpus_per_replica, num_gpus=place.gpus_per_replica,
@@ -133,8 +136,13 @@ def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentCo
     try:
         health = handle.health.remote(detailed=True).result()  # one replica's: they share settings and resources
         print(f"[serve] {app} ready: engine {health['engine']} on {health['device']}, scoring {health['scoring']}", flush=True)
+        marks.append(time.time())
         yield handle
     finally:
+        marks.append(time.time())
         stop_service(app)
         RUNNING_APPS.discard(app)
         print(f"[serve] {app} torn down", flush=True)
+        if span is not None and len(marks) == 3:  # started, served and torn down
+            for kind, start, end in zip(("start-up", "compute", "teardown"), marks, [*marks[1:], time.time()]):
+                span(lane, kind, start, end)

@@ -75,8 +75,27 @@ def record_trained(ctx: RunContext, stage, metrics: dict, started: float) -> Non
     print(
         f"[{stage.phase}] {stage.name}: {metrics['step']} steps, loss {metrics['first_loss']:.3f} -> {metrics['loss']:.3f}, on {metrics['device']}", flush=True
     )
+    for kind, start, end in training_spans(metrics.get("marks", {})):
+        ctx.span(f"{stage.phase} run {metrics['run_id'][:6]}", kind, start, end)
     outputs = {
         "hash": weights, "steps": metrics["step"], "loss": metrics["loss"],
         "init_hash": metrics["init_hash"], "rows": metrics["rows"], "snapshot_steps": metrics.get("snapshot_steps", []),
     }  # fmt: skip
     ctx.record(stage, started, outputs)
+
+
+# A training run's spans from its marks (train/trainer.py, train/loop.py): (kind, first mark, last mark).
+TRAINING_SPANS = (
+    ("prepare", "run_started", "fit_started"),  # tokenizing, a logit-KL teacher's targets: in the driver
+    ("start-up", "fit_started", "loop_started"),  # Ray Train's controller, the worker processes, imports, process group
+    ("model load", "loop_started", "base_loaded"),
+    ("data wait", "job_started", "first_batch"),  # the job's adapter attached and its data stream's first batch
+    ("compute", "first_batch", "last_step"),
+    ("save", "last_step", "saving"),  # the last report and checkpoint
+    ("teardown", "workers_done", "fit_finished"),  # the last adapter written, the workers and controller stopped
+)
+
+
+def training_spans(marks: dict) -> list[tuple[str, float, float]]:
+    """(kind, start, end) of one job's training run, from the wall-clock marks it carries."""
+    return [(kind, marks[a], marks[b]) for kind, a, b in TRAINING_SPANS if a in marks and b in marks]

@@ -267,6 +267,12 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert report["provenance"]["git_commit"] and len(report["provenance"]["seeds"]["numbers_per_replicate"]) == 2
     assert (run_dir / "report.md").read_text().count("|") > 20 and (run_dir / "transfer.png").stat().st_size > 1000
     assert png_size(run_dir / "accuracy.png") >= (700, 400) and png_size(run_dir / "training.png") >= (1000, 400)  # two panels
+    # The timeline: every stage (those made by the killed and stopped drivers too) and the phases' spans, in order.
+    timeline, stages = report["timeline"], json.loads((run_dir / "manifest.json").read_text())["stages"]
+    assert {b["lane"] for b in timeline["bars"] if b["kind"] == "stage"} == set(stages) - {"report"} and png_size(run_dir / "timeline.png") >= (1000, 400)
+    assert [b["start"] for b in timeline["bars"]] == sorted(b["start"] for b in timeline["bars"])
+    assert {"start-up", "model load", "data wait", "compute", "teardown"} <= {b["kind"] for b in timeline["bars"]}
+    assert re.search(r"^\[timeline\] (teacher|numbers|arms|evaluate|start): \d+s of \d+s not computing \(.+\)$", log, re.M), log[-2000:]
     for name, m in report["models"].items():
         assert set(m["ci95_by_subset"]) == {"bio", "chem", "cyber"}, name
         assert all(ci[0] <= m["accuracy"][subset] <= ci[1] for subset, ci in m["ci95_by_subset"].items()), name

@@ -523,3 +523,20 @@ def test_a_checkpoint_that_would_run_code_is_refused(tiny_model, tmp_path):
     with pytest.raises(RuntimeError, match=r"optimizer.pt holds objects other than tensors and plain values; refusing to load it \(.*Unsupported global"):
         restore(model, Checkpoint.from_directory(str(tmp_path)))
     assert not ran.exists()
+
+
+def test_each_job_carries_its_runs_timeline_marks_in_order(many_run):
+    """The marks the run's timeline is drawn from (jobs/runtime/training_runs.py TRAINING_SPANS): the
+    driver's and the workers' clocks, in the order things happened, job b after job a."""
+    from jobs.runtime.training_runs import training_spans
+
+    metrics, _ = many_run
+    order = ["run_started", "fit_started", "process_started", "loop_started", "base_loaded", "job_started", "first_batch", "last_step", "saving"]
+    for job in ("a", "b"):
+        marks = metrics[job]["marks"]
+        assert [marks[k] for k in order] == sorted(marks[k] for k in order), marks
+        assert marks["saving"] <= marks["workers_done"] <= marks["fit_finished"]
+        kinds = [kind for kind, start, end in training_spans(marks) if end >= start]
+        assert kinds == ["prepare", "start-up", "model load", "data wait", "compute", "save", "teardown"], marks
+    assert metrics["a"]["marks"]["saving"] <= metrics["b"]["marks"]["job_started"]
+    assert metrics["a"]["marks"]["workers_done"] == metrics["b"]["marks"]["saving"]  # the run's last job
