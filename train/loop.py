@@ -44,6 +44,7 @@ from train.levers import use_compile
 from train.model import (
     adapter_hash,
     attach_lora,
+    attention_impl,
     count_parameters,
     detach_lora,
     freeze_a_at,
@@ -120,26 +121,24 @@ def train_loop(config: dict) -> None:
     # Tagged "adapter", not "job": Prometheus owns the "job" label (its scrape job) and renames ours.
     gauges = {key: Gauge(f"lora_train_{key}", description=f"LoRA training {key}", tag_keys=("run", "adapter")) for key in GAUGES}
 
+    checkpoint = ray.train.get_checkpoint()
+    state = read_state(checkpoint, run.jobs[0].name)
+    done = list(state["done"])
+    todo = [job for job in run.jobs if job.name not in done]
+    streams = Streams(run.pad_id, packs_into_one_row(attention_impl(shared, device)))
+    streams.start_ahead(todo[0] if todo else None)  # the first job's stream starts while the base loads
     # When this worker's process started and its loop began (the rest of a job's marks: train_job).
     marks = {"process_started": psutil.Process().create_time(), "loop_started": time.time()}
     lora = shared.method == "lora"  # else each job trains a base of its own, every weight
     base = load_base(run.model_path, shared, device) if lora else None
     marks["base_loaded"] = time.time()
-    checkpoint = ray.train.get_checkpoint()
-    state = read_state(checkpoint, run.jobs[0].name)
-    done = list(state["done"])
-    todo = [job for job in run.jobs if job.name not in done]
-    streams = Streams(run.pad_id)
-    for i, job in enumerate(run.jobs):
-        if job.name in done:
-            continue
+    for i, job in enumerate(todo):
         resume = checkpoint if state["job"] == job.name else None
         job_marks = {**marks, "job_started": time.time()}
         model = attach_lora(base, job.cfg) if lora else load_base(run.model_path, job.cfg, device)
-        following = todo[todo.index(job) + 1] if todo.index(job) + 1 < len(todo) else None
-        train_job(model, job, run, resume, done, gauges, job_marks, streams, following)
+        train_job(model, job, run, resume, done, gauges, job_marks, streams, todo[i + 1] if i + 1 < len(todo) else None)
         done.append(job.name)
-        if lora and i < len(run.jobs) - 1:
+        if lora and i < len(todo) - 1:
             base = detach_lora(model)
         del model  # a fully fine-tuned model is freed before the next job loads its own
 
@@ -355,9 +354,8 @@ def train_job(
     staging = staging_dir(Path(job.output_dir), run.run_id)
     if t.rank == 0 and t.resumed_from is not None:
         progress(f"[train] {job.name}: resumed from the checkpoint at step {t.resumed_from}/{total}")
-    one_row = packs_into_one_row(unwrap(t.model))
-    stream = streams.of(job, one_row)
-    streams.start_ahead(following, one_row)
+    stream = streams.of(job)
+    streams.start_ahead(following)
     t.model.train()
     last, reported_final = {}, False
     for batch in job_batches(stream, job, t):

@@ -50,11 +50,12 @@ def attention_impl(cfg: TrainConfig, device: torch.device) -> str:
     return "sdpa"
 
 
-def packs_into_one_row(model) -> bool:
-    """Whether packed micro-batches must be one row for `model`'s attention: flash attention reads
-    restarting position ids as example boundaries only at batch size 1; with several rows it would
-    attend across the examples packed into each row, silently."""
-    return "flash" in str(getattr(model.config, "_attn_implementation", ""))
+def packs_into_one_row(attention: str) -> bool:
+    """Whether packed micro-batches must be one row under this attention implementation (attention_impl,
+    or a loaded model's `config._attn_implementation`): flash attention reads restarting position
+    ids as example boundaries only at batch size 1; with several rows it would attend across the
+    examples packed into each row, silently."""
+    return "flash" in str(attention)
 
 
 def compute_dtype(device: torch.device) -> torch.dtype:

@@ -3,10 +3,11 @@
 A run of several jobs (train/loop.py) trains them one after another; each job
 reads a dataset of its own, whose stream Ray Data starts when the job first
 asks for a batch: about 2 s a job on 2 CPUs (BENCHMARKS.md, "The pipeline's
-overhead"), most of a small job's start. `Streams` starts the next job's
-first pass in a thread while the current job trains, so its first batch is
-waiting; every worker does the same, so each stream's split starts on all of
-them. The batches are those a stream started on time would give, in order.
+overhead"), most of a small job's start. `Streams` starts the first job's
+first pass in a thread while the base model loads, and each next job's while
+the job before it trains, so its first batch is waiting; every worker does the
+same, so each stream's split starts on all of them. The batches are those a
+stream started on time would give, in order.
 """
 
 from __future__ import annotations
@@ -64,12 +65,12 @@ class Stream:
 class Streams:
     """The run's job streams: the one a job trains from, and the next job's, started ahead."""
 
-    def __init__(self, pad_id: int):
-        self.pad_id, self.started = pad_id, {}
+    def __init__(self, pad_id: int, one_row: bool):
+        self.pad_id, self.one_row, self.started = pad_id, one_row, {}
 
-    def of(self, job: WorkerJob, one_row: bool) -> Stream:
-        return self.started.pop(job.name, None) or Stream(job, self.pad_id, one_row)
+    def of(self, job: WorkerJob) -> Stream:
+        return self.started.pop(job.name, None) or Stream(job, self.pad_id, self.one_row)
 
-    def start_ahead(self, job: WorkerJob | None, one_row: bool) -> None:
+    def start_ahead(self, job: WorkerJob | None) -> None:
         if job is not None:
-            self.started[job.name] = Stream(job, self.pad_id, one_row).start()
+            self.started[job.name] = Stream(job, self.pad_id, self.one_row).start()

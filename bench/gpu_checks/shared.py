@@ -113,7 +113,7 @@ def shape_rows(shape: dict, vocab: int, seed: int) -> dict:
 
 def packed(rows: dict, max_length: int, model, device: torch.device) -> dict:
     """The trainer's packing of `rows`, in the layout `model`'s attention needs, on `device`."""
-    batch = pack_batch(rows, max_length, pad_id=0, one_row=packs_into_one_row(unwrap(model)))
+    batch = pack_batch(rows, max_length, pad_id=0, one_row=packs_into_one_row(unwrap(model).config._attn_implementation))
     return {k: v.to(device) for k, v in batch.items()}
 
 

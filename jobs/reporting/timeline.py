@@ -59,7 +59,7 @@ def build_timeline(stages: dict, phase_spans: dict) -> dict:
     phases = {}
     for phase, recorded in phase_spans.items():
         started, seconds = recorded["started"], recorded["seconds"]
-        raw.append((phase, "phase", started, started + seconds))
+        raw.append((f"phase {phase}", "phase", started, started + seconds))  # not the lane of a stage named as the phase
         raw += [(s["lane"], s["kind"], s["start"], s["end"]) for s in recorded["spans"]]
         phases[phase] = phase_summary(seconds, recorded["spans"])
     if not raw:
@@ -101,6 +101,6 @@ def plot_timeline(timeline: dict, path: Path) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("seconds from the run's first start")
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in ("phase", "stage", *KINDS)]
-    ax.legend(handles, ["phase", "stage", *KINDS], fontsize=7, loc="lower right", ncol=3)
+    ax.legend(handles, ["phase", "stage", *KINDS], fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.5 / len(lanes) - 0.04), ncol=9)
     ax.set_title("Where the run's time went (report.json: timeline)")
     _save(fig, path)

@@ -71,7 +71,7 @@ def test_each_example_loses_the_same_packed_as_alone(tiny_model, attention, one_
     device = torch.device("cuda" if attention.startswith("flash") else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=dtype, attn_implementation=attention).to(device).eval()
-    one_row = packs_into_one_row(model) if one_row is None else one_row
+    one_row = packs_into_one_row(model.config._attn_implementation) if one_row is None else one_row
     rows = tokenize(tiny_model, ROWS * 3)
     batch = {"input_ids": np.array([np.array(r["input_ids"]) for r in rows], dtype=object),
              "labels": np.array([np.array(r["labels"]) for r in rows], dtype=object)}  # fmt: skip
