@@ -20,7 +20,7 @@ on the Ray cluster it is submitted to, or on a local one it starts. Phases
 5. evaluate  every model scored on the train and held-out questions in parallel (and the
              snapshots of arms that keep them: transfer against training steps), one service
              per base model
-6. report    report.json, report.md and its plots (transfer, accuracy, training) in the run directory (docs/report.md)
+6. report    report.json, report.md and its plots (transfer, accuracy, training, timeline) in the run directory (docs/report.md)
 
 Before any work it prints the plan: each stage and whether it is reused or runs,
 and why (`--plan` prints only that). A change reruns what depends on it and

@@ -14,10 +14,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from train.loop import WorkerJob
 
 
 class Stream:
@@ -25,7 +21,7 @@ class Stream:
     thread asks for its first batch while the job before it trains, so Ray Data's start of the
     stream (about 2 s a job on 2 CPUs: BENCHMARKS.md, "The pipeline's overhead") is not waited for."""
 
-    def __init__(self, job: WorkerJob, pad_id: int, one_row: bool):
+    def __init__(self, job, pad_id: int, one_row: bool):  # job: a train.loop.WorkerJob
         import ray.train
 
         from train.collate import PackBatch
@@ -68,9 +64,9 @@ class Streams:
     def __init__(self, pad_id: int, one_row: bool):
         self.pad_id, self.one_row, self.started = pad_id, one_row, {}
 
-    def of(self, job: WorkerJob) -> Stream:
+    def of(self, job) -> Stream:
         return self.started.pop(job.name, None) or Stream(job, self.pad_id, self.one_row)
 
-    def start_ahead(self, job: WorkerJob | None) -> None:
+    def start_ahead(self, job) -> None:
         if job is not None:
             self.started[job.name] = Stream(job, self.pad_id, self.one_row).start()

@@ -44,6 +44,12 @@ SHARED_KEYS = (
     "method", "num_workers", "use_gpu", "strategy", "quantization", "attention",
     "gradient_checkpointing", "kernels", "max_failures", "keep_checkpoints", "cpus_per_worker",
 )  # fmt: skip
+RAY_TRAIN_ENV = {  # read by the process building a trainer, which passes them on to its controller
+    "RAY_TRAIN_ENABLE_STATE_TRACKING": "1",  # the dashboard's Train view lists the run
+    # The controller polls its workers this often (Ray's default 2 s): a run's end was seen 1-2 s
+    # late, once per run (BENCHMARKS.md, "The pipeline's overhead").
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+}
 MATERIALIZE_BYTES = 256 * 2**20  # tokenized data up to this size is read before the workers start (job_dataset)
 
 
@@ -235,11 +241,7 @@ def train_lora_many(
     rows_of |= masked(jobs, rows_of, model_path, cache_dir, pad_id, tokenizer.eos_token_id)
     datasets, plans = worker_jobs(jobs, tokenized, rows_of)
 
-    # The dashboard's Train view lists a run only when the process building its trainer asks for it.
-    os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
-    # The controller polls its workers this often (Ray's default 2 s): a run's end was seen 1-2 s late,
-    # once per run (BENCHMARKS.md, "The pipeline's overhead"). Ray Train passes it on to the controller.
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    os.environ.update({k: os.environ.get(k, v) for k, v in RAY_TRAIN_ENV.items()})
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"run": WorkerRun(tuple(plans), str(model_path), pad_id, run_id, tuple(number_ids) if number_ids is not None else None)},
@@ -256,12 +258,11 @@ def train_lora_many(
         datasets=datasets,
         dataset_config=DataConfig(execution_options=ExecutionOptions(preserve_order=True)),
     )
-    fit_started = time.time()
+    marks = {"run_started": run_started, "fit_started": time.time()}
     result = trainer.fit()
     if result.checkpoint is None:
         raise RuntimeError(f"training run {run_name} finished without a checkpoint")
-    marks = {"run_started": run_started, "fit_started": fit_started, "fit_finished": time.time()}
-    return outputs(jobs, run_id, run_name, result.checkpoint.path, marks)
+    return outputs(jobs, run_id, run_name, result.checkpoint.path, {**marks, "fit_finished": time.time()})
 
 
 def check_teacher_bases(jobs: list[AdapterJob], model_path: str) -> None:

@@ -262,7 +262,7 @@ class Report(Closed):
     accuracy_by_order: ByOrder | None = None
     numbers: dict[str, NumbersMade]
     timings: dict[str, float]
-    timeline: Timeline
+    timeline: Timeline | None = None  # reports kept from before timelines (results/) have none
     provenance: Provenance
 
 
