@@ -312,10 +312,9 @@ def outputs(jobs: list[AdapterJob], run_id: str, run_name: str, checkpoint: str,
                 f"job {job.name} finished earlier in run {run_name}, but {job.output_dir} no longer holds its adapter; train it again under a new run_name"
             )
         out[job.name] = json.loads((job.output_dir / METRICS_FILE).read_text())
-    saved = [m["marks"]["saving"] for m in out.values() if m.get("marks", {}).get("saving", 0) >= marks["run_started"]]
-    for m in out.values():
-        if m.get("marks", {}).get("saving", 0) >= marks["run_started"]:  # trained by this call, not an earlier one
-            m["marks"] = {**marks, "workers_done": max(saved), **m["marks"]}
+    trained_now = [m for m in out.values() if m.get("marks", {}).get("saving", 0) >= marks["run_started"]]  # not by an earlier call
+    for m in trained_now:  # the run's last job saved when its workers were done
+        m["marks"] = {**marks, "workers_done": max(n["marks"]["saving"] for n in trained_now), **m["marks"]}
     out[jobs[-1].name]["checkpoint"] = checkpoint
     return out
 
