@@ -91,6 +91,7 @@ class WorkerJob:
     facts: dict  # its rows and settings, reported with its final metrics
     distil: bool = False  # logit_kl: its batches carry the teacher's targets
     init_a_from: str | None = None  # lora_init teacher_a: the adapter whose A it starts from, frozen
+    split_by_rank: bool = False  # its rows come cut per worker, a dataset "<name>@<rank>" each (trainer.job_datasets)
 
 
 @dataclass(frozen=True)

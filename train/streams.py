@@ -16,6 +16,14 @@ import itertools
 import threading
 
 
+def shard_name(job) -> str:
+    """The dataset this worker reads `job`'s rows from: its own part of rows cut per worker, or its
+    split of a dataset Ray Data streams (train.trainer.job_datasets)."""
+    import ray.train
+
+    return f"{job.name}@{ray.train.get_context().get_world_rank()}" if job.split_by_rank else job.name
+
+
 class Stream:
     """One job's batches from its dataset shard. Its first pass can be started ahead (`start`): a
     thread asks for its first batch while the job before it trains, so Ray Data's start of the
@@ -26,7 +34,7 @@ class Stream:
 
         from train.collate import PackBatch
 
-        self.shard, self.batch_size = ray.train.get_dataset_shard(job.name), job.cfg.batch_size
+        self.shard, self.batch_size = ray.train.get_dataset_shard(shard_name(job)), job.cfg.batch_size
         self.collate = PackBatch(job.cfg.pack_length or job.cfg.max_length, pad_id, one_row)
         self.ahead: threading.Thread | None = None
 

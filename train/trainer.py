@@ -103,19 +103,26 @@ def snapshot_steps(total: int, snapshots: int) -> list[int]:
     return sorted({max(1, k * total // snapshots) for k in range(1, snapshots + 1)}) if snapshots > 0 else []
 
 
-def job_dataset(parquet_dir: str):
-    """A job's tokenized rows as a Ray Dataset. Up to MATERIALIZE_BYTES (number sequences, WMDP
-    questions) this process reads them and puts them in the object store before the workers
-    start, so each job's stream starts without Ray Data read tasks (what that saves:
-    BENCHMARKS.md); larger data streams from its parquet files."""
+def job_datasets(name: str, parquet_dir: str, workers: int) -> dict:
+    """A job's tokenized rows as Ray Datasets, by the name its workers read them under
+    (train/streams.py: `shard_name`).
 
+    Up to MATERIALIZE_BYTES (number sequences, WMDP questions) this process reads them and cuts
+    them into one contiguous part per worker, `<job>@<rank>`: rank r gets rows r*k to (r+1)*k - 1,
+    k = rows // workers, the very rows and order Ray Data's equal streaming split gives a one-block
+    dataset. Each part goes into the object store before the workers start, and no split
+    coordinator does: Ray Data starts one per split dataset, an actor process that costs about
+    1.5 CPU-seconds to start and 140 MiB while the driver lives (BENCHMARKS.md, "The pipeline's
+    overhead"). Larger data streams from its parquet files under `<job>`, split by Ray Data."""
     size = sum(f.stat().st_size for f in Path(parquet_dir).glob("*.parquet"))
     if size > MATERIALIZE_BYTES:
-        return read_parquet(parquet_dir)
+        return {name: read_parquet(parquet_dir)}
     import pyarrow.parquet as pq
     import ray.data
 
-    return ray.data.from_arrow(pq.read_table(parquet_dir))
+    table = pq.read_table(parquet_dir)
+    part = table.num_rows // workers
+    return {f"{name}@{rank}": ray.data.from_arrow(table.slice(rank * part, part)) for rank in range(workers)}
 
 
 def check_jobs(jobs: list[AdapterJob]) -> None:
@@ -202,8 +209,7 @@ def train_lora_many(
     """
     import ray
     import torch
-    from ray.data import ExecutionOptions
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
     from transformers import AutoTokenizer
 
@@ -256,13 +262,22 @@ def train_lora_many(
             logging_config=LoggingConfig(log_level="WARNING"),
         ),
         datasets=datasets,
-        dataset_config=DataConfig(execution_options=ExecutionOptions(preserve_order=True)),
+        dataset_config=data_config(plans),
     )
     marks = {"run_started": run_started, "fit_started": time.time()}
     result = trainer.fit()
     if result.checkpoint is None:
         raise RuntimeError(f"training run {run_name} finished without a checkpoint")
     return outputs(jobs, run_id, run_name, result.checkpoint.path, {**marks, "fit_finished": time.time()})
+
+
+def data_config(plans: list[WorkerJob]):
+    """Ray Data's part of the run: rows kept in order, and only the datasets that stream split by
+    Ray Data (job_datasets cut the others per worker)."""
+    from ray.data import ExecutionOptions
+    from ray.train import DataConfig
+
+    return DataConfig(datasets_to_split=[j.name for j in plans if not j.split_by_rank], execution_options=ExecutionOptions(preserve_order=True))
 
 
 def check_teacher_bases(jobs: list[AdapterJob], model_path: str) -> None:
@@ -281,7 +296,7 @@ def worker_jobs(jobs: list[AdapterJob], tokenized: dict, rows_of: dict) -> tuple
     for job in jobs:
         cfg, tokens = job.cfg, tokenized[job.name]
         micro_per_epoch, total_steps = plan_steps(tokens["rows"], cfg)
-        datasets[job.name] = job_dataset(rows_of[job.name])
+        datasets |= job_datasets(job.name, rows_of[job.name], cfg.num_workers)
         facts = {
             "rows": tokens["rows"],
             "rows_truncated": tokens["truncated"],
@@ -295,7 +310,7 @@ def worker_jobs(jobs: list[AdapterJob], tokenized: dict, rows_of: dict) -> tuple
             facts["tokens_masked"] = masked_total(rows_of[job.name])
         plans.append(WorkerJob(
             job.name, cfg, str(job.output_dir), micro_per_epoch, total_steps, tuple(snapshot_steps(total_steps, cfg.snapshots)), facts,
-            distil=job.teacher is not None, init_a_from=job.init_a_from,
+            distil=job.teacher is not None, init_a_from=job.init_a_from, split_by_rank=job.name not in datasets,
         ))  # fmt: skip
         job.output_dir.parent.mkdir(parents=True, exist_ok=True)
     return datasets, plans

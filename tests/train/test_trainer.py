@@ -386,6 +386,28 @@ def test_many_run_adapters_equal_single_runs(many_run, tiny_model, tmp_path, cac
         assert_same_adapter(tmp_path / job.name, job.output_dir)
 
 
+def split_coordinators() -> int:
+    """Ray Data split coordinator actors this cluster has started, alive or dead (the GCS's actor table)."""
+    import ray._private.state
+
+    return sum(actor["ActorClassName"] == "SplitCoordinator" for actor in ray._private.state.actors().values())
+
+
+@pytest.mark.timeout(300)
+def test_rows_cut_per_worker_train_what_ray_datas_streaming_split_trains(many_run, tiny_model, tmp_path, cache_dir, monkeypatch):
+    """Small data reaches each worker as its own contiguous part, cut in the driver (train.trainer.job_datasets),
+    with no split coordinator actor: job b's adapter equals the one trained on the same rows streamed from
+    parquet and split by Ray Data, which starts a coordinator."""
+    import train.trainer
+
+    _, (_, b) = many_run
+    assert split_coordinators() == 0  # every run so far cut its rows per worker
+    monkeypatch.setattr(train.trainer, "MATERIALIZE_BYTES", -1)  # every dataset streams
+    streamed = train_lora(tiny_model, b.data, tmp_path / "b", b.cfg, cache_dir=cache_dir)
+    assert split_coordinators() == 1 and streamed["step"] == 8
+    assert_same_adapter(tmp_path / "b", b.output_dir)
+
+
 def test_each_job_steps_with_its_own_optimizer_and_checkpoints_its_state(many_run):
     """Job a with AdamW (two moments per parameter), job b with SGD at momentum 0.8 (one buffer):
     their checkpoints hold that state, which a resumed job continues (the kill test below)."""
