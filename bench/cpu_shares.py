@@ -27,12 +27,14 @@ import psutil
 
 
 def snapshot() -> dict[int, tuple[str, float]]:
-    """{pid: (kind, CPU-seconds so far)} of every process now; kind is its name, with its script for Python."""
+    """{pid: (kind, CPU-seconds so far)} of every process now; kind is its name (a Ray actor's class),
+    with its script for Python."""
     found = {}
     for proc in psutil.process_iter(["name", "cmdline", "cpu_times"]):
         with contextlib.suppress(psutil.Error, TypeError):
             name, cmd, times = proc.info["name"], proc.info["cmdline"] or [], proc.info["cpu_times"]
             script = next((Path(a).name for a in cmd[1:] if a.endswith(".py")), "") if name.startswith("python") else ""
+            name = name.split(".")[0] if name.startswith("ray::") else name  # an actor renames itself per method it runs
             found[proc.pid] = (f"{name} {script}".strip(), times.user + times.system)
     return found
 
@@ -56,11 +58,10 @@ def shares(samples: list[tuple[float, dict]], start: float, end: float) -> tuple
     (t0, first), (t1, last) = inside[0], inside[-1]
     used = collections.Counter()
     for pid, (kind, cpu) in last.items():
-        before = first.get(pid)
-        if before is None or before[0] != kind:
-            used[kind + " [new]"] += cpu
+        if pid in first:  # a Ray actor renames itself while it runs a method: the pid is the process
+            used[kind] += cpu - first[pid][1]
         else:
-            used[kind] += cpu - before[1]
+            used[kind + " [new]"] += cpu
     return t1 - t0, used
 
 

@@ -195,7 +195,10 @@ def adapter_hash(model) -> str:
 def wrap_distributed(model, cfg: TrainConfig, device: torch.device, ddp_alone: bool = False):
     """Replicate (DDP) or shard (FSDP2 over each decoder layer, then the root). A lone DDP worker
     trains its model bare, unless `ddp_alone` asks for the wrapper a larger group would get
-    (bench/gpu_check.py builds DDP so on one GPU)."""
+    (bench/gpu_check.py builds DDP so on one GPU). DDP does not broadcast buffers before each
+    forward: every worker loads the same base and nothing trained here changes a buffer, and the
+    broadcast was a collective per micro-step, a wait for the slower worker (about a tenth of a
+    step on two CPU workers: BENCHMARKS.md, "The pipeline's overhead")."""
     import torch.distributed as dist
 
     if not dist.is_initialized() or (dist.get_world_size() == 1 and cfg.strategy == "ddp" and not ddp_alone):
@@ -203,7 +206,7 @@ def wrap_distributed(model, cfg: TrainConfig, device: torch.device, ddp_alone: b
     if cfg.strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype(device), reduce_dtype=torch.float32)
