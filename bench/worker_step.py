@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -32,17 +33,13 @@ from bench_common import number_rows, tiny_model, write_rows
 ORDER = ("bare", "ddp", "trainer", "streamed") * 2
 
 
-def median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
-
-
 def worker(config: dict) -> None:
     import ray.train
     import torch
 
     from train.collate import PackBatch
     from train.loop import micro_step, start_job
-    from train.model import attach_lora, load_base, wrap_distributed
+    from train.model import attach_lora, load_base, unwrap, wrap_distributed
     from train.step import apply_step, forward_loss
 
     run = config["run"]
@@ -66,7 +63,7 @@ def worker(config: dict) -> None:
             forward_loss(model, batch).backward()
             apply_step(params, opt, cfg.max_grad_norm)
             times.append(time.perf_counter() - started)
-        (model.module if wrap else model).unload()
+        unwrap(model).unload()
         return times
 
     def trainer(live: bool) -> list[float]:
@@ -78,13 +75,13 @@ def worker(config: dict) -> None:
             started = time.perf_counter()
             micro_step(t, batch, cfg)
             times.append(time.perf_counter() - started)
-        (t.model.module if hasattr(t.model, "module") else t.model).unload()
+        unwrap(t.model).unload()
         return times
 
     ways = {"bare": lambda: plain(False), "ddp": lambda: plain(True), "trainer": lambda: trainer(False), "streamed": lambda: trainer(True)}
     results: dict[str, list[float]] = {}
     for way in ORDER:
-        results.setdefault(way, []).append(median(ways[way]()))
+        results.setdefault(way, []).append(statistics.median(ways[way]()))
     if ray.train.get_context().get_world_rank() == 0:
         print("WORKER_STEP " + json.dumps({"threads": torch.get_num_threads(), **results}), flush=True)
 
