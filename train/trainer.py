@@ -134,6 +134,8 @@ def check_jobs(jobs: list[AdapterJob]) -> None:
         repeated = sorted({v for v in values if values.count(v) > 1})
         if repeated:
             raise ConfigError(f"two jobs have the same {field} {repeated[0]}")
+    if named := [j.name for j in jobs if "@" in j.name]:  # "<job>@<rank>" names a job's part per worker (job_datasets)
+        raise ConfigError(f"job name {named[0]!r}: '@' is kept for the per-worker parts of a job's rows")
     first = jobs[0]
     for job in jobs[1:]:
         for key in SHARED_KEYS:

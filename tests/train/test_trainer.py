@@ -304,6 +304,8 @@ def test_jobs_must_share_the_worker_group(tmp_path):
         check_jobs([job("a", strategy="fsdp"), job("b", strategy="fsdp")])
     with pytest.raises(ConfigError, match="same name a"):
         check_jobs([job("a"), job("a")])
+    with pytest.raises(ConfigError, match="job name 'a@0': '@' is kept"):
+        check_jobs([job("a"), job("a@0")])
     with pytest.raises(ConfigError, match=r"^method: .*job a has 'lora', job b has 'full'"):
         check_jobs([job("a"), job("b", method="full")])
     teacher = tmp_path / "teacher"
