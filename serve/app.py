@@ -16,7 +16,9 @@ that answers Serve's health checks.
 The OpenAI routes' serving is a mixin of its own (serve/openai_serving.py).
 Adapters come from the deployment's `user_config` (`{"adapters": {name: path}}`),
 which Serve hands to every replica (`reconfigure`), so they are registered
-by the operator and never by a request.
+by the operator and never by a request; so do `models`, fully fine-tuned copies
+of the base that the transformers engine serves beside it (one process and one
+start-up for several models), each addressed by name as an adapter is.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from serve.metrics import ServiceMetrics
 from serve.openai_serving import OpenAIServing
 from serve.proxy_guard import CALLBACK, CALLBACK_ENV, PROXY_LIMIT_ENV, configured_limit
 from serve.schemas import GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
-from serve.settings import ServiceSettings, api_key_from_env, check_open_host, check_user_config, config_args, model_id, resolve_model
+from serve.settings import ServiceError, ServiceSettings, api_key_from_env, check_open_host, check_user_config, config_args, model_id, resolve_model
 
 logger = logging.getLogger("ray.serve")
 
@@ -67,6 +69,7 @@ class InferenceService(OpenAIServing):
         self.base_id = model_id(self.settings)
         self.engine, self.scorer = build_engines(self.settings)
         self.adapters: dict[str, str] = {}
+        self.beside_base: dict[str, str] = {}  # models served beside the base: fully fine-tuned copies of it (the transformers engine)
         self.api_key = api_key
         if os.environ.get(CALLBACK_ENV) != CALLBACK:
             logger.warning(
@@ -91,17 +94,27 @@ class InferenceService(OpenAIServing):
         return build_http_api(self)
 
     async def reconfigure(self, user_config: dict) -> None:
-        """Register the adapters named in user_config (and drop those no longer named)."""
+        """Register the adapters and models named in user_config (and drop those no longer named)."""
         wanted = check_user_config(user_config, self.base_id)
-        for name, path in self.adapters.items():
+        if wanted.models and not all(hasattr(engine, "add_model") for engine in self._engines()):
+            raise ServiceError(
+                f"models {sorted(wanted.models)}: serving models beside the base needs the transformers engine (engine: hf, "
+                "scoring: engine); vLLM serves one base model per application"
+            )
+        await self._register("adapter", self.adapters, wanted.adapters)
+        await self._register("model", self.beside_base, wanted.models)
+        self.adapters, self.beside_base = wanted.adapters, wanted.models
+
+    async def _register(self, kind: str, held: dict[str, str], wanted: dict[str, str]) -> None:
+        """Each engine's `remove_<kind>` for what `held` has and `wanted` lacks, then `add_<kind>` for what is new."""
+        for name, path in held.items():
             if wanted.get(name) != path:
                 for engine in self._engines():
-                    await engine.remove_adapter(name)
+                    await getattr(engine, f"remove_{kind}")(name)
         for name, path in wanted.items():
-            if self.adapters.get(name) != path:
+            if held.get(name) != path:
                 for engine in self._engines():
-                    await engine.add_adapter(name, path)
-        self.adapters = wanted
+                    await getattr(engine, f"add_{kind}")(name, path)
 
     def _engines(self) -> list:
         """The generation engine, and the scoring engine when it is another one."""
@@ -131,7 +144,7 @@ class InferenceService(OpenAIServing):
     def _adapter(self, name: str | None, field: str = "adapter") -> str | None:
         if name is None or name == self.base_id:
             return None
-        if name not in self.adapters:
+        if name not in self.adapters and name not in self.beside_base:
             shown = name if len(name) <= 64 else name[:64] + "..."
             raise HTTPException(404, f"{field} {shown!r} is not registered (GET /adapters lists those that are)")
         return name
@@ -282,13 +295,15 @@ class InferenceService(OpenAIServing):
     async def models(self) -> dict:
         entry = {"object": "model", "created": self.started, "owned_by": "subliminal-ray"}
         data = [{"id": self.base_id, **entry}] + [{"id": name, "parent": self.base_id, **entry} for name in sorted(self.adapters)]
+        data += [{"id": name, **entry} for name in sorted(self.beside_base)]
         return {"object": "list", "data": data}
 
 
-def service_app(settings: ServiceSettings, adapters: dict[str, str] | None = None, **deployment_options):
+def service_app(settings: ServiceSettings, adapters: dict[str, str] | None = None, models: dict[str, str] | None = None, **deployment_options):
     """The Serve application; the model path is checked here, in the caller, before anything deploys."""
     resolve_model(settings.model)
-    deployment = InferenceService.options(user_config={"adapters": adapters or {}}, **deployment_options)
+    user_config = {"adapters": adapters or {}} | ({"models": models} if models else {})
+    deployment = InferenceService.options(user_config=user_config, **deployment_options)
     return deployment.bind(settings.model_dump(), api_key_from_env())
 
 

@@ -2,7 +2,10 @@
 
 Adapters are loaded unmerged into one PeftModel and selected per job
 (`set_adapter`, or `disable_adapter()` for the base model), so scores are the
-same arithmetic as lm-evaluation-harness's HF backend with `peft=`. All model
+same arithmetic as lm-evaluation-harness's HF backend with `peft=`. Models
+registered beside the base (fully fine-tuned copies of it, with its tokenizer)
+are held whole and selected by name as an adapter is: several models served by
+one process, loaded once each. All model
 work runs on one worker thread (the active adapter is model state), as bounded
 jobs: a call's prompts go through in chunks of `hf_batch_size`, each chunk a job
 of its own, so requests take turns chunk by chunk, and a request that goes away
@@ -31,7 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from serve.engine import Completion, EngineUnavailable, Sampling, TokenCompletion, TokenLogprob, UnknownAdapter, cut_at_stop
 from serve.hf_decode import decode
 from serve.hf_scoring import length_sorted_chunks, letter_token_ids, mc_logprobs_batch, scorable_choices
-from serve.settings import ServiceSettings
+from serve.settings import ServiceError, ServiceSettings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -62,6 +65,7 @@ class HFEngine:
         self.letters = letter_token_ids(self.tokenizer, self.max_choices)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype]).to(self.device).eval()
         self.peft = None  # the PeftModel wrapping self.model once an adapter is added
+        self.models: dict[str, torch.nn.Module] = {}  # registered beside the base, by name
         self.batch_size = settings.hf_batch_size
         self.stall_s = settings.hf_stall_s
         self._step_began: float | None = None  # when the running job's current step began; None while idle
@@ -126,10 +130,27 @@ class HFEngine:
         else:
             self.peft.delete_adapter(name)
 
+    async def add_model(self, name: str, path: str) -> None:
+        await self._run(lambda pulse: self._add_model(name, path))
+
+    def _add_model(self, name: str, path: str) -> None:
+        """Load a model beside the base; one whose tokenizer differs from the base's is refused (the
+        service tokenizes, counts and truncates every prompt with the base's)."""
+        if AutoTokenizer.from_pretrained(path).get_vocab() != self.tokenizer.get_vocab():
+            raise ServiceError(f"model {name!r} ({path}): its tokenizer's vocabulary differs from the base model's; serve it as a base of its own")
+        self.models[name] = AutoModelForCausalLM.from_pretrained(path, dtype=self.model.dtype).to(self.device).eval()
+
+    async def remove_model(self, name: str) -> None:
+        await self._run(lambda pulse: self.models.pop(name))
+
     @contextlib.contextmanager
     def _selected(self, adapter: str | None):
-        """The model to call with `adapter` active (None: the base model). An adapter removed since
-        the request was checked is an UnknownAdapter, not a KeyError deep in PEFT."""
+        """The model to call with `adapter` active (None: the base model; a registered model's name:
+        that model). An adapter removed since the request was checked is an UnknownAdapter, not a
+        KeyError deep in PEFT."""
+        if adapter in self.models:
+            yield self.models[adapter]
+            return
         if adapter is None:
             with self.peft.disable_adapter() if self.peft else contextlib.nullcontext():
                 yield self.peft or self.model

@@ -23,6 +23,7 @@ def start_service(
     settings: ServiceSettings,
     adapters: dict[str, str] | None = None,
     *,
+    models: dict[str, str] | None = None,
     name: str = DEFAULT_APP,
     route_prefix: str = "/",
     replicas: int = 1,
@@ -37,7 +38,8 @@ def start_service(
 ):
     """Deploy the application `name` (replacing one of that name) and return its deployment handle.
 
-    Calling it again with other adapters redeploys: Serve's Python API restarts
+    `models` (name -> folder) are fully fine-tuned copies of the base served beside it, by the
+    transformers engine only. Calling it again with other adapters redeploys: Serve's Python API restarts
     the replicas (a rolling update). Editing `user_config` in a Serve config file
     and running `serve deploy` instead updates the replicas in place. A tensor-parallel
     replica gets a placement group of `num_gpus` one-GPU bundles (serve/replica_placement.py).
@@ -56,7 +58,7 @@ def start_service(
         options["max_ongoing_requests"] = max_ongoing_requests
     if max_queued_requests is not None:
         options["max_queued_requests"] = max_queued_requests
-    app = service_app(settings, adapters, **options)
+    app = service_app(settings, adapters, models, **options)
     return serve.run(app, name=name, route_prefix=route_prefix, logging_config=logging_config)
 
 

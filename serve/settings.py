@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -25,7 +25,7 @@ ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: "$" woul
 
 
 class ServiceError(ValueError):
-    """The service cannot start or cannot register an adapter as configured."""
+    """The service cannot start or cannot register an adapter or a model as configured."""
 
 
 class ServiceSettings(BaseModel):
@@ -105,24 +105,50 @@ def model_id(settings: ServiceSettings) -> str:
     return settings.model_id or ("tiny" if settings.model == "tiny" else settings.model.rstrip("/").split("/")[-1])
 
 
+class Registered(NamedTuple):
+    """What a deployment's user_config registers, name -> absolute folder: LoRA adapters over the
+    base, and models served beside it (fully fine-tuned copies of the base, with its tokenizer)."""
+
+    adapters: dict[str, str]
+    models: dict[str, str]
+
+
+def check_name(name: str, base_id: str, kind: str) -> None:
+    if not ADAPTER_NAME.match(name):
+        raise ServiceError(f"{kind} name {name!r} must be 1-64 letters, digits, '_', '.', '-'")
+    if name == base_id:
+        raise ServiceError(f"{kind} name {name!r} is the base model's name")
+
+
 def check_adapter(name: str, path: str, base_id: str) -> str:
     """Validate an operator-registered adapter; returns its absolute path."""
-    if not ADAPTER_NAME.match(name):
-        raise ServiceError(f"adapter name {name!r} must be 1-64 letters, digits, '_', '.', '-'")
-    if name == base_id:
-        raise ServiceError(f"adapter name {name!r} is the base model's name")
+    check_name(name, base_id, "adapter")
     folder = Path(path).expanduser()
     if not (folder / "adapter_config.json").is_file():
         raise ServiceError(f"adapter {name!r}: {folder} has no adapter_config.json (not a PEFT adapter folder)")
     return str(folder.resolve())
 
 
-def check_user_config(user_config: dict, base_id: str) -> dict[str, str]:
-    """The deployment's user_config, `{"adapters": {name: path}}`, validated: adapter name -> absolute path."""
-    unknown = set(user_config) - {"adapters"}
+def check_model_folder(name: str, path: str, base_id: str) -> str:
+    """Validate a model registered beside the base; returns its absolute path."""
+    check_name(name, base_id, "model")
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ServiceError(f"model {name!r}: {folder} has no config.json (not a folder written by save_pretrained)")
+    return str(folder.resolve())
+
+
+def check_user_config(user_config: dict, base_id: str) -> Registered:
+    """The deployment's user_config, `{"adapters": {name: path}, "models": {name: path}}` (each
+    optional), validated: one name space for both, each name -> absolute path."""
+    unknown = set(user_config) - {"adapters", "models"}
     if unknown:
-        raise ServiceError(f"unknown user_config keys {sorted(unknown)}; expected 'adapters'")
-    return {name: check_adapter(name, str(path), base_id) for name, path in (user_config.get("adapters") or {}).items()}
+        raise ServiceError(f"unknown user_config keys {sorted(unknown)}; expected 'adapters' and 'models'")
+    adapters = {name: check_adapter(name, str(path), base_id) for name, path in (user_config.get("adapters") or {}).items()}
+    models = {name: check_model_folder(name, str(path), base_id) for name, path in (user_config.get("models") or {}).items()}
+    if both := sorted(set(adapters) & set(models)):
+        raise ServiceError(f"{both} registered both as adapters and as models: a name names one of them")
+    return Registered(adapters, models)
 
 
 API_KEY_ENV = "SERVE_API_KEY"

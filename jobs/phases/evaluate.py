@@ -26,7 +26,7 @@ from jobs.rundir.manifest import digest, read_jsonl
 from jobs.runtime.adapter_check import check_adapters_applied, probe_scores
 from jobs.runtime.context import RunContext
 from jobs.runtime.progress import ProgressLine
-from jobs.runtime.service import result_or_resend, running_service
+from jobs.runtime.service import result_or_resend, running_service, service_settings
 from jobs.stats.accuracy import on_split, summarise
 from serve.schemas import Question, ScoreRequest
 from train.config import ConfigError
@@ -129,7 +129,7 @@ def context_check(model_path: str, questions: list[dict], max_model_len: int, fo
 def scoring_targets(ctx: RunContext, base: str, names: list[str], snapshots: dict) -> tuple[dict, dict]:
     """({scored name: adapter or None for the base itself}, {adapter: folder}) of the models over
     `base` ("base" or "other_base"): the base, its LoRA adapters, and the earlier snapshots of
-    arms that keep them (a fully fine-tuned arm model is served on its own: `run`)."""
+    arms that keep them (fully fine-tuned arm models: `services`)."""
     targets, adapters = {}, {}
     for n in names:
         if n == base:
@@ -145,18 +145,35 @@ def scoring_targets(ctx: RunContext, base: str, names: list[str], snapshots: dic
     return targets, adapters
 
 
+def services(ctx: RunContext, names: list[str], snapshots: dict) -> list[tuple[str, dict, dict, dict]]:
+    """(base model folder, {scored name: adapter or model name, None for the base}, {adapter: folder},
+    {model: folder}) of each Serve application the models in `names` need: one per base, whose
+    transformers engine also holds the fully fine-tuned arm models of that base; on vLLM, which
+    serves one model per application, each fully fine-tuned model has an application of its own."""
+    from serve.engine_choice import engine_kinds
+
+    full = [n for n in names if n in ctx.models and ctx.models[n].full]
+    settings = service_settings(ctx.cfg, ctx.model_path, True, ctx.lora_rank)
+    beside_base = engine_kinds(settings, bool(ctx.cfg.evaluate.gpus_per_replica)) == ("hf", "hf")
+    apps = []
+    for base, path in ctx.paths.items():
+        targets, adapters = scoring_targets(ctx, base, names, snapshots)
+        models = {ctx.models[n].adapter: str(ctx.trained(n)) for n in full if beside_base and ctx.models[n].base == base}
+        targets.update({n: ctx.models[n].adapter for n in full if ctx.models[n].adapter in models})
+        apps.append((path, targets, adapters, models))
+    return apps + [(str(ctx.trained(n)), {n: None}, {}, {}) for n in full if not beside_base]
+
+
 def run(ctx: RunContext, todo) -> None:
     """Every model still to score, with its earlier snapshots; each stage recorded with its held-out accuracy."""
     started = time.time()
     names = [scored_model(stage) for stage in todo]
     snapshots = {n: earlier_snapshots(ctx.manifest, n) for n in names if n in ctx.models}
     questions = [{**q, "split": split} for split, file in SPLIT_FILES.items() for q in read_jsonl(ctx.run_dir / "data" / file)]
-    services = [(ctx.paths[base], *scoring_targets(ctx, base, names, snapshots)) for base in ctx.paths]
-    services += [(str(ctx.trained(n)), {n: None}, {}) for n in names if n in ctx.models and ctx.models[n].full]
     scored = {}
-    for model_path, targets, adapters in services:
+    for model_path, targets, adapters, models in services(ctx, names, snapshots):
         if targets:
-            with running_service(ctx.app, model_path, adapters, ctx.cfg, True, ctx.lora_rank, ctx.span) as handle:
+            with running_service(ctx.app, model_path, adapters, ctx.cfg, True, ctx.lora_rank, ctx.span, models) as handle:
                 check_adapters_applied(handle, adapters, lambda adapter: probe_scores(handle, adapter, ctx.cfg.evaluate.format))
                 scored.update(
                     score_models(

@@ -115,9 +115,10 @@ def service_settings(cfg: ExperimentConfig, model_path: str, evaluation: bool, l
 
 
 @contextlib.contextmanager
-def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentConfig, evaluation: bool, lora_rank: int, span=None):
+def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentConfig, evaluation: bool, lora_rank: int, span=None, models: dict | None = None):
     """The Serve application for one phase, deleted when the phase ends however it ends. `span`
-    (RunContext.span) is told its start-up, the time it served and its teardown."""
+    (RunContext.span) is told its start-up, the time it served and its teardown. `models` (name ->
+    folder): fully fine-tuned models served beside the base (the transformers engine)."""
     from jobs.runtime.handoff import wait_for_gpus
     from serve.launch import start_service, stop_service
 
@@ -125,10 +126,11 @@ def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentCo
     settings = service_settings(cfg, model_path, evaluation, lora_rank, len(adapters))
     if place.gpus_per_replica:  # the last stage's workers or replicas may still hold these GPUs
         wait_for_gpus(settings.gpu_memory_utilization, f"starting {app}")
-    print(f"[serve] starting {app}: {place.replicas} replica(s), engine {settings.engine}, {len(adapters)} adapter(s)", flush=True)
+    beside = f", {len(models)} model(s) beside the base" if models else ""
+    print(f"[serve] starting {app}: {place.replicas} replica(s), engine {settings.engine}, {len(adapters)} adapter(s){beside}", flush=True)
     lane, marks = f"service {'evaluate' if evaluation else 'numbers'} ({Path(model_path).name})", [time.time()]
     handle = start_service(
-        settings, adapters, name=app, route_prefix=f"/{app}", replicas=place.replicas,
+        settings, adapters, models=models, name=app, route_prefix=f"/{app}", replicas=place.replicas,
         num_cpus=place.cpus_per_replica, num_gpus=place.gpus_per_replica,
         logging_config={"enable_access_log": False},  # a line per chunk in the job log; the stages print their own progress
     )  # fmt: skip

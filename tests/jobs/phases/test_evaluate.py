@@ -125,3 +125,33 @@ def test_the_letter_teacher_shows_in_the_letter_prior_not_in_agreement_with_a_te
     assert agreement(as_written) > 0.9 and letter_prior(as_written)[0] > 0.9
     assert letter_prior(rotated_rows)[0] > 0.9  # it still says A in every order: a prior, not knowledge
     assert abs(agreement(rotated_rows) - 0.25) < 0.12 and abs(accuracy_over_orders(rotated_rows) - 0.25) < 0.05
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_fully_fine_tuned_models_share_their_bases_application_on_the_transformers_engine(tmp_path, engine):
+    """One Serve application per base, holding the fully fine-tuned arm models of that base beside
+    it on the transformers engine; vLLM, one model per application, gives each its own."""
+    from jobs.experiment.arms import arm_models
+    from jobs.experiment.config import load_experiment
+    from jobs.phases.evaluate import services
+    from jobs.rundir.manifest import Manifest
+    from jobs.runtime.context import RunContext
+
+    arms = "arms={student: {numbers: teacher}, full: {numbers: teacher, train: {method: full}}}"
+    cfg = load_experiment(overrides=[arms, "replicates=2", f"evaluate.engine={engine}"])
+    models = {m.name: m for m in arm_models(cfg)}
+    ctx = RunContext(cfg, tmp_path, Manifest(tmp_path), tmp_path, {"base": "/models/base"}, models, [], "app", 8, 1)
+    names = ["base", "teacher", "student/0", "full/0", "full/1"]
+    apps = services(ctx, names, {n: [] for n in names if n in models})
+    folders = {n: str(ctx.trained(n)) for n in ("full/0", "full/1")}
+    base_app = (
+        "/models/base",
+        {"base": None, "teacher": "teacher", "student/0": "student-0"},
+        {"teacher": str(ctx.trained("teacher")), "student-0": str(ctx.trained("student/0"))},
+    )
+    if engine == "hf":
+        assert apps == [
+            (*base_app[:1], base_app[1] | {"full/0": "full-0", "full/1": "full-1"}, base_app[2], {"full-0": folders["full/0"], "full-1": folders["full/1"]})
+        ]
+    else:
+        assert apps == [(*base_app, {}), (folders["full/0"], {"full/0": None}, {}, {}), (folders["full/1"], {"full/1": None}, {}, {})]
