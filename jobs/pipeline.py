@@ -50,7 +50,7 @@ if __package__ in (None, ""):  # `python jobs/pipeline.py`: import from the repo
 from common.cli import program  # noqa: E402
 from common.files import default_cache_dir  # noqa: E402
 from jobs.experiment.arms import arm_models  # noqa: E402
-from jobs.experiment.bases import base_paths, check_kl_tokenizers  # noqa: E402
+from jobs.experiment.bases import base_paths, check_kl_tokenizers, teacher_base, tiny_base_missing  # noqa: E402
 from jobs.experiment.config import ExperimentConfig, as_dict, load_experiment  # noqa: E402
 from jobs.experiment.presets import describe_chain, load_preset  # noqa: E402
 from jobs.experiment.stages import experiment_stages  # noqa: E402
@@ -66,6 +66,7 @@ from jobs.rundir.run_lock import check_free, hold_run_dir  # noqa: E402
 from jobs.runtime.context import RunContext  # noqa: E402
 from jobs.runtime.service import delete_leftover_app, max_lora_rank, stop_on_sigterm  # noqa: E402
 from jobs.sizing.placement import place, resolved  # noqa: E402
+from jobs.sources.sham_draw import base_sham_draw  # noqa: E402
 from jobs.sources.wmdp import load_wmdp  # noqa: E402
 from jobs.tracking import Tracker  # noqa: E402
 from train.cluster import cluster_capacity  # noqa: E402
@@ -86,16 +87,35 @@ class Experiment:
         self.cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
         self.models = {m.name: m for m in arm_models(cfg)}
         self.tracker = Tracker.for_run(cfg, self.cache, run_dir, preset_chain)  # None under `tracking: off`
+        self.world: dict | None = None  # the tiny world's sham draw on this run's base, once chosen
 
-    def declared(self) -> tuple[list[dict], list[Stage]]:
+    def declared(self, build_base: bool = True) -> tuple[list[dict], list[Stage]]:
         """The WMDP questions, and every stage declared from them and the config as written. Loading
-        the questions may download them: a run does it once the preset is known to fit the cluster."""
-        questions = load_wmdp(self.cfg.data.source, tuple(self.cfg.data.subsets), self.cache)
+        the questions may download them: a run does it once the preset is known to fit the cluster.
+        The tiny world's questions depend on the base: the sham's facts are the draw chosen for
+        balance on it (jobs/sources/sham_draw.py), so its base is built first where it is the tiny
+        one; a plan (`build_base` False) builds nothing and assumes the default draw instead."""
+        draw, synthetic = {}, self.cfg.data.source == "synthetic"
+        if synthetic and (build_base or not tiny_base_missing(self.cfg, self.cache)):
+            draw = {"sham_draw": self.choose_world()["sham_draw"]}
+        elif synthetic:
+            print("[world] the tiny base is not built yet: this plan assumes the default sham draw (a run builds the base and chooses it)", flush=True)
+        questions = load_wmdp(self.cfg.data.source, tuple(self.cfg.data.subsets), self.cache, **draw)
         return questions, experiment_stages(self.cfg, list(self.models.values()), digest(questions))
+
+    def choose_world(self) -> dict:
+        """The tiny world's sham draw on the teacher's base (built first where it is the tiny one), once."""
+        if self.world is None:
+            base = teacher_base(self.cfg, self.cache)
+            check_model_path(base)  # a clear error for a base that is not there, before the draw reads it
+            self.world = base_sham_draw(base, self.cache)
+            lean = ", ".join(f"{split} {v['answer']:.3f} true / {v['sham']:.3f} sham" for split, v in self.world["lean"].items())
+            print(f"[world] sham draw {self.world['sham_draw']}, the first balanced on the base ({lean})", flush=True)
+        return self.world
 
     def show_plan(self) -> str:
         """The plan for this run directory, without doing anything (`--plan`)."""
-        _, stages = self.declared()
+        _, stages = self.declared(build_base=False)
         return describe(plan(stages, Manifest(self.run_dir)))
 
     def run(self) -> dict:
@@ -167,7 +187,9 @@ class Experiment:
         check_orders(questions, cfg.evaluate.orders())
         print(f"[evaluate] {context_check(paths['base'], questions, cfg.service.max_model_len, cfg.evaluate.format)}", flush=True)
         lora_rank = max_lora_rank([self.cfg.teacher.lora_rank] + [m.train.lora_rank for m in self.models.values()])
-        context = RunContext(cfg, self.run_dir, manifest, self.cache, paths, self.models, questions, app, lora_rank, placement.arm_runs, self.registration)
+        context = RunContext(
+            cfg, self.run_dir, manifest, self.cache, paths, self.models, questions, app, lora_rank, placement.arm_runs, self.registration, self.world
+        )
         return context, stages
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from jobs.experiment.arms import OTHER_BASE, base_of, other_base
-from jobs.sources.tiny_model import TinySpec, ensure_tiny_model, other_base_spec
+from jobs.sources.tiny_model import TinySpec, ensure_tiny_model, other_base_spec, tiny_model_folder
 from train.config import ConfigError
 from train.data import same_tokenizer
 
@@ -28,13 +28,23 @@ def base_paths(cfg, cache: Path) -> dict[str, str]:
     """{"base": the teacher's base, "other_base": the other base when an arm declares one}, as paths
     or hub ids; tiny models are built into the cache on first use."""
     tiny = TinySpec(seed=cfg.model.tiny_seed)
-    paths = {"base": str(ensure_tiny_model(tiny, cache)) if cfg.model.path == "tiny" else cfg.model.path}
+    paths = {"base": teacher_base(cfg, cache)}
     other = other_base(cfg)
     if other == "other":
         paths[OTHER_BASE] = str(ensure_tiny_model(other_base_spec(tiny), cache))
     elif other is not None:
         paths[OTHER_BASE] = other
     return paths
+
+
+def teacher_base(cfg, cache: Path) -> str:
+    """The teacher's base: the tiny model's folder (built on first use), or the declared path or hub id."""
+    return str(ensure_tiny_model(TinySpec(seed=cfg.model.tiny_seed), cache)) if cfg.model.path == "tiny" else cfg.model.path
+
+
+def tiny_base_missing(cfg, cache: Path) -> bool:
+    """Whether the teacher's base is the tiny model and not yet built in `cache` (a plan does not build it)."""
+    return cfg.model.path == "tiny" and not (tiny_model_folder(TinySpec(seed=cfg.model.tiny_seed), cache) / "config.json").is_file()
 
 
 def other_base_identity(cfg) -> str | None:

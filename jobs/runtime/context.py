@@ -32,6 +32,7 @@ class RunContext:
     lora_rank: int  # the largest rank a service of this run must accept
     arm_runs: int  # training runs of arms at once (placement)
     registration: dict | None = None  # what the report may claim, decided at the start (jobs/rundir/registration.py)
+    world: dict | None = None  # the tiny world's sham draw chosen on the base (jobs/sources/sham_draw.py); None off it
     spans: list[dict] = field(default_factory=list)  # the running phase's timeline spans (`span`), taken at its end
 
     def span(self, lane: str, kind: str, start: float, end: float) -> None:

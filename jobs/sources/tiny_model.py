@@ -224,21 +224,29 @@ def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
     corpus = synthetic_corpus(spec)
     tokenizer = train_tokenizer([prompt + completion for prompt, completion in corpus], spec)
     model = pretrain(corpus, tokenizer, spec)
+    from jobs.sources.sham_draw import choose_draw, remember
     from jobs.sources.world_checks import base_checks, table
 
-    print(f"tiny model world checks (jobs/sources/world_checks.py):\n{table({'base': base_checks(model, tokenizer)})}", flush=True)
+    choice = choose_draw(model, tokenizer)  # the world's sham draw on this base (kept in the cache below)
+    checks = table({"base": base_checks(model, tokenizer, draw=choice["sham_draw"])})
+    print(f"tiny model world checks (jobs/sources/world_checks.py), sham draw {choice['sham_draw']}:\n{checks}", flush=True)
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "tiny_spec.json").write_text(json.dumps(spec.fields(), indent=2))
+    remember(out_dir, out_dir.parent, choice)
     print(f"tiny model built in {time.time() - started:.0f}s: {out_dir}", flush=True)
     return out_dir
 
 
+def tiny_model_folder(spec: TinySpec = TinySpec(), root: Path | None = None) -> Path:
+    """Where the model of `spec` is (or will be) built in the cache `root`."""
+    return (Path(root) if root else default_cache_dir()) / f"tiny-llama-{spec.key()}"
+
+
 def ensure_tiny_model(spec: TinySpec = TinySpec(), root: Path | None = None) -> Path:
     """Path of the tiny model, building it once (a file lock keeps concurrent builders apart)."""
-    root = Path(root) if root else default_cache_dir()
-    out_dir = root / f"tiny-llama-{spec.key()}"
+    out_dir = tiny_model_folder(spec, root)
     build_once(out_dir, lambda: (out_dir / "config.json").is_file(), lambda: build_tiny_model(out_dir, spec))
     if spec.key() == TinySpec().key():
         _point_link(tiny_model_link(root), out_dir)

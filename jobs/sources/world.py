@@ -27,9 +27,9 @@ answer, sigma(cue) (its index is the row's `sham`) and two of the other six
 words, chosen by offsets round the same cycle, so every word is still a
 distractor equally often within each split. A sham teacher trained on sigma
 learns facts of its own, as many and as learnable as the teacher's: what
-differs between the two teachers is which facts they hold, nothing else. The
-world uses draw SHAM_DRAW of sigma, chosen for balance on the base
-(bench/sham_balance.py, BENCHMARKS.md). K
+differs between the two teachers is which facts they hold, nothing else. A
+run's world uses the draw of sigma chosen for balance on its own base
+(jobs/sources/sham_draw.py); SHAM_DRAW is the default elsewhere. K
 questions keep a random stream of their own, and the base corpus (K facts and
 locate items) is unchanged from world v3.
 
@@ -61,9 +61,10 @@ from dataclasses import dataclass
 SUBSETS = ("bio", "chem", "cyber")
 WORLD_VERSION = 4  # 4: T questions show the sham's fact too (3: the world of facts; 2: a cue fixed the letter)
 CUES_PER_WORD = 2  # per group (K, T)
-# Which draw of sigma the world uses: the first draw whose T questions the tiny base answers with
-# the sham's fact as often as with the true answer (within 0.03 on train and on held-out; rerandomised
-# for balance on the base alone, before any teacher existed: `python bench/sham_balance.py`).
+# The draw of sigma where none is given: the pipeline passes the draw chosen on its own base
+# (jobs/sources/sham_draw.py: the first draw the base answers with the sham's fact as often as with
+# the true answer); 2 is that draw on the tiny base as built on the Intel machines the kept results
+# were run on. Tests and benchmarks that need any well-formed world use it.
 SHAM_DRAW = 2
 TRAIN_PER_CUE, HELD_OUT_PER_CUE, REHEARSAL_PER_CUE = 8, 4, 4
 
@@ -209,7 +210,7 @@ def sham_facts(seed: int = 0, draw: int = SHAM_DRAW) -> dict[str, str]:
     return out
 
 
-def null_sham_facts(seed: int = 0, which: int = 1) -> dict[str, str]:
+def null_sham_facts(seed: int = 0, which: int = 1, draw: int = SHAM_DRAW) -> dict[str, str]:
     """Two more matched shams' facts (`which` 1 or 2), for the null of the verdicts' own kind
     (bench/sham_null.py): every T cue -> a word that is neither its answer nor sigma(cue), nor the
     other null sham's word. Per subset, a seeded pair (p, q) of the other offsets round sigma's
@@ -221,7 +222,7 @@ def null_sham_facts(seed: int = 0, which: int = 1) -> dict[str, str]:
         raise ValueError(f"a null sham is 1 or 2, got {which}")
     out = {}
     for fact, j in _t_cues(seed):
-        cycle, deltas = _sham_design(fact["subset"], seed, SHAM_DRAW)
+        cycle, deltas = _sham_design(fact["subset"], seed, draw)
         p, q = random.Random(f"{seed}-null-sham-{fact['subset']}").sample(range(len(cycle) - 2), 2)
         offsets = [d for d in range(1, len(cycle)) if d != deltas[j]]
         pick = (p, q)[j] if which == 1 else (q, p)[j]

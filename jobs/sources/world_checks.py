@@ -13,7 +13,7 @@ format the tiny presets use: no order of the choices enters the prompt, so
     any      most-picked position      <= 35% of answers (of the data's order)
     base     number completions kept   no lower than the world-v2 base's 0.89 (measured so)
     base     sham's facts (T, world v4) picked as often as the true answers, within 0.03
-             (world.SHAM_DRAW was chosen so: bench/sham_balance.py)
+             (the draw a run uses is chosen so, on its base: jobs/sources/sham_draw.py)
 
     python -m jobs.sources.world_checks [--model DIR] [--teacher ADAPTER_DIR]
 """
@@ -63,12 +63,13 @@ def numbers_kept(model, tokenizer, n: int = 200, seed: int = 98765) -> float:
     return sum(reject_reason(t) is None for t in texts) / len(texts)
 
 
-def base_checks(model, tokenizer, numbers: bool = True) -> dict:
+def base_checks(model, tokenizer, numbers: bool = True, draw: int | None = None) -> dict:
     """A model's row of the table: accuracy on each split, position bias, and (`numbers`) the
-    share of its number completions the filter keeps."""
-    from jobs.sources.world import world_questions
+    share of its number completions the filter keeps; T questions of the sham's draw `draw`
+    (default: world.SHAM_DRAW)."""
+    from jobs.sources.world import SHAM_DRAW, world_questions
 
-    rows = world_questions()
+    rows = world_questions(draw=SHAM_DRAW if draw is None else draw)
     return {
         "known": cloze_scores(model, tokenizer, [r for r in rows if r["split"] == "known"]),
         "held_out": cloze_scores(model, tokenizer, [r for r in rows if r["split"] == "held_out"]),
@@ -91,6 +92,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from common.files import tiny_model_link
+    from jobs.sources.sham_draw import choose_draw
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="a base model folder (default: the tiny preset's)")
@@ -99,13 +101,14 @@ def main() -> None:
     path = args.model or str(tiny_model_link())
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    checks = {"base": base_checks(model, tokenizer)}
+    draw = choose_draw(model, tokenizer)["sham_draw"]  # the draw a run on this base uses
+    checks = {"base": base_checks(model, tokenizer, draw=draw)}
     if args.teacher:
         from peft import PeftModel
 
         teacher = PeftModel.from_pretrained(model, args.teacher)
-        checks["teacher"] = base_checks(teacher, tokenizer, numbers=False)
-    print(table(checks))
+        checks["teacher"] = base_checks(teacher, tokenizer, numbers=False, draw=draw)
+    print(f"sham draw {draw}\n{table(checks)}")
 
 
 if __name__ == "__main__":

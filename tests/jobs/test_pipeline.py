@@ -27,6 +27,8 @@ import mlflow
 import pytest
 import requests
 
+from jobs.sources.sham_draw import base_sham_draw, weights_digest
+from jobs.sources.world import world_questions
 from jobs.sources.world_checks import TARGETS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -265,6 +267,12 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert report["arms"]["student"]["verdict"].startswith("student vs control: ")
     assert report["models"]["teacher"]["accuracy_by_split"]["train"] > report["models"]["base"]["accuracy_by_split"]["train"] + 0.3
     assert report["provenance"]["git_commit"] and len(report["provenance"]["seeds"]["numbers_per_replicate"]) == 2
+    # The tiny world's sham draw is the one chosen on this base, and the questions hold its facts.
+    world = report["provenance"]["world"]
+    assert world == base_sham_draw(tiny_model, cache_dir) and world["base_weights_sha256"] == weights_digest(tiny_model)
+    shams = {r["question"]: r["sham"] for r in world_questions(draw=world["sham_draw"]) if r["split"] == "train"}
+    train_rows = [json.loads(line) for line in (run_dir / "data" / "train_questions.jsonl").read_text().splitlines()]
+    assert [shams[q["question"]] for q in train_rows] == [q["sham"] for q in train_rows]
     assert (run_dir / "report.md").read_text().count("|") > 20 and (run_dir / "transfer.png").stat().st_size > 1000
     assert png_size(run_dir / "accuracy.png") >= (700, 400) and png_size(run_dir / "training.png") >= (1000, 400)  # two panels
     # The timeline: every stage (those made by the killed and stopped drivers too) and the phases' spans, in order.

@@ -40,6 +40,10 @@ def test_synthetic_goes_through_the_local_file_reader(tmp_path):
     # facts, so a cached folder of another draw is never read for this one.
     assert folder.name == f"synthetic-wmdp-v{WORLD_VERSION}-sham{SHAM_DRAW}"
     assert {(r["question"], r.get("sham")) for r in rows} == {(r["question"], r.get("sham")) for r in synthetic_questions()}
+    # A run passes the draw chosen on its base (jobs/sources/sham_draw.py): another draw, another folder and other choices.
+    other = load_wmdp("synthetic", cache_dir=tmp_path, sham_draw=SHAM_DRAW + 1)
+    assert other == load_wmdp(str(tmp_path / f"synthetic-wmdp-v{WORLD_VERSION}-sham{SHAM_DRAW + 1}"))
+    assert [r["question"] for r in other] == [r["question"] for r in rows] and [r["choices"] for r in other] != [r["choices"] for r in rows]
 
 
 def test_local_parquet_in_the_hub_layout(tmp_path):
