@@ -106,6 +106,9 @@ def head_node(*extra_args: str, env: dict | None = None):
     import tempfile
 
     ray = str(Path(sys.executable).parent / "ray")
+    token_file = Path.home() / ".ray" / "auth_token"
+    if not token_file.is_file():  # a fresh machine where no token-mode driver ran yet (a test run alone): make the token
+        subprocess.run([ray, "get-auth-token", "--generate"], capture_output=True, timeout=120, check=True)
     for _ in range(3):
         temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths live under it
         # Every port its own: the job agent's default (52365) is held by the session's ray_cluster, and an
@@ -124,7 +127,7 @@ def head_node(*extra_args: str, env: dict | None = None):
         stop_head(temp_dir)
     else:
         raise RuntimeError(f"ray start --head failed 3 times; the last said:\n{started.stdout[-2000:]}\n{started.stderr[-2000:]}")
-    token = (Path.home() / ".ray" / "auth_token").read_text().strip()
+    token = token_file.read_text().strip()
     try:
         yield {
             "address": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dashboard}", "temp_dir": temp_dir,
