@@ -45,7 +45,7 @@ def ratio_interval(num: np.ndarray, den: np.ndarray, clusters: np.ndarray, paire
     value = num_effect["value"] / den_effect["value"] if num_effect["value"] is not None and den_effect["value"] else None
     kept = []
     for theta in GRID:
-        r = effect(num, theta * den, clusters, binary=False, paired=paired)
+        r = effect(num, theta * den, clusters, binary=False, paired=paired, p_only=True)
         if r["p_value"] is not None and r["p_value"] >= 0.05:
             kept.append(float(theta))
     ci = None

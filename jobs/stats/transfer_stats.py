@@ -147,17 +147,27 @@ def question_metrics(rows: list[dict], teacher: list[dict], base: list[dict], te
     }
 
 
-def _at_temperature(logprobs: list[float], tau: float) -> np.ndarray:
-    """Choice log-probabilities renormalised at temperature tau: log softmax(logprobs / tau)."""
-    z = np.asarray(logprobs, float) / tau
-    return z - special.logsumexp(z)
+def _choice_matrix(rows: list[dict]) -> np.ndarray:
+    """[rows x choices] of the rows' choice log-probabilities, -inf past a row's last choice (a row
+    with fewer choices): one array for the temperature arithmetic, not one call per question."""
+    out = np.full((len(rows), max(len(r["logprobs"]) for r in rows)), -np.inf)
+    for i, r in enumerate(rows):
+        out[i, : len(r["logprobs"])] = r["logprobs"]
+    return out
+
+
+def _at_temperature(logprobs: np.ndarray, tau: float) -> np.ndarray:
+    """Each row's choice log-probabilities renormalised at temperature tau: log softmax(row / tau)."""
+    z = logprobs / tau
+    return z - special.logsumexp(z, axis=-1, keepdims=True)
 
 
 def _calibrated_change(rows: list[dict], base: list[dict], t_pred: np.ndarray, temperatures: tuple[float, float] | None) -> np.ndarray:
     if temperatures is None:
         return np.full(len(rows), np.nan)
     tau, tau_base = temperatures
-    return np.array([_at_temperature(r["logprobs"], tau)[t] - _at_temperature(b["logprobs"], tau_base)[t] for r, b, t in zip(rows, base, t_pred)])
+    picked = np.arange(len(rows)), t_pred
+    return _at_temperature(_choice_matrix(rows), tau)[picked] - _at_temperature(_choice_matrix(base), tau_base)[picked]
 
 
 def fitted_temperature(rows: list[dict]) -> float:
@@ -167,9 +177,10 @@ def fitted_temperature(rows: list[dict]) -> float:
     flatten gets a lower tau and its calibrated log-probabilities are those of its order."""
     if not rows:
         raise ValueError("no rows to fit a temperature on")
+    logprobs, true = _choice_matrix(rows), (np.arange(len(rows)), np.array([r["answer"] for r in rows]))
 
     def nll(log_tau: float) -> float:
-        return -float(np.mean([_at_temperature(r["logprobs"], np.exp(log_tau))[r["answer"]] for r in rows]))
+        return -float(np.mean(_at_temperature(logprobs, np.exp(log_tau))[true]))
 
     return float(np.exp(optimize.minimize_scalar(nll, bounds=(-4.0, 4.0), method="bounded").x))
 
@@ -227,11 +238,13 @@ def _replicate_terms(x: np.ndarray) -> list[tuple[float, int]]:
     return [(ms_r / (r * c), r - 1), (-ms_e / (r * c), (r - 1) * (c - 1))] if ms_r > ms_e else []
 
 
-def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, paired: bool = False) -> dict:
+def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, paired: bool = False, p_only: bool = False) -> dict:
     """Group a minus group b on one metric. a, b: [replicates x questions] (NaN: not in the
     metric's subset). b_fixed: b is one fixed model (base), not a sample of trained replicates.
     paired: both sides trained, equally many replicates, row i of a and of b sharing replicate i's
-    numbers and data order. See the module docstring for the method and each field."""
+    numbers and data order. p_only: the value, ci95 and p_value alone (p_fixed_models and mde None),
+    for a test inverted over a grid (jobs/stats/share.py): the MDE's root search is most of a call's
+    time. See the module docstring for the method and each field."""
     a, b = np.atleast_2d(np.asarray(a, float)), np.atleast_2d(np.asarray(b, float))
     if paired and (b_fixed or len(a) != len(b)):
         raise ValueError(f"paired needs two sides of trained replicates, equally many (got {len(a)} and {len(b)}, b_fixed={b_fixed})")
@@ -249,13 +262,13 @@ def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, p
     value = sums_a.mean(0).sum() / n_q - sums_b.mean(0).sum() / n_q
     per_cluster = (sums_a.mean(0) - sums_b.mean(0)) / counts
 
+    result = {**empty, "value": float(value)}
     # These very models, questions the only randomness: exact sign test (McNemar) or paired t across clusters.
-    if binary:
+    if binary and not p_only:
         up, down = int((per_cluster > 0).sum()), int((per_cluster < 0).sum())
-        p_fixed = stats.binomtest(up, up + down, 0.5).pvalue if up + down else 1.0
-    else:
-        p_fixed = stats.ttest_1samp(per_cluster, 0.0).pvalue if np.ptp(per_cluster) > 0 else (1.0 if value == 0 else 0.0)
-    result = {**empty, "value": float(value), "p_fixed_models": float(p_fixed)}
+        result["p_fixed_models"] = float(stats.binomtest(up, up + down, 0.5).pvalue if up + down else 1.0)
+    elif not p_only:
+        result["p_fixed_models"] = float(stats.ttest_1samp(per_cluster, 0.0).pvalue if np.ptp(per_cluster) > 0 else (1.0 if value == 0 else 0.0))
 
     # Other seeds and other questions: the two-way random-effects variance, each source once.
     if len(a) < 2 or (len(b) < 2 and not b_fixed):
@@ -278,7 +291,7 @@ def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, p
     half = stats.t.ppf(0.975, df) * se
     return {
         **result, "ci95": [float(value - half), float(value + half)], "p_value": float(2 * stats.t.sf(abs(value) / se, df)),
-        "mde": float(power_noncentrality(df) * se), "df": float(df),
+        "mde": None if p_only else float(power_noncentrality(df) * se), "df": float(df),
     }  # fmt: skip
 
 

@@ -210,3 +210,32 @@ def test_a_fitted_temperature_takes_flattening_out_of_the_log_probability():
     assert np.isnan(question_metrics(student, teacher, base)["teacher_answer_logprob_calibrated"]).all()  # no temperatures, not measured
     assert choice_entropy(student) > choice_entropy(base)
     assert choice_entropy([{"logprobs": [np.log(0.25)] * 4}]) == pytest.approx(np.log(4))
+
+
+def test_the_calibrated_change_of_a_question_with_fewer_choices_is_its_own_softmax():
+    """Rows of 3 and 4 choices in one call: each row renormalised over its own choices, as one
+    question alone would be (the arithmetic runs on one padded array)."""
+    three, four = np.log([0.5, 0.3, 0.2]), np.log([0.4, 0.3, 0.2, 0.1])
+    rows = [{"logprobs": list(three), "answer": 0, "prediction": 0}, {"logprobs": list(four), "answer": 1, "prediction": 0}]
+    base = [{"logprobs": list(np.log([1 / 3] * 3)), "answer": 0, "prediction": 0}, {"logprobs": list(np.log([0.25] * 4)), "answer": 1, "prediction": 1}]
+    teacher = [{**rows[0], "prediction": 2}, {**rows[1], "prediction": 3}]
+    tau = 2.0
+
+    def at(lp, t):
+        z = np.asarray(lp) / tau
+        return z[t] - np.log(np.exp(z).sum())
+
+    got = question_metrics(rows, teacher, base, (tau, 1.0))["teacher_answer_logprob_calibrated"]
+    assert got.tolist() == pytest.approx([at(three, 2) - np.log(1 / 3), at(four, 3) - np.log(0.25)], abs=1e-12)
+
+
+def test_p_only_gives_the_full_tests_value_interval_and_p_and_nothing_else():
+    """What a test inverted over a grid reads (jobs/stats/share.py) is the full test's, paired and
+    unpaired, and the parts it skips are None, not stale."""
+    rng = np.random.default_rng(3)
+    clusters = np.repeat(np.arange(20), 5)
+    a, b = rng.normal(0.1, 1, (3, 100)), rng.normal(0, 1, (3, 100))
+    for paired in (False, True):
+        full, short = effect(a, b, clusters, binary=False, paired=paired), effect(a, b, clusters, binary=False, paired=paired, p_only=True)
+        assert {k: short[k] for k in ("value", "ci95", "p_value", "df")} == {k: full[k] for k in ("value", "ci95", "p_value", "df")}
+        assert short["mde"] is short["p_fixed_models"] is None and full["mde"] > 0 and full["p_fixed_models"] is not None
