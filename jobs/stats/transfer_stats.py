@@ -238,6 +238,15 @@ def _replicate_terms(x: np.ndarray) -> list[tuple[float, int]]:
     return [(ms_r / (r * c), r - 1), (-ms_e / (r * c), (r - 1) * (c - 1))] if ms_r > ms_e else []
 
 
+def _p_fixed_models(per_cluster: np.ndarray, value: float, binary: bool) -> float:
+    """These very models, questions the only randomness: an exact sign test (McNemar) or a paired t
+    across clusters of the per-cluster differences."""
+    if binary:
+        up, down = int((per_cluster > 0).sum()), int((per_cluster < 0).sum())
+        return float(stats.binomtest(up, up + down, 0.5).pvalue if up + down else 1.0)
+    return float(stats.ttest_1samp(per_cluster, 0.0).pvalue if np.ptp(per_cluster) > 0 else (1.0 if value == 0 else 0.0))
+
+
 def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, paired: bool = False, p_only: bool = False) -> dict:
     """Group a minus group b on one metric. a, b: [replicates x questions] (NaN: not in the
     metric's subset). b_fixed: b is one fixed model (base), not a sample of trained replicates.
@@ -262,13 +271,7 @@ def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, p
     value = sums_a.mean(0).sum() / n_q - sums_b.mean(0).sum() / n_q
     per_cluster = (sums_a.mean(0) - sums_b.mean(0)) / counts
 
-    result = {**empty, "value": float(value)}
-    # These very models, questions the only randomness: exact sign test (McNemar) or paired t across clusters.
-    if binary and not p_only:
-        up, down = int((per_cluster > 0).sum()), int((per_cluster < 0).sum())
-        result["p_fixed_models"] = float(stats.binomtest(up, up + down, 0.5).pvalue if up + down else 1.0)
-    elif not p_only:
-        result["p_fixed_models"] = float(stats.ttest_1samp(per_cluster, 0.0).pvalue if np.ptp(per_cluster) > 0 else (1.0 if value == 0 else 0.0))
+    result = {**empty, "value": float(value), "p_fixed_models": None if p_only else _p_fixed_models(per_cluster, value, binary)}
 
     # Other seeds and other questions: the two-way random-effects variance, each source once.
     if len(a) < 2 or (len(b) < 2 and not b_fixed):
