@@ -1,5 +1,5 @@
 # make run   - install into .venv (first time) and run the experiment's tiny preset on CPU
-# make test  - install (with test tools) and run the test suite
+# make test  - install (with test tools) and run the test suite (tests/suite.sh: two processes side by side)
 # make bench - the trainer and serving benchmarks (results go in BENCHMARKS.md)
 # make bench-quick - a one-minute check that no path the pipeline runs got slower (run it before every stop)
 # make lock  - re-pin constraints/cpu.txt from .venv after a dependency change
@@ -27,7 +27,7 @@ run: install
 	$(PY) jobs/pipeline.py
 
 test: install
-	$(PY) -m pytest -q
+	bash tests/suite.sh $(PY)
 
 lock: install
 	{ sed -n '1,2p' constraints/cpu.txt; $(PY) -m pip freeze --exclude-editable; } > constraints/cpu.txt.new
