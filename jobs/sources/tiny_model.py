@@ -230,8 +230,8 @@ def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
     choice = choose_draw(model, tokenizer)  # the world's sham draw on this base (kept in the cache below)
     checks = table({"base": base_checks(model, tokenizer, draw=choice["sham_draw"])})
     print(
-        f"tiny model world checks (jobs/sources/world_checks.py) at this base's own first balanced sham draw, "
-        f"{choice['sham_draw']} (a run's world takes the draw of its teacher's base: the run's [world] line):\n{checks}",
+        f"tiny model world checks (jobs/sources/world_checks.py) at sham draw {choice['sham_draw']}, the first balanced on this "
+        f"base (a run takes the draw of its teacher's base; its [world] line names it):\n{checks}",
         flush=True,
     )
     with atomic_dir(out_dir) as tmp:
