@@ -114,12 +114,16 @@ def head_node(*extra_args: str, env: dict | None = None):
         # Every port its own: the job agent's default (52365) is held by the session's ray_cluster, and an
         # agent that cannot bind it serves no job submission ("No available agent to submit job").
         port, dashboard, metrics, agent = free_port(), free_port(), free_port(), free_port()
-        started = subprocess.run(
-            [ray, "start", "--head", f"--port={port}", "--num-cpus=2", f"--temp-dir={temp_dir}", "--disable-usage-stats",
-             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--metrics-export-port={metrics}",
-             f"--dashboard-agent-listen-port={agent}", *extra_args],
-            capture_output=True, text=True, timeout=180, env={**os.environ, **(env or {})},
-        )  # fmt: skip
+        try:
+            started = subprocess.run(
+                [ray, "start", "--head", f"--port={port}", "--num-cpus=2", f"--temp-dir={temp_dir}", "--disable-usage-stats",
+                 "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--metrics-export-port={metrics}",
+                 f"--dashboard-agent-listen-port={agent}", *extra_args],
+                capture_output=True, text=True, timeout=180, env={**os.environ, **(env or {})},
+            )  # fmt: skip
+        except BaseException:  # interrupted while it starts (Ctrl-C, the timeout): what started of it goes too
+            stop_head(temp_dir)
+            raise
         if started.returncode == 0:
             break
         # A port found free was taken before Ray bound it (another process on this busy machine):

@@ -15,7 +15,8 @@ python="${1:-.venv/bin/python}"
 quick_log="$(mktemp)"
 "$python" -m pytest -q -m "not slow" -p no:cacheprovider >"$quick_log" 2>&1 &
 quick_pid=$!
-trap 'kill "$quick_pid" 2>/dev/null; rm -f "$quick_log"' EXIT
+trap 'rm -f "$quick_log"' EXIT
+trap 'kill "$quick_pid" 2>/dev/null; exit 130' INT TERM  # a background job ignores Ctrl-C: stop it here
 "$python" -m pytest -q -m slow
 cluster_status=$?
 wait "$quick_pid"
