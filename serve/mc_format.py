@@ -34,7 +34,12 @@ def left_truncate(tokenizer, prompt: str, room: int) -> tuple[str, int, int]:
     lost, and the tokens it keeps: lm-evaluation-harness's rule for a context longer than the
     model's, so the question's end, its choices and "Answer:" stay. The cut falls on a token
     boundary of the original text; if the cut text tokenizes longer (a merge at the new edge),
-    one more token goes."""
+    one more token goes.
+
+    Engines take text, so a cut can only fall between characters. A byte-level BPE splits some
+    characters (most outside ASCII) into several tokens that all map to that character's offsets;
+    a cut inside the first character would keep the text as it is, so it moves on to the
+    character's end. Every step then shortens the text, and the loop ends."""
     full = n = len(tokenizer(prompt, add_special_tokens=True).input_ids)
     cut = prompt
     while n > room:
@@ -42,7 +47,8 @@ def left_truncate(tokenizer, prompt: str, room: int) -> tuple[str, int, int]:
         drop = max(1, n - room)
         if drop >= len(offsets):
             raise ValueError(f"a context of {room} tokens cannot hold any of this prompt")
-        cut = cut[offsets[drop][0] :]
+        start, end = offsets[drop]
+        cut = cut[start or max(1, end) :]  # start 0: the cut falls inside the first character
         n = len(tokenizer(cut, add_special_tokens=True).input_ids)
     return cut, full - n, n
 
