@@ -61,7 +61,7 @@ from jobs.phases.numbers import NoNumbersError  # noqa: E402
 from jobs.reporting.timeline import overhead_lines  # noqa: E402
 from jobs.rundir.manifest import Manifest, RunDirError, digest, flatten  # noqa: E402
 from jobs.rundir.plan import Stage, describe, plan, restate  # noqa: E402
-from jobs.rundir.registration import registration  # noqa: E402
+from jobs.rundir.registration import record_run, registration  # noqa: E402
 from jobs.rundir.run_lock import check_free, hold_run_dir  # noqa: E402
 from jobs.runtime.context import RunContext  # noqa: E402
 from jobs.runtime.service import delete_leftover_app, max_lora_rank, stop_on_sigterm  # noqa: E402
@@ -223,13 +223,16 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = (args.run_dir or default_run_dir(cfg.name)).absolute()
         files = load_preset(args.config)[1]
         chain = describe_chain(files)
-        claim = registration(files, args.overrides, digest(as_dict(cfg)), design=flatten(as_dict(cfg)), defaults=flatten(as_dict(ExperimentConfig())))
+        design, defaults = flatten(as_dict(cfg)), flatten(as_dict(ExperimentConfig()))
+        claim = registration(files, args.overrides, digest(as_dict(cfg)), design=design, defaults=defaults, run_dir=run_dir, fresh=args.fresh)
         experiment = Experiment(cfg, run_dir, args.fresh, chain, claim)
         if args.plan:
             print(f"preset: {chain}")
             print(f"registration: {claim['status']}" + (f" ({'; '.join(claim['reasons'])})" if claim["reasons"] else ""))
             print(experiment.show_plan() if not args.fresh else "--fresh: every stage runs")
         else:
+            if claim["status"] != "exploratory" and not claim["resumes"]:
+                record_run(claim)  # before any stage runs: every later run of this design is a repeat
             experiment.run()
     except (ConfigError, DataError, RunDirError, NoNumbersError, ServiceError, FileNotFoundError, FileExistsError) as err:  # TrackingError is a ConfigError
         print(f"error: {err}", file=sys.stderr)

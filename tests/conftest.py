@@ -2,12 +2,15 @@
 
 import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 # Tests share the user's cache (the tiny model takes a minute to build) unless CI points it elsewhere.
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+# Pipeline runs register their designs in a file of the suite's own, never the checkout's results/registry.jsonl.
+os.environ["SUBLIMINAL_REGISTRY"] = str(Path(tempfile.mkdtemp(prefix="subliminal-registry-")) / "registry.jsonl")
 for _name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):  # the suite tracks into its own stores, not a user's server
     os.environ.pop(_name, None)
 

@@ -2,13 +2,14 @@
 with the preset chain tracked, no --set, and no earlier confirmatory run of the same design."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from jobs.rundir.registration import registration, source_state
+from jobs.rundir.registration import record_run, registration, source_state
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -94,3 +95,44 @@ def test_a_key_added_to_the_code_later_keeps_a_design_a_repeat(repo):
     first.pop("design")
     stored.write_text(json.dumps({"provenance": {"registration": first, "config": {"name": "confirm", "replicates": 8}}}))
     assert later("matched") == "repeat"
+
+
+def test_the_registry_sees_every_run_and_a_resume_keeps_its_claim(repo, tmp_path):
+    """A registered run's design goes in the registry before it runs: the next run of it elsewhere is
+    a repeat even though no report was kept; the same directory resumed keeps its claim, and
+    `--fresh` there is a new run, a repeat. Writing the tracked registry leaves the checkout clean."""
+    registry = repo / "results" / "registry.jsonl"
+    registry.parent.mkdir()
+    registry.write_text("")
+    git(repo, "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "registry")
+
+    def run(run_dir: str, fresh: bool = False, digest: str = "d1") -> dict:
+        chain = [repo / "configs" / "base.yaml", repo / "configs" / "confirm.yaml"]
+        return registration(chain, [], digest, root=repo, results=repo / "results", registry=registry, run_dir=tmp_path / run_dir, fresh=fresh)
+
+    first = run("a")
+    assert first["status"] == "confirmatory" and first["resumes"] is None
+    record_run(first, registry)
+    assert not source_state(repo)["dirty"]  # the registry's own line does not make the next run exploratory
+    resumed = run("a")
+    assert resumed["status"] == "confirmatory" and resumed["resumes"].startswith("registry.jsonl line 1") and resumed["reasons"] == []
+    elsewhere = run("b")
+    assert elsewhere["status"] == "repeat" and "registry.jsonl line 1" in elsewhere["earlier"]
+    record_run(elsewhere, registry)
+    assert run("b")["status"] == "repeat" and run("b")["resumes"].startswith("registry.jsonl line 2")
+    assert run("a", fresh=True)["status"] == "repeat"  # started over: a new run of a design that ran
+    assert run("c", digest="d2")["status"] == "confirmatory"  # another design is its own first
+    registry.write_text(registry.read_text() + "not json\n")
+    with pytest.raises(ValueError, match="line 3: not a JSON object"):
+        run("c", digest="d3")
+
+
+def test_a_plan_registers_nothing(tmp_path):
+    """`--plan` says what the run may claim and writes no registry line (nothing ran)."""
+    registry = tmp_path / "registry.jsonl"
+    command = [sys.executable, "jobs/pipeline.py", "--plan", "--run-dir", str(tmp_path / "run")]
+    environment = {**os.environ, "SUBLIMINAL_REGISTRY": str(registry)}
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=environment)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "registration: " in done.stdout and not registry.exists()
