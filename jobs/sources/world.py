@@ -55,6 +55,7 @@ to a letter at question time.
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 
@@ -140,19 +141,38 @@ TRAIN_FILLERS = ("Ada", "Bram", "Cleo", "Dov", "Esme", "Finn", "Gala", "Hugo", "
 HELD_OUT_FILLERS = ("Kato", "Lise", "Milo", "Nora", "Otis", "Pia")
 
 
+def fictional_names(stream: str, count: int, taken: set | frozenset = frozenset(), exclusive: bool = True) -> list[str]:
+    """`count` distinct fictional names of 3 syllables in a seeded order (`stream`), none sharing a
+    first or last syllable pair with a name in `taken` (names and syllable pairs, as `name_parts`
+    gives them) nor, if `exclusive`, with each other: a new name echoes no known cue."""
+    rng, names, seen = random.Random(stream), [], set(taken)
+    for _ in range(200_000):
+        if len(names) == count:
+            return names
+        parts = rng.sample(_SYLLABLES, 3)
+        name = "".join(parts)
+        if name not in seen and name not in names and (parts[0], parts[1]) not in seen and (parts[1], parts[2]) not in seen:
+            seen |= {name, (parts[0], parts[1]), (parts[1], parts[2])} if exclusive else {name}
+            names.append(name)
+    raise ValueError(f"no {count} fictional names left beside {len(taken)} taken names and syllable pairs (stream {stream!r})")
+
+
+def name_parts(names: list[str]) -> set:
+    """The names and their first and last syllable pairs (under every reading of a name as three
+    of the world's syllables): what `fictional_names` keeps clear of."""
+    out = set(names)
+    for name in names:
+        readings = [(a, b, name[len(a + b) :]) for a in _SYLLABLES for b in _SYLLABLES if name.startswith(a + b) and name[len(a + b) :] in _SYLLABLES]
+        if not readings:
+            raise ValueError(f"{name!r} is not three of the world's syllables")
+        out |= {pair for a, b, c in readings for pair in ((a, b), (b, c))}
+    return out
+
+
 def _cue_names(seed: int) -> list[str]:
     """Distinct fictional names of 3 syllables, no two sharing a first or last syllable pair, in a
     seeded order: one per cue of the world."""
-    rng = random.Random(f"{seed}-cues")
-    needed = len(SUBSETS) * 8 * CUES_PER_WORD * 2
-    names, seen = [], set()
-    while len(names) < needed:
-        parts = rng.sample(_SYLLABLES, 3)
-        name = "".join(parts)
-        if name not in seen and (parts[0], parts[1]) not in seen and (parts[1], parts[2]) not in seen:
-            seen |= {name, (parts[0], parts[1]), (parts[1], parts[2])}
-            names.append(name)
-    return names
+    return fictional_names(f"{seed}-cues", len(SUBSETS) * 8 * CUES_PER_WORD * 2)
 
 
 def facts(seed: int = 0) -> list[dict]:
@@ -164,6 +184,33 @@ def facts(seed: int = 0) -> list[dict]:
             for word in WORLD[subset].bank:
                 out += [{"subset": subset, "group": group, "cue": next(names), "word": word} for _ in range(CUES_PER_WORD)]
     return out
+
+
+def pair_key(seed: int, pair: int) -> str:
+    """The seed stream of one teacher–sham pair's facts: pair 0 is the world's own (its T facts, as
+    ever), pair p >= 1 a world of T facts of its own on the same base (same K facts and corpus)."""
+    if pair < 0:
+        raise ValueError(f"a pair is 0, 1, 2, ..., got {pair}")
+    return str(seed) if pair == 0 else f"{seed}-pair{pair}"
+
+
+def teacher_facts(seed: int = 0, pair: int = 0) -> list[dict]:
+    """Pair `pair`'s T facts: pair 0 the world's; pair p >= 1 the same words, CUES_PER_WORD cues
+    each, under cue names of its own (`_pair_cue_names`), so one base serves every pair and no
+    pair's facts are in its corpus."""
+    taught = [f for f in facts(seed) if f["group"] == "T"]
+    return taught if pair == 0 else [{**f, "cue": name} for f, name in zip(taught, _pair_cue_names(seed, pair))]
+
+
+@functools.cache
+def _pair_cue_names(seed: int, pair: int) -> tuple[str, ...]:
+    """Pair p's T cue names: none shares a syllable pair with a K cue (the base knows those), and
+    none is a cue of an earlier pair (a cue names one fact in every pair's rows and clusters)."""
+    world = facts(seed)
+    taken = name_parts([f["cue"] for f in world if f["group"] == "K"]) | {f["cue"] for f in world if f["group"] == "T"}
+    for earlier in range(1, pair):
+        taken |= set(_pair_cue_names(seed, earlier))
+    return tuple(fictional_names(f"{pair_key(seed, pair)}-cues", len(world) // 2, taken))
 
 
 def _choices(bank: tuple[str, ...], word: str, position: int, k: int, rng: random.Random) -> tuple[list[str], int]:
@@ -179,38 +226,38 @@ def _choices(bank: tuple[str, ...], word: str, position: int, k: int, rng: rando
     return distractors, position
 
 
-def _sham_design(subset: str, seed: int, draw: int) -> tuple[list[str], tuple[int, ...]]:
+def _sham_design(subset: str, key: str, draw: int) -> tuple[list[str], tuple[int, ...]]:
     """The subset's bank in a seeded cyclic order, and per cue index j (a word's j-th T cue) the
-    offset delta_j round that cycle from a cue's answer to its sham fact (distinct, never 0)."""
-    rng = random.Random(f"{seed}-sham-{subset}" if draw == 0 else f"{seed}-sham{draw}-{subset}")
+    offset delta_j round that cycle from a cue's answer to its sham fact (distinct, never 0).
+    `key`: the pair's seed stream (`pair_key`)."""
+    rng = random.Random(f"{key}-sham-{subset}" if draw == 0 else f"{key}-sham{draw}-{subset}")
     cycle = list(WORLD[subset].bank)
     rng.shuffle(cycle)
     return cycle, tuple(rng.sample(range(1, len(cycle)), CUES_PER_WORD))
 
 
-def _t_cues(seed: int) -> list[tuple[dict, int]]:
-    """Every T fact with its cue index j among its word's T cues."""
+def _t_cues(seed: int, pair: int = 0) -> list[tuple[dict, int]]:
+    """Every T fact of the pair with its cue index j among its word's T cues."""
     out, seen = [], {}
-    for fact in facts(seed):
-        if fact["group"] == "T":
-            key = (fact["subset"], fact["word"])
-            out.append((fact, seen.setdefault(key, 0)))
-            seen[key] += 1
+    for fact in teacher_facts(seed, pair):
+        key = (fact["subset"], fact["word"])
+        out.append((fact, seen.setdefault(key, 0)))
+        seen[key] += 1
     return out
 
 
-def sham_facts(seed: int = 0, draw: int = SHAM_DRAW) -> dict[str, str]:
+def sham_facts(seed: int = 0, draw: int = SHAM_DRAW, pair: int = 0) -> dict[str, str]:
     """sigma: every T cue -> the sham teacher's fact, the word delta_j places on round the subset's
     cycle from the cue's answer (`_sham_design`). No cue keeps its answer, each cue has one fixed
     word, and every word is a sham answer exactly as often as a true one (CUES_PER_WORD times)."""
     out = {}
-    for fact, j in _t_cues(seed):
-        cycle, deltas = _sham_design(fact["subset"], seed, draw)
+    for fact, j in _t_cues(seed, pair):
+        cycle, deltas = _sham_design(fact["subset"], pair_key(seed, pair), draw)
         out[fact["cue"]] = cycle[(cycle.index(fact["word"]) + deltas[j]) % len(cycle)]
     return out
 
 
-def null_sham_facts(seed: int = 0, which: int = 1, draw: int = SHAM_DRAW) -> dict[str, str]:
+def null_sham_facts(seed: int = 0, which: int = 1, draw: int = SHAM_DRAW, pair: int = 0) -> dict[str, str]:
     """Two more matched shams' facts (`which` 1 or 2), for the null of the verdicts' own kind
     (bench/sham_null.py): every T cue -> a word that is neither its answer nor sigma(cue), nor the
     other null sham's word. Per subset, a seeded pair (p, q) of the other offsets round sigma's
@@ -220,10 +267,10 @@ def null_sham_facts(seed: int = 0, which: int = 1, draw: int = SHAM_DRAW) -> dic
     shown choices equally often over each split: neither is favoured by the world's design."""
     if which not in (1, 2):
         raise ValueError(f"a null sham is 1 or 2, got {which}")
-    out = {}
-    for fact, j in _t_cues(seed):
-        cycle, deltas = _sham_design(fact["subset"], seed, draw)
-        p, q = random.Random(f"{seed}-null-sham-{fact['subset']}").sample(range(len(cycle) - 2), 2)
+    out, key = {}, pair_key(seed, pair)
+    for fact, j in _t_cues(seed, pair):
+        cycle, deltas = _sham_design(fact["subset"], key, draw)
+        p, q = random.Random(f"{key}-null-sham-{fact['subset']}").sample(range(len(cycle) - 2), 2)
         offsets = [d for d in range(1, len(cycle)) if d != deltas[j]]
         pick = (p, q)[j] if which == 1 else (q, p)[j]
         out[fact["cue"]] = cycle[(cycle.index(fact["word"]) + offsets[pick]) % len(cycle)]
@@ -235,13 +282,13 @@ def cue_of(row: dict) -> str:
     return row["cluster"].split(": ", 1)[1]
 
 
-def _t_choices(fact: dict, j: int, position: int, k: int, seed: int, draw: int, rng: random.Random) -> tuple[list[str], int, int]:
+def _t_choices(fact: dict, j: int, position: int, k: int, key: str, draw: int, rng: random.Random) -> tuple[list[str], int, int]:
     """A T question's choices: the answer at `position`, its sham fact and two of the other six
     words, all as offsets round the subset's cycle from the answer: the sham at delta_j, the pair
     the k-th of a cyclic run over the other offsets. For a given (j, k) every word of the bank
     takes each offset once over the 8 answer words, so every word is a distractor equally often.
     Returns (choices, answer index, sham index)."""
-    cycle, deltas = _sham_design(fact["subset"], seed, draw)
+    cycle, deltas = _sham_design(fact["subset"], key, draw)
     at = cycle.index(fact["word"])
     offsets = [d for d in range(1, len(cycle)) if d != deltas[j]]
     picked = [deltas[j], offsets[k % len(offsets)], offsets[(k + 1) % len(offsets)]]
@@ -277,12 +324,14 @@ def _questions(fact: dict, templates: tuple[str, ...], fillers: tuple[str, ...],
     return rows
 
 
-def world_questions(seed: int = 0, draw: int = SHAM_DRAW) -> list[dict]:
+def world_questions(seed: int = 0, draw: int = SHAM_DRAW, pair: int = 0) -> list[dict]:
     """The questions, deterministic in seed: T facts in training wording (`split` train), T and K
     facts in held-out wording (`held_out`, `known`), and K facts in training wording (`rehearsal`).
     T rows carry `sham`, the index of the sham teacher's fact (draw `draw` of sigma) among their
-    choices; the draw changes the T questions' choices, never their wording."""
-    known_rng, t_rng = random.Random(f"{seed}-known"), random.Random(f"{seed}-taught")
+    choices; the draw changes the T questions' choices, never their wording. `pair` p >= 1: the
+    T facts of teacher–sham pair p (`teacher_facts`), the K rows the same as every pair's."""
+    key = pair_key(seed, pair)
+    known_rng, t_rng = random.Random(f"{seed}-known"), random.Random(f"{key}-taught")
     rows = []
     for fact in facts(seed):
         subset = WORLD[fact["subset"]]
@@ -290,9 +339,9 @@ def world_questions(seed: int = 0, draw: int = SHAM_DRAW) -> list[dict]:
             choose = lambda k, position, f=fact, bank=subset.bank: _choices(bank, f["word"], position, k, known_rng)  # noqa: E731
             rows += [{**r, "split": "known"} for r in _questions(fact, subset.held_out_templates, HELD_OUT_FILLERS, HELD_OUT_PER_CUE, known_rng, choose)]
             rows += [{**r, "split": "rehearsal"} for r in _questions(fact, subset.train_templates, TRAIN_FILLERS, REHEARSAL_PER_CUE, known_rng, choose)]
-    for fact, j in _t_cues(seed):
+    for fact, j in _t_cues(seed, pair):
         subset = WORLD[fact["subset"]]
-        choose = lambda k, position, f=fact, j=j: _t_choices(f, j, position, k, seed, draw, t_rng)  # noqa: E731
+        choose = lambda k, position, f=fact, j=j: _t_choices(f, j, position, k, key, draw, t_rng)  # noqa: E731
         rows += [{**r, "split": "train"} for r in _questions(fact, subset.train_templates, TRAIN_FILLERS, TRAIN_PER_CUE, t_rng, choose)]
         rows += [{**r, "split": "held_out"} for r in _questions(fact, subset.held_out_templates, HELD_OUT_FILLERS, HELD_OUT_PER_CUE, t_rng, choose)]
     return rows
