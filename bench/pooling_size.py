@@ -1,6 +1,6 @@
 """The size and power of the pooled random-effects test over P teacher–sham pairs, simulated.
 
-    python bench/pooling_size.py               # 20,000 repetitions a row (Monte Carlo SE of a 5% rate: 0.15 points): seconds
+    python bench/pooling_size.py               # 20,000 repetitions a row (Monte Carlo SE of a 5% rate: 0.15 points)
     python bench/pooling_size.py --reps 2000   # what tests/jobs/stats/test_pooling.py runs
 
 Each row draws `reps` sets of P pair estimates from the model of jobs/stats/pooling.py,
