@@ -56,8 +56,11 @@ class PairRow:
 
 @dataclass(frozen=True)
 class Pooled:
-    """The pooled effect of P >= 2 pairs. ci and p_value are None only when the test's variance is
-    0 (plain HK with pairs that agree exactly): never p = 0 or an interval of zero width."""
+    """The pooled effect of P >= 2 pairs: estimate (mu) and se by `test`, its (1 - alpha) ci and
+    p_value (a t at df = P-1, the normal for "wald"); tau2 by `tau2_method`, tau, i2 (a fraction);
+    Cochran's q and q_p_value; each pair's row in input order. ci and p_value are None only when
+    the test's variance is 0 (plain HK with pairs that agree exactly): never p = 0 or an interval of
+    zero width."""
 
     estimate: float
     se: float
