@@ -109,11 +109,22 @@ TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1
 ECHO_MAX = 64  # characters of a refused value an error repeats
 
 
+def shown(value) -> str:
+    """A refused value as an error repeats it: whole when short, else its type and size (never a
+    whole megabyte back; an integer has no length, so its digits are counted)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's 4,300-digit limit on conversion to text
+        return f"{type(value).__name__} of more than 4300 digits"
+    if len(text) <= ECHO_MAX:
+        return text
+    return f"{type(value).__name__} of {len(value)}" if hasattr(value, "__len__") else f"{type(value).__name__} of {len(text)} digits"
+
+
 def neutral(value, default, field: str, why: str):
     """An OpenAI field this service does not implement: taken at its neutral value, refused otherwise."""
     if value is not None and value != default:
-        shown = repr(value) if len(repr(value)) <= ECHO_MAX else f"{type(value).__name__} of {len(value)}"  # never a whole megabyte back
-        raise ValueError(f"{field}={shown} is not supported ({why}); leave it out or send {json.dumps(default)}")
+        raise ValueError(f"{field}={shown(value)} is not supported ({why}); leave it out or send {json.dumps(default)}")
     return value
 
 
