@@ -23,12 +23,10 @@ start-up for several models), each addressed by name as an adapter is.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import HTTPException
 from ray import serve
@@ -41,6 +39,7 @@ from serve.limits import check_count, check_new_tokens, check_room, check_work, 
 from serve.mc_format import format_cloze_prompt, format_mc_prompt, left_truncate
 from serve.metrics import ServiceMetrics
 from serve.openai_serving import OpenAIServing
+from serve.prep_thread import PrepThread
 from serve.proxy_guard import CALLBACK, CALLBACK_ENV, PROXY_LIMIT_ENV, configured_limit
 from serve.schemas import GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
 from serve.settings import ServiceError, ServiceSettings, api_key_from_env, check_open_host, check_user_config, config_args, model_id, resolve_model
@@ -88,7 +87,7 @@ class InferenceService(OpenAIServing):
             )
         self.metrics = ServiceMetrics()
         self.started = int(time.time())
-        self._prep = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prep")
+        self._prep = PrepThread(self.settings.request_timeout_s)
 
     def __serve_build_asgi_app__(self):
         return build_http_api(self)
@@ -122,7 +121,10 @@ class InferenceService(OpenAIServing):
         return [e for i, e in enumerate(engines) if e is not None and e not in engines[:i]]
 
     async def check_health(self) -> None:
-        """Serve calls this periodically: a dead engine fails it and Serve replaces the replica."""
+        """Serve calls this periodically: a dead engine, or a preparation job past the request
+        deadline (serve/prep_thread.py), fails it and Serve replaces the replica."""
+        if hasattr(self, "_prep"):  # absent if __init__ failed early
+            self._prep.check()
         for engine in self._engines():
             await engine.check_health()
 
@@ -131,15 +133,16 @@ class InferenceService(OpenAIServing):
         for engine in self._engines():
             engine.shutdown()
         if hasattr(self, "_prep"):
-            self._prep.shutdown(wait=False, cancel_futures=True)
+            self._prep.shutdown()
 
     # Shared by the routes -----------------------------------------------------------------------
 
     async def _off_loop(self, fn, *args):
         """`fn(*args)` on the replica's preparation thread: tokenizing, formatting and building
         answers (up to max_body_bytes of text) never stall the event loop that answers health
-        checks. One thread, so the counting tokenizer (not thread-safe) has one user."""
-        return await asyncio.get_running_loop().run_in_executor(self._prep, fn, *args)
+        checks. One thread, so the counting tokenizer (not thread-safe) has one user; a job
+        that outlives the request deadline fails the health check."""
+        return await self._prep.run(fn, *args)
 
     def _adapter(self, name: str | None, field: str = "adapter") -> str | None:
         if name is None or name == self.base_id:

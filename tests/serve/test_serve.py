@@ -188,6 +188,44 @@ def test_a_question_longer_than_the_context_is_left_truncated_when_asked(service
     assert max(abs(a - b) for a, b in zip(cut["logprobs"], expected)) < 1e-4
 
 
+@pytest.mark.parametrize("engine", ["vllm", "hf"])
+def test_a_cut_inside_a_multibyte_character_is_scored_while_the_replica_keeps_serving(services, questions, engine):
+    """A question dense in 4-byte characters, cut to the context with `truncate`: the cut falls inside
+    one (a byte-level BPE gives each four tokens at one offset), where the old left_truncate looped
+    forever on the replica's preparation thread. Now the /score answers 200, and a /health and a
+    small /generate sent meanwhile answer within their usual bounds."""
+    dense = {**questions[0], "question": "Background: " + "\U00013000 " * 120 + questions[0]["question"]}
+    formats = ["letters", "cloze"] if engine == "hf" else ["letters"]  # cloze scores on the transformers engine only
+    with ThreadPoolExecutor(len(formats)) as pool:
+        scoring = [pool.submit(post, services[engine], "/score", {"questions": [dense], "truncate": True, "format": f}) for f in formats]
+        assert requests.get(services[engine] + "/health", timeout=30).status_code == 200
+        assert post(services[engine], "/generate", {"prompts": ["1, 2, 3"], "max_tokens": 4}).status_code == 200
+        for future in scoring:
+            answer = future.result(timeout=120)
+            assert answer.status_code == 200, answer.text[:300]
+            assert answer.json()["results"][0]["truncated_tokens"] > 0
+
+
+def test_a_stuck_preparation_fails_health_and_serve_replaces_the_replica(ray_cluster, tiny_model):
+    """A job that never ends on the replica's preparation thread (sent through the deployment
+    handle: no request can make one now) outlives request_timeout_s: /health turns 503, Serve's
+    health check replaces the replica, and the new one serves."""
+    from ray import serve
+
+    url = f"{URL}/stuck"
+    start_service(ServiceSettings(engine="hf", model=tiny_model, max_model_len=256, request_timeout_s=2), name="t-stuck", route_prefix="/stuck", num_cpus=0.25)
+    try:
+        wait_until_serving(url)
+        serve.get_app_handle("t-stuck")._off_loop.remote(time.sleep, 3600)  # never awaited: the replica goes before it ends
+        deadline = time.time() + 60
+        while requests.get(url + "/health", timeout=30).status_code == 200:
+            assert time.time() < deadline, "the health route never noticed the stuck preparation thread"
+            time.sleep(0.5)
+        wait_until_serving(url)
+    finally:
+        stop_service("t-stuck")
+
+
 def direct_cloze(model_path: str, adapter_path: str | None, questions: list[dict]) -> list[list[float]]:
     """Reference cloze scores by hand: each choice's text after the question, tokenized apart as
     lm-evaluation-harness does, its tokens' log-probabilities summed, renormalised over the choices."""
