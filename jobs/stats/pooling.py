@@ -23,7 +23,7 @@ v_k taken as known. `pool` estimates mu, tau^2 and the pooled CI and p:
 
 One pair is no pooling: `pool` raises for P < 2, and the report keeps the pair's own analysis
 (transfer_stats.effect), labelled as one pair. docs/pooling.md gives the formulas, the simulated
-size (`simulate_size`, bench/pooling_size.py) and the MDE.
+size (`simulate_rejection`, bench/pooling_size.py) and the MDE.
 """
 
 from __future__ import annotations
