@@ -51,7 +51,7 @@ from common.cli import program  # noqa: E402
 from common.files import default_cache_dir  # noqa: E402
 from jobs.experiment.arms import arm_models  # noqa: E402
 from jobs.experiment.bases import base_paths, check_kl_tokenizers, teacher_base, tiny_base_missing  # noqa: E402
-from jobs.experiment.config import ExperimentConfig, as_dict, load_experiment  # noqa: E402
+from jobs.experiment.config import ExperimentConfig, as_dict, load_experiment, pair_config  # noqa: E402
 from jobs.experiment.presets import describe_chain, load_preset  # noqa: E402
 from jobs.experiment.stages import experiment_stages  # noqa: E402
 from jobs.job_log import quiet_driver, runtime_env  # noqa: E402
@@ -100,7 +100,7 @@ class Experiment:
             draw = {"sham_draw": self.choose_world()["sham_draw"]}
         elif synthetic:
             print("[world] the tiny base is not built yet: this plan assumes the default sham draw (a run builds the base and chooses it)", flush=True)
-        questions = load_wmdp(self.cfg.data.source, tuple(self.cfg.data.subsets), self.cache, **draw)
+        questions = load_wmdp(self.cfg.data.source, tuple(self.cfg.data.subsets), self.cache, pair=self.cfg.data.pair, **draw)
         return questions, experiment_stages(self.cfg, list(self.models.values()), digest(questions))
 
     def choose_world(self) -> dict:
@@ -108,9 +108,10 @@ class Experiment:
         if self.world is None:
             base = teacher_base(self.cfg, self.cache)
             check_model_path(base)  # a clear error for a base that is not there, before the draw reads it
-            self.world = base_sham_draw(base, self.cache)
+            self.world = base_sham_draw(base, self.cache, self.cfg.data.pair)
             lean = ", ".join(f"{split} {v['answer']:.3f} true / {v['sham']:.3f} sham" for split, v in self.world["lean"].items())
-            print(f"[world] sham draw {self.world['sham_draw']}, the first balanced on the base ({lean})", flush=True)
+            pair = f"pair {self.cfg.data.pair}: " if self.cfg.data.pair else ""
+            print(f"[world] {pair}sham draw {self.world['sham_draw']}, the first balanced on the base ({lean})", flush=True)
         return self.world
 
     def show_plan(self) -> str:
@@ -193,6 +194,14 @@ class Experiment:
         return context, stages
 
 
+def experiments(cfg: ExperimentConfig, run_dir: Path, fresh: bool, chain: str, claim: dict) -> list[Experiment]:
+    """What one pipeline command runs: the preset on its run directory, or, for a preset that lists
+    teacher–sham `pairs`, the same design once per pair, each a run of its own under <run dir>/pairs/<p>."""
+    if not cfg.pairs:
+        return [Experiment(cfg, run_dir, fresh, chain, claim)]
+    return [Experiment(pair_config(cfg, pair), run_dir / "pairs" / str(pair), fresh, chain, claim) for pair in cfg.pairs]
+
+
 def summary(run_dir: Path) -> dict:
     """report.json, with its headline figures printed."""
     report = json.loads((run_dir / "report.json").read_text())
@@ -225,15 +234,20 @@ def main(argv: list[str] | None = None) -> int:
         chain = describe_chain(files)
         design, defaults = flatten(as_dict(cfg)), flatten(as_dict(ExperimentConfig()))
         claim = registration(files, args.overrides, digest(as_dict(cfg)), design=design, defaults=defaults, run_dir=run_dir, fresh=args.fresh)
-        experiment = Experiment(cfg, run_dir, args.fresh, chain, claim)
+        runs = experiments(cfg, run_dir, args.fresh, chain, claim)
         if args.plan:
             print(f"preset: {chain}")
             print(f"registration: {claim['status']}" + (f" ({'; '.join(claim['reasons'])})" if claim["reasons"] else ""))
-            print(experiment.show_plan() if not args.fresh else "--fresh: every stage runs")
+            for experiment in runs:
+                plan_text = experiment.show_plan() if not args.fresh else "--fresh: every stage runs"
+                print(f"pair {experiment.cfg.data.pair} ({experiment.run_dir}): {plan_text}" if cfg.pairs else plan_text)
         else:
             if claim["status"] != "exploratory" and not claim["resumes"]:
                 record_run(claim)  # before any stage runs: every later run of this design is a repeat
-            experiment.run()
+            for experiment in runs:
+                if cfg.pairs:
+                    print(f"[pairs] pair {experiment.cfg.data.pair} of {cfg.pairs}: {experiment.run_dir}", flush=True)
+                experiment.run()
     except (ConfigError, DataError, RunDirError, NoNumbersError, ServiceError, FileNotFoundError, FileExistsError) as err:  # TrackingError is a ConfigError
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -33,6 +33,9 @@ class DataConfig(Settings):
     subsets: list[str] = Field(default_factory=lambda: ["bio", "chem", "cyber"])
     eval_fraction: float = 0.3  # share of questions held out from the teacher (a row naming its own `split` keeps it)
     split_seed: int = 0
+    # The tiny world's teacher–sham pair whose T facts the teacher and its sham learn
+    # (jobs/sources/world.py): 0, the world's own; p >= 1, facts of their own on the same base.
+    pair: int = Field(0, ge=0)
 
 
 class NumbersConfig(Settings):
@@ -212,6 +215,11 @@ class ExperimentConfig(Settings):
     # Named comparisons between two arms, reported under `contrasts.<name>` (docs/report.md).
     contrasts: dict[str, ContrastConfig] = Field(default_factory=dict)
     evaluate: EvalConfig = Field(default_factory=EvalConfig)
+    # Teacher–sham pairs, the unit a verdict generalises over (the tiny world; docs/pooling.md): the
+    # whole design runs once per pair listed, each a run of its own under <run dir>/pairs/<p> with
+    # data.pair p, and every comparison is pooled over them with a random-effects model. Empty:
+    # one pair (data.pair's), analysed alone.
+    pairs: list[int] = Field(default_factory=list)
     # MLflow tracking: on by default into an embedded store; `off` (YAML reads it as false) turns it off.
     tracking: TrackingConfig | Literal[False, "off"] = Field(default_factory=TrackingConfig)
 
@@ -244,8 +252,26 @@ def load_experiment(preset=None, overrides: list[str] = ()) -> ExperimentConfig:
         raise ConfigError("arms: a letter_teacher answers every question with one letter, and evaluate.format cloze scores no letter; use letters")
     check_contrasts(cfg)
     check_family(cfg)
+    check_pairs(cfg)
     check_local_tokenizers(cfg)
     return cfg
+
+
+def check_pairs(cfg: ExperimentConfig) -> None:
+    """`pairs`: at least two distinct pairs of the tiny world (one pair is `data.pair`, analysed alone)."""
+    if not cfg.pairs:
+        return
+    if cfg.data.source != "synthetic":
+        raise ConfigError(f"pairs: teacher–sham pairs are worlds of the synthetic source's facts; data.source is {cfg.data.source!r}")
+    if len(cfg.pairs) < 2 or len(set(cfg.pairs)) != len(cfg.pairs) or min(cfg.pairs) < 0:
+        raise ConfigError(f"pairs: at least two distinct pairs (0, 1, 2, ...) to pool, got {cfg.pairs}; one pair is data.pair")
+    if cfg.data.pair:
+        raise ConfigError("pairs and data.pair: the pairs listed set each run's data.pair; leave data.pair unset")
+
+
+def pair_config(cfg: ExperimentConfig, pair: int) -> ExperimentConfig:
+    """One pair's run of a preset that lists `pairs`: the same design, on that pair's facts."""
+    return cfg.model_copy(update={"pairs": [], "data": cfg.data.model_copy(update={"pair": pair})})
 
 
 def check_family(cfg: ExperimentConfig) -> None:

@@ -32,7 +32,7 @@ def mc_rows(questions: list[dict], letter: int | None = None, format: str = "let
     ]
 
 
-def sham_rows(teacher_rows: list[dict], train_questions: list[dict], format: str, kind: str, seed: int, draw: int = SHAM_DRAW) -> list[dict]:
+def sham_rows(teacher_rows: list[dict], train_questions: list[dict], format: str, kind: str, seed: int, draw: int = SHAM_DRAW, pair: int = 0) -> list[dict]:
     """The sham teacher's rows: the teacher's, in its order (its train questions first, then the
     rehearsal rows, as `run` writes them), each train question completed by the sham's answer
     instead of the true one. Rehearsal rows (the base's own facts) stay as the teacher had them.
@@ -42,7 +42,7 @@ def sham_rows(teacher_rows: list[dict], train_questions: list[dict], format: str
       often as a true one, so the sham learns facts of its own exactly as the teacher learns the
       true ones, with the same rows, wording, rehearsal and training;
     - null1, null2: the same, with the facts of one of two more shams (world.null_sham_facts, of the
-      world's `draw`; cloze only: the word may not be among the question's choices);
+      world's `draw` and teacher–sham `pair`; cloze only: the word may not be among the question's choices);
     - permuted: the answers of the train questions permuted across the questions of each subset
       (`seed`), so a cue's questions carry answers that disagree and the sham learns the format
       and the answers' words and no fact.
@@ -53,7 +53,7 @@ def sham_rows(teacher_rows: list[dict], train_questions: list[dict], format: str
     if teacher_rows[: len(own)] != own:
         raise ValueError("the teacher's rows do not begin with its train questions in order: rerun the data stage")
     if kind in ("null1", "null2"):
-        words = null_sham_facts(which=int(kind[-1]), draw=draw)
+        words = null_sham_facts(which=int(kind[-1]), draw=draw, pair=pair)
         return [{**row, "completion": cloze_continuation(words[cue_of(q)])} for row, q in zip(own, train_questions)] + teacher_rows[len(own) :]
     if kind == "matched":
         if any("sham" not in q for q in train_questions):

@@ -55,18 +55,19 @@ def weights_digest(folder: str | Path) -> str:
     return digest.hexdigest()
 
 
-def t_rows(draw: int) -> list[dict]:
-    return [r for r in world_questions(draw=draw) if r["group"] == "T"]
+def t_rows(draw: int, pair: int = 0) -> list[dict]:
+    return [r for r in world_questions(draw=draw, pair=pair) if r["group"] == "T"]
 
 
-def word_scores(model, tokenizer) -> list[dict[str, float]]:
-    """Per T question (in world order), the model's cloze log-likelihood of every word of its subset's bank."""
+def word_scores(model, tokenizer, pair: int = 0) -> list[dict[str, float]]:
+    """Per T question of teacher–sham pair `pair` (in world order), the model's cloze log-likelihood
+    of every word of its subset's bank."""
     import torch
 
     from serve.hf_scoring import cloze_logprobs
     from serve.mc_format import format_cloze_prompt
 
-    rows = t_rows(0)
+    rows = t_rows(0, pair)
     banks = [list(WORLD[r["subset"]].bank) for r in rows]
     model.eval()
     with torch.inference_mode():
@@ -74,10 +75,10 @@ def word_scores(model, tokenizer) -> list[dict[str, float]]:
     return [dict(zip(bank, s)) for bank, s in zip(banks, scores)]
 
 
-def lean(draw: int, scores: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+def lean(draw: int, scores: list[dict[str, float]], pair: int = 0) -> dict[str, dict[str, float]]:
     """{split: {answer, sham}}: how often the base's pick among each T question's choices (of this
-    draw) is the true answer, and the sham's fact."""
-    rows = t_rows(draw)
+    draw, in pair `pair`'s world) is the true answer, and the sham's fact."""
+    rows = t_rows(draw, pair)
     out = {}
     for split in ("train", "held_out"):
         picks = [(r, max(r["choices"], key=s.__getitem__)) for r, s in zip(rows, scores) if r["split"] == split]
@@ -94,26 +95,27 @@ def draw_table(scores: list[dict[str, float]], draws: int) -> list[dict]:
     return [{"draw": d, "lean": (by_split := lean(d, scores)), "balanced": balanced(by_split)} for d in range(draws)]
 
 
-def choose_draw(model, tokenizer) -> dict:
-    """{sham_draw, lean, tolerance, tried}: the first balanced draw on this model (DataError if none
-    of MAX_DRAWS is)."""
-    scores = word_scores(model, tokenizer)
+def choose_draw(model, tokenizer, pair: int = 0) -> dict:
+    """{sham_draw, lean, tolerance, tried} (and `pair` for a pair other than the world's own): the
+    first balanced draw of pair `pair`'s sham on this model (DataError if none of MAX_DRAWS is)."""
+    scores = word_scores(model, tokenizer, pair)
     for draw in range(MAX_DRAWS):
-        by_split = lean(draw, scores)
+        by_split = lean(draw, scores, pair)
         if balanced(by_split):
-            return {"sham_draw": draw, "lean": by_split, "tolerance": TOLERANCE, "tried": draw + 1}
+            return {"sham_draw": draw, "lean": by_split, "tolerance": TOLERANCE, "tried": draw + 1} | ({"pair": pair} if pair else {})
     raise DataError(
         f"no draw of the sham's facts among the first {MAX_DRAWS} is balanced on this base within {TOLERANCE}: the matched sham cannot be matched on it"
     )
 
 
-def base_sham_draw(base: str | Path, cache: Path) -> dict:
-    """{sham_draw, base_weights_sha256, lean, tolerance, tried} for the base model folder `base`:
-    read from the cache, or chosen on the base (loaded here, on the CPU) and kept there."""
+def base_sham_draw(base: str | Path, cache: Path, pair: int = 0) -> dict:
+    """{sham_draw, base_weights_sha256, lean, tolerance, tried[, pair]} for the base model folder
+    `base` and teacher–sham pair `pair`: read from the cache, or chosen on the base (loaded here, on
+    the CPU) and kept there."""
     if not Path(base).is_dir():
         raise DataError(f"the tiny world's sham draw is chosen on the base model, which must be a local folder: {base} is not (data.source synthetic)")
     sha = weights_digest(base)
-    kept = _kept(cache, sha)
+    kept = _kept(cache, sha, pair)
     if kept.is_file():
         record = json.loads(kept.read_text())
         if record.get("base_weights_sha256") == sha:
@@ -122,15 +124,15 @@ def base_sham_draw(base: str | Path, cache: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    return remember(base, cache, choose_draw(model, AutoTokenizer.from_pretrained(base)))
+    return remember(base, cache, choose_draw(model, AutoTokenizer.from_pretrained(base), pair))
 
 
 def remember(base: str | Path, cache: Path, choice: dict) -> dict:
     """Keep `choice` (choose_draw's) for the base saved at `base`; returns the record kept."""
     record = {**choice, "base_weights_sha256": weights_digest(base)}
-    write_json(_kept(cache, record["base_weights_sha256"]), record)  # concurrent choosers write the same record; the last rename wins
+    write_json(_kept(cache, record["base_weights_sha256"], record.get("pair", 0)), record)  # concurrent choosers write the same record; the last rename wins
     return record
 
 
-def _kept(cache: Path, sha: str) -> Path:
-    return Path(cache) / "sham-draws" / f"{sha[:16]}.json"
+def _kept(cache: Path, sha: str, pair: int = 0) -> Path:
+    return Path(cache) / "sham-draws" / (f"{sha[:16]}.json" if pair == 0 else f"{sha[:16]}-pair{pair}.json")

@@ -44,13 +44,14 @@ def synthetic_questions(n_per_subset: int | None = None, seed: int = 0) -> list[
     return [r for s in SUBSETS for r in [r for r in rows if r["subset"] == s][:n_per_subset]]
 
 
-def write_synthetic(directory: Path, seed: int = 0, draw: int = SHAM_DRAW) -> Path:
-    """Write the synthetic sample (draw `draw` of the sham's facts) as `wmdp-<subset>.jsonl` files (atomically), once."""
+def write_synthetic(directory: Path, seed: int = 0, draw: int = SHAM_DRAW, pair: int = 0) -> Path:
+    """Write the synthetic sample (teacher–sham pair `pair`'s facts, draw `draw` of its sham's) as
+    `wmdp-<subset>.jsonl` files (atomically), once."""
     directory = Path(directory)
     if all((directory / f"wmdp-{s}.jsonl").is_file() for s in SUBSETS):
         return directory
     directory.mkdir(parents=True, exist_ok=True)
-    rows = world_questions(seed, draw)
+    rows = world_questions(seed, draw, pair)
     for subset in SUBSETS:
         keep = ("question", "choices", "answer", "cluster", "group", "split", "sham")
         write_jsonl(directory / f"wmdp-{subset}.jsonl", ({k: row[k] for k in keep if k in row} for row in rows if row["subset"] == subset))
@@ -148,15 +149,15 @@ def _parquet_rows(path: Path) -> list[dict]:
     return pq.read_table(path).to_pylist()
 
 
-def load_wmdp(source: str, subsets: tuple[str, ...] = SUBSETS, cache_dir: Path | None = None, sham_draw: int = SHAM_DRAW) -> list[dict]:
+def load_wmdp(source: str, subsets: tuple[str, ...] = SUBSETS, cache_dir: Path | None = None, sham_draw: int = SHAM_DRAW, pair: int = 0) -> list[dict]:
     """Validated questions from `source`: "synthetic", "hub", or a folder of local files. The
-    synthetic sample is the tiny world with draw `sham_draw` of the sham's facts (a run passes the
-    draw chosen on its base: jobs/sources/sham_draw.py)."""
+    synthetic sample is the tiny world of teacher–sham pair `pair` (jobs/sources/world.py) with draw
+    `sham_draw` of its sham's facts (a run passes the draw chosen on its base: jobs/sources/sham_draw.py)."""
     if source == "synthetic":
         if cache_dir is None:
             raise DataError("the synthetic sample needs a cache_dir to be written to")
-        folder = Path(cache_dir) / f"synthetic-wmdp-v{WORLD_VERSION}-sham{sham_draw}"  # files written once per world
-        source = str(write_synthetic(folder, draw=sham_draw))
+        name = f"synthetic-wmdp-v{WORLD_VERSION}-sham{sham_draw}" + (f"-pair{pair}" if pair else "")  # files written once per world
+        source = str(write_synthetic(Path(cache_dir) / name, draw=sham_draw, pair=pair))
     snapshot = hub_snapshot(tuple(subsets)) if source == "hub" else None
     rows: list[dict] = []
     for subset in subsets:

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.experiment.config import load_experiment
+from jobs.experiment.config import as_dict, load_experiment
 from train.config import ConfigError, TrainConfig, load
 
 CONFIGS = sorted((Path(__file__).resolve().parents[3] / "configs").glob("*.yaml"))
@@ -120,3 +120,23 @@ def test_a_wrong_value_anywhere_is_one_line_naming_its_path(override, message):
     with pytest.raises(ConfigError) as err:
         load_experiment(None, [override])
     assert str(err.value) == message
+
+
+def test_pairs_are_two_or_more_distinct_worlds_and_each_run_is_one():
+    """`pairs` lists the teacher–sham pairs a design runs over (docs/pooling.md); each pair's run is
+    the same design with data.pair set, and a list that cannot be pooled is refused by name."""
+    from jobs.experiment.config import pair_config
+
+    cfg = load_experiment(None, ["pairs=[1, 2, 3]"])
+    runs = [pair_config(cfg, p) for p in cfg.pairs]
+    assert [r.data.pair for r in runs] == [1, 2, 3] and all(r.pairs == [] for r in runs)
+    assert all(as_dict(r) == as_dict(cfg) | {"pairs": [], "data": as_dict(cfg)["data"] | {"pair": r.data.pair}} for r in runs)
+    for bad, says in (
+        (["pairs=[1]"], "at least two distinct"),
+        (["pairs=[1, 1]"], "at least two distinct"),
+        (["pairs=[1, 2]", "data.pair=1"], "leave data.pair unset"),
+    ):
+        with pytest.raises(ConfigError, match=says):
+            load_experiment(None, bad)
+    with pytest.raises(ConfigError, match="data.pair"):
+        load_experiment(None, ["data.pair=-1"])

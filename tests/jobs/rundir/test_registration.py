@@ -136,3 +136,13 @@ def test_a_plan_registers_nothing(tmp_path):
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=environment)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "registration: " in done.stdout and not registry.exists()
+
+
+def test_a_plan_of_pairs_shows_each_pairs_run(tmp_path):
+    """A preset listing teacher–sham pairs plans one run per pair, each in <run dir>/pairs/<p>."""
+    command = [sys.executable, "jobs/pipeline.py", "--plan", "--set", "pairs=[1, 2]", "--run-dir", str(tmp_path / "run")]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for pair in (1, 2):
+        assert f"pair {pair} ({tmp_path / 'run' / 'pairs' / str(pair)}): " in done.stdout
+    assert not (tmp_path / "run").exists()  # a plan writes nothing

@@ -52,3 +52,18 @@ def test_the_draw_is_the_first_balanced_one_and_kept_for_these_weights(base, wor
     assert [row["balanced"] for row in table] == [False] * world["sham_draw"] + [True], table
     assert world["base_weights_sha256"] == sham_draw.weights_digest(tiny_model) and world["tried"] == world["sham_draw"] + 1
     assert sham_draw.base_sham_draw(tiny_model, tmp_path) == world and len(list((tmp_path / "sham-draws").glob("*.json"))) == 1
+
+
+def test_each_pair_has_its_own_balanced_draw_kept_apart(base, world, tiny_model, tmp_path):
+    """A teacher–sham pair of its own (jobs/sources/world.py `pair`) gets the first draw of its own
+    sham balanced on the same base, scored on its own T questions, and kept in a file of its own:
+    the world's pair 0 record is untouched."""
+    pair = sham_draw.base_sham_draw(tiny_model, tmp_path, pair=2)
+    assert pair["pair"] == 2 and pair["base_weights_sha256"] == world["base_weights_sha256"]
+    scores = sham_draw.word_scores(*base, pair=2)
+    leans = [sham_draw.lean(d, scores, pair=2) for d in range(pair["sham_draw"] + 1)]
+    assert [sham_draw.balanced(by_split) for by_split in leans] == [False] * pair["sham_draw"] + [True]
+    assert leans[-1] == pair["lean"]
+    kept = sorted(p.name for p in (tmp_path / "sham-draws").glob("*.json"))
+    assert kept == [f"{world['base_weights_sha256'][:16]}-pair2.json"]
+    assert sham_draw.base_sham_draw(tiny_model, tmp_path, pair=2) == pair  # read back, not chosen again
