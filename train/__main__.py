@@ -16,8 +16,9 @@ import json
 import sys
 from pathlib import Path
 
+from common.config import ConfigError, apply_overrides, build, load_layered
 from common.files import DataError
-from train.config import ConfigError, TrainConfig, apply_overrides, build, load_layered
+from train.config import TrainConfig
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.config import ConfigError, to_dict
 from common.files import DataError, default_cache_dir
 from train.cluster import Capacity, auto_workers, cluster_capacity, describe
-from train.config import ConfigError, TrainConfig, resolve_batch, to_dict
+from train.config import TrainConfig, resolve_batch
 from train.data import read_parquet, same_tokenizer, tokenize_to_cache
 from train.distill import number_token_ids, teacher_targets
 from train.divergence import divergence_scores, masked_rows

@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from common.atomic import write_jsonl
+from common.config import ConfigError
 from jobs.experiment.stages import SPLIT_FILES, TEACHERS, earlier_snapshots, scored_file, scored_model
 from jobs.rundir.manifest import digest, read_jsonl
 from jobs.runtime.adapter_check import check_adapters_applied, probe_scores
@@ -29,7 +30,6 @@ from jobs.runtime.progress import ProgressLine
 from jobs.runtime.service import result_or_resend, running_service, service_settings
 from jobs.stats.accuracy import on_split, summarise
 from serve.schemas import Question, ScoreRequest
-from train.config import ConfigError
 
 
 def rotated(q: Question, order: int) -> Question:

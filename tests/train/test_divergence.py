@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from common.atomic import write_jsonl
-from train.config import ConfigError, TrainConfig
+from common.config import ConfigError
+from train.config import TrainConfig
 from train.data import Tokenize, tokenize_to_cache
 from train.divergence import SCORE_COLUMN, masked_count, masked_rows, read_scores, row_scores, scored_positions, write_scores
 from train.teacher_pass import TeacherPass, load_teacher

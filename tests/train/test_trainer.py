@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.config import ConfigError, TrainConfig, resolve_batch
+from common.config import ConfigError
+from train.config import TrainConfig, resolve_batch
 from train.data import DataError
 from train.trainer import AdapterJob, check_jobs, clear_stale_outputs, run_id_of, snapshot_steps, train_lora, train_lora_many
 
