@@ -38,11 +38,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = build(TrainConfig, apply_overrides(data, args.overrides), args.section)
         from train.trainer import train_lora
 
-        metrics = train_lora(args.model, args.data, args.output, cfg, storage_path=args.storage)
+        result = train_lora(args.model, args.data, args.output, cfg, storage_path=args.storage)
     except (ConfigError, DataError, FileNotFoundError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(metrics, indent=2, default=str))
+    print(json.dumps(result.metrics(), indent=2, default=str))
     return 0
 
 

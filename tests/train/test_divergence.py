@@ -125,6 +125,6 @@ def test_masked_jobs_train_beside_an_unmasked_one_on_the_tokens_they_keep(ray_cl
     metrics = train_lora_many(tiny_model, jobs, storage_path=tmp_path / "ray_train", run_name="masks", cache_dir=cache_dir)
     rows = read_rows(Path(tokenize_to_cache(str(number_rows), tiny_model, cfg.max_length, cfg.too_long, cfg.seed, cache_dir)["path"]))
     expected = sum(masked_count(len(scored_positions(r["labels"], eos)), 0.1) for r in rows)
-    assert "tokens_masked" not in metrics["plain"] and metrics["divergence"]["tokens_masked"] == metrics["random"]["tokens_masked"] == expected
-    first = {name: m["first_loss"] for name, m in metrics.items()}
+    assert "tokens_masked" not in metrics["plain"].metrics() and metrics["divergence"].tokens_masked == metrics["random"].tokens_masked == expected
+    first = {name: m.first_loss for name, m in metrics.items()}
     assert len(set(first.values())) == 3, first
