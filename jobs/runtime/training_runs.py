@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.files import file_digest
+from jobs.experiment.records import TrainedOutputs
 from jobs.rundir.manifest import Manifest, digest
 from jobs.runtime.context import RunContext
 from train.results import TrainResult
@@ -70,15 +71,14 @@ def _finished_group(pending: dict) -> list[tuple]:
 def record_trained(ctx: RunContext, stage, result: TrainResult, started: float) -> None:
     """The stage's progress line, its training run's spans (its marks: train/results.py), and its
     manifest entry: the digest of the weights it made (an adapter's file, or every weights file of a
-    fully fine-tuned model) and the run's figures."""
+    fully fine-tuned model) and what the report reads of its training."""
     folder: Path = ctx.trained(stage.name)
     adapter = folder / "adapter_model.safetensors"
     weights = file_digest(adapter) if adapter.is_file() else digest(*(file_digest(f) for f in sorted(folder.glob("*.safetensors"))))
     print(f"[{stage.phase}] {stage.name}: {result.step} steps, loss {result.first_loss:.3f} -> {result.loss:.3f}, on {result.device}", flush=True)
     for kind, start, end in result.marks.spans():
         ctx.span(f"{stage.phase} run {result.run_id[:6]}", kind, start, end)
-    outputs = {
-        "hash": weights, "steps": result.step, "loss": result.loss,
-        "init_hash": result.init_hash, "rows": result.rows, "snapshot_steps": result.snapshot_steps,
-    }  # fmt: skip
+    outputs = TrainedOutputs(
+        hash=weights, steps=result.step, loss=result.loss, init_hash=result.init_hash, rows=result.rows, snapshot_steps=result.snapshot_steps
+    )
     ctx.record(stage, started, outputs)
