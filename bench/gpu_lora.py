@@ -65,7 +65,7 @@ def train_variant(model_path: str, rows: Path, overrides: dict, steps: int, batc
                       max_steps=steps, log_every=max(1, steps // 4), checkpoint_every=steps, **overrides)  # fmt: skip
     started = time.time()
     metrics = train_lora(model_path, rows, tmp / f"adapter-{len(list(tmp.iterdir()))}", cfg, cache_dir=tmp / "cache")
-    return {**metrics, "wall_s": time.time() - started}
+    return {**metrics.metrics(), "wall_s": time.time() - started}
 
 
 def scoring_rate(model_path: str, questions: list[dict]) -> float:

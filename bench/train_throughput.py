@@ -64,7 +64,7 @@ def ray_trainer(model_path: str, path: Path, steps: int, workers: int, out: Path
     cfg = TrainConfig(num_workers=workers, batch_size=32 // workers, max_steps=steps, log_every=steps // 4, checkpoint_every=steps)
     started = time.time()
     metrics = train_lora(model_path, path, out / f"w{workers}", cfg, cache_dir=cache)
-    return time.time() - started, metrics["tokens_per_s"]
+    return time.time() - started, metrics.tokens_per_s
 
 
 if __name__ == "__main__":

@@ -223,9 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="delete the run directory and start over")
     parser.add_argument("--plan", action="store_true", help="print which stages would be reused or run, and why; run nothing")
     args = parser.parse_args(argv)
+    from common.config import ConfigError
     from common.files import DataError
     from serve.settings import ServiceError
-    from train.config import ConfigError
 
     try:
         cfg = load_experiment(args.config, args.overrides)

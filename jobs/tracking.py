@@ -39,11 +39,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from common.config import ConfigError
 from jobs.experiment.config import ExperimentConfig, TrackingConfig, as_dict
 from jobs.experiment.stages import TEACHERS, trained_folder
 from jobs.rundir.manifest import Manifest, digest, flatten
 from jobs.rundir.registration import source_state
-from train.config import ConfigError
 
 PIPELINE_TAG = "subliminal.kind"  # "pipeline" on a parent, "model" on a child
 ARTIFACTS = ("report.md", "report.json", "transfer.png", "accuracy.png", "training.png")

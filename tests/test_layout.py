@@ -1,6 +1,7 @@
 """The tree's promise, kept: imports run one way (pipeline -> phases -> runtime, reporting ->
-experiment -> rundir, sources, stats, train, serve), stats imports nothing of the project, the library
-packages (common, train, serve) never import the experiment, jobs/phases/ holds phases alone, and a
+experiment -> rundir, sources, stats, train, serve -> common), stats imports nothing of the project, the
+library packages (common, train, serve) never import the experiment and common imports none of them (the
+config plumbing, `Settings`, `ConfigError` and the YAML loader, lives there), jobs/phases/ holds phases alone, and a
 built wheel carries every subpackage."""
 
 import ast
@@ -22,6 +23,8 @@ ALLOWED = {
 }
 NO_RAY = {"stats", "rundir", "sources", "experiment"}  # what a preset declares and the math: no cluster
 LIBRARY = ("common", "train", "serve")
+# What each library package may import from the project (besides itself): common is the floor.
+LIBRARY_ALLOWED = {"common": set(), "train": {"common"}, "serve": {"common"}}
 
 
 def imported(path: Path) -> set[str]:
@@ -66,6 +69,19 @@ def test_the_library_never_imports_the_experiment():
         if module.split(".")[0] == "jobs"
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_library_imports_one_way():
+    """train and serve import only common of the project; common imports none of it, so the config
+    plumbing (common/config.py) that train/ and jobs/ both build on sits below both."""
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for lib, allowed in LIBRARY_ALLOWED.items()
+        for path in sorted((ROOT / lib).rglob("*.py"))
+        for module in imported(path)
+        if module.split(".")[0] in LIBRARY and module.split(".")[0] not in {lib, *allowed}
+    ]
+    assert not wrong, "imports against the layout (docs/contributing.md):\n" + "\n".join(wrong)
 
 
 def test_jobs_phases_holds_phases_alone():

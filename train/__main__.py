@@ -16,8 +16,9 @@ import json
 import sys
 from pathlib import Path
 
+from common.config import ConfigError, apply_overrides, build, load_layered
 from common.files import DataError
-from train.config import ConfigError, TrainConfig, apply_overrides, build, load_layered
+from train.config import TrainConfig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,11 +38,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = build(TrainConfig, apply_overrides(data, args.overrides), args.section)
         from train.trainer import train_lora
 
-        metrics = train_lora(args.model, args.data, args.output, cfg, storage_path=args.storage)
+        result = train_lora(args.model, args.data, args.output, cfg, storage_path=args.storage)
     except (ConfigError, DataError, FileNotFoundError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(metrics, indent=2, default=str))
+    print(json.dumps(result.metrics(), indent=2, default=str))
     return 0
 
 

@@ -55,6 +55,7 @@ from train.model import (
     wrap_distributed,
 )
 from train.outputs import finalize, read_state, restore, staging_dir, write_checkpoint, write_snapshot
+from train.results import Marks, StepReport, TrainFacts, TrainResult
 from train.step import accumulate, apply_step, full_state, lr_factor, make_optimizer, peak_flops
 from train.streams import Stream, Streams
 
@@ -88,7 +89,7 @@ class WorkerJob:
     micro_steps_per_epoch: int
     total_steps: int
     snapshot_steps: tuple[int, ...]  # optimizer steps whose adapter is kept besides the last
-    facts: dict  # its rows and settings, reported with its final metrics
+    facts: TrainFacts  # its rows and settings, reported with its result
     distil: bool = False  # logit_kl: its batches carry the teacher's targets
     init_a_from: str | None = None  # lora_init teacher_a: the adapter whose A it starts from, frozen
     split_by_rank: bool = False  # its rows come cut per worker, a dataset "<name>@<rank>" each (trainer.job_datasets)
@@ -129,13 +130,13 @@ def train_loop(config: dict) -> None:
     streams = Streams(run.pad_id, packs_into_one_row(attention_impl(shared, device)))
     streams.start_ahead(todo[0] if todo else None)  # the first job's stream starts while the base loads
     # When this worker's process started and its loop began (the rest of a job's marks: train_job).
-    marks = {"process_started": psutil.Process().create_time(), "loop_started": time.time()}
+    marks = Marks(process_started=psutil.Process().create_time(), loop_started=time.time())
     lora = shared.method == "lora"  # else each job trains a base of its own, every weight
     base = load_base(run.model_path, shared, device) if lora else None
-    marks["base_loaded"] = time.time()
+    marks = marks.at(base_loaded=time.time())
     for i, job in enumerate(todo):
         resume = checkpoint if state["job"] == job.name else None
-        job_marks = {**marks, "job_started": time.time()}
+        job_marks = marks.at(job_started=time.time())
         model = attach_lora(base, job.cfg) if lora else load_base(run.model_path, job.cfg, device)
         train_job(model, job, run, resume, done, gauges, job_marks, streams, todo[i + 1] if i + 1 < len(todo) else None)
         done.append(job.name)
@@ -255,7 +256,7 @@ def job_batches(stream: Stream, job: WorkerJob, t: JobState):
     """The micro-batches still to train, epoch after epoch in the same order, until the last step;
     a resumed job skips those trained before its checkpoint. A small shard is kept after its first
     full pass, so later epochs skip restarting Ray Data's pipeline (seconds each on small CPU runs)."""
-    keep, epoch = job.facts["rows"] * job.cfg.max_length <= EPOCH_CACHE_TOKENS, None
+    keep, epoch = job.facts.rows * job.cfg.max_length <= EPOCH_CACHE_TOKENS, None
     while t.step < job.total_steps:
         skip = t.micro % job.micro_steps_per_epoch
         batches = epoch if epoch is not None else stream.passes()
@@ -285,7 +286,7 @@ def micro_step(t: JobState, batch: dict, cfg: TrainConfig) -> bool:
     return last_micro
 
 
-def report(t: JobState, job: WorkerJob, save: bool, done: list[str], gauges: dict) -> dict:
+def report(t: JobState, job: WorkerJob, save: bool, done: list[str], gauges: dict) -> StepReport:
     """The window's metrics, summed over the workers: the loss history extended, Ray metrics set
     and one progress line (rank 0), and, with `save`, a checkpoint reported to Ray Train."""
     (loss_sum, n_micro, real_tokens, all_tokens), per_step, marks, elapsed = t.window.collect()
@@ -294,38 +295,30 @@ def report(t: JobState, job: WorkerJob, save: bool, done: list[str], gauges: dic
     t.step_history.extend([s, *mark] for s, mark in zip(steps, marks))
     loss = loss_sum / n_micro if n_micro else None  # None: no steps since the last report
     t.first_loss = loss if t.first_loss is None else t.first_loss
-    metrics = {
-        "job": job.name,
-        "step": t.step,
-        "epoch": t.micro // job.micro_steps_per_epoch,
-        "loss": loss,
-        "lr": t.sched.get_last_lr()[0],
-        "tokens_per_s": real_tokens / elapsed,
-        "padding_fraction": 1.0 - real_tokens / max(all_tokens, 1.0),
-        "step_time_s": elapsed / max(t.window.steps, 1),
-        "first_loss": t.first_loss,
-        "resumed_from_step": t.resumed_from,
-        "init_hash": t.init_hash,
-        "done": t.step >= job.total_steps,
-        "device": t.device.type,  # cuda or cpu: a run that fell back to CPU says so
-    }
+    tokens_per_s, gpu_mem_gib, mfu = real_tokens / elapsed, None, None
     if t.device.type == "cuda":
-        metrics["gpu_mem_gib"] = torch.cuda.max_memory_allocated(t.device) / 2**30
+        gpu_mem_gib = torch.cuda.max_memory_allocated(t.device) / 2**30
         if flops_peak := peak_flops(t.device):  # forward 2N + activation gradients 2N per token, + weight gradients 2N under full fine-tuning
-            metrics["mfu"] = (6 if job.cfg.method == "full" else 4) * t.n_params * metrics["tokens_per_s"] / (flops_peak * t.world)
+            mfu = (6 if job.cfg.method == "full" else 4) * t.n_params * tokens_per_s / (flops_peak * t.world)
+    metrics = StepReport(
+        job=job.name, step=t.step, epoch=t.micro // job.micro_steps_per_epoch, loss=loss, lr=t.sched.get_last_lr()[0], tokens_per_s=tokens_per_s,
+        padding_fraction=1.0 - real_tokens / max(all_tokens, 1.0), step_time_s=elapsed / max(t.window.steps, 1), first_loss=t.first_loss,
+        resumed_from_step=t.resumed_from, init_hash=t.init_hash, done=t.step >= job.total_steps,
+        device=t.device.type, gpu_mem_gib=gpu_mem_gib, mfu=mfu,  # device: cuda or cpu, a run that fell back to CPU says so
+    )  # fmt: skip
     if t.rank == 0:
         for key, gauge in gauges.items():
-            if metrics.get(key) is not None:
-                gauge.set(metrics[key], tags={"run": t.run_name, "adapter": job.name})
+            if getattr(metrics, key) is not None:
+                gauge.set(getattr(metrics, key), tags={"run": t.run_name, "adapter": job.name})
         if loss is not None:
-            progress(f"[train] {job.name}: step {t.step}/{job.total_steps}, loss {loss:.3f}, {metrics['tokens_per_s']:.0f} tokens/s")
+            progress(f"[train] {job.name}: step {t.step}/{job.total_steps}, loss {loss:.3f}, {tokens_per_s:.0f} tokens/s")
     if save:  # ray.train.report is a barrier across the workers: with checkpoints only
         save_checkpoint(t, job, metrics, done)
     t.window.restart()
     return metrics
 
 
-def save_checkpoint(t: JobState, job: WorkerJob, metrics: dict, done: list[str]) -> None:
+def save_checkpoint(t: JobState, job: WorkerJob, metrics: StepReport, done: list[str]) -> None:
     """Every worker reports `metrics`; rank 0 with a checkpoint of the weights, optimizer, schedule and state."""
     import ray.train
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -338,11 +331,11 @@ def save_checkpoint(t: JobState, job: WorkerJob, metrics: dict, done: list[str])
             state = {"done": done, "job": job.name, "step": t.step, "loss_history": t.history, "step_history": t.step_history}
             write_checkpoint(Path(tmp), t.model, weights, optim, t.sched.state_dict(), state)
             ckpt = ray.train.Checkpoint.from_directory(tmp)
-        ray.train.report(metrics, checkpoint=ckpt)
+        ray.train.report(metrics.metrics(), checkpoint=ckpt)
 
 
 def train_job(
-    model, job: WorkerJob, run: WorkerRun, checkpoint, done: list[str], gauges: dict, marks: dict, streams: Streams, following: WorkerJob | None
+    model, job: WorkerJob, run: WorkerRun, checkpoint, done: list[str], gauges: dict, marks: Marks, streams: Streams, following: WorkerJob | None
 ) -> None:
     """Train one adapter (already attached to the base), or one whole model, to its last step and
     write its output folder. `checkpoint` is the run's latest when it belongs to this job, else
@@ -358,9 +351,10 @@ def train_job(
     stream = streams.of(job)
     streams.start_ahead(following)
     t.model.train()
-    last, reported_final = {}, False
+    last, reported_final = None, False
     for batch in job_batches(stream, job, t):
-        marks.setdefault("first_batch", time.time())
+        if marks.first_batch is None:
+            marks = marks.at(first_batch=time.time())
         if not micro_step(t, batch, cfg):
             continue
         if t.step in job.snapshot_steps and t.step < total:  # the final one is written with the adapter
@@ -373,9 +367,8 @@ def train_job(
             reported_final = t.step == total
     if not reported_final:  # e.g. resumed from the job's final checkpoint: report it again
         last = report(t, job, save=True, done=done, gauges=gauges)
-    marks["last_step"] = t.step_history[-1][1] if t.step_history else time.time()
-    marks["saving"] = time.time()
+    marks = marks.at(last_step=t.step_history[-1][1] if t.step_history else time.time(), saving=time.time())
     weights = trainable_state(t.model)  # collective under FSDP
     if t.rank == 0:
-        metrics = {**last, **job.facts, "loss_history": t.history, "step_history": t.step_history, "marks": marks}
-        finalize(Path(job.output_dir), run.run_id, unwrap(t.model), weights, metrics, bool(job.snapshot_steps))
+        result = TrainResult.of(last, job.facts, loss_history=t.history, step_history=t.step_history, marks=marks)
+        finalize(Path(job.output_dir), run.run_id, unwrap(t.model), weights, result, bool(job.snapshot_steps))

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from train.config import ConfigError, TrainConfig
+from common.config import ConfigError
+from train.config import TrainConfig
 from train.levers import decoder_layers, use_kernels
 
 

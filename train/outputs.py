@@ -27,8 +27,7 @@ from pathlib import Path
 import torch
 
 from train.model import is_adapter_model, save_trained, trained_parameters
-
-METRICS_FILE = "train_metrics.json"
+from train.results import METRICS_FILE, TrainResult
 
 
 def staging_dir(output_dir: Path, run_id: str) -> Path:
@@ -119,22 +118,23 @@ def snapshot_steps_in(staging: Path) -> list[int]:
     return sorted(int(n.split("-", 1)[1]) for n in names if n.startswith("step-"))
 
 
-def finalize(output_dir: Path, run_id: str, model, weights: dict, metrics: dict, with_final_snapshot: bool) -> dict:
-    """Write the final adapter (or model) and metrics into the staging folder and rename it to `output_dir`.
+def finalize(output_dir: Path, run_id: str, model, weights: dict, result: TrainResult, with_final_snapshot: bool) -> TrainResult:
+    """Write the final adapter (or model) and its result (train_metrics.json) into the staging folder
+    and rename it to `output_dir`.
 
     Does nothing if this run already finished `output_dir` (a restart re-reached
-    the end of a job). Returns the metrics as written.
+    the end of a job). Returns the result as written.
     """
     if finished_by(output_dir, run_id):
-        return json.loads((output_dir / METRICS_FILE).read_text())
+        return TrainResult.read(output_dir)
     staging = staging_dir(output_dir, run_id)
     staging.mkdir(parents=True, exist_ok=True)
     if with_final_snapshot:
-        write_snapshot(staging, metrics["step"], model, weights)
+        write_snapshot(staging, result.step, model, weights)
     save_trained(model, weights, staging)
-    metrics = {**metrics, "snapshot_steps": snapshot_steps_in(staging), "run_id": run_id}
-    (staging / METRICS_FILE).write_text(json.dumps(metrics, indent=2, default=str))
+    result = result.model_copy(update={"snapshot_steps": snapshot_steps_in(staging), "run_id": run_id})
+    result.write(staging)
     if output_dir.exists():
         output_dir.rmdir()  # empty: the trainer refuses a non-empty one up front
     staging.rename(output_dir)
-    return metrics
+    return result

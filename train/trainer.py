@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import shutil
 import time
@@ -27,15 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.config import ConfigError, to_dict
 from common.files import DataError, default_cache_dir
 from train.cluster import Capacity, auto_workers, cluster_capacity, describe
-from train.config import ConfigError, TrainConfig, resolve_batch, to_dict
+from train.config import TrainConfig, resolve_batch
 from train.data import read_parquet, same_tokenizer, tokenize_to_cache
 from train.distill import number_token_ids, teacher_targets
 from train.divergence import divergence_scores, masked_rows
 from train.loop import WorkerJob, WorkerRun, train_loop
 from train.model import check_hardware, check_model_path
-from train.outputs import METRICS_FILE, finished_by, staging_dir
+from train.outputs import finished_by, staging_dir
+from train.results import Marks, TrainFacts, TrainResult
 from train.teacher_pass import TeacherPass
 
 # Settings of the worker group itself, which every job of a run must share (and `method`: a LoRA
@@ -199,15 +200,16 @@ def train_lora_many(
     storage_path: str | Path,
     run_name: str,
     cache_dir: str | Path | None = None,
-) -> dict[str, dict]:
-    """Train every job's adapter in one Ray Train run; returns {job name: final metrics}.
+) -> dict[str, TrainResult]:
+    """Train every job's adapter in one Ray Train run; returns {job name: its result}.
 
     `storage_path`/`run_name` name the run: calling again with the same pair
     continues from its latest checkpoint, skipping finished jobs (their output
     folders must still be there); a worker lost mid-run restarts the worker group
-    from the latest checkpoint (`max_failures` times). Each job's metrics are
-    also written to `<output_dir>/train_metrics.json`, with `loss_history` (the
-    loss of every optimizer step); the last job's carry the run's final `checkpoint`.
+    from the latest checkpoint (`max_failures` times). Each job's result is also
+    written to `<output_dir>/train_metrics.json` (train/results.py), with
+    `loss_history` (the loss of every optimizer step); the last job's carries the
+    run's final `checkpoint`.
     """
     import ray
     import torch
@@ -266,11 +268,11 @@ def train_lora_many(
         datasets=datasets,
         dataset_config=data_config(plans),
     )
-    marks = {"run_started": run_started, "fit_started": time.time()}
+    marks = Marks(run_started=run_started, fit_started=time.time())
     result = trainer.fit()
     if result.checkpoint is None:
         raise RuntimeError(f"training run {run_name} finished without a checkpoint")
-    return outputs(jobs, run_id, run_name, result.checkpoint.path, {**marks, "fit_finished": time.time()})
+    return outputs(jobs, run_id, run_name, result.checkpoint.path, marks.at(fit_finished=time.time()))
 
 
 def data_config(plans: list[WorkerJob]):
@@ -299,17 +301,11 @@ def worker_jobs(jobs: list[AdapterJob], tokenized: dict, rows_of: dict) -> tuple
         cfg, tokens = job.cfg, tokenized[job.name]
         micro_per_epoch, total_steps = plan_steps(tokens["rows"], cfg)
         datasets |= job_datasets(job.name, rows_of[job.name], cfg.num_workers)
-        facts = {
-            "rows": tokens["rows"],
-            "rows_truncated": tokens["truncated"],
-            "rows_dropped": tokens["dropped"],
-            "total_steps": total_steps,
-            "global_batch_size": cfg.num_workers * cfg.batch_size * cfg.grad_accum,
-            "train_config": to_dict(cfg),
-            "loss_type": "logit_kl" if job.teacher else "sft",
-        }
-        if cfg.mask != "none":
-            facts["tokens_masked"] = masked_total(rows_of[job.name])
+        facts = TrainFacts(
+            rows=tokens["rows"], rows_truncated=tokens["truncated"], rows_dropped=tokens["dropped"], total_steps=total_steps,
+            global_batch_size=cfg.num_workers * cfg.batch_size * cfg.grad_accum, train_config=to_dict(cfg),
+            loss_type="logit_kl" if job.teacher else "sft", tokens_masked=masked_total(rows_of[job.name]) if cfg.mask != "none" else None,
+        )  # fmt: skip
         plans.append(WorkerJob(
             job.name, cfg, str(job.output_dir), micro_per_epoch, total_steps, tuple(snapshot_steps(total_steps, cfg.snapshots)), facts,
             distil=job.teacher is not None, init_a_from=job.init_a_from, split_by_rank=job.name not in datasets,
@@ -318,21 +314,22 @@ def worker_jobs(jobs: list[AdapterJob], tokenized: dict, rows_of: dict) -> tuple
     return datasets, plans
 
 
-def outputs(jobs: list[AdapterJob], run_id: str, run_name: str, checkpoint: str, marks: dict) -> dict:
-    """Each job's final metrics from its output folder, which this run must have written, with the
-    driver's `marks` (when the run was called, its workers asked for, and done) beside the worker's;
-    the last job's carry the run's final checkpoint."""
+def outputs(jobs: list[AdapterJob], run_id: str, run_name: str, checkpoint: str, marks: Marks) -> dict[str, TrainResult]:
+    """Each job's result from its output folder, which this run must have written, with the driver's
+    `marks` (when the run was called, its workers asked for, and done) beside the worker's; the last
+    job's carries the run's final checkpoint."""
     out = {}
     for job in jobs:
         if not finished_by(job.output_dir, run_id):
             raise RuntimeError(
                 f"job {job.name} finished earlier in run {run_name}, but {job.output_dir} no longer holds its adapter; train it again under a new run_name"
             )
-        out[job.name] = json.loads((job.output_dir / METRICS_FILE).read_text())
-    trained_now = [m for m in out.values() if m.get("marks", {}).get("saving", 0) >= marks["run_started"]]  # not by an earlier call
-    for m in trained_now:  # the run's last job saved when its workers were done
-        m["marks"] = {**marks, "workers_done": max(n["marks"]["saving"] for n in trained_now), **m["marks"]}
-    out[jobs[-1].name]["checkpoint"] = checkpoint
+        out[job.name] = TrainResult.read(job.output_dir)
+    trained_now = [name for name, r in out.items() if (r.marks.saving or 0) >= marks.run_started]  # not by an earlier call
+    if trained_now:  # the run's last job saved when its workers were done
+        driver = {**marks.stamps(), "workers_done": max(out[name].marks.saving for name in trained_now)}
+        out |= {name: out[name].model_copy(update={"marks": out[name].marks.at(**driver)}) for name in trained_now}
+    out[jobs[-1].name] = out[jobs[-1].name].model_copy(update={"checkpoint": checkpoint})
     return out
 
 
@@ -363,17 +360,16 @@ def train_lora(
     storage_path: str | Path | None = None,
     run_name: str | None = None,
     cache_dir: str | Path | None = None,
-) -> dict:
+) -> TrainResult:
     """Train a LoRA adapter on `data` (JSONL/parquet path or Ray Dataset) into `output_dir`.
 
     A `train_lora_many` run with one job, named "train". `storage_path`/`run_name`
     name the Ray Train run (default: `ray_train` beside `output_dir`, and its
     folder name): calling again with the same pair continues from its latest
-    checkpoint instead of starting over. Returns the final metrics (also
+    checkpoint instead of starting over. Returns the job's result (also
     written to `output_dir/train_metrics.json`).
     """
     output_dir = Path(output_dir).absolute()
     storage_path = storage_path or output_dir.parent / "ray_train"
     job = AdapterJob("train", data, output_dir, cfg)
-    metrics = train_lora_many(model_path, [job], storage_path=storage_path, run_name=run_name or output_dir.name, cache_dir=cache_dir)
-    return metrics["train"]
+    return train_lora_many(model_path, [job], storage_path=storage_path, run_name=run_name or output_dir.name, cache_dir=cache_dir)["train"]

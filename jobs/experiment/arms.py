@@ -24,9 +24,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from common.config import ConfigError, build
 from jobs.experiment.rows_kinds import KINDS, SHAM, declared_kind, source_for
 from serve.mc_format import LETTERS
-from train.config import ConfigError, TrainConfig, build
+from train.config import TrainConfig
 
 ARM_NAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,40}\Z")  # \Z: "$" would pass a trailing newline
 OTHER_BASE = "other_base"  # the scored name of the other base model

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from common.config import ConfigError
 from jobs.experiment.arms import OTHER_BASE, base_of, other_base
 from jobs.sources.tiny_model import TinySpec, ensure_tiny_model, other_base_spec, tiny_model_folder
-from train.config import ConfigError
 from train.data import same_tokenizer
 
 

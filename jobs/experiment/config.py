@@ -1,4 +1,4 @@
-"""The experiment's configuration: one tree of frozen settings models (train/config.py `Settings`), loaded from a YAML preset.
+"""The experiment's configuration: one tree of frozen settings models (common/config.py `Settings`), loaded from a YAML preset.
 
 `configs/tiny.yaml` is the default preset (a 2-core CPU); larger presets target
 GPU clusters. Every key is documented here, once; a preset only states what
@@ -12,11 +12,12 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from common.config import ConfigError, Settings, apply_overrides, build
 from jobs.experiment.arms import check_arms, check_contrasts
 from jobs.experiment.bases import check_local_tokenizers
 from jobs.experiment.presets import load_preset
 from jobs.stats.transfer_stats import METRICS
-from train.config import ConfigError, Settings, TrainConfig, apply_overrides, build
+from train.config import TrainConfig
 
 
 class ModelConfig(Settings):

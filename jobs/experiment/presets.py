@@ -17,7 +17,7 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-from train.config import ConfigError, load_layered
+from common.config import ConfigError, load_layered
 
 DEFAULT_PRESET = "tiny.yaml"
 

@@ -40,6 +40,7 @@ from functools import cache
 from jobs.experiment.arms import OTHER_BASE, ArmModel, number_sets, numbers_seed, teachers_used
 from jobs.experiment.bases import other_base_identity
 from jobs.experiment.config import ExperimentConfig, as_dict
+from jobs.experiment.records import AnswersOutputs, DataOutputs, EvalOutputs, NumbersOutputs, ReplacedOutputs, TrainedOutputs
 from jobs.experiment.rows_kinds import KINDS, SHAM, generator_of
 from jobs.rundir.manifest import Manifest, flatten
 from jobs.rundir.plan import Stage, config_reads
@@ -118,8 +119,8 @@ def scored_file(name: str) -> str:
 def snapshot_points(manifest: Manifest, model: str) -> list[tuple[int, str]]:
     """(step, scored name) of each snapshot an arm model's training kept (`train.snapshots`), in
     step order: `<model>@<step>` (eval/<model>@<step>.jsonl), and the model itself at its last step."""
-    out = manifest.entry(model)["outputs"]
-    return [(step, model if step == out["steps"] else f"{model}@{step}") for step in out.get("snapshot_steps", [])]
+    out = manifest.outputs(model, TrainedOutputs)
+    return [(step, model if step == out.steps else f"{model}@{step}") for step in out.snapshot_steps]
 
 
 def earlier_snapshots(manifest: Manifest, model: str) -> list[tuple[int, str]]:
@@ -132,7 +133,7 @@ def training_rows(manifest: Manifest, models: list[ArmModel], replicate: int) ->
     differ in content alone. Sources whose numbers have not finished yet are left out; once they
     finish the value is computed again before the arms run."""
     stages = [numbers_stage(s, i) for s, i in number_sets(models) if i == replicate]
-    kept = [manifest.output(stage, "kept") for stage in stages if manifest.entry(stage)]
+    kept = [manifest.outputs(stage, NumbersOutputs).kept for stage in stages if manifest.entry(stage)]
     return min(kept) if kept else None
 
 
@@ -146,13 +147,14 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
             "data",
             {**config_reads(config, "data", "evaluate.format"), "questions": questions_hash},
             files=(TEACHER_TRAIN, *(f"data/{f}" for f in SPLIT_FILES.values())),
+            record=DataOutputs,
         ),
     ]
     teachers = teachers_used(models)
     for teacher in teachers:  # the teacher; the positive control's letter teacher, the reference's sham teacher
         sections = ("teacher",) if teacher == "teacher" else ("teacher", teacher)
         reads = identity({**model, **config_reads(config, *sections)})
-        stages.append(Stage(teacher, "teacher", reads, ("data",), files=(trained_folder(teacher),)))
+        stages.append(Stage(teacher, "teacher", reads, ("data",), files=(trained_folder(teacher),), record=TrainedOutputs))
     engine = config_reads(config, "numbers", "service.engine", "service.max_model_len")
     own = {path: config_reads(config, path)[path] for kind in KINDS.values() for _, path in kind.reads}
     for path in own:  # read by the kinds that declare them alone
@@ -163,11 +165,12 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         upstream = (generator,) if generator else ()
         if kind.derived_from:  # another kind's kept rows, rewritten
             upstream += (numbers_stage(kind.derived_from, i),)
-        stages.append(Stage(numbers_stage(source, i), "numbers", reads, upstream, files=(numbers_file(source, i),)))
+        record = ReplacedOutputs if kind.made == "rewritten" else NumbersOutputs  # the one rewriter: teacher_replaced
+        stages.append(Stage(numbers_stage(source, i), "numbers", reads, upstream, files=(numbers_file(source, i),), record=record))
     answering = [t for t in teachers if any(KINDS[m.source].answers and m.teacher == t for m in models)]
     for teacher in answering:  # the overt positive control's rows
         reads = {**model, **config_reads(config, "service.engine", "service.max_model_len", "evaluate.format"), "teacher": teacher}
-        stages.append(Stage(answers_stage(teacher), "numbers", reads, ("data", teacher), files=(answers_file(teacher),)))
+        stages.append(Stage(answers_stage(teacher), "numbers", reads, ("data", teacher), files=(answers_file(teacher),), record=AnswersOutputs))
     other = {"base": other_base_identity(cfg)}  # what an arm on the other base, and its scores, read
     for m in models:
         reads = {
@@ -184,7 +187,7 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         uses_teacher = m.loss == "logit_kl" or m.lora_init == "teacher_a"  # its soft labels, or its A
         upstream = (rows_of(m)[0],) + ((m.teacher,) if uses_teacher else ())
         derived = None if KINDS[m.source].answers else rows  # answers: all of them, no numbers to equalise
-        stages.append(Stage(m.name, "arms", reads, upstream, derived, files=(trained_folder(m.name, m.full),)))
+        stages.append(Stage(m.name, "arms", reads, upstream, derived, files=(trained_folder(m.name, m.full),), record=TrainedOutputs))
     scoring = {
         **model,
         **config_reads(config, "evaluate.engine", "service.max_model_len", "evaluate.format"),
@@ -193,7 +196,7 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
     }
     bases = [("base", (), {})] + ([(OTHER_BASE, (), other)] if any(m.base == OTHER_BASE for m in models) else [])
     for name, upstream, extra in bases + [(t, (t,), {}) for t in teachers] + [(m.name, (m.name,), other if m.base == OTHER_BASE else {}) for m in models]:
-        stages.append(Stage(eval_stage(name), "evaluate", {**scoring, **extra}, ("data", *upstream), files=(scored_file(name),)))
+        stages.append(Stage(eval_stage(name), "evaluate", {**scoring, **extra}, ("data", *upstream), files=(scored_file(name),), record=EvalOutputs))
     everything = tuple(s.name for s in stages if s.phase in ("numbers", "arms", "evaluate"))
     reads = config_reads(config, "evaluate.primary_metric", "evaluate.primary_split", "evaluate.primary_direction", "arms", "replicates")
     reads |= {"contrasts": config["contrasts"], "family": cfg.evaluate.primary_comparisons or "every comparison"}  # Holm across the primary verdicts

@@ -45,5 +45,5 @@ def run(ctx: RunContext, todo) -> None:
             job = dataclasses.replace(job, scorer=teacher)
         pairs.append((stage, job))
     groups = arm_groups(pairs, ctx.arm_runs, lambda stage: ctx.models[stage.name].base)
-    for stage, metrics in train_groups(ctx, "arms", groups, ctx.arm_runs):
-        record_trained(ctx, stage, metrics, started)
+    for stage, result in train_groups(ctx, "arms", groups, ctx.arm_runs):
+        record_trained(ctx, stage, result, started)

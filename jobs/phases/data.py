@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 from common.atomic import write_jsonl
+from jobs.experiment.records import DataOutputs
 from jobs.experiment.stages import SPLIT_FILES, TEACHER_TRAIN
 from jobs.rundir.manifest import digest
 from jobs.runtime.context import RunContext
@@ -85,5 +86,5 @@ def run(ctx: RunContext, todo) -> None:
         f"[data] {counts['train']} teacher-train (+{counts['rehearsal']} rehearsal), {counts['held_out']} held-out and {counts['known']} known questions",
         flush=True,
     )
-    world = {"world": ctx.world} if ctx.world else {}  # the questions' sham draw and the base it was chosen on (report provenance)
-    ctx.record(todo[0], started, {"hash": digest(train_hash, *hashes.values()), **counts, **world})
+    world = ctx.world or None  # the questions' sham draw and the base it was chosen on (report provenance)
+    ctx.record(todo[0], started, DataOutputs(hash=digest(train_hash, *hashes.values()), **counts, world=world))

@@ -21,6 +21,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from common.atomic import write_jsonl
+from common.config import ConfigError
+from jobs.experiment.records import EvalOutputs
 from jobs.experiment.stages import SPLIT_FILES, TEACHERS, earlier_snapshots, scored_file, scored_model
 from jobs.rundir.manifest import digest, read_jsonl
 from jobs.runtime.adapter_check import check_adapters_applied, probe_scores
@@ -29,7 +31,6 @@ from jobs.runtime.progress import ProgressLine
 from jobs.runtime.service import result_or_resend, running_service, service_settings
 from jobs.stats.accuracy import on_split, summarise
 from serve.schemas import Question, ScoreRequest
-from train.config import ConfigError
 
 
 def rotated(q: Question, order: int) -> Question:
@@ -184,5 +185,5 @@ def run(ctx: RunContext, todo) -> None:
         earlier = [scored_name for _, scored_name in snapshots.get(name, [])]
         hashes = [write_jsonl(ctx.run_dir / scored_file(n), scored[n]) for n in earlier]
         file_hash = write_jsonl(ctx.run_dir / scored_file(name), scored[name])
-        outputs = {"hash": digest(file_hash, *hashes) if hashes else file_hash, **summarise(on_split(scored[name], "held_out"))}
+        outputs = EvalOutputs(hash=digest(file_hash, *hashes) if hashes else file_hash, **summarise(on_split(scored[name], "held_out")))
         ctx.record(stage, started, outputs, [scored_file(n) for n in earlier])

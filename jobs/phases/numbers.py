@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from common.atomic import write_jsonl
 from jobs.experiment.arms import number_sets, numbers_seed
 from jobs.experiment.config import NumbersConfig
+from jobs.experiment.records import AnswersOutputs, NumbersOutputs, ReplacedOutputs
 from jobs.experiment.rows_kinds import KINDS, generator_of
 from jobs.experiment.stages import SPLIT_FILES, answering_teacher, numbers_file, numbers_stage
 from jobs.rundir.manifest import read_jsonl
@@ -167,14 +168,14 @@ def generate_through_service(ctx: RunContext, todo, requests: dict, answering: l
         for stage, teacher in answering:
             result = teacher_answers(handle, teacher, questions, ctx)
             file_hash = write_jsonl(ctx.run_dir / stage.files[0], result.pop("rows"))
-            ctx.record(stage, started, {**result, "hash": file_hash})
+            ctx.record(stage, started, AnswersOutputs(**result, hash=file_hash))
         for name, result in generate_all(handle, requests) if requests else ():
             if isinstance(result, NoNumbersError):
                 errors.append(result)
                 continue
             stage = next(s for s in todo if s.name == name)
             file_hash = write_jsonl(ctx.run_dir / stage.files[0], result.pop("rows"))
-            ctx.record(stage, started, {**result, "hash": file_hash})
+            ctx.record(stage, started, NumbersOutputs(**result, hash=file_hash))
     if errors:
         raise errors[0]
 
@@ -201,7 +202,7 @@ def replace_numbers(ctx: RunContext, stage, replicate: int) -> None:
         f" ({sum(result['rejected'].values())} failed the filter)",
         flush=True,
     )
-    ctx.record(stage, started, {**result, "hash": file_hash})
+    ctx.record(stage, started, ReplacedOutputs(**result, hash=file_hash))
 
 
 REWRITERS = {"teacher_replaced": replace_numbers}  # the maker of each rewritten kind (jobs/experiment/rows_kinds.py)

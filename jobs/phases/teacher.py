@@ -38,5 +38,5 @@ def run(ctx: RunContext, todo) -> None:
             rows = sham_rows(read_jsonl(ctx.run_dir / TEACHER_TRAIN), questions, ctx.cfg.evaluate.format, sham.kind, sham.seed, pair=ctx.cfg.data.pair, **draw)
             write_jsonl(data, rows)
         pairs.append((stage, AdapterJob(stage.name, str(data), ctx.trained(stage.name), ctx.cfg.teacher)))
-    for stage, metrics in train_groups(ctx, "teacher", [pairs], runs=1):
-        record_trained(ctx, stage, metrics, started)
+    for stage, result in train_groups(ctx, "teacher", [pairs], runs=1):
+        record_trained(ctx, stage, result, started)

@@ -20,6 +20,10 @@ and mtime have not changed). Entries recorded before digests were kept have no
 
 A manifest that is not JSON, or not the shape this version writes, is a
 RunDirError naming it: nothing is guessed from a damaged record.
+
+A stage's outputs are a typed record (`Outputs`: one model per kind of stage, which the experiment
+declares) written in its plain form, the keys on disk; `Manifest.outputs` reads one back as its
+type.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ import os
 import shutil
 import time
 from pathlib import Path, PurePosixPath
+from typing import ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from common.atomic import TMP_MARK, write_json
 from common.files import file_digest
@@ -41,6 +48,35 @@ LOCK_FILE = ".lock"  # jobs/rundir/run_lock.py holds it while a pipeline uses th
 
 class RunDirError(ValueError):
     """The run directory cannot be used as asked."""
+
+
+class Outputs(BaseModel):
+    """What a kind of stage records as its outputs: a frozen model whose fields are the record's keys
+    on disk, in their order. Each kind declares a `hash` (the digest of what it made: what a
+    downstream stage reads as its input) where its records have always had it. A name that is not
+    a field is refused when a record is made; one in a stored record is left out when it is read
+    (written by a version before, read by nothing now)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ()  # keys on disk only when set
+
+    def plain(self) -> dict:
+        """The record as the manifest keeps it."""
+        return {k: v for k, v in self.model_dump(mode="json").items() if not (k in self.OMIT_NONE and v is None)}
+
+    @classmethod
+    def from_plain(cls, data: dict):
+        """A record as stored (see the class docstring for keys it does not know)."""
+        return cls.model_validate({k: v for k, v in data.items() if k in cls.model_fields})
+
+
+class Hashed(Outputs):
+    """The record of a stage whose outputs are its files alone (the report): their digest."""
+
+    hash: str
+
+
+Record = TypeVar("Record", bound=Outputs)
 
 
 def digest(*parts) -> str:
@@ -147,6 +183,14 @@ class Manifest:
 
     def output(self, stage: str, key: str = "hash"):
         return self.data["stages"][stage]["outputs"][key]
+
+    def outputs(self, stage: str, kind: type[Record]) -> Record:
+        """A finished stage's outputs record, read as `kind`; a RunDirError when it is not one."""
+        try:
+            return kind.from_plain(self.data["stages"][stage]["outputs"])
+        except ValidationError as err:
+            problem = f"{err.errors()[0]['loc']}: {err.errors()[0]['msg']}"
+            raise RunDirError(f"{self.path}: stage {stage!r} did not record {kind.__name__} outputs ({problem}); pass --fresh to start over") from None
 
     def record(self, stage: str, inputs: dict, seconds: float, outputs: dict, files=()) -> None:
         """Record `stage` as finished; `files` are the outputs it wrote (paths relative to the run

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from jobs.rundir.manifest import Manifest, flatten, normalised
+from jobs.rundir.manifest import Hashed, Manifest, Outputs, flatten, normalised
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class Stage:
     derived: Callable[[Manifest], dict] | None = field(default=None, compare=False)  # from upstream outputs
     files: tuple[str, ...] = ()  # outputs, relative to the run directory, that reuse needs on disk
     defaults: dict = field(default_factory=dict, compare=False)  # a read key -> its value when unset
+    record: type[Outputs] = field(default=Hashed, compare=False)  # the kind of outputs record it writes
 
     def inputs(self, manifest: Manifest) -> dict:
         """Everything this stage reads, upstream outputs included (they must have finished)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from jobs.experiment.arms import ArmModel
 from jobs.experiment.config import ExperimentConfig
 from jobs.experiment.stages import trained_folder
-from jobs.rundir.manifest import Manifest
+from jobs.rundir.manifest import Manifest, Outputs
 from jobs.rundir.plan import Stage
 
 
@@ -52,7 +52,13 @@ class RunContext:
         arm model's adapter, or a fully fine-tuned arm model's model folder."""
         return self.run_dir / trained_folder(name, name in self.models and self.models[name].full)
 
-    def record(self, stage: Stage, started: float, outputs: dict, files=()) -> None:
-        """Record a finished stage with the digests of its output files: those it declares, and `files`."""
-        self.manifest.record(stage.name, stage.inputs(self.manifest), time.time() - started, outputs, (*stage.files, *files))
+    def record(self, stage: Stage, started: float, outputs: Outputs | dict, files=()) -> None:
+        """Record a finished stage with its outputs record, of its kind (`stage.record`), and the
+        digests of its output files: those it declares, and `files`. A plain dict is read as its
+        kind's record (the report phase still passes one)."""
+        if isinstance(outputs, dict):
+            outputs = stage.record.model_validate(outputs)
+        if type(outputs) is not stage.record:
+            raise TypeError(f"stage {stage.name} records {stage.record.__name__} outputs, not {type(outputs).__name__}")
+        self.manifest.record(stage.name, stage.inputs(self.manifest), time.time() - started, outputs.plain(), (*stage.files, *files))
         print(f"[{stage.phase}] {stage.name} done in {time.time() - started:.0f}s", flush=True)

@@ -12,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.files import file_digest
+from jobs.experiment.records import TrainedOutputs
 from jobs.rundir.manifest import Manifest, digest
 from jobs.runtime.context import RunContext
+from train.results import TrainResult
 
 
 def run_name(manifest: Manifest, prefix: str, stages) -> str:
@@ -23,7 +25,7 @@ def run_name(manifest: Manifest, prefix: str, stages) -> str:
 
 
 def train_groups(ctx: RunContext, prefix: str, groups: list[list[tuple]], runs: int):
-    """Yields (stage, metrics) for every job of every group, a group being [(stage, AdapterJob)] over
+    """Yields (stage, TrainResult) for every job of every group, a group being [(stage, AdapterJob)] over
     one base model (`base` of its first stage: ctx.models, or the teacher's base). One
     train_lora_many call per group: in this driver when runs go one at a time, else as Ray tasks,
     `runs` at once."""
@@ -66,36 +68,17 @@ def _finished_group(pending: dict) -> list[tuple]:
     return [(stage, results[job.name]) for stage, job in group]
 
 
-def record_trained(ctx: RunContext, stage, metrics: dict, started: float) -> None:
-    """The stage's progress line, and its manifest entry: the digest of the weights it made (an adapter's
-    file, or every weights file of a fully fine-tuned model) and the run's figures."""
+def record_trained(ctx: RunContext, stage, result: TrainResult, started: float) -> None:
+    """The stage's progress line, its training run's spans (its marks: train/results.py), and its
+    manifest entry: the digest of the weights it made (an adapter's file, or every weights file of a
+    fully fine-tuned model) and what the report reads of its training."""
     folder: Path = ctx.trained(stage.name)
     adapter = folder / "adapter_model.safetensors"
     weights = file_digest(adapter) if adapter.is_file() else digest(*(file_digest(f) for f in sorted(folder.glob("*.safetensors"))))
-    print(
-        f"[{stage.phase}] {stage.name}: {metrics['step']} steps, loss {metrics['first_loss']:.3f} -> {metrics['loss']:.3f}, on {metrics['device']}", flush=True
+    print(f"[{stage.phase}] {stage.name}: {result.step} steps, loss {result.first_loss:.3f} -> {result.loss:.3f}, on {result.device}", flush=True)
+    for kind, start, end in result.marks.spans():
+        ctx.span(f"{stage.phase} run {result.run_id[:6]}", kind, start, end)
+    outputs = TrainedOutputs(
+        hash=weights, steps=result.step, loss=result.loss, init_hash=result.init_hash, rows=result.rows, snapshot_steps=result.snapshot_steps
     )
-    for kind, start, end in training_spans(metrics.get("marks", {})):
-        ctx.span(f"{stage.phase} run {metrics['run_id'][:6]}", kind, start, end)
-    outputs = {
-        "hash": weights, "steps": metrics["step"], "loss": metrics["loss"],
-        "init_hash": metrics["init_hash"], "rows": metrics["rows"], "snapshot_steps": metrics.get("snapshot_steps", []),
-    }  # fmt: skip
     ctx.record(stage, started, outputs)
-
-
-# A training run's spans from its marks (train/trainer.py, train/loop.py): (kind, first mark, last mark).
-TRAINING_SPANS = (
-    ("prepare", "run_started", "fit_started"),  # tokenizing, a logit-KL teacher's targets: in the driver
-    ("start-up", "fit_started", "loop_started"),  # Ray Train's controller, the worker processes, imports, process group
-    ("model load", "loop_started", "base_loaded"),
-    ("data wait", "job_started", "first_batch"),  # the job's adapter attached and its data stream's first batch
-    ("compute", "first_batch", "last_step"),
-    ("save", "last_step", "saving"),  # the last report and checkpoint
-    ("teardown", "workers_done", "fit_finished"),  # the last adapter written, the workers and controller stopped
-)
-
-
-def training_spans(marks: dict) -> list[tuple[str, float, float]]:
-    """(kind, start, end) of one job's training run, from the wall-clock marks it carries."""
-    return [(kind, marks[a], marks[b]) for kind, a, b in TRAINING_SPANS if a in marks and b in marks]

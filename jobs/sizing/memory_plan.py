@@ -92,7 +92,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.cli import program
-from train.config import ConfigError
+from common.config import ConfigError
 
 GIB = 1 << 30
 FIXED_OVERHEAD_GIB = 2.5  # CUDA context, NCCL buffers, allocator fragmentation (per process)

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.config import ConfigError
 from jobs.experiment.config import ExperimentConfig
 from train.cluster import Capacity, auto_workers, describe
-from train.config import ConfigError, TrainConfig, resolve_batch
+from train.config import TrainConfig, resolve_batch
 from train.model import check_hardware
 
 

@@ -265,8 +265,8 @@ def markdown(stages: list[PhaseTime]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from common.config import ConfigError
     from jobs.experiment.config import load_experiment
-    from train.config import ConfigError
 
     parser = argparse.ArgumentParser(prog=program("python -m jobs.sizing.wall_time"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="a preset's path or a shipped preset's name")

@@ -136,7 +136,7 @@ def test_a_teacher_base_with_another_tokenizer_is_refused_before_any_work(tiny_m
 
     from transformers import AutoTokenizer
 
-    from train.config import ConfigError
+    from common.config import ConfigError
     from train.trainer import AdapterJob, train_lora_many
 
     other = tmp_path / "other-tokenizer"

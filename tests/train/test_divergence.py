@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from common.atomic import write_jsonl
-from train.config import ConfigError, TrainConfig
+from common.config import ConfigError
+from train.config import TrainConfig
 from train.data import Tokenize, tokenize_to_cache
 from train.divergence import SCORE_COLUMN, masked_count, masked_rows, read_scores, row_scores, scored_positions, write_scores
 from train.teacher_pass import TeacherPass, load_teacher
@@ -124,6 +125,6 @@ def test_masked_jobs_train_beside_an_unmasked_one_on_the_tokens_they_keep(ray_cl
     metrics = train_lora_many(tiny_model, jobs, storage_path=tmp_path / "ray_train", run_name="masks", cache_dir=cache_dir)
     rows = read_rows(Path(tokenize_to_cache(str(number_rows), tiny_model, cfg.max_length, cfg.too_long, cfg.seed, cache_dir)["path"]))
     expected = sum(masked_count(len(scored_positions(r["labels"], eos)), 0.1) for r in rows)
-    assert "tokens_masked" not in metrics["plain"] and metrics["divergence"]["tokens_masked"] == metrics["random"]["tokens_masked"] == expected
-    first = {name: m["first_loss"] for name, m in metrics.items()}
+    assert "tokens_masked" not in metrics["plain"].metrics() and metrics["divergence"].tokens_masked == metrics["random"].tokens_masked == expected
+    first = {name: m.first_loss for name, m in metrics.items()}
     assert len(set(first.values())) == 3, first

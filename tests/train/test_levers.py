@@ -5,7 +5,8 @@ says so, and each keeps the loss of the plain path (through a real Ray Train run
 import pytest
 import torch
 
-from train.config import ConfigError, TrainConfig, build
+from common.config import ConfigError, build
+from train.config import TrainConfig
 from train.levers import decoder_layers, use_compile, use_kernels
 from train.model import attach_lora, load_base
 from train.step import forward_loss, make_optimizer

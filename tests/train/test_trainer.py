@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.config import ConfigError, TrainConfig, resolve_batch
+from common.config import ConfigError
+from train.config import TrainConfig, resolve_batch
 from train.data import DataError
+from train.results import Marks, TrainResult
 from train.trainer import AdapterJob, check_jobs, clear_stale_outputs, run_id_of, snapshot_steps, train_lora, train_lora_many
 
 NAMES = ["Ada", "Bo", "Cy", "Di", "Ed", "Flo", "Gus", "Hal"]
@@ -65,23 +67,23 @@ def plain_run(ray_cluster, tiny_model, toy_rows, tmp_path_factory, cache_dir) ->
 def test_ddp_workers_learn_and_adapter_reloads(plain_run, tiny_model):
     cfg = small_config()
     metrics, adapter = plain_run
-    assert metrics["done"] and metrics["step"] == metrics["total_steps"] == 32
-    assert metrics["loss"] < 0.5 * metrics["first_loss"], metrics
-    assert 0 <= metrics["padding_fraction"] < 0.1 and metrics["tokens_per_s"] > 0
+    assert metrics.done and metrics.step == metrics.total_steps == 32
+    assert metrics.loss < 0.5 * metrics.first_loss, metrics
+    assert 0 <= metrics.padding_fraction < 0.1 and metrics.tokens_per_s > 0
     assert (adapter / "adapter_config.json").is_file()
     assert json.loads((adapter / "train_metrics.json").read_text())["step"] == 32
     # The loss of every optimizer step, the same quantity the reports average (the last report: steps 31 and 32).
-    history = metrics["loss_history"]
+    history = metrics.loss_history
     assert [step for step, _ in history] == list(range(1, 33)) and history[0][1] > 2 * history[-1][1]
-    assert (history[-2][1] + history[-1][1]) / 2 == pytest.approx(metrics["loss"], rel=1e-9)
+    assert (history[-2][1] + history[-1][1]) / 2 == pytest.approx(metrics.loss, rel=1e-9)
     # Each step's wall-clock time, learning rate (the schedule's: warmup, then cosine) and gradient norm before clipping.
     from train.step import lr_factor
 
-    steps = metrics["step_history"]
+    steps = metrics.step_history
     assert [s for s, *_ in steps] == list(range(1, 33)) and all(a[1] <= b[1] for a, b in zip(steps, steps[1:]))
     assert [lr for _, _, lr, _ in steps] == pytest.approx([cfg.lr * lr_factor(i, 32, cfg) for i in range(32)], rel=1e-9)
     assert all(0 < norm < float("inf") for *_, norm in steps) and steps[-1][3] != steps[0][3]
-    reloaded, trained = reload_both_ways(tiny_model, adapter, metrics["checkpoint"], cfg)
+    reloaded, trained = reload_both_ways(tiny_model, adapter, metrics.checkpoint, cfg)
     torch.testing.assert_close(reloaded, trained, atol=1e-5, rtol=1e-5)
     from transformers import AutoModelForCausalLM
 
@@ -128,9 +130,9 @@ def test_every_lever_through_ray_train_lands_where_the_plain_run_does(plain_run,
     plain_metrics, _ = plain_run
     cfg = small_config(kernels="liger", compile=True, pack_length=1024)
     metrics = train_lora(tiny_model, toy_rows, tmp_path / "adapter", cfg, cache_dir=cache_dir)
-    assert metrics["device"] == "cpu" and metrics["step"] == plain_metrics["step"]
-    assert metrics["padding_fraction"] < plain_metrics["padding_fraction"]
-    assert metrics["loss"] == pytest.approx(plain_metrics["loss"], rel=0.02) and metrics["first_loss"] == pytest.approx(plain_metrics["first_loss"], rel=1e-4)
+    assert metrics.device == "cpu" and metrics.step == plain_metrics.step
+    assert metrics.padding_fraction < plain_metrics.padding_fraction
+    assert metrics.loss == pytest.approx(plain_metrics.loss, rel=0.02) and metrics.first_loss == pytest.approx(plain_metrics.first_loss, rel=1e-4)
 
 
 @pytest.mark.timeout(400)
@@ -141,17 +143,17 @@ def test_a_killed_worker_resumes_from_checkpoint(plain_run, actor_pids, tiny_mod
     metrics = train_lora(tiny_model, toy_rows, tmp_path / "a1", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir)
     assert killed, "no worker was killed"
     # The run lost a worker some steps after step 8: it resumed from a checkpoint before its end.
-    assert metrics["resumed_from_step"] in (8, 16, 24) and metrics["step"] == 32 and metrics["done"]
+    assert metrics.resumed_from_step in (8, 16, 24) and metrics.step == 32 and metrics.done
     # The loss history crosses the restart: each step once, those before it from the checkpoint.
-    assert [step for step, _ in metrics["loss_history"]] == list(range(1, 33))
+    assert [step for step, _ in metrics.loss_history] == list(range(1, 33))
     # The same storage path and run name continue the finished run rather than training again.
     again = train_lora(tiny_model, toy_rows, tmp_path / "a2", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir)
-    assert again["resumed_from_step"] == 32 and again["step"] == 32 and again["loss_history"] == metrics["loss_history"]
+    assert again.resumed_from_step == 32 and again.step == 32 and again.loss_history == metrics.loss_history
     # Resuming lands where the uninterrupted run does: the same adapter, the same loss at every step.
     whole, whole_adapter = plain_run
-    assert whole["resumed_from_step"] is None
+    assert whole.resumed_from_step is None
     assert_same_adapter(tmp_path / "a1", whole_adapter)
-    for (_, resumed), (_, uninterrupted) in zip(metrics["loss_history"], whole["loss_history"], strict=True):
+    for (_, resumed), (_, uninterrupted) in zip(metrics.loss_history, whole.loss_history, strict=True):
         assert resumed == pytest.approx(uninterrupted, rel=1e-5)
 
 
@@ -159,8 +161,8 @@ def test_a_killed_worker_resumes_from_checkpoint(plain_run, actor_pids, tiny_mod
 def test_fsdp_on_cpu(ray_cluster, tiny_model, toy_rows, tmp_path, cache_dir):
     cfg = small_config(strategy="fsdp")
     metrics = train_lora(tiny_model, toy_rows, tmp_path / "adapter", cfg, cache_dir=cache_dir)
-    assert metrics["loss"] < 0.5 * metrics["first_loss"], metrics
-    reloaded, trained = reload_both_ways(tiny_model, tmp_path / "adapter", metrics["checkpoint"], cfg)
+    assert metrics.loss < 0.5 * metrics.first_loss, metrics
+    reloaded, trained = reload_both_ways(tiny_model, tmp_path / "adapter", metrics.checkpoint, cfg)
     torch.testing.assert_close(reloaded, trained, atol=1e-5, rtol=1e-5)
 
 
@@ -189,8 +191,8 @@ def test_full_fine_tuning_trains_every_weight_into_a_model_of_its_own(full_run, 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     metrics, (a, b) = full_run
-    assert metrics["a"]["step"] == 32 and metrics["a"]["loss"] < 0.5 * metrics["a"]["first_loss"], metrics["a"]
-    assert metrics["a"]["init_hash"] is None and metrics["a"]["train_config"]["method"] == "full"
+    assert metrics["a"].step == 32 and metrics["a"].loss < 0.5 * metrics["a"].first_loss, metrics["a"]
+    assert metrics["a"].init_hash is None and metrics["a"].train_config["method"] == "full"
     # A model folder that loads and tokenizes on its own (what the service is given), no adapter.
     assert not (a.output_dir / "adapter_config.json").exists()
     assert AutoTokenizer.from_pretrained(str(a.output_dir)).get_vocab() == AutoTokenizer.from_pretrained(tiny_model).get_vocab()
@@ -198,10 +200,10 @@ def test_full_fine_tuning_trains_every_weight_into_a_model_of_its_own(full_run, 
     assert set(trained) == set(base) and all(not torch.equal(trained[n], base[n]) for n in base)  # every tensor moved
     # The saved model is the checkpoint's weights, which resume reads.
     reloaded = AutoModelForCausalLM.from_pretrained(tiny_model)
-    reloaded.load_state_dict(torch.load(Path(metrics["b"]["checkpoint"]) / "trainable.pt"), strict=False)
+    reloaded.load_state_dict(torch.load(Path(metrics["b"].checkpoint) / "trainable.pt"), strict=False)
     torch.testing.assert_close(logits_of(reloaded.eval(), tiny_model), logits_of(AutoModelForCausalLM.from_pretrained(str(b.output_dir)).eval(), tiny_model))
     # b started from the base, not from a's trained weights: its first step's loss is a's first step's.
-    assert metrics["b"]["loss_history"][0][1] == pytest.approx(metrics["a"]["loss_history"][0][1], rel=1e-5)
+    assert metrics["b"].loss_history[0][1] == pytest.approx(metrics["a"].loss_history[0][1], rel=1e-5)
 
 
 @pytest.mark.timeout(400)
@@ -210,14 +212,14 @@ def test_full_fine_tuning_under_fsdp_killed_and_resumed_lands_where_ddp_does(ful
     killed = kill_a_worker_after(storage, "train", 8, actor_pids)
     metrics = train_lora(tiny_model, toy_rows, tmp_path / "model", full_config(strategy="fsdp"), storage_path=storage, run_name="run", cache_dir=cache_dir)
     assert killed, "no worker was killed"
-    assert metrics["resumed_from_step"] in (8, 16, 24) and metrics["step"] == 32
+    assert metrics.resumed_from_step in (8, 16, 24) and metrics.step == 32
     # Sharded weights and optimizer state, gathered into the checkpoint and restored: the same model
     # and the same loss at every step as the uninterrupted DDP run (float32 on CPU; reductions differ in order).
     whole, (a, _) = full_run
     resumed, uninterrupted = model_weights(tmp_path / "model"), model_weights(a.output_dir)
     for name in uninterrupted:
         torch.testing.assert_close(resumed[name], uninterrupted[name], atol=1e-4, rtol=1e-4)
-    for (_, x), (_, y) in zip(metrics["loss_history"], whole["a"]["loss_history"], strict=True):
+    for (_, x), (_, y) in zip(metrics.loss_history, whole["a"].loss_history, strict=True):
         assert x == pytest.approx(y, rel=1e-4)
 
 
@@ -376,15 +378,15 @@ def test_many_run_adapters_equal_single_runs(many_run, tiny_model, tmp_path, cac
     metrics, jobs = many_run
     from train.model import adapter_hash, load_lora_model
 
-    assert [metrics[j.name]["step"] for j in jobs] == [8, 8] and all(m["done"] for m in metrics.values())
-    assert metrics["b"]["train_config"]["grad_accum"] == 2 and metrics["b"]["global_batch_size"] == 32
+    assert [metrics[j.name].step for j in jobs] == [8, 8] and all(m.done for m in metrics.values())
+    assert metrics["b"].train_config["grad_accum"] == 2 and metrics["b"].global_batch_size == 32
     for job in jobs:  # each adapter started from the init a run of its own would have
-        assert metrics[job.name]["init_hash"] == adapter_hash(load_lora_model(tiny_model, job.cfg, torch.device("cpu")))
-        assert json.loads((job.output_dir / "train_metrics.json").read_text())["init_hash"] == metrics[job.name]["init_hash"]
-    assert metrics["a"]["init_hash"] != metrics["b"]["init_hash"]
+        assert metrics[job.name].init_hash == adapter_hash(load_lora_model(tiny_model, job.cfg, torch.device("cpu")))
+        assert json.loads((job.output_dir / "train_metrics.json").read_text())["init_hash"] == metrics[job.name].init_hash
+    assert metrics["a"].init_hash != metrics["b"].init_hash
     for job in jobs:  # the same job trained alone, after a first one or first
         alone = train_lora(tiny_model, job.data, tmp_path / job.name, job.cfg, cache_dir=cache_dir)
-        assert alone["init_hash"] == metrics[job.name]["init_hash"] and alone["step"] == metrics[job.name]["step"]
+        assert alone.init_hash == metrics[job.name].init_hash and alone.step == metrics[job.name].step
         assert_same_adapter(tmp_path / job.name, job.output_dir)
 
 
@@ -406,7 +408,7 @@ def test_rows_cut_per_worker_train_what_ray_datas_streaming_split_trains(many_ru
     assert split_coordinators() == 0  # every run so far cut its rows per worker
     monkeypatch.setattr(train.trainer, "MATERIALIZE_BYTES", -1)  # every dataset streams
     streamed = train_lora(tiny_model, b.data, tmp_path / "b", b.cfg, cache_dir=cache_dir)
-    assert split_coordinators() == 1 and streamed["step"] == 8
+    assert split_coordinators() == 1 and streamed.step == 8
     assert_same_adapter(tmp_path / "b", b.output_dir)
 
 
@@ -430,7 +432,7 @@ def test_snapshots_are_kept_and_load(many_run, tiny_model):
     from transformers import AutoModelForCausalLM
 
     metrics, (a, b) = many_run
-    assert metrics["a"]["snapshot_steps"] == [4, 8] and metrics["b"]["snapshot_steps"] == []
+    assert metrics["a"].snapshot_steps == [4, 8] and metrics["b"].snapshot_steps == []
     assert sorted(p.name for p in (a.output_dir / "snapshots").iterdir()) == ["step-4", "step-8"]
     assert not (b.output_dir / "snapshots").exists()
     assert_same_adapter(a.output_dir / "snapshots" / "step-8", a.output_dir)
@@ -455,9 +457,9 @@ def test_a_worker_killed_in_the_second_job_resumes_it_without_retraining_the_fir
     jobs = many_jobs(tmp_path, toy_rows)
     killed = kill_a_worker_after(storage, "b", 4, actor_pids)
     metrics = train_lora_many(tiny_model, jobs, storage_path=storage, run_name="run", cache_dir=cache_dir)
-    assert killed and metrics["a"]["resumed_from_step"] is None and metrics["b"]["resumed_from_step"] == 4
-    assert [metrics[j.name]["step"] for j in jobs] == [8, 8]
-    assert metrics["a"]["snapshot_steps"] == [4, 8]
+    assert killed and metrics["a"].resumed_from_step is None and metrics["b"].resumed_from_step == 4
+    assert [metrics[j.name].step for j in jobs] == [8, 8]
+    assert metrics["a"].snapshot_steps == [4, 8]
     # Every checkpoint the run wrote, in order: job a's two, then job b's, none of a's again (one of b's
     # may be written twice: by the killed worker, after the checkpoint it resumed from, and again).
     states = [json.loads(p.read_text()) for p in sorted(storage.glob("run/checkpoint_*/state.json"))]
@@ -490,7 +492,7 @@ def test_logit_kl_students_learn_their_teacher_on_their_own_base_or_another(ray_
     subspace = AdapterJob("subspace", toy_rows, tmp_path / "subspace", cfg, teacher=str(teacher), init_a_from=str(teacher))
     cache = tmp_path / "cache"  # its own: a shared cache may hold these very targets from an earlier run, recorded under its teacher path
     metrics = train_lora_many(other, [far, subspace], storage_path=tmp_path / "runs", run_name="far", cache_dir=cache)
-    assert all(m["loss_type"] == "logit_kl" and m["loss"] < 0.8 * m["first_loss"] for m in metrics.values())
+    assert all(m.loss_type == "logit_kl" and m.loss < 0.8 * m.first_loss for m in metrics.values())
     assert json.loads((tmp_path / "far" / "adapter_config.json").read_text())["base_model_name_or_path"] == other
     assert sorted(p.name for p in (tmp_path / "far").iterdir() if p.is_dir()) == []  # no teacher/ subfolder beside the adapter
     sources = [json.loads(done.read_text()) for done in Path(cache, "teacher_targets").glob("*/_done")]
@@ -550,17 +552,19 @@ def test_a_checkpoint_that_would_run_code_is_refused(tiny_model, tmp_path):
 
 
 def test_each_job_carries_its_runs_timeline_marks_in_order(many_run):
-    """The marks the run's timeline is drawn from (jobs/runtime/training_runs.py TRAINING_SPANS): the
-    driver's and the workers' clocks, in the order things happened, job b after job a."""
-    from jobs.runtime.training_runs import training_spans
-
-    metrics, _ = many_run
+    """The marks the run's timeline is drawn from (train/results.py TRAINING_SPANS): the driver's and
+    the workers' clocks, in the order things happened, job b after job a; on disk, the worker's alone."""
+    metrics, jobs = many_run
     order = ["run_started", "fit_started", "process_started", "loop_started", "base_loaded", "job_started", "first_batch", "last_step", "saving"]
-    for job in ("a", "b"):
-        marks = metrics[job]["marks"]
+    for job in jobs:
+        marks = metrics[job.name].marks.stamps()
         assert [marks[k] for k in order] == sorted(marks[k] for k in order), marks
         assert marks["saving"] <= marks["workers_done"] <= marks["fit_finished"]
-        kinds = [kind for kind, start, end in training_spans(marks) if end >= start]
+        kinds = [kind for kind, start, end in metrics[job.name].marks.spans() if end >= start]
         assert kinds == ["prepare", "start-up", "model load", "data wait", "compute", "save", "teardown"], marks
-    assert metrics["a"]["marks"]["saving"] <= metrics["b"]["marks"]["job_started"]
-    assert metrics["a"]["marks"]["workers_done"] == metrics["b"]["marks"]["saving"]  # the run's last job
+    assert metrics["a"].marks.saving <= metrics["b"].marks.job_started
+    assert metrics["a"].marks.workers_done == metrics["b"].marks.saving  # the run's last job
+    for job in jobs:  # the file holds what the worker wrote: its marks, no driver's, no checkpoint
+        on_disk = json.loads((job.output_dir / "train_metrics.json").read_text())
+        assert list(on_disk["marks"]) == order[2:] and "checkpoint" not in on_disk
+        assert TrainResult.from_metrics(on_disk) == metrics[job.name].model_copy(update={"marks": Marks(**on_disk["marks"]), "checkpoint": None})

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.gpu
 def test_lora_on_gpu_learns(ray_cluster, tiny_model, toy_rows, tmp_path, cache_dir, overrides):  # noqa: F811
     cfg = TrainConfig(num_workers=1, use_gpu=True, batch_size=32, epochs=4, lr=5e-3, log_every=2, checkpoint_every=16, **overrides)
     metrics = train_lora(tiny_model, toy_rows, tmp_path / "adapter", cfg, cache_dir=cache_dir)
-    assert metrics["loss"] < 0.5 * metrics["first_loss"], metrics
-    assert metrics["gpu_mem_gib"] > 0 and metrics["device"] == "cuda"
+    assert metrics.loss < 0.5 * metrics.first_loss, metrics
+    assert metrics.gpu_mem_gib > 0 and metrics.device == "cuda"
 
 
 def test_liger_kernels_replace_the_modules_and_keep_the_loss(tiny_model):

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from common.config import ConfigError
 from jobs.experiment.arms import OTHER_BASE, arm_models, number_sets, numbers_seed, other_base, overt_arm, reference_kind, reference_of, teachers_used
 from jobs.experiment.config import load_experiment
-from train.config import ConfigError
 
 
 def test_default_arms_reproduce_student_and_control():

@@ -2,8 +2,9 @@ from pathlib import Path
 
 import pytest
 
+from common.config import ConfigError, load
 from jobs.experiment.config import as_dict, load_experiment
-from train.config import ConfigError, TrainConfig, load
+from train.config import TrainConfig
 
 CONFIGS = sorted((Path(__file__).resolve().parents[3] / "configs").glob("*.yaml"))
 

@@ -16,12 +16,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
+from common.config import ConfigError  # noqa: E402
 from jobs.experiment.arms import arm_models  # noqa: E402
 from jobs.experiment.config import as_dict, load_experiment  # noqa: E402
 from jobs.experiment.presets import describe_chain, find_preset, load_preset  # noqa: E402
 from jobs.experiment.stages import experiment_stages  # noqa: E402
 from jobs.rundir.manifest import digest  # noqa: E402
-from train.config import ConfigError  # noqa: E402
 
 PIN = Path(__file__).parent / "data" / "preset_stages.json"
 CONFIGS = ROOT / "configs"
@@ -90,7 +90,7 @@ if __name__ == "__main__":
 def test_the_train_command_line_reads_a_preset_file_as_the_pipeline_does():
     """`python -m train --config FILE` follows `extends` by path (train.config.load_layered), with no
     import of the experiment; for a shipped preset it gets what the pipeline gets."""
-    from train.config import load_layered
+    from common.config import load_layered
 
     for name in ("tiny-evidence.yaml", "llama-8b-quick.yaml"):
         assert load_layered(CONFIGS / name) == load_preset(CONFIGS / name)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from common.config import ConfigError
 from jobs.experiment.arms import arm_models, number_sets
 from jobs.experiment.config import load_experiment
 from jobs.experiment.rows_kinds import KINDS, RowsKind, declarable, signal_kind
@@ -13,7 +14,6 @@ from jobs.phases import numbers
 from jobs.phases.report import numbers_made
 from jobs.rundir.manifest import Manifest
 from jobs.sizing.wall_time import project
-from train.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 TOY = RowsKind(

@@ -7,13 +7,13 @@ import math
 
 import pytest
 
+from common.config import ConfigError
 from jobs.phases.evaluate import check_orders, over_orders, rotated, score_models, unrotated
 from jobs.sources.wmdp import synthetic_questions
 from jobs.stats.accuracy import accuracy_over_orders, letter_prior
 from serve.launch import start_service, stop_service
 from serve.schemas import Question, ScoreResult
 from serve.settings import ServiceSettings
-from train.config import ConfigError
 
 APP = "t-orders"
 

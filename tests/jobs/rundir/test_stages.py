@@ -1,8 +1,9 @@
 """Stage-level reuse: a change reruns exactly the stages that read it, with the reason.
 
 These tests record every stage of the tiny experiment in a real manifest (with
-stand-in outputs: what a stage wrote does not matter to the plan, only its hash),
-then change one thing and check which stages the plan runs.
+stand-in outputs: what a stage wrote does not matter to the plan, only its hash and
+kept count, in a record of its kind), then change one thing and check which stages
+the plan runs.
 """
 
 import gzip
@@ -40,13 +41,23 @@ def write_output(path, stage_name):
         path.write_text(json.dumps({"of": stage_name}))
 
 
+def stand_in(stage, hash_: str, kept: int = 100) -> dict:
+    """A stand-in outputs record of the stage's kind (`Stage.record`), as the manifest keeps it: its
+    hash and kept count given, every other figure a placeholder."""
+    figures = {
+        "generated": kept, "kept": kept, "rejected": {}, "right": kept, "tokens_replaced": 0, "tokens_unchanged": 0, "train": kept,
+        "held_out": kept, "steps": 1, "loss": 1.0, "init_hash": None, "rows": kept, "accuracy": {"overall": 0.5}, "ci95": [0.4, 0.6], "n": kept,
+    }  # fmt: skip
+    return stage.record(hash=hash_, **{k: v for k, v in figures.items() if k in stage.record.model_fields}).plain()
+
+
 def finish(stages, manifest, kept=100):
     """Record every stage as finished, writing its output files, as a real run would."""
     for stage in stages:
         for f in stage.files:
             write_output(manifest.run_dir / f, stage.name)
         inputs = stage.inputs(manifest)
-        manifest.record(stage.name, inputs, 1.0, {"hash": digest(stage.name, inputs), "kept": kept}, stage.files)
+        manifest.record(stage.name, inputs, 1.0, stand_in(stage, digest(stage.name, inputs), kept), stage.files)
 
 
 def runs(stages, manifest) -> dict[str, str]:
@@ -169,7 +180,7 @@ def test_stages_stored_under_the_earlier_identity_are_reused(tmp_path, preset):
         for f in stage.files:
             write_output(tmp_path / f, stage.name)
         inputs = {**before[preset.name][stage.name], **{k: v for k, v in stage.inputs(manifest).items() if k not in stage.reads}}
-        manifest.record(stage.name, inputs, 1.0, {"hash": digest(stage.name), "kept": 100}, stage.files)
+        manifest.record(stage.name, inputs, 1.0, stand_in(stage, digest(stage.name)), stage.files)
     decisions = plan(stages, Manifest(tmp_path))
     assert [s.name for s, run, _ in decisions if run] == []
     assert restate(decisions, manifest) and restate(plan(stages, manifest), manifest) == []
@@ -211,7 +222,7 @@ def test_fewer_kept_numbers_retrains_every_arm_of_that_replicate(tmp_path):
     """Arms of a replicate train on equally many rows: if one source keeps fewer, all of them rerun."""
     manifest = finished_run(tmp_path)
     stages = {s.name: s for s in stages_for()}
-    manifest.record("numbers/base/0", stages["numbers/base/0"].inputs(manifest), 1.0, {"hash": "new", "kept": 60})
+    manifest.record("numbers/base/0", stages["numbers/base/0"].inputs(manifest), 1.0, stand_in(stages["numbers/base/0"], "new", kept=60))
     todo = runs(list(stages.values()), manifest)
     assert "rows: 100 -> 60" in todo["student/0"] and "control/0" in todo and "student/1" not in todo
 
