@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from jobs.stats.results import Estimate, WeightSpace
+
 # PEFT's keys: base_model.model.<module>.lora_A[.<adapter name>].weight
 _LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$")
 
@@ -115,7 +117,7 @@ def update_share(student: dict, teacher: dict) -> float:
     return sum(_inner(student[m], teacher[m]) for m in shared) / norm
 
 
-def share_directions(arm: list[dict], against: list[dict] | None, teacher: str, placebo: str) -> dict:
+def share_directions(arm: list[dict], against: list[dict] | None, teacher: str, placebo: str) -> WeightSpace:
     """The weight-space readings of a comparison, as the behavioural directions (docs/report.md):
     arm and against hold per replicate {teacher name: update share}; `against` None is the base (no
     update: every share 0). With s_M^P model M's share of teacher P's update: toward the teacher
@@ -125,7 +127,7 @@ def share_directions(arm: list[dict], against: list[dict] | None, teacher: str, 
     from scipy import stats
 
     if against is not None and len(against) != len(arm):
-        return {"note": f"not paired: {len(arm)} and {len(against)} replicates"}
+        return WeightSpace(note=f"not paired: {len(arm)} and {len(against)} replicates")
     against = against or [{teacher: 0.0, placebo: 0.0} for _ in arm]
     toward = np.array([a[teacher] - b[teacher] for a, b in zip(arm, against)])
     away = np.array([b[placebo] - a[placebo] for a, b in zip(arm, against)])
@@ -133,5 +135,5 @@ def share_directions(arm: list[dict], against: list[dict] | None, teacher: str, 
     for name, values in (("toward_teacher", toward), ("toward_placebo", away), ("crossed", (toward + away) / 2)):
         mean, n = float(values.mean()), len(values)
         half = stats.t.ppf(0.975, n - 1) * values.std(ddof=1) / math.sqrt(n) if n > 1 else None
-        out[name] = {"value": mean, "ci95": None if half is None else [mean - half, mean + half]}
-    return out
+        out[name] = Estimate(value=mean, ci95=None if half is None else [mean - half, mean + half])
+    return WeightSpace.model_validate(out)
