@@ -154,14 +154,11 @@ class LastInterval(Result):
     to_steps: list[int]
 
 
-class StepPoint(Record):
+class StepPoint(Comparison):
     """`by_step.points[]`: every trained side at its k-th snapshot, on the followed metrics."""
 
     steps: list[int]
-    train: SplitResults
-    held_out: SplitResults
-    directions: Directions | None = None
-    primary: Primary | None = None
+    primary: Primary | None = None  # none when the primary metric is not among those followed
 
 
 class ByStep(Record):
