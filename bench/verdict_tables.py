@@ -89,7 +89,7 @@ def facts_table(report: Report) -> list[str]:
         return []
     lines = ["| model | true, train | true, held out | sham's, train | sham's, held out |", "|---|---|---|---|---|"]
     for name, a in fit.accuracy.items():
-        cells = [a.true["train"], a.true["held_out"], a.sham["train"], a.sham["held_out"]]
+        cells = [a.true.train, a.true.held_out, a.sham.train, a.sham.held_out]
         lines.append(f"| {name} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
     return lines + [
         "",

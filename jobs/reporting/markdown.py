@@ -99,10 +99,10 @@ def calibration_lines(calibration: dict[str, Calibration], arms: dict[str, Arm])
     lines = ["", "Choice entropy in nats (log 4 = 1.386: four flat choices) and the temperature fitted on the known split.", ""]
     lines += ["| model | entropy, train | entropy, held out | entropy, known | temperature |", "|---|---|---|---|---|"]
     for name, cs in rows.items():
-        mean = {split: float(np.mean([c.entropy[split] for c in cs])) for split in ("train", "held_out", "known")}
+        mean = [float(np.mean([read(c.entropy) for c in cs])) for read in (lambda e: e.train, lambda e: e.held_out, lambda e: e.known)]
         taus = [c.temperature for c in cs if c.temperature is not None]
         tau = f"{np.mean(taus):.2f}" if len(taus) == len(cs) else "-"
-        lines.append(f"| {name} | {mean['train']:.3f} | {mean['held_out']:.3f} | {mean['known']:.3f} | {tau} |")
+        lines.append(f"| {name} | " + " | ".join(f"{m:.3f}" for m in mean) + f" | {tau} |")
     return lines
 
 
@@ -111,7 +111,7 @@ def sham_fit_lines(fit: ShamFit) -> list[str]:
     lines = ["", "Accuracy on the teacher's facts (the true answers) and on the matched sham's, per split:", ""]
     lines += ["| model | true, train | true, held out | sham's, train | sham's, held out |", "|---|---|---|---|---|"]
     for name, a in fit.accuracy.items():
-        lines.append(f"| {name} | {a.true['train']:.3f} | {a.true['held_out']:.3f} | {a.sham['train']:.3f} | {a.sham['held_out']:.3f} |")
+        lines.append(f"| {name} | {a.true.train:.3f} | {a.true.held_out:.3f} | {a.sham.train:.3f} | {a.sham.held_out:.3f} |")
     gaps = ", ".join(f"{split} {gap:+.3f} (bound {fit.bounds[split]:.2f})" for split, gap in fit.gaps.items())
     state = "matched" if fit.matched else "NOT matched: the sham differs from the teacher in more than which facts it holds"
     return lines + ["", f"The sham against the teacher, each on its own facts: {gaps}; {state}."]

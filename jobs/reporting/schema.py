@@ -125,11 +125,19 @@ class Contrast(Comparison):
     verdict: str | None = None
 
 
+class Entropy(Record):
+    """`calibration.<model>.entropy`: mean entropy of the choice distributions on each split, in nats."""
+
+    train: float | None
+    held_out: float | None
+    known: float | None  # nan where the data has no known split
+
+
 class Calibration(Record):
     """`calibration.<model>`: mean choice entropy per split, and the temperature fitted on the known split."""
 
     temperature: float | None = None
-    entropy: dict[str, float | None]
+    entropy: Entropy
 
 
 class HeadlineTransfer(Record):

@@ -217,11 +217,18 @@ class SignalRides(Record):
     divergence_vs_random: MaskContrast | None = None
 
 
+class SplitAccuracy(Record):
+    """An accuracy on the teacher's training questions and on the held-out ones."""
+
+    train: float
+    held_out: float
+
+
 class FactsAccuracy(Record):
     """`sham_fit.accuracy.<model>`: accuracy on the true answers and on the sham's facts, per split."""
 
-    true: dict[str, float]
-    sham: dict[str, float]
+    true: SplitAccuracy
+    sham: SplitAccuracy
 
 
 class ShamFit(Record):
