@@ -141,7 +141,7 @@ def by_display(scores: dict[str, list[dict]], models: list) -> dict:
         out[split] = {}
         for label, where in (("a null fact shown", shown), ("neither shown", ~shown)):
             mask = np.where(where, 1.0, np.nan)
-            out[split][label] = {**effect(a * mask, b * mask, ev.clusters[split], binary=False, paired=True), "questions": int(where.sum())}
+            out[split][label] = {**effect(a * mask, b * mask, ev.clusters[split], binary=False, paired=True).dump(), "questions": int(where.sum())}
     return out
 
 

@@ -106,7 +106,7 @@ def _mean_model(rows_per_replicate: list[list[dict]]) -> Accuracy:
     subsets = np.array([r["subset"] for r in rows_per_replicate[0]])
 
     def ci95(values):
-        return effect(values, np.zeros((1, values.shape[1])), cluster_ids(rows_per_replicate[0]), binary=True, b_fixed=True)["ci95"]
+        return effect(values, np.zeros((1, values.shape[1])), cluster_ids(rows_per_replicate[0]), binary=True, b_fixed=True).ci95
 
     return Accuracy(
         accuracy={k: sum(s["accuracy"][k] for s in summaries) / len(summaries) for k in keys},

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jobs.stats.results import ByStep, Comparison, Family, Fraction, LastInterval
+from jobs.stats.results import ByStep, Comparison, Family, Fraction, LastInterval, Result
 from jobs.stats.transfer_stats import (
     BINARY,
     LOWER_IS_TRANSFER,
@@ -116,14 +116,14 @@ class Evidence:
             results = {}
             for metric in metrics:
                 if metric in NEEDS_ONE_BASE and (against in BASES or change):
-                    results[metric] = {"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "detected": False,
-                                       "note": "not measured: the subset is where a base disagrees with the teacher, so a base's change there counts by construction"}  # fmt: skip
+                    results[metric] = Result.model_validate({"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "detected": False,
+                                       "note": "not measured: the subset is where a base disagrees with the teacher, so a base's change there counts by construction"})  # fmt: skip
                     continue
                 a = self.side_values(arm, split, metric, snapshot, teacher, change)
                 b = self.side_values(against, split, metric, snapshot, teacher, change)
                 r = effect(a, b, self.clusters[split], binary=metric in BINARY and not change, b_fixed=against in BASES, paired=paired)
-                results[metric] = {**r, "paired": paired}
-            results["mde"] = {metric: results[metric]["mde"] for metric in metrics}
+                results[metric] = r.with_(paired=paired)
+            results["mde"] = {metric: results[metric].mde for metric in metrics}
             out[split] = results
         if (placebo := self.placebo_of(arm)) is not None:
             out["directions"] = self.directions(arm, against, snapshot, placebo, [m for m in SIDE_BY_SIDE if m in metrics])
@@ -158,9 +158,9 @@ class Evidence:
                 options = {"binary": metric in BINARY and not change, "b_fixed": against in BASES, "paired": paired}
                 a, b = (self.side_values(side, split, metric, snapshot, placebo, change) for side in (arm, against))
                 r = effect(-a, -b, self.clusters[split], **options)  # B - A as (-A) - (-B): `b_fixed` stays on B
-                out["toward_placebo"][split][metric] = {**r, "paired": paired}
+                out["toward_placebo"][split][metric] = r.with_(paired=paired)
                 a, b = (self.lean(side, split, metric, snapshot, placebo, change) for side in (arm, against))
-                out["crossed"][split][metric] = {**effect(a, b, self.clusters[split], **options), "paired": paired}
+                out["crossed"][split][metric] = effect(a, b, self.clusters[split], **options).with_(paired=paired)
         return out
 
     def differences(self, arm: str, against: str, split: str, metric: str) -> np.ndarray | None:
@@ -197,20 +197,19 @@ class Evidence:
         split, metric = self.primary
         crossed = self.direction == "crossed"
         tests = {(s, m): out[s][m] for s in SPLITS for m in metrics if crossed or (s, m) != (split, metric)}
-        adjusted = holm({key: r["p_value"] for key, r in tests.items()})
-        for key, r in tests.items():
-            r["p_holm"] = adjusted[key]
-            r["detected"] = adjusted[key] is not None and adjusted[key] < 0.05
+        adjusted = holm({key: r.p_value for key, r in tests.items()})
+        for (s, m), r in tests.items():
+            out[s][m] = r.with_(p_holm=adjusted[s, m], detected=adjusted[s, m] is not None and adjusted[s, m] < 0.05)
         if metric in metrics:
             if not crossed:
-                r = out[split][metric]
+                table = out[split]
             elif "directions" in out:
-                r = out["directions"]["crossed"][split][metric]
+                table = out["directions"]["crossed"][split]
             else:
-                r = {"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "paired": False,
-                     "note": "no crossed effect: the arm learns from no teacher whose placebo (the sham, or the teacher) was scored"}  # fmt: skip
-            r["detected"] = detected(r)
-            out["primary"] = {"split": split, "metric": metric, "direction": self.direction, **r}
+                table = {metric: Result.model_validate({"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "paired": False,
+                         "note": "no crossed effect: the arm learns from no teacher whose placebo (the sham, or the teacher) was scored"})}  # fmt: skip
+            table[metric] = table[metric].with_(detected=detected(table[metric]))  # the primary, where the tables list it
+            out["primary"] = {"split": split, "metric": metric, "direction": self.direction, **table[metric].given()}
         return out
 
     def by_step(self, arm: str, against: str) -> ByStep | None:
@@ -239,8 +238,8 @@ class Evidence:
             last, before = (self.side_values(arm, split, metric, k, teacher, False) for k in (n - 1, n - 2))
         r = effect(last, before, clusters, binary=metric in BINARY, paired=len(last) > 1)
         steps = [sorted({self.points[name][k][0] for name in self.members[arm]}) for k in (n - 2, n - 1)]
-        fields = {"split": split, "metric": metric, "direction": self.direction, "from_steps": steps[0], "to_steps": steps[1], **r, "detected": detected(r)}
-        return LastInterval.model_validate(fields)
+        head = {"split": split, "metric": metric, "direction": self.direction, "from_steps": steps[0], "to_steps": steps[1]}
+        return LastInterval.model_validate({**head, **r.given(), "detected": detected(r)})
 
 
 def apply_family(comparisons: dict[str, Comparison], family: list[str] | None) -> tuple[Family, dict[str, Comparison]]:

@@ -43,16 +43,16 @@ def ratio_interval(num: np.ndarray, den: np.ndarray, clusters: np.ndarray, paire
     zero = np.zeros((1, num.shape[1]))
     num_effect = effect(num, zero, clusters, binary=False, b_fixed=True)  # = the paired test of arm against reference
     den_effect = effect(den, zero, clusters, binary=False, b_fixed=True)
-    value = num_effect["value"] / den_effect["value"] if num_effect["value"] is not None and den_effect["value"] else None
+    value = num_effect.value / den_effect.value if num_effect.value is not None and den_effect.value else None
     kept = []
     for theta in GRID:
         r = effect(num, theta * den, clusters, binary=False, paired=paired, p_only=True)
-        if r["p_value"] is not None and r["p_value"] >= 0.05:
+        if r.p_value is not None and r.p_value >= 0.05:
             kept.append(float(theta))
     ci = None
     if kept:
         ci = [None if kept[0] == GRID[0] else kept[0], None if kept[-1] == GRID[-1] else kept[-1]]
-    return Ratio(value=value, ci95=ci, num_effect=num_effect["value"], den_effect=den_effect["value"], den_p=den_effect["p_value"])
+    return Ratio(value=value, ci95=ci, num_effect=num_effect.value, den_effect=den_effect.value, den_p=den_effect.p_value)
 
 
 def share_interval(arm: np.ndarray, student: np.ndarray, reference: np.ndarray, clusters: np.ndarray) -> Share:
@@ -100,6 +100,6 @@ def where_signal_rides(ev, student: str, reference: str, kinds: dict[str, str]) 
     masks = {kind: name for name, kind in kinds.items() if kind in ("divergence mask", "random mask")}
     if len(masks) == 2 and all(arms[name].note is None for name in masks.values()):
         r = effect(values(masks["divergence mask"]), values(masks["random mask"]), clusters, binary=metric in BINARY, paired=True)
-        contrast = {"arm": masks["divergence mask"], "against": masks["random mask"], **r, "detected": detected(r)}
+        contrast = {"arm": masks["divergence mask"], "against": masks["random mask"], **r.given(), "detected": detected(r)}
         out["divergence_vs_random"] = MaskContrast.model_validate(contrast)
     return SignalRides.model_validate(out)
