@@ -94,14 +94,14 @@ def _subset_cis(rows: list[dict]) -> dict:
 
 def _fixed_model(rows: list[dict], every_split: list[dict]) -> Accuracy:
     """A fixed model's row of `models`: held-out accuracy with Wilson intervals, and per split."""
-    return Accuracy.model_validate({**summarise(rows), "ci95_by_subset": _subset_cis(rows), "accuracy_by_split": _by_split(every_split)})
+    return Accuracy.model_validate({**summarise(rows).given(), "ci95_by_subset": _subset_cis(rows), "accuracy_by_split": _by_split(every_split)})
 
 
 def _mean_model(rows_per_replicate: list[list[dict]]) -> Accuracy:
     """Accuracy of an arm: the mean over its replicates, its CI for other seeds and questions
     (jobs/stats/transfer_stats.py; none with one replicate), overall and per subset."""
     summaries = [summarise(rows) for rows in rows_per_replicate]
-    keys = summaries[0]["accuracy"]
+    keys = summaries[0].accuracy
     correct = np.array([[float(r["prediction"] == r["answer"]) for r in rows] for rows in rows_per_replicate])
     subsets = np.array([r["subset"] for r in rows_per_replicate[0]])
 
@@ -109,10 +109,10 @@ def _mean_model(rows_per_replicate: list[list[dict]]) -> Accuracy:
         return effect(values, np.zeros((1, values.shape[1])), cluster_ids(rows_per_replicate[0]), binary=True, b_fixed=True).ci95
 
     return Accuracy(
-        accuracy={k: sum(s["accuracy"][k] for s in summaries) / len(summaries) for k in keys},
+        accuracy={k: sum(s.accuracy[k] for s in summaries) / len(summaries) for k in keys},
         ci95=ci95(correct),
         ci95_by_subset={k: ci95(np.where(subsets == k, correct, np.nan)) for k in keys if k != "overall"},
-        n=summaries[0]["n"],
+        n=summaries[0].n,
         replicates=len(summaries),
     )
 
@@ -159,7 +159,7 @@ def _weight_readings(run_dir: Path, models: list[ArmModel], teachers: list[str])
 
 
 def _by_split(rows: list[dict]) -> dict:
-    return {split: summarise(on_split(rows, split))["accuracy"]["overall"] for split in SPLITS}
+    return {split: summarise(on_split(rows, split)).overall for split in SPLITS}
 
 
 def _by_order(rows_per_model: list[list[dict]]) -> dict:
@@ -272,7 +272,7 @@ def _arm_entry(
     for m in members:
         out = manifest.entry(m.name)["outputs"]
         replicates.append(Replicate.model_validate({
-            "model": m.name, **summarise(scores[m.name]), "accuracy_by_split": _by_split(both[m.name]),
+            "model": m.name, **summarise(scores[m.name]).given(), "accuracy_by_split": _by_split(both[m.name]),
             "teacher_agreement": evidence.model_mean(m.name, m.teacher, "held_out", "agreement"),
             "lora_seed": m.train.lora_seed, "init_hash": out["init_hash"], "same_init_as_teacher": out["init_hash"] == teacher_init,
             "steps": out["steps"], "final_loss": out["loss"], "rows": out["rows"],

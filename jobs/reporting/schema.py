@@ -36,34 +36,24 @@ from jobs.stats.results import (
     Record,
     ShamFit,
     SignalRides,
+    Summary,
     WeightSpace,
 )
 
 
-class Accuracy(Record):
+class Accuracy(Summary):
     """A model's accuracy: a fixed model's, or an arm's mean over its replicates."""
 
-    accuracy: dict[str, float]
-    ci95: Interval = None
     ci95_by_subset: dict[str, Interval] | None = None
-    n: int
     accuracy_by_split: dict[str, float] | None = None
     replicates: int | None = None  # an arm: replicates the mean is over
     teacher_agreement: float | None = None  # an arm's mean
 
-    @property
-    def overall(self) -> float:
-        """Accuracy over every question scored."""
-        return self.accuracy["overall"]
 
-
-class Replicate(Record):
+class Replicate(Summary):
     """One trained model of an arm."""
 
     model: str
-    accuracy: dict[str, float]
-    ci95: Interval = None
-    n: int
     accuracy_by_split: dict[str, float] | None = None
     teacher_agreement: float | None = None
     lora_seed: int | None = None
@@ -74,11 +64,6 @@ class Replicate(Record):
     rows: int | None = None
     update_cosine: float | None = None
     update_share: dict[str, float | None] | None = None
-
-    @property
-    def overall(self) -> float:
-        """Accuracy over every question scored."""
-        return self.accuracy["overall"]
 
 
 class Spread(Record):

@@ -53,6 +53,19 @@ class Record(BaseModel):
         return self.model_dump()
 
 
+class Summary(Record):
+    """A model's accuracy on the questions given (jobs/stats/accuracy.summarise)."""
+
+    accuracy: dict[str, float]  # `overall` and each subset
+    ci95: Interval = None  # Wilson, of the overall accuracy
+    n: int
+
+    @property
+    def overall(self) -> float:
+        """Accuracy over every question given."""
+        return self.accuracy["overall"]
+
+
 class Result(Record):
     """One paired test of an arm against its reference (jobs/stats/transfer_stats.py, evidence.py)."""
 
