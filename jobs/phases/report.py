@@ -1,8 +1,11 @@
-"""Phase 6, report: `report.json` (its schema is jobs/reporting/schema.py, its meaning docs/report.md), `report.md` and the plots of jobs/reporting/plots.py.
+"""Phase 6, report: `report.json` (a `Report`, jobs/reporting/schema.py; its meaning docs/report.md), `report.md` and the plots.
 
 `build_report` reads what the stages left in the run directory (per-question
 scores in eval/, the manifest's outputs) and computes every statistic (jobs/stats/) here, so a
-change of a statistic's settings reruns only this stage.
+change of a statistic's settings reruns only this stage. It assembles the report from the
+records the statistics return, each section once: the family's Holm and the overt control give
+new values, read into each arm's verdict. `write_report` writes report.json from it, and
+report.md (jobs/reporting/markdown.py), the plots and the timeline read its attributes.
 """
 
 from __future__ import annotations
@@ -179,7 +182,7 @@ def _by_order(rows_per_model: list[list[dict]]) -> dict:
 def build_report(
     run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, paths: dict[str, str], registration: dict | None = None
 ) -> Report:
-    """report.json's content (docs/report.md) from the eval files and the manifest; `paths`: the base
+    """The report (docs/report.md) from the eval files and the manifest; `paths`: the base
     models (jobs/experiment/bases.base_paths); `registration`: what the run may claim."""
     teachers = teachers_used(models)
     bases = ["base"] + ([OTHER_BASE] if any(m.base == OTHER_BASE for m in models) else [])
