@@ -165,7 +165,7 @@ def draws(bank, metric: str, students: bool, shift: float = 0.0, paired: bool = 
 
 def test_a_planted_effect_is_detected_with_at_least_80_percent_power(bank):
     results = draws(bank, "teacher_answer_logprob", students=True)
-    print(f"alpha {ALPHA_DETECTED}: detected {np.mean([detected(r) and r['value'] > 0 for r in results]):.3f}")
+    print(f"alpha {ALPHA_DETECTED}: detected {np.mean([detected(r) and r.value > 0 for r in results]):.3f}")
     assert np.mean([detected(r) and r.value > 0 for r in results]) >= 0.8
 
 
@@ -221,7 +221,7 @@ def test_power_at_the_reported_mde_is_about_eighty_percent(bank, metric, paired)
 
 def test_a_test_over_questions_alone_mistakes_seed_noise_for_an_effect(bank):
     results = draws(bank, "teacher_answer_logprob", students=False)
-    print(f"p_fixed_models < 0.05 on the nulls: {np.mean([r['p_fixed_models'] < 0.05 for r in results]):.3f}")
+    print(f"p_fixed_models < 0.05 on the nulls: {np.mean([r.p_fixed_models < 0.05 for r in results]):.3f}")
     # World v2: 78.5% of the nulls; world v3: 16.8%. The claim is a rate well above the nominal 5%
     # (this bound was 0.5 on v2 and was lowered after seeing v3's figure: say so where it is read).
     assert np.mean([r.p_fixed_models < 0.05 for r in results]) >= 2 * 0.05
