@@ -151,7 +151,7 @@ def _weight_readings(run_dir: Path, models: list[ArmModel], teachers: list[str])
             continue
         student, out[m.name] = lora_factors(run_dir / trained_folder(m.name)), {"cosine": None, "shares": None}
         try:  # another base's shapes: no shared module of one shape
-            out[m.name]["cosine"] = factors_cosine(student, factors[m.teacher])["cosine"]
+            out[m.name]["cosine"] = factors_cosine(student, factors[m.teacher]).cosine
         except ValueError:
             pass
         try:

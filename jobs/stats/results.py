@@ -253,6 +253,14 @@ class ShamFit(Record):
     matched: bool
 
 
+class Cosine(Record):
+    """Theorem 1's cosine of two LoRA updates (jobs/stats/weight_space.update_cosine)."""
+
+    cosine: float  # the mean over the shared modules
+    modules: int  # how many
+    per_module: dict[str, float]  # nan where either update is zero
+
+
 class Estimate(Record):
     """A mean with its t interval."""
 

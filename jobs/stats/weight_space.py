@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from jobs.stats.results import Estimate, WeightSpace
+from jobs.stats.results import Cosine, Estimate, WeightSpace
 
 # PEFT's keys: base_model.model.<module>.lora_A[.<adapter name>].weight
 _LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$")
@@ -82,13 +82,13 @@ def _inner(x: tuple[torch.Tensor, torch.Tensor], y: tuple[torch.Tensor, torch.Te
     return ((l1.double().T @ l2.double()) * (r1.double() @ r2.double().T)).sum().item()
 
 
-def update_cosine(student_dir: str | Path, teacher_dir: str | Path) -> dict:
-    """{"cosine": mean over the shared modules, "modules": how many, "per_module": {module: cosine}};
+def update_cosine(student_dir: str | Path, teacher_dir: str | Path) -> Cosine:
+    """The mean cosine over the shared modules, how many, and each module's (jobs/stats/results.Cosine);
     a module whose update is zero in either adapter has no direction: its cosine is nan."""
     return factors_cosine(lora_factors(student_dir), lora_factors(teacher_dir), student_dir, teacher_dir)
 
 
-def factors_cosine(student: dict, teacher: dict, student_dir: str | Path = "student", teacher_dir: str | Path = "teacher") -> dict:
+def factors_cosine(student: dict, teacher: dict, student_dir: str | Path = "student", teacher_dir: str | Path = "teacher") -> Cosine:
     """update_cosine of two adapters' lora_factors already read (the directories name them in errors)."""
     shared = sorted(student.keys() & teacher.keys())
     if not shared:
@@ -101,7 +101,7 @@ def factors_cosine(student: dict, teacher: dict, student_dir: str | Path = "stud
             raise ValueError(f"module {module}: Delta W is {s_shape} in {student_dir} but {t_shape} in {teacher_dir}")
         norms = math.sqrt(_inner(s, s) * _inner(t, t))
         per_module[module] = _inner(s, t) / norms if norms > 0 else math.nan
-    return {"cosine": sum(per_module.values()) / len(per_module), "modules": len(per_module), "per_module": per_module}
+    return Cosine(cosine=sum(per_module.values()) / len(per_module), modules=len(per_module), per_module=per_module)
 
 
 def update_share(student: dict, teacher: dict) -> float:
