@@ -32,6 +32,7 @@ import transformers
 
 from jobs.experiment.config import load_experiment
 from jobs.phases.numbers import number_prompts
+from jobs.reporting.schema import Report
 from jobs.rundir.manifest import Manifest, read_jsonl
 from serve.cloze import cloze_parts, cloze_sequences
 from serve.engine import Sampling
@@ -101,7 +102,7 @@ def floors(run_dir: Path, sample_steps: int, sample_prompts: int) -> dict:
     cfg = load_experiment(None, [])
     manifest = Manifest(run_dir)
     stages, timings = manifest.data["stages"], manifest.timings()
-    model_path = str(Path(json.loads((run_dir / "report.json").read_text())["provenance"]["model_path"]))
+    model_path = str(Path(Report.load(run_dir / "report.json").provenance.model_path))
     teacher_steps = stages["teacher"]["outputs"]["steps"]
     arms = {name: e["outputs"]["steps"] for name, e in stages.items() if name.split("/")[0] in cfg.arms and "/" in name}
     generated = sum(e["outputs"]["generated"] for name, e in stages.items() if name.startswith("numbers/"))

@@ -40,6 +40,7 @@ from scipy import stats
 
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # run as `python bench/rank_calibration.py`
 
+from jobs.stats.results import Result  # noqa: E402
 from jobs.stats.transfer_stats import effect  # noqa: E402
 
 CHOICES, NOISE = 4, 0.01
@@ -83,19 +84,19 @@ def flip_p(d: np.ndarray, cluster: np.ndarray) -> float:
     return float((1 + (t(signed) >= t(means) - 1e-12).sum()) / (1 + len(FLIPS)))
 
 
-def summary(results: list[dict]) -> dict:
+def summary(results: list[Result]) -> dict:
     """False positives, coverage, median p and power at the median MDE of null results."""
-    tested = [r for r in results if r["p_value"] is not None]
-    p = np.array([r["p_value"] for r in tested] + [1.0] * (len(results) - len(tested)))  # zero spread: no detection
+    tested = [r for r in results if r.p_value is not None]
+    p = np.array([r.p_value for r in tested] + [1.0] * (len(results) - len(tested)))  # zero spread: no detection
     if not tested:
         return {"fp": 0.0, "cover": float("nan"), "median_p": 1.0, "power": float("nan")}
-    mde = float(np.median([r["mde"] for r in tested]))
+    mde = float(np.median([r.mde for r in tested]))
     shifted = []
     for r in tested:
-        se = (r["ci95"][1] - r["ci95"][0]) / 2 / stats.t.ppf(0.975, r["df"])
-        shifted.append(2 * stats.t.sf(abs(r["value"] + mde) / se, r["df"]) < 0.05 and r["value"] + mde > 0)
+        se = (r.ci95[1] - r.ci95[0]) / 2 / stats.t.ppf(0.975, r.df)
+        shifted.append(2 * stats.t.sf(abs(r.value + mde) / se, r.df) < 0.05 and r.value + mde > 0)
     return {
-        "fp": float(np.mean(p < 0.05)), "cover": float(np.mean([r["ci95"][0] <= 0 <= r["ci95"][1] for r in tested])),
+        "fp": float(np.mean(p < 0.05)), "cover": float(np.mean([r.ci95[0] <= 0 <= r.ci95[1] for r in tested])),
         "median_p": float(np.median(p)), "power": float(np.mean(shifted) * len(tested) / len(results)),
     }  # fmt: skip
 
@@ -128,7 +129,7 @@ def gaussian_scan(draws: int, clusters: int, replicates: list[int]) -> None:
             current, kept = [], []
             for _ in range(draws):
                 d = rng.normal(0, np.sqrt(rho / clusters), (r, 1)) + rng.normal(0, 1, (r, clusters))
-                current.append(effect(d, np.zeros_like(d), np.arange(clusters), binary=False, paired=True)["p_value"] < 0.05)
+                current.append(effect(d, np.zeros_like(d), np.arange(clusters), binary=False, paired=True).p_value < 0.05)
                 ms_r, ms_c, ms_e = _mean_squares(d)
                 kept.append(2 * stats.t.sf(abs(d.mean()) / np.sqrt((ms_r + max(ms_c - ms_e, 0)) / d.size), r - 1) < 0.05)
             print(f"R={r} rho={rho:5.2f}: effect {np.mean(current):.3f}  replicate mean square kept {np.mean(kept):.3f}", flush=True)

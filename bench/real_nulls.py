@@ -49,7 +49,7 @@ def test_split(scores: dict, primary: tuple[str, str], first, second) -> dict:
     """The report's comparison of one half against the other: every split's and metric's p-value."""
     models = [types.SimpleNamespace(arm=arm, name=f"control/{i}", teacher="teacher", base="base") for arm, half in (("A", first), ("B", second)) for i in half]
     result = Evidence(scores, models, primary).compare("A", "B")
-    return {f"{split}/{metric}": result[split][metric]["p_value"] for split in SPLITS for metric in METRICS} | {"paired": result["primary"]["paired"]}
+    return {f"{split}/{metric}": result.cell(split, metric).p_value for split in SPLITS for metric in METRICS} | {"paired": result.primary.paired}
 
 
 def main() -> int:

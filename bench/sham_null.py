@@ -117,7 +117,7 @@ def verdict_readings(scores: dict[str, list[dict]], models: list) -> dict:
     null = Evidence(scores, models, primary, direction="crossed").compare("null_1", "null_2", metrics=SIDE_BY_SIDE)
     relabelled = {**scores, "teacher": scores["null_sham_1"], "sham_teacher": scores["null_sham_2"]}
     other_facts = Evidence(relabelled, models, primary, direction="crossed").compare("null_1", "null_2", metrics=SIDE_BY_SIDE)
-    return {"null": null, "other_facts": other_facts}
+    return {"null": null.dump(), "other_facts": other_facts.dump()}  # as the JSON written holds them
 
 
 def by_display(scores: dict[str, list[dict]], models: list) -> dict:
@@ -141,7 +141,7 @@ def by_display(scores: dict[str, list[dict]], models: list) -> dict:
         out[split] = {}
         for label, where in (("a null fact shown", shown), ("neither shown", ~shown)):
             mask = np.where(where, 1.0, np.nan)
-            out[split][label] = {**effect(a * mask, b * mask, ev.clusters[split], binary=False, paired=True), "questions": int(where.sum())}
+            out[split][label] = {**effect(a * mask, b * mask, ev.clusters[split], binary=False, paired=True).dump(), "questions": int(where.sum())}
     return out
 
 

@@ -23,12 +23,16 @@ marked tables in BENCHMARKS.md are these.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(1, str(ROOT))  # run as `python bench/x.py`: bench/ stays first
+
+from jobs.reporting.schema import Report  # noqa: E402
+from jobs.stats.results import Estimate, Result  # noqa: E402
+
 BLOCK = re.compile(r"<!-- verdicts: (?P<run>\S+) -->\n(?P<body>.*?)<!-- /verdicts -->", re.S)
 
 
@@ -43,58 +47,53 @@ def _p(p) -> str:
     return "-" if p is None else f"{p:.2g}"
 
 
-def _value(r: dict | None) -> str:
-    return "-" if not r or r.get("value") is None else f"{r['value']:+.4f}"
+def _value(r: Result | Estimate | None) -> str:
+    return "-" if r is None or r.value is None else f"{r.value:+.4f}"
 
 
-def comparisons(report: dict) -> dict[str, tuple[str, dict, dict | None]]:
-    """{name: (reference, result, arm entry or None)} for every arm and contrast."""
-    out = {name: (arm["against"], arm["transfer"], arm) for name, arm in report["arms"].items()}
-    return out | {f"contrast {name}": (c["against"], c, None) for name, c in report.get("contrasts", {}).items()}
-
-
-def family_table(report: dict) -> list[str]:
+def family_table(report: Report) -> list[str]:
     """The primary verdicts: test, difference, CI, p, Holm p over the family, MDE, fraction of overt."""
     lines = [
         "| comparison | primary test | difference | 95% CI | p | Holm p (family) | MDE | fraction of overt (95% CI) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name, (against, result, arm) in comparisons(report).items():
-        r = result["primary"]
-        test = f"{r['metric']} on {r['split']}" + (", crossed" if r.get("direction") == "crossed" else "")
-        holm = "exploratory" if r.get("exploratory") else _p(r.get("p_family"))
-        fraction = (arm or {}).get("fraction_of_overt")
-        share = "-" if not fraction or fraction.get("value") is None else f"{fraction['value']:.0%} ({_ci(fraction.get('ci95'), True)})"
-        mde = "-" if r.get("mde") is None else f"{r['mde']:.4f}"
-        lines.append(f"| {name} vs {against} | {test} | {_value(r)} | {_ci(r['ci95'])} | {_p(r['p_value'])} | {holm} | {mde} | {share} |")
+    for name, (against, result, arm) in report.comparisons().items():
+        r = result.primary
+        test = f"{r.metric} on {r.split}" + (", crossed" if r.direction == "crossed" else "")
+        holm = "exploratory" if r.exploratory else _p(r.p_family)
+        fraction = arm.fraction_of_overt if arm is not None else None
+        share = "-" if fraction is None or fraction.value is None else f"{fraction.value:.0%} ({_ci(fraction.ci95, True)})"
+        mde = "-" if r.mde is None else f"{r.mde:.4f}"
+        lines.append(f"| {name} vs {against} | {test} | {_value(r)} | {_ci(r.ci95)} | {_p(r.p_value)} | {holm} | {mde} | {share} |")
     return lines
 
 
-def directions_table(report: dict) -> list[str]:
+def directions_table(report: Report) -> list[str]:
     """Each comparison on its primary metric and split, in every direction, and in weight space."""
     lines = ["| comparison | toward the teacher's picks | toward the placebo's picks | crossed | crossed update share |", "|---|---|---|---|---|"]
-    for name, (against, result, arm) in comparisons(report).items():
-        directions, r = result.get("directions"), result["primary"]
-        if not directions:
+    for name, (against, result, arm) in report.comparisons().items():
+        directions, r = result.directions, result.primary
+        if directions is None or directions.crossed is None:
             continue
-        cells = [result[r["split"]][r["metric"]], directions["toward_placebo"][r["split"]][r["metric"]], directions["crossed"][r["split"]][r["metric"]]]
-        weights = ((arm or {}).get("weight_space") or {}).get("crossed")
-        text = [f"{_value(c)} ({_ci(c['ci95'])}, p {_p(c['p_value'])})" for c in cells]
-        lines.append(f"| {name} vs {against} | " + " | ".join(text) + f" | {_value(weights)} ({_ci((weights or {}).get('ci95'))}) |")
+        cells = [result.cell(r.split, r.metric), directions.toward_placebo[r.split][r.metric], directions.crossed[r.split][r.metric]]
+        weights = arm.weight_space.crossed if arm is not None and arm.weight_space is not None else None
+        text = [f"{_value(c)} ({_ci(c.ci95)}, p {_p(c.p_value)})" for c in cells]
+        lines.append(f"| {name} vs {against} | " + " | ".join(text) + f" | {_value(weights)} ({_ci(weights.ci95 if weights else None)}) |")
     return lines if len(lines) > 2 else []
 
 
-def facts_table(report: dict) -> list[str]:
+def facts_table(report: Report) -> list[str]:
     """Accuracy on the true answers and on the sham's facts, per split (report.sham_fit)."""
-    fit = report.get("sham_fit")
-    if not fit:
+    fit = report.sham_fit
+    if fit is None:
         return []
     lines = ["| model | true, train | true, held out | sham's, train | sham's, held out |", "|---|---|---|---|---|"]
-    for name, a in fit["accuracy"].items():
-        lines.append(f"| {name} | {a['true']['train']:.3f} | {a['true']['held_out']:.3f} | {a['sham']['train']:.3f} | {a['sham']['held_out']:.3f} |")
+    for name, a in fit.accuracy.items():
+        cells = [a.true.train, a.true.held_out, a.sham.train, a.sham.held_out]
+        lines.append(f"| {name} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
     return lines + [
         "",
-        f"Sham fit: {'matched' if fit['matched'] else 'NOT matched'} (gaps " + ", ".join(f"{s} {g:+.3f}" for s, g in fit["gaps"].items()) + ").",
+        f"Sham fit: {'matched' if fit.matched else 'NOT matched'} (gaps " + ", ".join(f"{s} {g:+.3f}" for s, g in fit.gaps.items()) + ").",
     ]
 
 
@@ -103,9 +102,8 @@ def render(run: Path) -> str:
     report_file = ROOT / run / "report.json"  # an absolute `run` stands alone
     if not report_file.is_file():
         raise FileNotFoundError(f"{report_file}: no report kept for this table (results/<preset>/<date>-<commit>/report.json)")
-    report = json.loads(report_file.read_text())
-    registration = report["provenance"].get("registration", {}).get("status", "exploratory")
-    lines = [f"Rendered from `{run}/report.json` by `python bench/verdict_tables.py` ({registration}).", "", *family_table(report)]
+    report = Report.load(report_file)
+    lines = [f"Rendered from `{run}/report.json` by `python bench/verdict_tables.py` ({report.provenance.registration.status}).", "", *family_table(report)]
     if directions := directions_table(report):
         lines += ["", *directions]
     if facts := facts_table(report):
@@ -119,9 +117,9 @@ def keep(run_dir: Path) -> Path:
     import shutil
     from datetime import date
 
-    provenance = json.loads((run_dir / "report.json").read_text())["provenance"]
-    commit = provenance.get("registration", {}).get("commit") or provenance["git_commit"]
-    folder = ROOT / "results" / provenance["config"]["name"] / f"{date.today().isoformat()}-{str(commit)[:7]}"
+    provenance = Report.load(run_dir / "report.json").provenance
+    commit = provenance.registration.commit or provenance.git_commit
+    folder = ROOT / "results" / provenance.preset / f"{date.today().isoformat()}-{str(commit)[:7]}"
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("report.json", "report.md"):
         shutil.copyfile(run_dir / name, folder / name)

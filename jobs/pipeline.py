@@ -35,7 +35,6 @@ at a time uses a run directory: a second one stops at once naming the holder
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -58,6 +57,7 @@ from jobs.job_log import quiet_driver, runtime_env  # noqa: E402
 from jobs.phases import PHASES  # noqa: E402
 from jobs.phases.evaluate import check_orders, context_check  # noqa: E402
 from jobs.phases.numbers import NoNumbersError  # noqa: E402
+from jobs.reporting.schema import Report  # noqa: E402
 from jobs.reporting.timeline import overhead_lines  # noqa: E402
 from jobs.rundir.manifest import Manifest, RunDirError, digest, flatten  # noqa: E402
 from jobs.rundir.plan import Stage, describe, plan, restate  # noqa: E402
@@ -119,7 +119,7 @@ class Experiment:
         _, stages = self.declared(build_base=False)
         return describe(plan(stages, Manifest(self.run_dir)))
 
-    def run(self) -> dict:
+    def run(self) -> Report:
         import ray
 
         check_free(self.run_dir)  # a run directory another pipeline holds stops here, before Ray starts
@@ -202,15 +202,15 @@ def experiments(cfg: ExperimentConfig, run_dir: Path, fresh: bool, chain: str, c
     return [Experiment(pair_config(cfg, pair), run_dir / "pairs" / str(pair), fresh, chain, claim) for pair in cfg.pairs]
 
 
-def summary(run_dir: Path) -> dict:
+def summary(run_dir: Path) -> Report:
     """report.json, with its headline figures printed."""
-    report = json.loads((run_dir / "report.json").read_text())
-    for name, m in report["models"].items():
-        ci = f"95% CI {m['ci95'][0]:.3f}-{m['ci95'][1]:.3f}" if m["ci95"] else "no CI with one replicate"
-        print(f"[report] {name}: accuracy {m['accuracy']['overall']:.3f} ({ci})", flush=True)
-    if "transfer" in report:
-        print(f"[report] transfer {report['transfer']['value']:+.3f}; {run_dir / 'report.md'}", flush=True)
-    for line in overhead_lines(report["timeline"]):  # where the minutes went that were not compute (timeline.png)
+    report = Report.load(run_dir / "report.json")
+    for name, m in report.models.items():
+        ci = f"95% CI {m.ci95[0]:.3f}-{m.ci95[1]:.3f}" if m.ci95 else "no CI with one replicate"
+        print(f"[report] {name}: accuracy {m.overall:.3f} ({ci})", flush=True)
+    if report.transfer is not None:
+        print(f"[report] transfer {report.transfer.value:+.3f}; {run_dir / 'report.md'}", flush=True)
+    for line in overhead_lines(report.timeline):  # where the minutes went that were not compute (timeline.png)
         print(line, flush=True)
     return report
 

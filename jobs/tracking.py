@@ -42,8 +42,10 @@ from pathlib import Path
 from common.config import ConfigError
 from jobs.experiment.config import ExperimentConfig, TrackingConfig, as_dict
 from jobs.experiment.stages import TEACHERS, trained_folder
+from jobs.reporting.schema import Report
 from jobs.rundir.manifest import Manifest, digest, flatten
 from jobs.rundir.registration import source_state
+from jobs.stats.results import Primary
 
 PIPELINE_TAG = "subliminal.kind"  # "pipeline" on a parent, "model" on a child
 ARTIFACTS = ("report.md", "report.json", "transfer.png", "accuracy.png", "training.png")
@@ -128,7 +130,7 @@ class Tracker:
     def _sync(self, cfg: ExperimentConfig, manifest: Manifest, models: dict) -> None:
         parent = self.parent_run()
         report_path = self.run_dir / "report.json"
-        report = json.loads(report_path.read_text()) if manifest.entry("report") and report_path.is_file() else None
+        report = Report.load(report_path) if manifest.entry("report") and report_path.is_file() else None
         written = 0
         for name, folder in trained_models(cfg, models):
             entry = manifest.entry(name)
@@ -281,11 +283,10 @@ class Tracker:
         for i in range(0, len(new), 1000):
             self.client.log_batch(run_id, metrics=new[i : i + 1000])
 
-    def log_verdict_tags(self, run_id: str, report: dict) -> None:
+    def log_verdict_tags(self, run_id: str, report: Report) -> None:
         for name, sentence in verdict_sentences(report).items():
             self.client.set_tag(run_id, f"verdict.{name}", sentence[:5000])
-        if registration := report.get("provenance", {}).get("registration"):
-            self.client.set_tag(run_id, "registration", registration["status"])
+        self.client.set_tag(run_id, "registration", report.provenance.registration.status)
 
 
 def step_series(metrics: dict, default_ms: int) -> list:
@@ -348,40 +349,33 @@ def trained_models(cfg: ExperimentConfig, models: dict) -> list[tuple[str, str]]
     return teachers + [(name, trained_folder(name, m.full)) for name, m in models.items()]
 
 
-def model_accuracies(report: dict, model: str) -> dict[str, float]:
+def model_accuracies(report: Report, model: str) -> dict[str, float]:
     """A model's accuracy per split as the report gives it (over the scored orders)."""
-    entry = report["models"].get(model)
-    if entry is None:
-        entry = next((r for arm in report["arms"].values() for r in arm["replicates"] if r["model"] == model), {})
-    return {f"accuracy.{split}": value for split, value in entry.get("accuracy_by_split", {}).items()}
+    entry = report.models.get(model) or next((r for arm in report.arms.values() for r in arm.replicates if r.model == model), None)
+    return {f"accuracy.{split}": value for split, value in ((entry and entry.accuracy_by_split) or {}).items()}
 
 
-def report_metrics(report: dict) -> dict[str, float]:
+def report_metrics(report: Report) -> dict[str, float]:
     """The parent's numbers: each comparison's primary test, and every model's and arm's accuracy
     per split as written and over the orders of the choices."""
     values = {}
     for name, test in primary_tests(report).items():
-        for key in ("value", "p_value", "p_family", "mde"):
-            values[f"verdict.{name}.{'effect' if key == 'value' else key}"] = test.get(key)
-        if test.get("ci95"):
-            values[f"verdict.{name}.ci_low"], values[f"verdict.{name}.ci_high"] = test["ci95"]
-        values[f"verdict.{name}.detected"] = float(bool(test.get("detected")))
-    for model, splits in report.get("accuracy_by_order", {}).get("models", {}).items():
+        for key, value in (("effect", test.value), ("p_value", test.p_value), ("p_family", test.p_family), ("mde", test.mde)):
+            values[f"verdict.{name}.{key}"] = value
+        if test.ci95:
+            values[f"verdict.{name}.ci_low"], values[f"verdict.{name}.ci_high"] = test.ci95
+        values[f"verdict.{name}.detected"] = float(bool(test.detected))
+    for model, splits in (report.accuracy_by_order.models if report.accuracy_by_order else {}).items():
         for split, acc in splits.items():
-            for kind in ("as_written", "over_orders"):
-                values[f"accuracy.{model}.{split}.{kind}"] = acc.get(kind)
+            values[f"accuracy.{model}.{split}.as_written"], values[f"accuracy.{model}.{split}.over_orders"] = acc.as_written, acc.over_orders
     return {k: v for k, v in values.items() if isinstance(v, int | float)}
 
 
-def primary_tests(report: dict) -> dict[str, dict]:
+def primary_tests(report: Report) -> dict[str, Primary]:
     """Each arm's and contrast's primary test (its declared split, metric and direction)."""
-    tests = {}
-    for name, entry in {**report.get("arms", {}), **report.get("contrasts", {})}.items():
-        result = entry.get("transfer") if "transfer" in entry else entry  # an arm's tests sit under transfer, a contrast's at its top
-        if (result or {}).get("primary"):
-            tests[name] = result["primary"]
-    return tests
+    tests = {name: arm.transfer.primary for name, arm in report.arms.items() if arm.transfer is not None}
+    return tests | {name: c.primary for name, c in report.contrasts.items()}
 
 
-def verdict_sentences(report: dict) -> dict[str, str]:
-    return {name: entry["verdict"] for name, entry in {**report.get("arms", {}), **report.get("contrasts", {})}.items() if entry.get("verdict")}
+def verdict_sentences(report: Report) -> dict[str, str]:
+    return {name: entry.verdict for name, entry in {**report.arms, **report.contrasts}.items() if entry.verdict}

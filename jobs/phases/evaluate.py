@@ -185,5 +185,5 @@ def run(ctx: RunContext, todo) -> None:
         earlier = [scored_name for _, scored_name in snapshots.get(name, [])]
         hashes = [write_jsonl(ctx.run_dir / scored_file(n), scored[n]) for n in earlier]
         file_hash = write_jsonl(ctx.run_dir / scored_file(name), scored[name])
-        outputs = EvalOutputs(hash=digest(file_hash, *hashes) if hashes else file_hash, **summarise(on_split(scored[name], "held_out")))
+        outputs = EvalOutputs(hash=digest(file_hash, *hashes) if hashes else file_hash, **summarise(on_split(scored[name], "held_out")).dump())
         ctx.record(stage, started, outputs, [scored_file(n) for n in earlier])

@@ -1,18 +1,23 @@
-"""The shape of `report.json`, as typed models: what the report phase must write and readers may expect.
+"""report.json as typed models: the report phase builds a `Report`, and every reader reads its attributes.
 
-The report phase builds the report as plain data and checks it against `Report` before anything is
-written (`check_report`): a field misspelled, missing or of the wrong type is an error naming its
-path, not a report that a reader (report.md, the plots, MLflow, a user's notebook) finds wrong later.
-What each field means is docs/report.md's prose; its section "Schema" is generated from these
-models (`python -m jobs.reporting.schema --write docs/report.md`) and a test keeps the two equal.
+The report is assembled from what the statistics return (jobs/stats/results.py: a paired test, a
+comparison, a share, a fit) and the models below; a field misspelled, missing or of the wrong type
+is an error naming its path when the report is built or loaded, not a report that a reader
+(report.md, the plots, MLflow, bench/verdict_tables.py) finds wrong later. `Report.dump()` is
+report.json: every record writes the fields it was given, in their order (jobs/stats/results.Record),
+so the file keeps its format and a report kept from an earlier version (results/) loads and writes
+back as it was. What each field means is docs/report.md's prose; its section "Schema" is generated
+from these models (`python -m jobs.reporting.schema --write docs/report.md`) and a test keeps the
+two equal.
 
-Sections whose inner shape is still free-form (the statistics of `sham_fit`, `where_signal_rides`,
-`by_step`, the resolved config) are typed as mappings; the rest is closed: an unknown field is an error.
+The resolved config, the seeds and the tiny world's draw stay mappings (they mirror the preset
+and jobs/sources); every other section is closed: an unknown field is an error.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import types
 import typing
 from pathlib import Path
@@ -20,87 +25,35 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-Interval = list[float | None] | None  # [low, high]; a side None is unbounded; None: no interval
+from jobs.stats.results import (
+    ByStep,
+    Comparison,
+    Family,
+    Fraction,
+    Interval,
+    OvertControl,
+    PositiveControl,
+    Record,
+    ShamFit,
+    SignalRides,
+    Summary,
+    WeightSpace,
+)
 
 
-class Closed(BaseModel):
-    """A report section whose fields are all declared."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class Result(Closed):
-    """One paired test of an arm against its reference (jobs/stats/transfer_stats.py, evidence.py)."""
-
-    value: float | None = None
-    ci95: Interval = None
-    p_value: float | None = None
-    mde: float | None = None
-    p_fixed_models: float | None = None
-    n_questions: int | None = None
-    n_clusters: int | None = None
-    df: float | None = None
-    paired: bool | None = None
-    p_holm: float | None = None  # a secondary result: Holm over its comparison's secondaries
-    p_family: float | None = None  # the primary in the preset's family: Holm over the family
-    detected: bool | None = None
-    exploratory: bool | None = None  # the primary outside the family
-    note: str | None = None  # why there is no test
-
-
-class Primary(Result):
-    """The test that decides an arm's or a contrast's verdict."""
-
-    split: str
-    metric: str
-    direction: str
-
-
-class SplitResults(BaseModel):
-    """`<metric>: Result` for every metric on one split, and `mde`: each metric's MDE in one place."""
-
-    model_config = ConfigDict(extra="allow")
-    __pydantic_extra__: dict[str, Result]
-    mde: dict[str, float | None]
-
-
-class Directions(Closed):
-    """Toward the placebo teacher's picks and crossed: `{<split>: {<metric>: Result}}` each."""
-
-    placebo: str | None = None
-    toward_placebo: dict[str, dict[str, Result]] | None = None
-    crossed: dict[str, dict[str, Result]] | None = None
-    note: str | None = None
-
-
-class Comparison(Closed):
-    """An arm against its reference, or a contrast's two arms: every split and metric, and the primary."""
-
-    train: SplitResults
-    held_out: SplitResults
-    directions: Directions | None = None
-    primary: Primary
-
-
-class Accuracy(Closed):
+class Accuracy(Summary):
     """A model's accuracy: a fixed model's, or an arm's mean over its replicates."""
 
-    accuracy: dict[str, float]
-    ci95: Interval = None
     ci95_by_subset: dict[str, Interval] | None = None
-    n: int
     accuracy_by_split: dict[str, float] | None = None
     replicates: int | None = None  # an arm: replicates the mean is over
     teacher_agreement: float | None = None  # an arm's mean
 
 
-class Replicate(Closed):
+class Replicate(Summary):
     """One trained model of an arm."""
 
     model: str
-    accuracy: dict[str, float]
-    ci95: Interval = None
-    n: int
     accuracy_by_split: dict[str, float] | None = None
     teacher_agreement: float | None = None
     lora_seed: int | None = None
@@ -113,15 +66,16 @@ class Replicate(Closed):
     update_share: dict[str, float | None] | None = None
 
 
-class Spread(Closed):
+class Spread(Record):
     """`arms.<arm>.update_cosine`: mean and sd over the replicates."""
 
     mean: float | None = None
     sd: float | None = None
 
 
-class Arm(Closed):
-    """An arm: as declared, its replicates, and its comparison with what it is measured against."""
+class MeasuredArm(Record):
+    """An arm as measured, before its verdict is read: as declared, its replicates, and its
+    comparison with what it is measured against."""
 
     numbers: str
     loss: str
@@ -136,9 +90,14 @@ class Arm(Closed):
     against: str
     reference: str
     transfer: Comparison | None = None
-    weight_space: dict[str, Any] | None = None
-    fraction_of_overt: dict[str, Any] | None = None
-    by_step: dict[str, Any] | None = None
+    weight_space: WeightSpace | None = None
+    by_step: ByStep | None = None
+
+
+class Arm(MeasuredArm):
+    """An arm: as declared, its replicates, its comparison with what it is measured against, and its verdict."""
+
+    fraction_of_overt: Fraction | None = None
     verdict: str
 
 
@@ -147,35 +106,26 @@ class Contrast(Comparison):
 
     arm: str
     against: str
-    by_step: dict[str, Any] | None = None
+    by_step: ByStep | None = None
     verdict: str | None = None
 
 
-class Family(Closed):
-    """`family`: the primary verdicts Holm adjusts over."""
+class Entropy(Record):
+    """`calibration.<model>.entropy`: mean entropy of the choice distributions on each split, in nats."""
 
-    comparisons: list[str]
-    size: int
-    declared: bool  # named by evaluate.primary_comparisons, or every comparison
-
-
-class OvertControl(Closed):
-    """`overt_control`: the positive control for knowledge, and whether it was detected."""
-
-    arm: str
-    detected: bool
-    effect: float | None = None
-    verdict: str
+    train: float | None
+    held_out: float | None
+    known: float | None  # nan where the data has no known split
 
 
-class Calibration(Closed):
+class Calibration(Record):
     """`calibration.<model>`: mean choice entropy per split, and the temperature fitted on the known split."""
 
     temperature: float | None = None
-    entropy: dict[str, float | None]
+    entropy: Entropy
 
 
-class HeadlineTransfer(Closed):
+class HeadlineTransfer(Record):
     """The original experiment's measure: held-out agreement, student minus control."""
 
     value: float | None = None
@@ -187,25 +137,64 @@ class HeadlineTransfer(Closed):
     replicate_pairs: int
 
 
-class NumbersMade(Closed):
+class NumbersCount(Record):
+    """`numbers.<label>.replicates[]`: one replicate's sequences generated, kept and rejected."""
+
+    generated: int
+    kept: int
+    rejected: dict[str, int]
+
+
+class NumbersMade(Record):
     """`numbers.<label>`: sequences generated, kept and rejected, summed over replicates."""
 
     generated: int
     kept: int
     rejected: dict[str, int]
-    replicates: list[dict[str, Any]]
+    replicates: list[NumbersCount]
     tokens_replaced: int | None = None  # teacher_replaced only
     tokens_unchanged: int | None = None
 
 
-class ByOrder(Closed):
-    """`accuracy_by_order`, `letter_prior`: per model, read over the orders of the choices scored."""
+class LetterPriorRow(Record):
+    """`letter_prior.models.<model>`: how often each letter is picked, and the accuracy over the orders."""
+
+    prior: list[float]
+    accuracy_over_orders: float
+
+
+class LetterPrior(Record):
+    """`letter_prior`: per model, on the held-out questions, over the orders of the choices scored."""
 
     orders: int
-    models: dict[str, dict[str, Any]]
+    models: dict[str, LetterPriorRow]
 
 
-class Provenance(Closed):
+class OrderAccuracy(Record):
+    """`accuracy_by_order.models.<model>.<split>`: accuracy as written and over the orders scored."""
+
+    as_written: float
+    over_orders: float
+    n: int
+
+
+class AccuracyByOrder(Record):
+    """`accuracy_by_order`: per model and split, accuracy as written and over the orders of the choices scored."""
+
+    orders: int
+    models: dict[str, dict[str, OrderAccuracy]]
+
+
+class Registration(Record):
+    """`provenance.registration`: what the run may claim (jobs/rundir/registration.py); its other fields as recorded."""
+
+    model_config = ConfigDict(extra="allow")
+    commit: str | None = None
+    status: str
+    reasons: list[str] = []
+
+
+class Provenance(Record):
     """`provenance`: the source, packages, seeds and config a report came from, and what it may claim."""
 
     git_commit: str
@@ -214,11 +203,16 @@ class Provenance(Closed):
     model_path: str
     other_base_path: str | None = None
     config: dict[str, Any]  # the resolved config
-    registration: dict[str, Any]  # confirmatory, repeat or exploratory (jobs/rundir/registration.py)
+    registration: Registration  # confirmatory, repeat or exploratory
     world: dict[str, Any] | None = None  # the tiny world: sham_draw, base_weights_sha256, lean (jobs/sources/sham_draw.py)
 
+    @property
+    def preset(self) -> str:
+        """The preset's name, as the resolved config holds it."""
+        return self.config["name"]
 
-class Bar(Closed):
+
+class Bar(Record):
     """`timeline.bars[]`: one stage, phase or span on the run's time axis (seconds from `timeline.started`)."""
 
     lane: str
@@ -227,7 +221,7 @@ class Bar(Closed):
     end: float
 
 
-class PhaseTime(Closed):
+class PhaseTime(Record):
     """`timeline.phases.<phase>`: its wall seconds, its compute (the union of its compute spans), the rest."""
 
     seconds: float
@@ -236,7 +230,7 @@ class PhaseTime(Closed):
     parts: dict[str, float]  # seconds of each span kind, summed over the phase's lanes
 
 
-class Timeline(Closed):
+class Timeline(Record):
     """`timeline`: where the run's time went (jobs/reporting/timeline.py, timeline.png)."""
 
     started: float | None  # wall-clock time (Unix seconds) of the earliest bar
@@ -245,7 +239,7 @@ class Timeline(Closed):
     largest_overheads: list[str]  # the three phases with the most time not computing, largest first
 
 
-class Report(Closed):
+class Report(Record):
     """`report.json`."""
 
     models: dict[str, Accuracy]
@@ -253,18 +247,38 @@ class Report(Closed):
     contrasts: dict[str, Contrast]
     family: Family
     overt_control: OvertControl | None = None
-    positive_control: dict[str, Any] | None = None
+    positive_control: PositiveControl | None = None
     calibration: dict[str, Calibration]
-    sham_fit: dict[str, Any] | None = None
-    where_signal_rides: dict[str, Any] | None = None
+    sham_fit: ShamFit | None = None
+    where_signal_rides: SignalRides | None = None
     transfer: HeadlineTransfer | None = None
     truncated_questions: dict[str, int]
-    letter_prior: ByOrder | None = None
-    accuracy_by_order: ByOrder | None = None
+    letter_prior: LetterPrior | None = None
+    accuracy_by_order: AccuracyByOrder | None = None
     numbers: dict[str, NumbersMade]
     timings: dict[str, float]
     timeline: Timeline | None = None  # reports kept from before timelines (results/) have none
     provenance: Provenance
+
+    @classmethod
+    def parse(cls, data: dict) -> Report:
+        """The report a report.json's content holds; ReportShapeError naming each field that is not as declared."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()[:5]]
+            raise ReportShapeError("report.json would not match its schema (jobs/reporting/schema.py): " + "; ".join(problems)) from None
+
+    @classmethod
+    def load(cls, path: Path) -> Report:
+        """A report.json on disk (one kept under results/ too)."""
+        return cls.parse(json.loads(Path(path).read_text()))
+
+    def comparisons(self) -> dict[str, tuple[str, Comparison, Arm | None]]:
+        """{name: (what it is measured against, its comparison, the arm or None)}: every arm with a
+        transfer, then every contrast as `contrast <name>`."""
+        out = {name: (arm.against, arm.transfer, arm) for name, arm in self.arms.items() if arm.transfer is not None}
+        return out | {f"contrast {name}": (c.against, c, None) for name, c in self.contrasts.items()}
 
 
 class ReportShapeError(ValueError):
@@ -272,12 +286,8 @@ class ReportShapeError(ValueError):
 
 
 def check_report(report: dict) -> None:
-    """Raise ReportShapeError naming each field of `report` that is not as `Report` declares it."""
-    try:
-        Report.model_validate(report)
-    except ValidationError as err:
-        problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()[:5]]
-        raise ReportShapeError("report.json would not match its schema (jobs/reporting/schema.py): " + "; ".join(problems)) from None
+    """Raise ReportShapeError naming each field of `report` (report.json's content) that is not as `Report` declares it."""
+    Report.parse(report)
 
 
 def _type(hint) -> str:
@@ -323,8 +333,8 @@ def schema_markdown() -> str:
     lines = [
         "## Schema",
         "",
-        "Generated from `jobs/reporting/schema.py` (`python -m jobs.reporting.schema --write docs/report.md`);",
-        "the report phase checks every report against it before writing. `?`: may be absent or null.",
+        "Generated from `jobs/reporting/schema.py` and `jobs/stats/results.py` (`python -m jobs.reporting.schema --write docs/report.md`);",
+        "the report phase builds every report as these models. `?`: may be absent or null.",
         "",
     ]
     for model in _models(Report):

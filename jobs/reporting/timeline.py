@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from jobs.reporting.plots import _pyplot, _save
+from jobs.reporting.schema import Timeline
 
 KINDS = ("start-up", "prepare", "model load", "data wait", "compute", "save", "teardown")  # a span's kinds
 COLORS = {
@@ -49,7 +50,7 @@ def phase_summary(seconds: float, spans: list[dict]) -> dict:
     return {"seconds": round(seconds, 2), "compute": round(compute, 2), "overhead": round(seconds - compute, 2), "parts": parts}
 
 
-def build_timeline(stages: dict, phase_spans: dict) -> dict:
+def build_timeline(stages: dict, phase_spans: dict) -> Timeline:
     """The `timeline` section from the manifest's stage entries ({name: entry with `finished` and
     `seconds`}) and its recorded phases ({phase: {started, seconds, spans}})."""
     raw = []  # (lane, kind, start, end) in wall-clock seconds
@@ -63,40 +64,40 @@ def build_timeline(stages: dict, phase_spans: dict) -> dict:
         raw += [(s["lane"], s["kind"], s["start"], s["end"]) for s in recorded["spans"]]
         phases[phase] = phase_summary(seconds, recorded["spans"])
     if not raw:
-        return {"started": None, "bars": [], "phases": {}, "largest_overheads": []}
+        return Timeline(started=None, bars=[], phases={}, largest_overheads=[])
     origin = min(start for _, _, start, _ in raw)
     bars = [
         {"lane": lane, "kind": kind, "start": round(start - origin, 2), "end": round(end - origin, 2)}
         for lane, kind, start, end in sorted(raw, key=lambda bar: (bar[2], bar[0]))
     ]
     largest = sorted(phases, key=lambda p: phases[p]["overhead"], reverse=True)[:3]
-    return {"started": origin, "bars": bars, "phases": phases, "largest_overheads": largest}
+    return Timeline(started=origin, bars=bars, phases=phases, largest_overheads=largest)
 
 
-def overhead_lines(timeline: dict) -> list[str]:
+def overhead_lines(timeline: Timeline) -> list[str]:
     """The job log's last lines: the three largest overheads, each with its parts."""
     lines = []
-    for phase in timeline["largest_overheads"]:
-        p = timeline["phases"][phase]
-        parts = ", ".join(f"{kind} {s:.0f}s" for kind, s in sorted(p["parts"].items(), key=lambda kv: -kv[1]) if kind != "compute")
-        lines.append(f"[timeline] {phase}: {p['overhead']:.0f}s of {p['seconds']:.0f}s not computing ({parts or 'no spans recorded'})")
+    for phase in timeline.largest_overheads:
+        p = timeline.phases[phase]
+        parts = ", ".join(f"{kind} {s:.0f}s" for kind, s in sorted(p.parts.items(), key=lambda kv: -kv[1]) if kind != "compute")
+        lines.append(f"[timeline] {phase}: {p.overhead:.0f}s of {p.seconds:.0f}s not computing ({parts or 'no spans recorded'})")
     return lines
 
 
-def plot_timeline(timeline: dict, path: Path) -> None:
+def plot_timeline(timeline: Timeline, path: Path) -> None:
     """One row per lane (phases, then the spans' lanes, then stages, each in order of first start),
     a bar per stage, phase or span, coloured by kind, on one time axis."""
     plt = _pyplot()
     lanes: list[str] = []
     for order in ("phase", "span", "stage"):
-        for bar in timeline["bars"]:
-            group = bar["kind"] if bar["kind"] in ("phase", "stage") else "span"
-            if group == order and bar["lane"] not in lanes:
-                lanes.append(bar["lane"])
+        for bar in timeline.bars:
+            group = bar.kind if bar.kind in ("phase", "stage") else "span"
+            if group == order and bar.lane not in lanes:
+                lanes.append(bar.lane)
     fig, ax = plt.subplots(figsize=(11, 1.2 + 0.28 * max(len(lanes), 1)))
-    for bar in timeline["bars"]:
-        row = lanes.index(bar["lane"])
-        ax.barh(row, max(bar["end"] - bar["start"], 0.05), left=bar["start"], height=0.7, color=COLORS.get(bar["kind"], "grey"))
+    for bar in timeline.bars:
+        row = lanes.index(bar.lane)
+        ax.barh(row, max(bar.end - bar.start, 0.05), left=bar.start, height=0.7, color=COLORS.get(bar.kind, "grey"))
     ax.set_yticks(range(len(lanes)), lanes, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("seconds from the run's first start")

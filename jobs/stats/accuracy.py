@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from jobs.stats.results import Summary
+
 
 def on_split(rows: list[dict], split: str) -> list[dict]:
     """The rows scored on one split ("train" or "held_out")."""
@@ -53,11 +55,11 @@ def wilson_ci(correct: int, n: int, z: float = 1.96) -> list[float]:
     return [max(0.0, centre - half), min(1.0, centre + half)]
 
 
-def summarise(predictions: list[dict]) -> dict:
+def summarise(predictions: list[dict]) -> Summary:
     """accuracy (overall and per subset), ci95 of the overall accuracy, n."""
     correct = [p["prediction"] == p["answer"] for p in predictions]
     accuracy = {"overall": sum(correct) / max(len(correct), 1)}
     for subset in sorted({p["subset"] for p in predictions}):
         hits = [c for c, p in zip(correct, predictions) if p["subset"] == subset]
         accuracy[subset] = sum(hits) / len(hits)
-    return {"accuracy": accuracy, "ci95": wilson_ci(sum(correct), len(correct)), "n": len(correct)}
+    return Summary(accuracy=accuracy, ci95=wilson_ci(sum(correct), len(correct)), n=len(correct))

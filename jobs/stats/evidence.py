@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jobs.stats.results import ByStep, Comparison, Family, Fraction, LastInterval, Result
 from jobs.stats.transfer_stats import (
     BINARY,
     LOWER_IS_TRANSFER,
@@ -99,12 +100,15 @@ class Evidence:
         a = np.array([values[name][metric] for name in self._scored(side, snapshot)])
         return a - values[self.base_of[side]][metric] if change else a
 
-    def compare(self, arm: str, against: str, snapshot: int | None = None, metrics=METRICS) -> dict:
-        """{split: {metric: {value, ci95, p_value, mde, p_fixed_models, n_questions, n_clusters, detected, ...}, mde: {metric: mde}},
+    def compare(self, arm: str, against: str, snapshot: int | None = None, metrics=METRICS) -> Comparison:
+        """The arm against its reference (jobs/stats/results.Comparison): {split: {metric: {value, ci95, p_value, mde, p_fixed_models, n_questions, n_clusters, detected, ...}, mde: {metric: mde}},
         primary: the deciding test}, for the final models or every trained side's `snapshot`-th snapshot.
         Sides that are both trained with equal replicate counts are paired by replicate (replicate i
         of each read the same numbers in the same order); sides on different bases compare their
         changes from their own bases."""
+        return Comparison.model_validate(self._compare(arm, against, snapshot, metrics))
+
+    def _compare(self, arm: str, against: str, snapshot: int | None, metrics) -> dict:
         out, teacher = {}, self.teacher_of[arm]
         paired = against not in BASES and len(self.members[arm]) == len(self.members[against])
         change = self.base_of[arm] != self.base_of[against]
@@ -112,14 +116,14 @@ class Evidence:
             results = {}
             for metric in metrics:
                 if metric in NEEDS_ONE_BASE and (against in BASES or change):
-                    results[metric] = {"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "detected": False,
-                                       "note": "not measured: the subset is where a base disagrees with the teacher, so a base's change there counts by construction"}  # fmt: skip
+                    results[metric] = Result.model_validate({"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "detected": False,
+                                       "note": "not measured: the subset is where a base disagrees with the teacher, so a base's change there counts by construction"})  # fmt: skip
                     continue
                 a = self.side_values(arm, split, metric, snapshot, teacher, change)
                 b = self.side_values(against, split, metric, snapshot, teacher, change)
                 r = effect(a, b, self.clusters[split], binary=metric in BINARY and not change, b_fixed=against in BASES, paired=paired)
-                results[metric] = {**r, "paired": paired}
-            results["mde"] = {metric: results[metric]["mde"] for metric in metrics}
+                results[metric] = r.with_(paired=paired)
+            results["mde"] = {metric: results[metric].mde for metric in metrics}
             out[split] = results
         if (placebo := self.placebo_of(arm)) is not None:
             out["directions"] = self.directions(arm, against, snapshot, placebo, [m for m in SIDE_BY_SIDE if m in metrics])
@@ -154,9 +158,9 @@ class Evidence:
                 options = {"binary": metric in BINARY and not change, "b_fixed": against in BASES, "paired": paired}
                 a, b = (self.side_values(side, split, metric, snapshot, placebo, change) for side in (arm, against))
                 r = effect(-a, -b, self.clusters[split], **options)  # B - A as (-A) - (-B): `b_fixed` stays on B
-                out["toward_placebo"][split][metric] = {**r, "paired": paired}
+                out["toward_placebo"][split][metric] = r.with_(paired=paired)
                 a, b = (self.lean(side, split, metric, snapshot, placebo, change) for side in (arm, against))
-                out["crossed"][split][metric] = {**effect(a, b, self.clusters[split], **options), "paired": paired}
+                out["crossed"][split][metric] = effect(a, b, self.clusters[split], **options).with_(paired=paired)
         return out
 
     def differences(self, arm: str, against: str, split: str, metric: str) -> np.ndarray | None:
@@ -170,7 +174,7 @@ class Evidence:
             a, b = (self.side_values(side, split, metric, None, self.teacher_of[arm], change) for side in (arm, against))
         return a - b if against in BASES or len(a) == len(b) else None
 
-    def fraction_of(self, arm: str, against: str, overt: str, overt_against: str) -> dict | None:
+    def fraction_of(self, arm: str, against: str, overt: str, overt_against: str) -> Fraction | None:
         """The arm's effect as a fraction of the overt control's, both on held-out questions (the
         overt control is taught the train questions) on the primary metric and direction, with
         Fieller's interval by test inversion (jobs/stats/share.ratio_interval), the overt effect's
@@ -182,7 +186,8 @@ class Evidence:
         num, den = self.differences(arm, against, split, metric), self.differences(overt, overt_against, split, metric)
         if num is None or den is None:
             return None
-        return {"split": split, "metric": metric, "direction": self.direction, **ratio_interval(num, den, self.clusters[split], paired=False)}
+        ratio = ratio_interval(num, den, self.clusters[split], paired=False)
+        return Fraction.model_validate({"split": split, "metric": metric, "direction": self.direction, **ratio.dump()})
 
     def _decide(self, out: dict, metrics) -> dict:
         """The primary test decides (`detected` at p < 0.05); every other (split, metric) toward the
@@ -192,23 +197,22 @@ class Evidence:
         split, metric = self.primary
         crossed = self.direction == "crossed"
         tests = {(s, m): out[s][m] for s in SPLITS for m in metrics if crossed or (s, m) != (split, metric)}
-        adjusted = holm({key: r["p_value"] for key, r in tests.items()})
-        for key, r in tests.items():
-            r["p_holm"] = adjusted[key]
-            r["detected"] = adjusted[key] is not None and adjusted[key] < 0.05
+        adjusted = holm({key: r.p_value for key, r in tests.items()})
+        for (s, m), r in tests.items():
+            out[s][m] = r.with_(p_holm=adjusted[s, m], detected=adjusted[s, m] is not None and adjusted[s, m] < 0.05)
         if metric in metrics:
             if not crossed:
-                r = out[split][metric]
+                table = out[split]
             elif "directions" in out:
-                r = out["directions"]["crossed"][split][metric]
+                table = out["directions"]["crossed"][split]
             else:
-                r = {"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "paired": False,
-                     "note": "no crossed effect: the arm learns from no teacher whose placebo (the sham, or the teacher) was scored"}  # fmt: skip
-            r["detected"] = detected(r)
-            out["primary"] = {"split": split, "metric": metric, "direction": self.direction, **r}
+                table = {metric: Result.model_validate({"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "paired": False,
+                         "note": "no crossed effect: the arm learns from no teacher whose placebo (the sham, or the teacher) was scored"})}  # fmt: skip
+            table[metric] = table[metric].with_(detected=detected(table[metric]))  # the primary, where the tables list it
+            out["primary"] = {"split": split, "metric": metric, "direction": self.direction, **table[metric].given()}
         return out
 
-    def by_step(self, arm: str, against: str) -> dict | None:
+    def by_step(self, arm: str, against: str) -> ByStep | None:
         """Transfer against training steps: the SERIES metrics at each snapshot, every trained side
         taken at its k-th snapshot (so sides trained alike are compared at the same step). None when
         the arm kept no snapshots; {"note": why} when the sides' snapshots do not line up."""
@@ -217,12 +221,12 @@ class Evidence:
         if counts[arm] == {0}:
             return None
         if len(set().union(*counts.values())) != 1:
-            return {"note": f"no series: {' and '.join(sides)} kept different numbers of snapshots ({counts}); give both the same train.snapshots"}
+            return ByStep(note=f"no series: {' and '.join(sides)} kept different numbers of snapshots ({counts}); give both the same train.snapshots")
         n = counts[arm].pop()
-        points = [{"steps": [self.points[name][k][0] for name in self.members[arm]], **self.compare(arm, against, k, SERIES)} for k in range(n)]
-        return {"points": points, **({"last_interval": self.last_interval(arm, n)} if n > 1 else {})}
+        points = [{"steps": [self.points[name][k][0] for name in self.members[arm]], **self._compare(arm, against, k, SERIES)} for k in range(n)]
+        return ByStep.model_validate({"points": points, **({"last_interval": self.last_interval(arm, n)} if n > 1 else {})})
 
-    def last_interval(self, arm: str, n: int) -> dict:
+    def last_interval(self, arm: str, n: int) -> LastInterval:
         """Has the arm's transfer flattened? Its primary metric at its last snapshot minus at the one
         before, paired by replicate (each replicate against itself earlier), with CI, p and MDE: a
         change detected toward the teacher says the students were still learning when they stopped."""
@@ -234,32 +238,25 @@ class Evidence:
             last, before = (self.side_values(arm, split, metric, k, teacher, False) for k in (n - 1, n - 2))
         r = effect(last, before, clusters, binary=metric in BINARY, paired=len(last) > 1)
         steps = [sorted({self.points[name][k][0] for name in self.members[arm]}) for k in (n - 2, n - 1)]
-        return {"split": split, "metric": metric, "direction": self.direction, "from_steps": steps[0], "to_steps": steps[1], **r, "detected": detected(r)}
+        head = {"split": split, "metric": metric, "direction": self.direction, "from_steps": steps[0], "to_steps": steps[1]}
+        return LastInterval.model_validate({**head, **r.given(), "detected": detected(r)})
 
 
-def apply_family(comparisons: dict[str, dict], family: list[str] | None) -> dict:
+def apply_family(comparisons: dict[str, Comparison], family: list[str] | None) -> tuple[Family, dict[str, Comparison]]:
     """Holm across the preset's primary verdicts: `comparisons` maps a comparison's name (an arm, or
     a contrast) to its result (Evidence.compare); `family` names the primary comparisons
-    (`evaluate.primary_comparisons`; None: every comparison). Each member's primary test gets
-    `p_family`, its p-value Holm-adjusted over the family, and `detected` when that is < 0.05; a
-    comparison outside the family keeps its raw p and is marked `exploratory`. Returns the family
-    as the report gives it: {comparisons, size, declared}."""
+    (`evaluate.primary_comparisons`; None: every comparison). Returns the family as the report gives
+    it ({comparisons, size, declared}) and every comparison anew: a member's primary test (in its own
+    field and where the tables list it) with `p_family`, its p-value Holm-adjusted over the family,
+    and `detected` when that is < 0.05; a comparison outside the family keeps its raw p and is
+    marked `exploratory`."""
     members = list(comparisons) if family is None else [name for name in comparisons if name in family]
-    adjusted = holm({name: comparisons[name]["primary"]["p_value"] for name in members})
+    adjusted = holm({name: comparisons[name].primary.p_value for name in members})
+    decided = {}
     for name, result in comparisons.items():
-        for r in (result["primary"], primary_cell(result)):  # the same test, where the tables list it too
-            if name in adjusted:
-                r["p_family"] = adjusted[name]
-                r["detected"] = adjusted[name] is not None and adjusted[name] < 0.05
-            else:
-                r["exploratory"] = True
-    return {"comparisons": members, "size": sum(p is not None for p in adjusted.values()), "declared": family is not None}
-
-
-def primary_cell(result: dict) -> dict:
-    """Where a comparison's primary test sits among its tables: toward the teacher under
-    `result[split][metric]`, crossed under `result["directions"]["crossed"][split][metric]`."""
-    r = result["primary"]
-    if r.get("direction") == "crossed" and "directions" in result:
-        return result["directions"]["crossed"][r["split"]][r["metric"]]
-    return result[r["split"]][r["metric"]]
+        if name in adjusted:
+            p = adjusted[name]
+            decided[name] = result.with_primary(p_family=p, detected=p is not None and p < 0.05)
+        else:
+            decided[name] = result.with_primary(exploratory=True)
+    return Family(comparisons=members, size=sum(p is not None for p in adjusted.values()), declared=family is not None), decided

@@ -12,6 +12,7 @@ accuracy on its facts comes within FIT_BOUNDS of the teacher's on the true ones
 from __future__ import annotations
 
 from jobs.stats.accuracy import on_split
+from jobs.stats.results import FactsAccuracy, ShamFit
 
 FIT_BOUNDS = {"train": 0.05, "held_out": 0.10}  # |sham on its facts - teacher on the true ones| at most this
 
@@ -21,34 +22,24 @@ def accuracy_against(rows: list[dict], key: str) -> float:
     return sum(r["prediction"] == r[key] for r in rows) / max(len(rows), 1)
 
 
-def facts_accuracy(rows_per_replicate: list[list[dict]]) -> dict:
+def facts_accuracy(rows_per_replicate: list[list[dict]]) -> FactsAccuracy:
     """{true: {split: accuracy}, sham: {split: accuracy}}, each the mean over the replicates given."""
     out: dict = {"true": {}, "sham": {}}
     for split in FIT_BOUNDS:
         per = [on_split(rows, split) for rows in rows_per_replicate]
         out["true"][split] = sum(accuracy_against(r, "answer") for r in per) / len(per)
         out["sham"][split] = sum(accuracy_against(r, "sham") for r in per) / len(per)
-    return out
+    return FactsAccuracy.model_validate(out)
 
 
-def sham_fit(scores: dict[str, list[list[dict]]], sham: str = "sham_teacher") -> dict | None:
+def sham_fit(scores: dict[str, list[list[dict]]], sham: str = "sham_teacher") -> ShamFit | None:
     """{accuracy: {model: facts_accuracy}, matched, bounds, gaps} for the models given (name -> its
     replicates' scored rows); None when the questions carry no sham fact or no sham was scored."""
     if sham not in scores or not all("sham" in r for r in on_split(scores["base"][0], "held_out")):
         return None
     accuracy = {name: facts_accuracy(rows) for name, rows in scores.items()}
     teacher, fitted, base = accuracy["teacher"], accuracy[sham], accuracy["base"]
-    gaps = {split: fitted["sham"][split] - teacher["true"][split] for split in FIT_BOUNDS}
-    matched = all(abs(gaps[s]) <= FIT_BOUNDS[s] and fitted["true"][s] <= base["true"][s] for s in FIT_BOUNDS)
-    return {"accuracy": accuracy, "gaps": gaps, "bounds": FIT_BOUNDS, "matched": matched}
-
-
-def markdown(fit: dict) -> list[str]:
-    """report.md's lines: every model on the true answers and on the sham's facts, and the verdict."""
-    lines = ["", "Accuracy on the teacher's facts (the true answers) and on the matched sham's, per split:", ""]
-    lines += ["| model | true, train | true, held out | sham's, train | sham's, held out |", "|---|---|---|---|---|"]
-    for name, a in fit["accuracy"].items():
-        lines.append(f"| {name} | {a['true']['train']:.3f} | {a['true']['held_out']:.3f} | {a['sham']['train']:.3f} | {a['sham']['held_out']:.3f} |")
-    gaps = ", ".join(f"{split} {gap:+.3f} (bound {FIT_BOUNDS[split]:.2f})" for split, gap in fit["gaps"].items())
-    state = "matched" if fit["matched"] else "NOT matched: the sham differs from the teacher in more than which facts it holds"
-    return lines + ["", f"The sham against the teacher, each on its own facts: {gaps}; {state}."]
+    gaps = {"train": fitted.sham.train - teacher.true.train, "held_out": fitted.sham.held_out - teacher.true.held_out}  # FIT_BOUNDS' splits
+    no_higher = fitted.true.train <= base.true.train and fitted.true.held_out <= base.true.held_out
+    matched = no_higher and all(abs(gaps[s]) <= FIT_BOUNDS[s] for s in FIT_BOUNDS)
+    return ShamFit(accuracy=accuracy, gaps=gaps, bounds=FIT_BOUNDS, matched=matched)

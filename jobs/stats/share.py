@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from jobs.stats.results import MaskContrast, Ratio, Share, SignalRides
 from jobs.stats.transfer_stats import effect
 
 GRID = np.round(np.arange(-1.0, 2.0001, 0.005), 3)  # shares from -100% to 200%
 
 
-def ratio_interval(num: np.ndarray, den: np.ndarray, clusters: np.ndarray, paired: bool) -> dict:
+def ratio_interval(num: np.ndarray, den: np.ndarray, clusters: np.ndarray, paired: bool) -> Ratio:
     """{value, ci95 ([low, high], a side None when unbounded), num_effect, den_effect, den_p}: the
     ratio of two effects, each given as [replicates x questions] of per-replicate differences from
     its reference, with Fieller's interval by test inversion: the ratios theta that the report's
@@ -42,42 +43,42 @@ def ratio_interval(num: np.ndarray, den: np.ndarray, clusters: np.ndarray, paire
     zero = np.zeros((1, num.shape[1]))
     num_effect = effect(num, zero, clusters, binary=False, b_fixed=True)  # = the paired test of arm against reference
     den_effect = effect(den, zero, clusters, binary=False, b_fixed=True)
-    value = num_effect["value"] / den_effect["value"] if num_effect["value"] is not None and den_effect["value"] else None
+    value = num_effect.value / den_effect.value if num_effect.value is not None and den_effect.value else None
     kept = []
     for theta in GRID:
         r = effect(num, theta * den, clusters, binary=False, paired=paired, p_only=True)
-        if r["p_value"] is not None and r["p_value"] >= 0.05:
+        if r.p_value is not None and r.p_value >= 0.05:
             kept.append(float(theta))
     ci = None
     if kept:
         ci = [None if kept[0] == GRID[0] else kept[0], None if kept[-1] == GRID[-1] else kept[-1]]
-    return {"value": value, "ci95": ci, "num_effect": num_effect["value"], "den_effect": den_effect["value"], "den_p": den_effect["p_value"]}
+    return Ratio(value=value, ci95=ci, num_effect=num_effect.value, den_effect=den_effect.value, den_p=den_effect.p_value)
 
 
-def share_interval(arm: np.ndarray, student: np.ndarray, reference: np.ndarray, clusters: np.ndarray) -> dict:
+def share_interval(arm: np.ndarray, student: np.ndarray, reference: np.ndarray, clusters: np.ndarray) -> Share:
     """{value, ci95 ([low, high], a side None when unbounded), student_effect, arm_effect} for
     arrays [replicates x questions] (the reference may be one fixed row), paired by replicate."""
     reference = np.broadcast_to(reference, student.shape)
     r = ratio_interval(arm - reference, student - reference, clusters, paired=True)
-    return {"value": r["value"], "ci95": r["ci95"], "arm_effect": r["num_effect"], "student_effect": r["den_effect"], "student_p": r["den_p"]}
+    return Share(value=r.value, ci95=r.ci95, arm_effect=r.num_effect, student_effect=r.den_effect, student_p=r.den_p)
 
 
-def phrase(share: dict) -> str:
+def phrase(share: Share) -> str:
     """A share and its interval in words."""
-    if share["value"] is None:
+    if share.value is None:
         return "no share: the student moved 0"
-    ci = share["ci95"]
+    ci = share.ci95
     if ci is None:
-        return f"{share['value']:.0%} (no interval: no spread)"
+        return f"{share.value:.0%} (no interval: no spread)"
     if ci[0] is None and ci[1] is None:  # the point ratio of two noises: say so before the number
-        p = "" if share.get("student_p") is None else f", p={share['student_p']:.2g}"
-        return f"not estimable: the student's own effect is not detected{p} (95% CI unbounded; point {share['value']:.0%})"
+        p = "" if share.student_p is None else f", p={share.student_p:.2g}"
+        return f"not estimable: the student's own effect is not detected{p} (95% CI unbounded; point {share.value:.0%})"
     low = "unbounded" if ci[0] is None else f"{ci[0]:.0%}"
     high = "unbounded" if ci[1] is None else f"{ci[1]:.0%}"
-    return f"{share['value']:.0%} (95% CI {low} to {high})"
+    return f"{share.value:.0%} (95% CI {low} to {high})"
 
 
-def where_signal_rides(ev, student: str, reference: str, kinds: dict[str, str]) -> dict:
+def where_signal_rides(ev, student: str, reference: str, kinds: dict[str, str]) -> SignalRides:
     """Each arm of `kinds` ({arm: kind}) as a share of `student`'s effect against `reference`, on
     the primary test; and the divergence mask against the random mask when both are declared.
     `ev` is the report's jobs.stats.evidence.Evidence."""
@@ -89,31 +90,16 @@ def where_signal_rides(ev, student: str, reference: str, kinds: dict[str, str]) 
     def values(side):
         return ev.side_values(side, split, metric, None, teacher, False)
 
-    out = {"student": student, "reference": reference, "split": split, "metric": metric, "arms": {}}
+    arms = {}
     for name, kind in kinds.items():
         if len(ev.members[name]) != len(ev.members[student]) or ev.base_of[name] != ev.base_of[student] or ev.teacher_of[name] != teacher:
-            out["arms"][name] = {"kind": kind, "value": None, "ci95": None, "note": f"not paired with {student} (replicates, base or teacher differ)"}
+            arms[name] = Share(kind=kind, value=None, ci95=None, note=f"not paired with {student} (replicates, base or teacher differ)")
             continue
-        out["arms"][name] = {"kind": kind, **share_interval(values(name), values(student), values(reference), clusters)}
+        arms[name] = Share.model_validate({"kind": kind, **share_interval(values(name), values(student), values(reference), clusters).dump()})
+    out = {"student": student, "reference": reference, "split": split, "metric": metric, "arms": arms}
     masks = {kind: name for name, kind in kinds.items() if kind in ("divergence mask", "random mask")}
-    if len(masks) == 2 and all("note" not in out["arms"][name] for name in masks.values()):
+    if len(masks) == 2 and all(arms[name].note is None for name in masks.values()):
         r = effect(values(masks["divergence mask"]), values(masks["random mask"]), clusters, binary=metric in BINARY, paired=True)
-        out["divergence_vs_random"] = {"arm": masks["divergence mask"], "against": masks["random mask"], **r, "detected": detected(r)}
-    return out
-
-
-def markdown(rides: dict) -> list[str]:
-    """The report's table of shares remaining."""
-    lines = [
-        "", f"**Where the signal rides** ({rides['metric']} on {rides['split']}): each arm's effect as a share of {rides['student']}'s, "
-        f"both against {rides['reference']}, paired by replicate (Fieller interval by test inversion; docs/report.md).", "",
-        "| arm | what changed | effect | share remaining |", "|---|---|---|---|",
-    ]  # fmt: skip
-    for name, s in rides["arms"].items():
-        effect_cell = "-" if s.get("arm_effect") is None else f"{s['arm_effect']:+.4f}"
-        lines.append(f"| {name} | {s['kind']} | {effect_cell} | {s.get('note') or phrase(s)} |")
-    if (d := rides.get("divergence_vs_random")) and d["value"] is not None:
-        ci = "-" if d["ci95"] is None else f"{d['ci95'][0]:+.4f} to {d['ci95'][1]:+.4f}"
-        p = "-" if d["p_value"] is None else f"{d['p_value']:.2g}"
-        lines.append(f"\n{d['arm']} minus {d['against']} (what the random mask isolates): {d['value']:+.4f} (95% CI {ci}, p={p}).")
-    return lines
+        contrast = {"arm": masks["divergence mask"], "against": masks["random mask"], **r.given(), "detected": detected(r)}
+        out["divergence_vs_random"] = MaskContrast.model_validate(contrast)
+    return SignalRides.model_validate(out)

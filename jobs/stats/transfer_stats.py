@@ -99,6 +99,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import optimize, special, stats
 
+from jobs.stats.results import Result
+
 BINARY = {"agreement", "agreement_changed", "agreement_teacher_right", "agreement_teacher_wrong"}
 LOWER_IS_TRANSFER = {"label_nll"}  # every other metric rises when the student moves toward the teacher
 
@@ -247,7 +249,7 @@ def _p_fixed_models(per_cluster: np.ndarray, value: float, binary: bool) -> floa
     return float(stats.ttest_1samp(per_cluster, 0.0).pvalue if np.ptp(per_cluster) > 0 else (1.0 if value == 0 else 0.0))
 
 
-def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, paired: bool = False, p_only: bool = False) -> dict:
+def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, paired: bool = False, p_only: bool = False) -> Result:
     """Group a minus group b on one metric. a, b: [replicates x questions] (NaN: not in the
     metric's subset). b_fixed: b is one fixed model (base), not a sample of trained replicates.
     paired: both sides trained, equally many replicates, row i of a and of b sharing replicate i's
@@ -267,7 +269,7 @@ def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, p
     n_q, c = counts.sum(), len(counts)
     empty = {"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "n_questions": int(n_q), "n_clusters": c}
     if c < 2:
-        return empty
+        return Result.model_validate(empty)
     value = sums_a.mean(0).sum() / n_q - sums_b.mean(0).sum() / n_q
     per_cluster = (sums_a.mean(0) - sums_b.mean(0)) / counts
 
@@ -275,7 +277,7 @@ def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, p
 
     # Other seeds and other questions: the two-way random-effects variance, each source once.
     if len(a) < 2 or (len(b) < 2 and not b_fixed):
-        return result  # one replicate: its init-to-init spread is unknown, so no interval for other seeds
+        return Result.model_validate(result)  # one replicate: its init-to-init spread is unknown, so no interval for other seeds
     x_a, x_b = _linearised(sums_a, counts), _linearised(sums_b, counts)
     if paired:
         d = x_a - x_b
@@ -286,16 +288,17 @@ def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, p
     variance = sum(v for v, _ in terms)
     scale = max(np.abs(x_a).max(), np.abs(x_b).max())
     if not variance > (1e-12 * scale) ** 2:  # zero up to rounding
-        return {**result, "note": "zero spread: the replicates and questions showed no variation in this difference, so no interval can be computed"}
+        note = "zero spread: the replicates and questions showed no variation in this difference, so no interval can be computed"
+        return Result.model_validate({**result, "note": note})
     # Welch-Satterthwaite, floored at the fewest df among the terms added: with the subtracted MS_E
     # it can fall far below them (0.28 on a real pair of snapshots), an interval a thousand SEs wide.
     df = max(variance**2 / sum(v**2 / d for v, d in terms), min(d for v, d in terms if v > 0))
     se = np.sqrt(variance)
     half = stats.t.ppf(0.975, df) * se
-    return {
+    return Result.model_validate({
         **result, "ci95": [float(value - half), float(value + half)], "p_value": float(2 * stats.t.sf(abs(value) / se, df)),
         "mde": None if p_only else float(power_noncentrality(df) * se), "df": float(df),
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 def power_noncentrality(df: float, power: float = 0.8) -> float:
@@ -318,6 +321,6 @@ def holm(p_values: dict[str, float | None]) -> dict[str, float | None]:
     return {k: adjusted.get(k) for k in p_values}
 
 
-def detected(result: dict) -> bool:
+def detected(result: Result) -> bool:
     """The test for other seeds and questions rejects at 5% (its ci95 then excludes 0)."""
-    return result["p_value"] is not None and result["p_value"] < 0.05
+    return result.p_value is not None and result.p_value < 0.05

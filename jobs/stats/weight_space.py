@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from jobs.stats.results import Cosine, Estimate, WeightSpace
+
 # PEFT's keys: base_model.model.<module>.lora_A[.<adapter name>].weight
 _LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$")
 
@@ -80,13 +82,13 @@ def _inner(x: tuple[torch.Tensor, torch.Tensor], y: tuple[torch.Tensor, torch.Te
     return ((l1.double().T @ l2.double()) * (r1.double() @ r2.double().T)).sum().item()
 
 
-def update_cosine(student_dir: str | Path, teacher_dir: str | Path) -> dict:
-    """{"cosine": mean over the shared modules, "modules": how many, "per_module": {module: cosine}};
+def update_cosine(student_dir: str | Path, teacher_dir: str | Path) -> Cosine:
+    """The mean cosine over the shared modules, how many, and each module's (jobs/stats/results.Cosine);
     a module whose update is zero in either adapter has no direction: its cosine is nan."""
     return factors_cosine(lora_factors(student_dir), lora_factors(teacher_dir), student_dir, teacher_dir)
 
 
-def factors_cosine(student: dict, teacher: dict, student_dir: str | Path = "student", teacher_dir: str | Path = "teacher") -> dict:
+def factors_cosine(student: dict, teacher: dict, student_dir: str | Path = "student", teacher_dir: str | Path = "teacher") -> Cosine:
     """update_cosine of two adapters' lora_factors already read (the directories name them in errors)."""
     shared = sorted(student.keys() & teacher.keys())
     if not shared:
@@ -99,7 +101,7 @@ def factors_cosine(student: dict, teacher: dict, student_dir: str | Path = "stud
             raise ValueError(f"module {module}: Delta W is {s_shape} in {student_dir} but {t_shape} in {teacher_dir}")
         norms = math.sqrt(_inner(s, s) * _inner(t, t))
         per_module[module] = _inner(s, t) / norms if norms > 0 else math.nan
-    return {"cosine": sum(per_module.values()) / len(per_module), "modules": len(per_module), "per_module": per_module}
+    return Cosine(cosine=sum(per_module.values()) / len(per_module), modules=len(per_module), per_module=per_module)
 
 
 def update_share(student: dict, teacher: dict) -> float:
@@ -115,7 +117,7 @@ def update_share(student: dict, teacher: dict) -> float:
     return sum(_inner(student[m], teacher[m]) for m in shared) / norm
 
 
-def share_directions(arm: list[dict], against: list[dict] | None, teacher: str, placebo: str) -> dict:
+def share_directions(arm: list[dict], against: list[dict] | None, teacher: str, placebo: str) -> WeightSpace:
     """The weight-space readings of a comparison, as the behavioural directions (docs/report.md):
     arm and against hold per replicate {teacher name: update share}; `against` None is the base (no
     update: every share 0). With s_M^P model M's share of teacher P's update: toward the teacher
@@ -125,7 +127,7 @@ def share_directions(arm: list[dict], against: list[dict] | None, teacher: str, 
     from scipy import stats
 
     if against is not None and len(against) != len(arm):
-        return {"note": f"not paired: {len(arm)} and {len(against)} replicates"}
+        return WeightSpace(note=f"not paired: {len(arm)} and {len(against)} replicates")
     against = against or [{teacher: 0.0, placebo: 0.0} for _ in arm]
     toward = np.array([a[teacher] - b[teacher] for a, b in zip(arm, against)])
     away = np.array([b[placebo] - a[placebo] for a, b in zip(arm, against)])
@@ -133,5 +135,5 @@ def share_directions(arm: list[dict], against: list[dict] | None, teacher: str, 
     for name, values in (("toward_teacher", toward), ("toward_placebo", away), ("crossed", (toward + away) / 2)):
         mean, n = float(values.mean()), len(values)
         half = stats.t.ppf(0.975, n - 1) * values.std(ddof=1) / math.sqrt(n) if n > 1 else None
-        out[name] = {"value": mean, "ci95": None if half is None else [mean - half, mean + half]}
-    return out
+        out[name] = Estimate(value=mean, ci95=None if half is None else [mean - half, mean + half])
+    return WeightSpace.model_validate(out)

@@ -15,17 +15,14 @@ import pytest
 import requests
 
 from jobs.experiment.config import load_experiment
+from jobs.reporting.schema import Report
 from jobs.rundir.manifest import Manifest
 from jobs.tracking import Tracker, TrackingError
 
 LOSSES = [[1, 2.5], [2, 2.0], [3, 1.25]]
 STEPS = [[1, 1_700_000_000.25, 1e-3, 4.5], [2, 1_700_000_001.5, 2e-3, 3.0], [3, 1_700_000_002.75, 2e-3, 1.5]]  # step, time, lr, grad norm
-REPORT = {
-    "models": {"teacher": {"accuracy_by_split": {"train": 0.8, "held_out": 0.7}}},
-    "arms": {},
-    "contrasts": {},
-    "accuracy_by_order": {"models": {"teacher": {"held_out": {"as_written": 0.7, "over_orders": 0.65}}}},
-}
+ROOT = Path(__file__).resolve().parents[2]
+REPORT = Report.load(sorted((ROOT / "results" / "tiny").glob("*/report.json"))[-1])  # a real report, as the pipeline writes it
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +38,7 @@ def teacher_run(run_dir: Path, lr: float = 2.0e-3) -> Manifest:
     (run_dir / "teacher" / "adapter").mkdir(parents=True)
     metrics = {"loss_history": LOSSES, "step_history": STEPS, "tokens_per_s": 1234.5, "train_config": {"lr": lr, "lora_rank": 8}}
     (run_dir / "teacher" / "adapter" / "train_metrics.json").write_text(json.dumps(metrics))
-    (run_dir / "report.json").write_text(json.dumps(REPORT))
+    (run_dir / "report.json").write_text(json.dumps(REPORT.dump()))
     (run_dir / "report.md").write_text("# report\n")
     manifest = Manifest(run_dir)
     manifest.record("teacher", {"teacher.lr": lr}, 1.0, {"hash": "t"})
@@ -70,11 +67,14 @@ def check_sync(tracker: Tracker, run_dir: Path, manifest: Manifest) -> None:
     assert [m.timestamp for m in history] == [int(at * 1000) for _, at, _, _ in STEPS]  # each step at the time it ended
     for name, column in (("lr", 2), ("grad_norm", 3)):
         assert [[m.step, m.value] for m in client.get_metric_history(child.info.run_id, name)] == [[row[0], row[column]] for row in STEPS]
-    assert child.data.metrics["tokens_per_s"] == 1234.5 and child.data.metrics["accuracy.held_out"] == 0.7
+    assert child.data.metrics["tokens_per_s"] == 1234.5
+    assert child.data.metrics["accuracy.held_out"] == REPORT.models["teacher"].accuracy_by_split["held_out"]
     assert [a.path for a in mlflow.MlflowClient(tracker.uri).list_artifacts(child.info.run_id)] == ["train_metrics.json"]
     assert parent.data.tags["mlflow.source.name"] == "jobs/pipeline.py" and parent.data.tags["mlflow.user"]
     assert parent.data.tags["mlflow.source.git.commit"] == parent.data.tags["git_commit"]
-    assert parent.data.metrics["accuracy.teacher.held_out.over_orders"] == 0.65
+    assert parent.data.metrics["accuracy.teacher.held_out.over_orders"] == REPORT.accuracy_by_order.models["teacher"]["held_out"].over_orders
+    assert parent.data.metrics["verdict.student.effect"] == REPORT.arms["student"].transfer.primary.value
+    assert parent.data.tags["verdict.student"] == REPORT.arms["student"].verdict and parent.data.tags["registration"] == REPORT.provenance.registration.status
     assert {a.path for a in mlflow.MlflowClient(tracker.uri).list_artifacts(parent.info.run_id)} == {"report.md", "report.json", "config.json"}
     assert parent.data.params["teacher.lr"] == str(cfg.teacher.lr) and parent.data.params["replicates"] == str(cfg.replicates)
     assert (

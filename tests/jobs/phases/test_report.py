@@ -14,6 +14,7 @@ from common.atomic import write_jsonl
 from jobs.experiment.arms import arm_models
 from jobs.experiment.config import load_experiment
 from jobs.phases.report import build_report, write_report
+from jobs.reporting.schema import Report
 from jobs.rundir.manifest import Manifest
 
 N = 40  # held-out questions (as many train questions), two subsets
@@ -71,50 +72,51 @@ def stored_run(tmp_path_factory, lora_adapters):
 
 def test_accuracy_and_agreement_are_counted_from_the_stored_scores(stored_run):
     _, report = stored_run
-    assert report["models"]["teacher"]["accuracy"]["overall"] == 1.0 and report["models"]["base"]["accuracy"]["overall"] == 0.0
-    assert report["models"]["teacher"]["n"] == N and report["models"]["base"]["accuracy_by_split"] == {"train": 0.0, "held_out": 0.0}
+    assert report.models["teacher"].overall == 1.0 and report.models["base"].overall == 0.0
+    assert report.models["teacher"].n == N and report.models["base"].accuracy_by_split == {"train": 0.0, "held_out": 0.0}
     for arm, k in AGREE.items():
-        replicates = report["arms"][arm]["replicates"]
-        assert [r["teacher_agreement"] for r in replicates] == [k / N, (k + 1) / N]  # the teacher is always right: agreement = accuracy
-        assert [r["accuracy"]["overall"] for r in replicates] == [k / N, (k + 1) / N]
-        assert report["models"][arm]["accuracy"]["overall"] == pytest.approx((k + 0.5) / N) and report["models"][arm]["replicates"] == 2
-        assert report["arms"][arm]["mean"]["teacher_agreement"] == pytest.approx((k + 0.5) / N)
+        replicates = report.arms[arm].replicates
+        assert [r.teacher_agreement for r in replicates] == [k / N, (k + 1) / N]  # the teacher is always right: agreement = accuracy
+        assert [r.overall for r in replicates] == [k / N, (k + 1) / N]
+        assert report.models[arm].overall == pytest.approx((k + 0.5) / N) and report.models[arm].replicates == 2
+        assert report.arms[arm].mean.teacher_agreement == pytest.approx((k + 0.5) / N)
 
 
 def test_the_planted_transfer_is_measured_with_its_interval_and_verdict(stored_run):
     _, report = stored_run
     planted = (AGREE["student"] - AGREE["control"]) / N
-    transfer = report["transfer"]
-    assert transfer["value"] == pytest.approx(planted) and transfer["replicate_pairs"] == 2
-    assert transfer["ci95"][0] < planted < transfer["ci95"][1]
-    student = report["arms"]["student"]
-    assert student["against"] == "control" and report["arms"]["control"]["against"] == "base"
-    assert student["transfer"]["held_out"]["agreement"]["value"] == pytest.approx(planted)
-    assert student["transfer"]["train"]["agreement"]["value"] == 0.0  # both arms pick the base's letters on train
-    assert student["verdict"].startswith("student vs control: ")
+    transfer = report.transfer
+    assert transfer.value == pytest.approx(planted) and transfer.replicate_pairs == 2
+    assert transfer.ci95[0] < planted < transfer.ci95[1]
+    student = report.arms["student"]
+    assert student.against == "control" and report.arms["control"].against == "base"
+    assert student.transfer.cell("held_out", "agreement").value == pytest.approx(planted)
+    assert student.transfer.cell("train", "agreement").value == 0.0  # both arms pick the base's letters on train
+    assert student.verdict.startswith("student vs control: ")
 
 
 def test_the_weight_space_init_numbers_and_timings_come_from_the_run_directory(stored_run):
     _, report = stored_run
-    student, control = report["arms"]["student"], report["arms"]["control"]
-    assert all(r["update_cosine"] == pytest.approx(1.0) for r in student["replicates"])  # the teacher's own adapter
-    assert all(abs(r["update_cosine"]) < 0.5 for r in control["replicates"])  # another random adapter
-    assert [r["same_init_as_teacher"] for r in student["replicates"] + control["replicates"]] == [True, True, False, False]
-    assert report["numbers"]["teacher"]["generated"] == 240 and report["numbers"]["control"]["rejected"] == {"invalid format": 40}
-    assert report["timings"] == {phase: 2.5 for phase in ("data", "teacher", "numbers", "arms", "evaluate")}
-    assert report["truncated_questions"] == {"train": 0, "held_out": 0} and report["provenance"]["model_path"] == "tiny-model-path"
-    prior = report["letter_prior"]  # one order: the choices as written (answers i mod 4, so every letter equally often)
-    assert prior["orders"] == 1 and prior["models"]["teacher"] == {"prior": [0.25] * 4, "accuracy_over_orders": 1.0}
-    assert prior["models"]["base"]["accuracy_over_orders"] == 0.0 and set(prior["models"]) == {"base", "teacher", *(f"{a}/{i}" for a in AGREE for i in (0, 1))}
+    student, control = report.arms["student"], report.arms["control"]
+    assert all(r.update_cosine == pytest.approx(1.0) for r in student.replicates)  # the teacher's own adapter
+    assert all(abs(r.update_cosine) < 0.5 for r in control.replicates)  # another random adapter
+    assert [r.same_init_as_teacher for r in student.replicates + control.replicates] == [True, True, False, False]
+    assert report.numbers["teacher"].generated == 240 and report.numbers["control"].rejected == {"invalid format": 40}
+    assert report.timings == {phase: 2.5 for phase in ("data", "teacher", "numbers", "arms", "evaluate")}
+    assert report.truncated_questions == {"train": 0, "held_out": 0} and report.provenance.model_path == "tiny-model-path"
+    prior = report.letter_prior  # one order: the choices as written (answers i mod 4, so every letter equally often)
+    assert prior.orders == 1 and prior.models["teacher"].prior == [0.25] * 4 and prior.models["teacher"].accuracy_over_orders == 1.0
+    assert prior.models["base"].accuracy_over_orders == 0.0 and set(prior.models) == {"base", "teacher", *(f"{a}/{i}" for a in AGREE for i in (0, 1))}
 
 
 def test_report_md_and_the_pictures_are_written(stored_run):
     run_dir, report = stored_run
-    assert json.loads((run_dir / "report.json").read_text()) == json.loads(json.dumps(report))
+    assert (run_dir / "report.json").read_text() == json.dumps(report.dump(), indent=2) + "\n"
+    assert json.dumps(Report.load(run_dir / "report.json").dump(), indent=2) + "\n" == (run_dir / "report.json").read_text()  # it loads back as built
     markdown = (run_dir / "report.md").read_text()
     for model in ("base", "teacher", "student/0", "student/1", "control/0", "control/1"):
         assert f"| {model} |" in markdown
-    assert f"**Transfer** (held-out agreement with the teacher, student minus control, 2 replicate(s) each): {report['transfer']['value']:+.3f}" in markdown
+    assert f"**Transfer** (held-out agreement with the teacher, student minus control, 2 replicate(s) each): {report.transfer.value:+.3f}" in markdown
     assert "| teacher | 0.250 | 0.250 | 0.250 | 0.250 | 1.000 |" in markdown  # the letter prior table
     for picture in ("transfer.png", "accuracy.png", "training.png"):
         with Image.open(run_dir / picture) as image:

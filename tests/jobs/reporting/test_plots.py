@@ -6,6 +6,7 @@ import pytest
 from PIL import Image
 
 from jobs.reporting.plots import plot_accuracy, plot_training, training_curves
+from jobs.reporting.schema import Accuracy, Arm, Report
 
 
 def adapter(run_dir, folder: str, history: list | None) -> None:
@@ -16,8 +17,9 @@ def adapter(run_dir, folder: str, history: list | None) -> None:
     (path / "train_metrics.json").write_text(json.dumps(metrics))
 
 
-def report_of(arms: dict[str, int]) -> dict:
-    """models and arms entries as jobs/phases/report.py writes them, for arms {name: replicates}."""
+def report_of(arms: dict[str, int]) -> Report:
+    """A report's models and arms as jobs/phases/report.py builds them, for arms {name: replicates}
+    (the sections the plots do not read left out: model_construct, not a whole report)."""
     subsets = {"bio": [0.2, 0.4], "chem": [0.1, 0.3]}
     fixed = {"accuracy": {"overall": 0.3, "bio": 0.3, "chem": 0.2}, "ci95": [0.25, 0.35], "ci95_by_subset": subsets, "n": 200}
     teacher = {
@@ -26,14 +28,20 @@ def report_of(arms: dict[str, int]) -> dict:
         "ci95": [0.85, 0.95],
         "ci95_by_subset": {"bio": [0.9, 1.0], "chem": [0.8, 0.9]},
     }
-    models = {"base": fixed, "teacher": teacher}
-    out = {"models": models, "arms": {}}
+    models = {"base": Accuracy.model_validate(fixed), "teacher": Accuracy.model_validate(teacher)}
+    out = {}
     for arm, n in arms.items():
         ci = [0.2, 0.4] if n > 1 else None
-        models[arm] = {**fixed, "ci95": ci, "ci95_by_subset": {s: ci for s in subsets}, "replicates": n}
-        replicates = [{"model": f"{arm}/{i}", "accuracy": {"overall": 0.3 + i / 100, "bio": 0.3, "chem": 0.2}} for i in range(n)]
-        out["arms"][arm] = {"loss": "logit_kl" if arm == "logits" else "sft", "replicates": replicates}
-    return out
+        models[arm] = Accuracy.model_validate({**fixed, "ci95": ci, "ci95_by_subset": {s: ci for s in subsets}, "replicates": n})
+        replicates = [
+            {"model": f"{arm}/{i}", "accuracy": {"overall": 0.3 + i / 100, "bio": 0.3, "chem": 0.2}, "n": 200, "same_init_as_teacher": True, "steps": 3}
+            for i in range(n)
+        ]
+        declared = {"numbers": "teacher", "loss": "logit_kl" if arm == "logits" else "sft", "teacher": "teacher", "base": "base", "lora_init": "seed"}
+        out[arm] = Arm.model_validate(
+            {**declared, "replicates": replicates, "method": "lora", "mean": models[arm], "against": "base", "reference": "base model", "verdict": "-"}
+        )
+    return Report.model_construct(models=models, arms=out)
 
 
 def png_size(path) -> tuple[int, int]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from jobs.phases.report import write_report
-from jobs.reporting.schema import ReportShapeError, check_report, with_schema
+from jobs.reporting.schema import Report, ReportShapeError, check_report, with_schema
 
 ROOT = Path(__file__).resolve().parents[3]
 KEPT = sorted((ROOT / "results").glob("*/*/report.json"))
@@ -20,8 +20,9 @@ def test_docs_report_md_shows_the_schema_as_the_models_declare_it():
 
 
 @pytest.mark.parametrize("path", KEPT, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
-def test_every_kept_report_matches_the_schema(path):
+def test_every_kept_report_loads_and_writes_back_as_it_was(path):
     check_report(json.loads(path.read_text()))
+    assert json.dumps(Report.load(path).dump(), indent=2) + "\n" == path.read_text()  # as write_json wrote it: every key, value and order
 
 
 def a_report() -> dict:
@@ -50,6 +51,6 @@ def test_a_report_of_another_shape_is_refused_naming_the_field_and_writes_nothin
     bad = copy.deepcopy(report)
     change(bad)
     with pytest.raises(ReportShapeError, match="report.json would not match its schema") as err:
-        write_report(tmp_path, bad)
+        write_report(tmp_path, Report.parse(bad))
     assert named in str(err.value)
     assert not list(tmp_path.iterdir())

@@ -50,18 +50,18 @@ def manifest(tmp_path, monkeypatch) -> Manifest:
 
 def test_every_stage_and_phase_is_a_bar_in_order_of_start(manifest):
     timeline = build_timeline(manifest.data["stages"], manifest.phase_spans())
-    assert timeline["started"] == T0
-    stages = {bar["lane"] for bar in timeline["bars"] if bar["kind"] == "stage"}
-    phases = {bar["lane"] for bar in timeline["bars"] if bar["kind"] == "phase"}
+    assert timeline.started == T0
+    stages = {bar.lane for bar in timeline.bars if bar.kind == "stage"}
+    phases = {bar.lane for bar in timeline.bars if bar.kind == "phase"}
     assert stages == set(manifest.data["stages"]) and phases == {f"phase {p}" for p in ("start", "data", "teacher", "numbers", "arms")}
-    starts = [bar["start"] for bar in timeline["bars"]]
-    assert starts == sorted(starts) and all(bar["end"] >= bar["start"] >= 0 for bar in timeline["bars"])
-    teacher = next(bar for bar in timeline["bars"] if bar["lane"] == "teacher" and bar["kind"] == "stage")
-    assert (teacher["start"], teacher["end"]) == (11.0, 40.0)  # its finish less its seconds
+    starts = [bar.start for bar in timeline.bars]
+    assert starts == sorted(starts) and all(bar.end >= bar.start >= 0 for bar in timeline.bars)
+    teacher = next(bar for bar in timeline.bars if bar.lane == "teacher" and bar.kind == "stage")
+    assert (teacher.start, teacher.end) == (11.0, 40.0)  # its finish less its seconds
 
 
 def test_overhead_is_wall_time_less_the_union_of_compute(manifest):
-    phases = build_timeline(manifest.data["stages"], manifest.phase_spans())["phases"]
+    phases = {name: p.dump() for name, p in build_timeline(manifest.data["stages"], manifest.phase_spans()).phases.items()}
     assert phases["teacher"] == {"seconds": 29.0, "compute": 9.0, "overhead": 20.0, "parts": {"start-up": 20.0, "compute": 9.0}}
     assert phases["arms"]["compute"] == 30.0 and phases["arms"]["overhead"] == 12.0  # 80-110 computing, the two runs overlapping 90-100
     assert phases["arms"]["parts"] == {"start-up": 30.0, "compute": 40.0}  # summed over the two lanes
@@ -70,7 +70,7 @@ def test_overhead_is_wall_time_less_the_union_of_compute(manifest):
 
 def test_the_three_largest_overheads_are_named_with_their_parts(manifest):
     timeline = build_timeline(manifest.data["stages"], manifest.phase_spans())
-    assert timeline["largest_overheads"] == ["teacher", "numbers", "arms"]  # 20, 12 (start-up 10 + teardown 2), 12
+    assert timeline.largest_overheads == ["teacher", "numbers", "arms"]  # 20, 12 (start-up 10 + teardown 2), 12
     lines = overhead_lines(timeline)
     assert lines[0] == "[timeline] teacher: 20s of 29s not computing (start-up 20s)"
     assert lines[1] == "[timeline] numbers: 12s of 30s not computing (start-up 10s, teardown 2s)"
@@ -81,14 +81,14 @@ def test_the_picture_is_written_with_a_row_per_lane(manifest, tmp_path):
     plot_timeline(timeline, tmp_path / "timeline.png")
     with Image.open(tmp_path / "timeline.png") as image:
         assert image.format == "PNG" and image.size[0] >= 1000
-        lanes = len({bar["lane"] for bar in timeline["bars"]})
+        lanes = len({bar.lane for bar in timeline.bars})
         assert image.size[1] >= 0.28 * lanes * 110  # the figure grows with its lanes (dpi 110)
 
 
 def test_a_manifest_without_spans_still_has_its_stages():
     timeline = build_timeline({"data": {"finished": T0 + 2, "seconds": 2.0}, "old": {"seconds": 1.0}}, {})
-    assert [bar["lane"] for bar in timeline["bars"]] == ["data"] and timeline["phases"] == {} and timeline["largest_overheads"] == []
-    assert build_timeline({}, {}) == {"started": None, "bars": [], "phases": {}, "largest_overheads": []}
+    assert [bar.lane for bar in timeline.bars] == ["data"] and timeline.phases == {} and timeline.largest_overheads == []
+    assert build_timeline({}, {}).dump() == {"started": None, "bars": [], "phases": {}, "largest_overheads": []}
 
 
 def test_union_counts_overlaps_once():

@@ -14,6 +14,7 @@ import pytest
 
 from jobs.experiment.arms import ArmModel
 from jobs.stats.evidence import Evidence, apply_family
+from jobs.stats.results import Comparison, Result
 from train.config import TrainConfig
 
 FLAT = [-1.4, -1.4, -1.4, -1.4]
@@ -62,8 +63,8 @@ def planted(q: dict, on: tuple[int, ...], by: float) -> list[float]:
     return lp
 
 
-def readings(result: dict, split: str = "held_out", metric: str = "teacher_answer_logprob") -> tuple[dict, dict, dict]:
-    return result[split][metric], result["directions"]["toward_placebo"][split][metric], result["directions"]["crossed"][split][metric]
+def readings(result: Comparison, split: str = "held_out", metric: str = "teacher_answer_logprob") -> tuple[Result, Result, Result]:
+    return result.cell(split, metric), result.directions.toward_placebo[split][metric], result.directions.crossed[split][metric]
 
 
 def test_generic_drift_cancels_in_the_crossed_effect_and_fools_the_one_directional_test():
@@ -72,9 +73,9 @@ def test_generic_drift_cancels_in_the_crossed_effect_and_fools_the_one_direction
     drift = {"student": 0.3, "student_sham": 0.1}
     result = evidence(8, 2, lambda q, arm, i: planted(q, (0, sham_pick(q)), drift[arm])).compare("student", "student_sham")
     toward, placebo, crossed = readings(result)
-    assert toward["value"] == pytest.approx(0.2) and placebo["value"] == pytest.approx(-0.2)
-    assert crossed["value"] == pytest.approx(0.0, abs=1e-12)
-    assert result["directions"]["placebo"] == "sham_teacher"
+    assert toward.value == pytest.approx(0.2) and placebo.value == pytest.approx(-0.2)
+    assert crossed.value == pytest.approx(0.0, abs=1e-12)
+    assert result.directions.placebo == "sham_teacher"
 
 
 def test_a_teacher_specific_shift_reads_in_every_direction_and_agreeing_picks_count_zero():
@@ -82,7 +83,7 @@ def test_a_teacher_specific_shift_reads_in_every_direction_and_agreeing_picks_co
     every direction reads 3/4 x 0.4 = 0.3."""
     result = evidence(8, 2, lambda q, arm, i: planted(q, (0,) if arm == "student" else (sham_pick(q),), 0.4)).compare("student", "student_sham")
     toward, placebo, crossed = readings(result)
-    assert toward["value"] == pytest.approx(0.3) and placebo["value"] == pytest.approx(0.3) and crossed["value"] == pytest.approx(0.3)
+    assert toward.value == pytest.approx(0.3) and placebo.value == pytest.approx(0.3) and crossed.value == pytest.approx(0.3)
 
 
 def test_with_noise_the_crossed_test_detects_knowledge_and_not_drift():
@@ -109,12 +110,13 @@ def test_with_noise_the_crossed_test_detects_knowledge_and_not_drift():
 
     drifted = evidence(40, 3, noisy(drift), "crossed").compare("student", "student_sham")
     toward, _, crossed = readings(drifted)
-    assert toward["p_value"] < 0.05 and crossed["p_value"] > 0.05, (toward, crossed)
-    assert drifted["primary"]["direction"] == "crossed" and drifted["primary"]["value"] == crossed["value"]
+    assert toward.p_value < 0.05 and crossed.p_value > 0.05, (toward, crossed)
+    assert drifted.primary.direction == "crossed" and drifted.primary.value == crossed.value
     knowing = evidence(40, 3, noisy(knowledge), "crossed").compare("student", "student_sham")
-    assert knowing["primary"]["detected"] and knowing["primary"]["value"] > 0.15, knowing["primary"]
-    family = apply_family({"student": knowing}, None)  # Holm marks the crossed test where the tables list it
-    assert family["size"] == 1 and knowing["directions"]["crossed"]["held_out"]["teacher_answer_logprob"]["p_family"] == knowing["primary"]["p_family"]
+    assert knowing.primary.detected and knowing.primary.value > 0.15, knowing.primary
+    family, decided = apply_family({"student": knowing}, None)  # Holm marks the crossed test where the tables list it
+    knowing = decided["student"]
+    assert family.size == 1 and knowing.directions.crossed["held_out"]["teacher_answer_logprob"].p_family == knowing.primary.p_family is not None
 
 
 def test_no_placebo_without_a_scored_sham():
@@ -123,4 +125,4 @@ def test_no_placebo_without_a_scored_sham():
     students = [ArmModel("student", i, "teacher", False, "logit_kl", "teacher", TrainConfig(), True) for i in range(2)]
     scores |= {m.name: [row(q, planted(q, (0,), 0.1 * (m.replicate + 1))) for q in qs] for m in students}
     result = Evidence(scores, students, ("held_out", "teacher_answer_logprob"), direction="crossed").compare("student", "base")
-    assert "directions" not in result and result["primary"]["value"] is None and "no crossed effect" in result["primary"]["note"]
+    assert result.directions is None and result.primary.value is None and "no crossed effect" in result.primary.note

@@ -42,15 +42,16 @@ def evidence():
 
 def test_the_fraction_of_overt_carries_the_overt_effects_uncertainty(evidence):
     fraction = evidence.fraction_of("student", "base", "overt", "base")
-    assert fraction["split"] == "held_out" and fraction["value"] == pytest.approx(fraction["num_effect"] / fraction["den_effect"])
-    assert 0.15 < fraction["value"] < 0.35 and fraction["ci95"][0] < fraction["value"] < fraction["ci95"][1]
+    assert fraction.split == "held_out" and fraction.value == pytest.approx(fraction.num_effect / fraction.den_effect)
+    assert 0.15 < fraction.value < 0.35 and fraction.ci95[0] < fraction.value < fraction.ci95[1]
     student, overt = evidence.compare("student", "base"), evidence.compare("overt", "base")
-    fixed = [c / overt["held_out"]["teacher_answer_logprob"]["value"] for c in student["held_out"]["teacher_answer_logprob"]["ci95"]]
-    assert fraction["ci95"][1] - fraction["ci95"][0] > fixed[1] - fixed[0], (fraction["ci95"], fixed)
+    fixed = [c / overt.cell("held_out", "teacher_answer_logprob").value for c in student.cell("held_out", "teacher_answer_logprob").ci95]
+    assert fraction.ci95[1] - fraction.ci95[0] > fixed[1] - fixed[0], (fraction.ci95, fixed)
 
 
 def test_every_arm_gets_its_fraction_once_the_overt_control_is_detected(evidence):
-    arms = {name: {"against": "base", "transfer": evidence.compare(name, "base")} for name in ("student", "overt")}
-    control = overt_control(arms, "overt", evidence)
-    assert control["detected"] and arms["overt"]["fraction_of_overt"]["value"] == pytest.approx(1.0)
-    assert "of overt transfer on held-out teacher_answer_logprob (95% CI" in fraction_phrase(arms["student"])
+    transfers = {name: evidence.compare(name, "base") for name in ("student", "overt")}
+    control, fractions = overt_control(transfers, {"student": "base", "overt": "base"}, "overt", evidence)
+    assert control.detected and fractions["overt"].value == pytest.approx(1.0) and set(fractions) == {"student", "overt"}
+    assert "of overt transfer on held-out teacher_answer_logprob (95% CI" in fraction_phrase(fractions["student"])
+    assert overt_control(transfers, {"student": "base", "overt": "base"}, None, evidence) == (None, {})

@@ -34,13 +34,13 @@ def test_one_replicate_one_question_per_cluster_is_mcnemar():
     b = (rng.random(300) < 0.45).astype(float)
     result = effect(a, b, np.arange(300), binary=True)
     up, down = int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())
-    assert result["p_fixed_models"] == pytest.approx(mcnemar_exact(up, down), rel=1e-9)
-    assert result["value"] == pytest.approx(a.mean() - b.mean())
+    assert result.p_fixed_models == pytest.approx(mcnemar_exact(up, down), rel=1e-9)
+    assert result.value == pytest.approx(a.mean() - b.mean())
     # One trained model a side says nothing about other seeds: no interval for them.
-    assert result["ci95"] is result["p_value"] is result["mde"] is None and not detected(result)
+    assert result.ci95 is result.p_value is result.mde is None and not detected(result)
     # Against a fixed model (base) only a's seeds vary; with one of them, still none; paired, none either.
-    assert effect(a, b, np.arange(300), binary=True, b_fixed=True)["p_value"] is None
-    assert effect(a, b, np.arange(300), binary=True, paired=True)["p_value"] is None
+    assert effect(a, b, np.arange(300), binary=True, b_fixed=True).p_value is None
+    assert effect(a, b, np.arange(300), binary=True, paired=True).p_value is None
 
 
 def simulated(rng, replicates=3, shift=0.0, model_sd=0.05, cluster_sd=0.3, n_clusters=40, per_cluster=8, shared_sd=0.0, b_fixed=False):
@@ -63,14 +63,14 @@ def simulated(rng, replicates=3, shift=0.0, model_sd=0.05, cluster_sd=0.3, n_clu
 
 
 def standard_error(result: dict) -> float:
-    return (result["ci95"][1] - result["ci95"][0]) / 2 / stats.t.ppf(0.975, result["df"])
+    return (result.ci95[1] - result.ci95[0]) / 2 / stats.t.ppf(0.975, result.df)
 
 
 def assert_calibrated(results: list[dict]) -> None:
     """Two-sided bands: at 2,000 nulls a rate's standard error is 0.5 points, so 5% +- 3 is +- 6 of them."""
     false_positives = np.mean([detected(r) for r in results])
-    coverage = np.mean([r["ci95"][0] <= 0 <= r["ci95"][1] for r in results])
-    se_ratio = np.sqrt(np.mean([standard_error(r) ** 2 for r in results])) / np.std([r["value"] for r in results])
+    coverage = np.mean([r.ci95[0] <= 0 <= r.ci95[1] for r in results])
+    se_ratio = np.sqrt(np.mean([standard_error(r) ** 2 for r in results])) / np.std([r.value for r in results])
     assert 0.02 <= false_positives <= 0.08, false_positives
     assert 0.92 <= coverage <= 0.98, coverage
     # Each source of chance counted once: the variance it reports is the variance the value has
@@ -88,7 +88,7 @@ def test_testing_one_model_a_side_over_questions_finds_effects_that_are_not_ther
     # What a test over questions alone does with one model per side: the models' own quirks look like an effect.
     rng = np.random.default_rng(7)
     results = [effect(a, b, np.arange(clusters.size), binary=False) for a, b, clusters in (simulated(rng, replicates=1) for _ in range(150))]
-    assert np.mean([r["p_fixed_models"] < 0.05 for r in results]) > 0.3
+    assert np.mean([r.p_fixed_models < 0.05 for r in results]) > 0.3
 
 
 def test_three_replicates_a_side_are_calibrated(unpaired_nulls):
@@ -103,7 +103,7 @@ def test_pairing_by_replicate_is_calibrated_and_removes_the_shared_draw():
     paired = [effect(a, b, clusters, binary=False, paired=True) for a, b, clusters in data]
     assert_calibrated(paired)
     unpaired = [effect(a, b, clusters, binary=False) for a, b, clusters in data]
-    width = lambda results: np.mean([r["ci95"][1] - r["ci95"][0] for r in results])  # noqa: E731
+    width = lambda results: np.mean([r.ci95[1] - r.ci95[0] for r in results])  # noqa: E731
     assert width(unpaired) >= 1.5 * width(paired)
     with pytest.raises(ValueError):
         effect(data[0][0], data[0][1][:2], data[0][2], binary=False, paired=True)
@@ -121,10 +121,10 @@ def test_against_a_fixed_model_on_a_subset_is_calibrated():
 
 
 def test_power_at_the_reported_mde_is_about_eighty_percent(unpaired_nulls):
-    mde = np.mean([r["mde"] for r in unpaired_nulls])
+    mde = np.mean([r.mde for r in unpaired_nulls])
     rng = np.random.default_rng(3)
     results = [effect(*simulated(rng, shift=mde), binary=False) for _ in range(1000)]
-    power = np.mean([detected(r) and r["value"] > 0 for r in results])
+    power = np.mean([detected(r) and r.value > 0 for r in results])
     assert 0.7 <= power <= 0.9, power
 
 
@@ -136,9 +136,9 @@ def test_zero_spread_gives_no_interval_and_says_so():
         effect(right, right, clusters, binary=True),  # no difference at all
         effect(right + 0.5, right, clusters, binary=False, paired=True),  # the same shift everywhere
     ):
-        assert result["ci95"] is result["p_value"] is result["mde"] is None and not detected(result)
-        assert result["note"].startswith("zero spread")
-    assert effect(right, base, clusters, binary=True, b_fixed=True)["value"] == 1.0
+        assert result.ci95 is result.p_value is result.mde is None and not detected(result)
+        assert result.note.startswith("zero spread")
+    assert effect(right, base, clusters, binary=True, b_fixed=True).value == 1.0
 
 
 def test_holm_by_hand():
@@ -237,5 +237,5 @@ def test_p_only_gives_the_full_tests_value_interval_and_p_and_nothing_else():
     a, b = rng.normal(0.1, 1, (3, 100)), rng.normal(0, 1, (3, 100))
     for paired in (False, True):
         full, short = effect(a, b, clusters, binary=False, paired=paired), effect(a, b, clusters, binary=False, paired=paired, p_only=True)
-        assert {k: short[k] for k in ("value", "ci95", "p_value", "df")} == {k: full[k] for k in ("value", "ci95", "p_value", "df")}
-        assert short["mde"] is short["p_fixed_models"] is None and full["mde"] > 0 and full["p_fixed_models"] is not None
+        assert (short.value, short.ci95, short.p_value, short.df) == (full.value, full.ci95, full.p_value, full.df)
+        assert short.mde is short.p_fixed_models is None and full.mde > 0 and full.p_fixed_models is not None
