@@ -1,0 +1,201 @@
+"""A design run over teacher–sham pairs: every comparison pooled over the pairs (docs/pooling.md).
+
+Each pair's run is a run of its own (`<run dir>/pairs/<p>/report.json`, a `Report`), analysed as
+one pair always was: its replicates and questions say how well that pair is measured. A verdict
+must hold for other teachers too, so this module reads the pairs' reports and pools each reading
+they share with a random-effects model (jobs/stats/pooling.py: the pair random, its replicates and
+questions within): the primary test of every comparison (arm or contrast), Holm-adjusted over the
+preset's family, and every split and metric toward the teacher's picks, toward the placebo's and
+crossed. A pair's within-pair variance is its result's standard error squared, read back from its
+95% interval at its own df (`within_se`).
+
+What it writes beside the pairs' folders: `pooled.json` (a `PairsReport`), `pooled.md`, and
+`forest.png` (one panel per comparison of the family: its primary, pair by pair and pooled).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from scipy import stats
+
+from common.atomic import write_text
+from jobs.reporting.schema import Report
+from jobs.stats.pooling import Pooled, mde, pool
+from jobs.stats.results import Record, Result
+from jobs.stats.transfer_stats import holm
+
+DIRECTIONS = ("toward_teacher", "toward_placebo", "crossed")
+
+
+class PairCell(Record):
+    """One pair's reading: its estimate, 95% interval and the standard error taken from it."""
+
+    value: float
+    ci95: list[float]
+    se: float
+
+
+class PooledCell(Record):
+    """One reading pooled over the pairs: estimate, its CI and p (`test` on a t with pairs - 1 df),
+    tau (the SD of the pairs' true effects), I^2, Cochran's Q and its p, and each pair's reading;
+    or, where some pair has no test of it, `note` saying so and no figures."""
+
+    estimate: float | None = None
+    se: float | None = None
+    ci95: list[float] | None = None
+    p_value: float | None = None
+    df: int | None = None
+    tau: float | None = None
+    i2: float | None = None
+    q: float | None = None
+    q_p_value: float | None = None
+    test: str | None = None
+    pairs: dict[str, PairCell] = {}
+    note: str | None = None
+
+
+class PooledPrimary(PooledCell):
+    """A comparison's primary test pooled, with its Holm p over the family and whether it is detected."""
+
+    split: str
+    metric: str
+    direction: str
+    p_family: float | None = None
+    detected: bool = False
+
+
+class PooledComparison(Record):
+    """A comparison (arm or contrast) pooled: its primary, and `<direction>.<split>.<metric>`."""
+
+    primary: PooledPrimary
+    readings: dict[str, dict[str, dict[str, PooledCell]]]
+
+
+class PairsReport(Record):
+    """`pooled.json`: the pairs, their reports, each comparison pooled, the family, the MDE of the
+    pooled primary at an assumed tau, and the test used."""
+
+    pairs: list[int]
+    reports: dict[str, str]  # pair -> its report.json, relative to the run directory
+    test: str
+    tau2_method: str
+    comparisons: dict[str, PooledComparison]
+    family: list[str]
+    mde: dict[str, float | None]  # at assumed_tau and at tau 0
+    assumed_tau: float
+
+
+def within_se(result: Result) -> float | None:
+    """A result's standard error, from its 95% interval: half its width over t(0.975, df) (the
+    normal where it has no df). None where it has no two-sided finite interval."""
+    ci = result.ci95
+    if result.value is None or not ci or ci[0] is None or ci[1] is None or not all(map(math.isfinite, ci)):
+        return None
+    quantile = stats.t.ppf(0.975, result.df) if result.df else stats.norm.ppf(0.975)
+    return (ci[1] - ci[0]) / (2 * quantile)
+
+
+def pool_readings(results: dict[str, Result], test: str, tau2_method: str = "reml") -> tuple[PooledCell, Pooled | None]:
+    """One reading over the pairs (`{pair: Result}`): pooled, or a note where a pair has no test."""
+    cells = {}
+    for pair, result in results.items():
+        se = within_se(result)
+        if se is None or se <= 0:
+            return PooledCell(note=f"pair {pair} has no test of this reading ({result.note or 'no interval'}): not pooled"), None
+        cells[pair] = PairCell(value=result.value, ci95=list(result.ci95), se=se)
+    values, variances = [c.value for c in cells.values()], [c.se**2 for c in cells.values()]
+    own_df = [result.df if result.df else 1e9 for result in results.values()]  # a pair's row in the forest: its own t interval
+    pooled = pool(values, variances, names=list(cells), test=test, tau2_method=tau2_method, pair_df=own_df)
+    cell = PooledCell(
+        estimate=pooled.estimate, se=pooled.se, ci95=None if pooled.ci is None else list(pooled.ci), p_value=pooled.p_value, df=pooled.df,
+        tau=pooled.tau, i2=pooled.i2, q=pooled.q, q_p_value=pooled.q_p_value, test=test, pairs=cells,
+    )  # fmt: skip
+    return cell, pooled
+
+
+def _readings(comparison) -> dict[str, dict[str, dict[str, Result]]]:
+    """`<direction>.<split>.<metric>` of one pair's comparison (jobs/stats/results.Comparison)."""
+    out = {"toward_teacher": {split: comparison.split(split).metrics for split in ("train", "held_out")}}
+    if comparison.directions is not None:
+        out |= {d: table for d in ("toward_placebo", "crossed") if (table := getattr(comparison.directions, d)) is not None}
+    return out
+
+
+def pairs_report(run_dir: Path, pairs: list[int], test: str = "hk", assumed_tau: float = 0.015) -> tuple[PairsReport, dict[str, Pooled]]:
+    """The pairs' reports pooled (module docstring), and each family comparison's pooled primary
+    (for the forest plot). Every pair must have finished its report."""
+    reports = {str(p): Report.load(run_dir / "pairs" / str(p) / "report.json") for p in pairs}
+    first = next(iter(reports.values()))
+    names = [name for name in first.comparisons() if all(name in r.comparisons() for r in reports.values())]
+    comparisons, primaries = {}, {}
+    for name in names:
+        sides = {pair: r.comparisons()[name][1] for pair, r in reports.items()}
+        spec = next(iter(sides.values())).primary
+        primary, pooled = pool_readings({pair: c.primary for pair, c in sides.items()}, test)
+        primaries[name] = pooled
+        readings = {}
+        for direction, table in _readings(next(iter(sides.values()))).items():
+            for split, metrics in table.items():
+                for metric in metrics:
+                    each = {pair: _readings(c).get(direction, {}).get(split, {}).get(metric) for pair, c in sides.items()}
+                    if all(r is not None for r in each.values()):
+                        readings.setdefault(direction, {}).setdefault(split, {})[metric] = pool_readings(each, test)[0]
+        head = PooledPrimary(split=spec.split, metric=spec.metric, direction=spec.direction, **primary.given())
+        comparisons[name] = PooledComparison(primary=head, readings=readings)
+    family = [n for n in first.family.comparisons if n in comparisons]
+    adjusted = holm({n: comparisons[n].primary.p_value for n in family})
+    for n in family:
+        p = adjusted[n]
+        comparisons[n] = comparisons[n].with_(primary=comparisons[n].primary.with_(p_family=p, detected=p is not None and p < 0.05))
+    ses = [c.se for n in family if (pooled := primaries[n]) for c in pooled.pairs]
+    typical = math.sqrt(sum(s**2 for s in ses) / len(ses)) if ses else None
+    at = (
+        {f"assumed_tau {assumed_tau:g}": mde(len(pairs), typical, assumed_tau=assumed_tau), "tau 0": mde(len(pairs), typical, assumed_tau=0.0)}
+        if typical
+        else {}
+    )
+    report = PairsReport(
+        pairs=list(pairs), reports={p: f"pairs/{p}/report.json" for p in reports}, test=test, tau2_method="reml",
+        comparisons=comparisons, family=family, mde=at, assumed_tau=assumed_tau,
+    )  # fmt: skip
+    return report, {n: primaries[n] for n in family if primaries[n] is not None}
+
+
+def markdown(report: PairsReport) -> str:
+    """pooled.md: the family's pooled primaries, then each pair's primary reading."""
+    lines = [f"# Pooled over {len(report.pairs)} teacher–sham pairs ({', '.join(map(str, report.pairs))})", ""]
+    lines += [f"Random effects (REML tau^2), {report.test} on a t with {len(report.pairs) - 1} df; Holm over the family. docs/pooling.md.", ""]
+    lines += ["| comparison | primary | pooled | 95% CI | p | Holm p | tau | I^2 |", "|---|---|---|---|---|---|---|---|"]
+    for name in report.family:
+        p = report.comparisons[name].primary
+        if p.estimate is None:
+            lines.append(f"| {name} | {p.split} {p.metric} {p.direction} | {p.note} | | | | | |")
+            continue
+        ci = "-" if p.ci95 is None else f"{p.ci95[0]:+.4f} to {p.ci95[1]:+.4f}"
+        holm_p = "-" if p.p_family is None else f"{p.p_family:.3g}"
+        lines.append(
+            f"| {name} | {p.split} {p.metric} {p.direction} | {p.estimate:+.4f} | {ci} | {p.p_value:.3g} | {holm_p} | {p.tau:.4f} | {100 * p.i2:.0f}% |"
+        )
+    lines += ["", "MDE of a pooled primary (80% power, 5% two-sided): " + "; ".join(f"{k} {v:.4f}" for k, v in report.mde.items() if v is not None), ""]
+    for name in report.family:
+        p = report.comparisons[name].primary
+        lines += [f"## {name}, pair by pair", "", "| pair | estimate | 95% CI | SE |", "|---|---|---|---|"]
+        lines += [f"| {pair} | {c.value:+.4f} | {c.ci95[0]:+.4f} to {c.ci95[1]:+.4f} | {c.se:.4f} |" for pair, c in p.pairs.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_pairs_report(run_dir: Path, pairs: list[int], test: str = "hk", assumed_tau: float = 0.015) -> PairsReport:
+    """pooled.json, pooled.md and forest.png (the family's pooled primaries) in the run directory."""
+    from jobs.reporting.forest import plot_forest
+
+    report, primaries = pairs_report(run_dir, pairs, test, assumed_tau)
+    write_text(run_dir / "pooled.json", json.dumps(report.dump(), indent=1))
+    write_text(run_dir / "pooled.md", markdown(report))
+    for i, (name, pooled) in enumerate(primaries.items()):
+        p = report.comparisons[name].primary
+        plot_forest(pooled, run_dir / ("forest.png" if i == 0 else f"forest-{name}.png"), label=f"{p.split} {p.metric} ({p.direction})", title=name)
+    return report
