@@ -28,6 +28,8 @@ from jobs.stats.results import Record, Result
 from jobs.stats.transfer_stats import holm
 
 DIRECTIONS = ("toward_teacher", "toward_placebo", "crossed")
+OTHER_TEST = {"hk": "hk_max1", "hk_max1": "hk"}  # the sensitivity reading beside the primary's test
+MIN_DF, MAX_SE_RATIO = 20, 2.0  # plain HK's size held within 4.7-5.7% inside these (docs/pooling.md)
 
 
 class PairCell(Record):
@@ -58,11 +60,15 @@ class PooledCell(Record):
 
 
 class PooledPrimary(PooledCell):
-    """A comparison's primary test pooled, with its Holm p over the family and whether it is detected."""
+    """A comparison's primary test pooled, with its Holm p over the family and whether it is
+    detected; the other HK test's p beside it (`p_value_other`, docs/pooling.md), and `regime`: a
+    note where a pair's df or SE leaves the conditions under which plain HK holds its size."""
 
     split: str
     metric: str
     direction: str
+    p_value_other: float | None = None
+    regime: str | None = None
     p_family: float | None = None
     detected: bool = False
 
@@ -116,6 +122,19 @@ def pool_readings(results: dict[str, Result], test: str, tau2_method: str = "rem
     return cell, pooled
 
 
+def regime(results: dict[str, Result]) -> str | None:
+    """None where every pair's df is at least MIN_DF and no SE is over MAX_SE_RATIO times another's
+    (plain HK's size holds there, docs/pooling.md); else what is outside, so the corrected p is read."""
+    ses = [s for r in results.values() if (s := within_se(r))]
+    low_df = {pair: r.df for pair, r in results.items() if (r.df or 0) < MIN_DF}
+    out = []
+    if low_df:
+        out.append("pairs with df under " + str(MIN_DF) + ": " + ", ".join(f"{p} ({df:.1f})" if df else f"{p} (none)" for p, df in low_df.items()))
+    if ses and max(ses) > MAX_SE_RATIO * min(ses):
+        out.append(f"within-pair SEs {min(ses):.4f} to {max(ses):.4f}, over {MAX_SE_RATIO:g}x apart")
+    return "; ".join(out) + ": plain HK may be liberal here, read the corrected p" if out else None
+
+
 def _readings(comparison) -> dict[str, dict[str, dict[str, Result]]]:
     """`<direction>.<split>.<metric>` of one pair's comparison (jobs/stats/results.Comparison)."""
     out = {"toward_teacher": {split: comparison.split(split).metrics for split in ("train", "held_out")}}
@@ -144,6 +163,9 @@ def pairs_report(run_dir: Path, pairs: list[int], test: str = "hk", assumed_tau:
                     if all(r is not None for r in each.values()):
                         readings.setdefault(direction, {}).setdefault(split, {})[metric] = pool_readings(each, test)[0]
         head = PooledPrimary(split=spec.split, metric=spec.metric, direction=spec.direction, **primary.given())
+        if pooled is not None:
+            other = pool_readings({pair: c.primary for pair, c in sides.items()}, OTHER_TEST[test])[0]
+            head = head.with_(p_value_other=other.p_value, regime=regime({pair: c.primary for pair, c in sides.items()}))
         comparisons[name] = PooledComparison(primary=head, readings=readings)
     family = [n for n in first.family.comparisons if n in comparisons]
     adjusted = holm({n: comparisons[n].primary.p_value for n in family})

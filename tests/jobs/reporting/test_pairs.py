@@ -52,6 +52,19 @@ def test_the_primary_is_pooled_as_pool_pools_it(run_dir):
     assert values == pytest.approx([0.0505 + s for s in SHIFTS.values()], abs=1e-3)
     assert report.family == ["student_logits"] and primary.p_family == primary.p_value  # a family of one
     assert primaries["student_logits"].n_pairs == 3
+    corrected = pool(values, [s**2 for s in ses], names=list(primary.pairs), test="hk_max1")
+    assert primary.p_value_other == pytest.approx(corrected.p_value) and primary.regime is None  # df 46, SEs within 2x
+
+
+def test_a_pair_outside_plain_hks_regime_is_named():
+    from jobs.reporting.pairs import regime
+
+    fine = {"1": Result(value=0.05, ci95=[0.02, 0.08], df=46.0), "2": Result(value=0.04, ci95=[0.0, 0.08], df=30.0)}
+    assert regime(fine) is None
+    few = {**fine, "3": Result(value=0.05, ci95=[0.0, 0.1], df=3.0)}
+    assert "df under 20: 3 (3.0)" in regime(few)
+    wide = {**fine, "3": Result(value=0.05, ci95=[-0.2, 0.3], df=46.0)}
+    assert "over 2x apart" in regime(wide)
 
 
 def test_every_shared_reading_is_pooled_and_se_is_read_from_the_interval(run_dir):
@@ -70,7 +83,9 @@ def test_files_are_written(run_dir):
     write_pairs_report(run_dir, [3, 4, 5])
     pooled = json.loads((run_dir / "pooled.json").read_text())
     assert pooled["pairs"] == [3, 4, 5] and "student_logits" in pooled["comparisons"]
-    assert "| student_logits | train teacher_answer_rank crossed |" in (run_dir / "pooled.md").read_text()
+    assert (
+        "| student_logits | train teacher_answer_rank crossed |" in (run_dir / "pooled.md").read_text() and "hk_max1 p" in (run_dir / "pooled.md").read_text()
+    )
     assert (run_dir / "forest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
