@@ -190,17 +190,29 @@ def markdown(report: PairsReport) -> str:
     """pooled.md: the family's pooled primaries, then each pair's primary reading."""
     lines = [f"# Pooled over {len(report.pairs)} teacher–sham pairs ({', '.join(map(str, report.pairs))})", ""]
     lines += [f"Random effects (REML tau^2), {report.test} on a t with {len(report.pairs) - 1} df; Holm over the family. docs/pooling.md.", ""]
-    lines += ["| comparison | primary | pooled | 95% CI | p | Holm p | tau | I^2 |", "|---|---|---|---|---|---|---|---|"]
+    other = OTHER_TEST[report.test]
+    lines += [f"| comparison | primary | pooled | 95% CI | p | Holm p | {other} p | tau | I^2 |", "|---|---|---|---|---|---|---|---|---|"]
     for name in report.family:
         p = report.comparisons[name].primary
         if p.estimate is None:
-            lines.append(f"| {name} | {p.split} {p.metric} {p.direction} | {p.note} | | | | | |")
+            lines.append(f"| {name} | {p.split} {p.metric} {p.direction} | {p.note} | | | | | | |")
             continue
         ci = "-" if p.ci95 is None else f"{p.ci95[0]:+.4f} to {p.ci95[1]:+.4f}"
-        holm_p = "-" if p.p_family is None else f"{p.p_family:.3g}"
-        lines.append(
-            f"| {name} | {p.split} {p.metric} {p.direction} | {p.estimate:+.4f} | {ci} | {p.p_value:.3g} | {holm_p} | {p.tau:.4f} | {100 * p.i2:.0f}% |"
-        )
+        holm_p, other_p = ("-" if v is None else f"{v:.3g}" for v in (p.p_family, p.p_value_other))
+        cells = [
+            name,
+            f"{p.split} {p.metric} {p.direction}",
+            f"{p.estimate:+.4f}",
+            ci,
+            f"{p.p_value:.3g}",
+            holm_p,
+            other_p,
+            f"{p.tau:.4f}",
+            f"{100 * p.i2:.0f}%",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+        if p.regime:
+            lines.append(f"|  | {p.regime} | | | | | | | |")
     lines += ["", "MDE of a pooled primary (80% power, 5% two-sided): " + "; ".join(f"{k} {v:.4f}" for k, v in report.mde.items() if v is not None), ""]
     for name in report.family:
         p = report.comparisons[name].primary
