@@ -2,6 +2,7 @@
 contacts the cloud), and matches the pins it promises."""
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,41 @@ CLUSTER_YAML = Path(__file__).resolve().parent.parent / "cluster.yaml"
 @pytest.fixture(scope="module")
 def config():
     return yaml.safe_load(CLUSTER_YAML.read_text())
+
+
+@pytest.fixture(scope="module")
+def ray_aws():
+    """Ray 2.60's AWS provider modules (`ray.autoscaler._private.aws`): (config, node_provider). They
+    import boto3 and botocore at the top, though the functions used here make no AWS call. boto3 is not
+    in the dev extra (botocore caps python-dateutil below 3; the lock pins 4), so where it is missing,
+    empty modules stand in for the imports alone, and are taken out again afterwards."""
+    import importlib
+    import sys
+    import types
+
+    before = set(sys.modules)
+    try:
+        import boto3  # noqa: F401
+    except ImportError:
+        names = {
+            "boto3": {"__version__": "1.44.8"},
+            "boto3.exceptions": {"ResourceNotExistsError": type("ResourceNotExistsError", (Exception,), {})},
+            "boto3.resources": {},
+            "boto3.resources.base": {"ServiceResource": object},
+            "botocore": {},
+            "botocore.client": {"BaseClient": object},
+            "botocore.config": {"Config": object},
+            "botocore.exceptions": {"ClientError": type("ClientError", (Exception,), {})},
+        }
+        for name, attributes in names.items():
+            sys.modules[name] = types.ModuleType(name)
+            vars(sys.modules[name]).update(attributes)
+        sys.modules["botocore"].exceptions = sys.modules["botocore.exceptions"]
+    modules = importlib.import_module("ray.autoscaler._private.aws.config"), importlib.import_module("ray.autoscaler._private.aws.node_provider")
+    yield modules
+    for name in set(sys.modules) - before:
+        if name.split(".")[0] in {"boto3", "botocore"} or name.startswith("ray.autoscaler._private.aws"):
+            del sys.modules[name]
 
 
 def test_cluster_yaml_passes_ray_validation(config):
@@ -108,11 +144,57 @@ def test_each_node_type_has_an_instance_profile_of_least_privilege(config):
             assert statement["Action"] == ["iam:PassRole"] and statement["Resource"].endswith(":role/subliminal-worker")
 
 
-def test_ssh_is_open_to_one_range_and_the_shared_store_mounted_with_tls(config):
-    rules = config["provider"]["security_group"]["IpPermissions"]
-    assert [(r["FromPort"], r["ToPort"]) for r in rules] == [(22, 22)]
-    ranges = [block["CidrIp"] for r in rules for block in r.get("IpRanges", [])]
-    assert ranges and not {"0.0.0.0/0", "::/0"} & set(ranges) and not any(r.get("Ipv6Ranges") for r in rules)
+def test_ray_opens_ssh_to_the_world_in_any_group_it_makes(ray_aws):
+    """Why cluster.yaml names its own group: the rules Ray 2.60's provider puts on a group it creates,
+    from its own function, hold a port-22 rule open to 0.0.0.0/0 even beside the one range asked for."""
+    aws_config, _ = ray_aws
+
+    asked = [{"FromPort": 22, "ToPort": 22, "IpProtocol": "tcp", "IpRanges": [{"CidrIp": "203.0.113.0/24"}]}]
+    rules = aws_config._create_default_inbound_rules({"sg-0123456789abcdef0"}, asked)
+    assert asked[0] in rules
+    assert any(r["FromPort"] == 22 and {"CidrIp": "0.0.0.0/0"} in r.get("IpRanges", []) for r in rules)
+
+
+class MadeAGroup(Exception):
+    pass
+
+
+def test_every_node_type_names_the_group_so_ray_makes_none(config, ray_aws, monkeypatch):
+    """Ray's `_configure_security_group` (run by `ray up`) returns before it creates or edits a group
+    only when every node type names one; cluster.yaml does, so the rules above are never applied."""
+    aws_config, _ = ray_aws
+
+    def made(*args, **kwargs):
+        raise MadeAGroup(args[1])
+
+    monkeypatch.setattr(aws_config, "_upsert_security_groups", made)
+    assert "security_group" not in config["provider"]  # nothing for Ray to merge its rules with
+    aws_config._configure_security_group(copy.deepcopy(config))  # returns early: no AWS call
+    groups = {name: tuple(node["node_config"]["SecurityGroupIds"]) for name, node in config["available_node_types"].items()}
+    subnets = {name: tuple(node["node_config"]["SubnetIds"]) for name, node in config["available_node_types"].items()}
+    assert len(set(groups.values())) == 1 and len(next(iter(groups.values()))) == 1, groups  # one group for all
+    assert len(set(subnets.values())) == 1 and len(next(iter(subnets.values()))) == 1, subnets  # one subnet (the head's policy names it)
+    unnamed = copy.deepcopy(config)
+    del unnamed["available_node_types"]["gpu-1x-l40s"]["node_config"]["SecurityGroupIds"]
+    with pytest.raises(MadeAGroup, match="gpu-1x-l40s"):  # one node type without it, and Ray makes a group
+        aws_config._configure_security_group(unnamed)
+
+
+def test_the_documented_group_opens_ssh_to_one_range_and_the_rest_to_itself():
+    """docs/operations.md's commands make the group cluster.yaml names: port 22 from one range, every
+    port from the group's own members, nothing open to the world."""
+    doc = (CLUSTER_YAML.parent / "docs" / "operations.md").read_text()
+    rules = re.findall(r'authorize-security-group-ingress --group-id \$(\w+) \\\n\s*--ip-permissions "([^"]+)"', doc)
+    assert len(rules) == doc.count("authorize-security-group-ingress")  # every rule the docs add is read here
+    assert sorted(rule for group, rule in rules if group == "SG") == [
+        "IpProtocol=-1,UserIdGroupPairs=[{GroupId=$SG}]",
+        "IpProtocol=tcp,FromPort=22,ToPort=22,IpRanges=[{CidrIp=203.0.113.0/24}]",
+    ]
+    assert not [rule for group, rule in rules if "0.0.0.0/0" in rule or "::/0" in rule]
+    assert "create-security-group --group-name subliminal " in doc
+
+
+def test_the_shared_store_is_mounted_with_tls(config):
     mounts = [c for c in config["initialization_commands"] if "mount " in c and "mountpoint" in c]
     assert mounts and all("-t efs -o tls" in c for c in mounts) and not any("nfs" in c for c in config["initialization_commands"])
     (helper,) = [c for c in config["initialization_commands"] if "command -v mount.efs" in c]
