@@ -184,9 +184,10 @@ def test_every_node_type_names_the_group_so_ray_makes_none(config, ray_aws, monk
         aws_config._configure_security_group(unnamed)
 
 
-def test_the_documented_group_opens_ssh_to_one_range_and_the_rest_to_itself():
-    """docs/operations.md's commands make the group cluster.yaml names: port 22 from one range, every
-    port from the group's own members, nothing open to the world."""
+def test_the_documented_groups_open_ssh_to_one_range_and_the_rest_to_the_cluster():
+    """docs/operations.md's commands make the group cluster.yaml names (port 22 from one range, every
+    port from the group's own members) and the file system's mount target group (NFS from the
+    cluster's group), nothing open to the world, and give the file system its policy."""
     doc = (CLUSTER_YAML.parent / "docs" / "operations.md").read_text()
     rules = re.findall(r'authorize-security-group-ingress --group-id \$(\w+) \\\n\s*--ip-permissions "([^"]+)"', doc)
     assert len(rules) == doc.count("authorize-security-group-ingress")  # every rule the docs add is read here
@@ -194,7 +195,10 @@ def test_the_documented_group_opens_ssh_to_one_range_and_the_rest_to_itself():
         "IpProtocol=-1,UserIdGroupPairs=[{GroupId=$SG}]",
         "IpProtocol=tcp,FromPort=22,ToPort=22,IpRanges=[{CidrIp=203.0.113.0/24}]",
     ]
+    assert [rule for group, rule in rules if group == "EFS_SG"] == ["IpProtocol=tcp,FromPort=2049,ToPort=2049,UserIdGroupPairs=[{GroupId=$SG}]"]
     assert not [rule for group, rule in rules if "0.0.0.0/0" in rule or "::/0" in rule]
+    assert "aws efs create-mount-target --file-system-id $FS --subnet-id $SUBNET --security-groups $EFS_SG" in doc
+    assert "aws efs put-file-system-policy --file-system-id $FS --policy file://docs/aws/efs-policy.json" in doc
     assert "create-security-group --group-name subliminal " in doc
 
 
@@ -206,6 +210,25 @@ def test_the_shared_store_is_mounted_with_tls(config):
 
     done = subprocess.run(["/bin/bash", "-c", helper], env={"PATH": "/nonexistent"}, capture_output=True, text=True)  # a node without the helper
     assert done.returncode == 1 and "amazon-efs-utils is not installed" in done.stdout  # stops: never mounts in the clear
+
+
+def test_the_file_system_refuses_clients_without_tls_or_the_clusters_roles(config):
+    """Mounting with `tls,iam` is the client's choice; the file system's own policy makes it the only
+    way in: deny any request without TLS, allow mounting and writing to the two roles cluster.yaml's
+    profiles carry (no statement for an anonymous client, so one without IAM is refused)."""
+    import json
+
+    policy = json.loads((POLICIES / "efs-policy.json").read_text())
+    (mount,) = [c for c in config["initialization_commands"] if "mount -t efs" in c]
+    file_system = re.search(r"(fs-[0-9a-f]+):/", mount).group(1)
+    assert {s["Resource"] for s in policy["Statement"]} == {f"arn:aws:elasticfilesystem:{config['provider']['region']}:{ACCOUNT}:file-system/{file_system}"}
+    (deny,) = [s for s in policy["Statement"] if s["Effect"] == "Deny"]
+    assert deny["Principal"] == {"AWS": "*"} and deny["Action"] == "*" and deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    (allow,) = [s for s in policy["Statement"] if s["Effect"] == "Allow"]
+    roles = {node["node_config"]["IamInstanceProfile"]["Name"] for node in config["available_node_types"].values()}
+    assert sorted(allow["Principal"]["AWS"]) == sorted(f"arn:aws:iam::{ACCOUNT}:role/{role}" for role in roles)  # each profile's role of the same name
+    assert set(allow["Action"]) == {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}  # no root access
+    assert allow["Condition"] == {"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}}
 
 
 def test_mlflows_embedded_store_is_on_a_local_disk_not_the_shared_file_system(config):
