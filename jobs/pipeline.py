@@ -124,7 +124,7 @@ class Experiment:
         check_free(self.run_dir)  # a run directory another pipeline holds stops here, before Ray starts
         if self.tracker:
             self.tracker.check()  # an unreachable tracking store stops here too, naming its URI
-            print(f"[tracking] writing to {self.tracker.uri} (experiment {self.tracker.experiment})", flush=True)
+            print(f"[tracking] writing to {self.tracker.shown} (experiment {self.tracker.experiment})", flush=True)
         quiet_driver()  # a readable log: Ray's progress bars and per-dataset lines off (jobs/job_log.py)
         if not ray.is_initialized():
             ray.init(runtime_env=runtime_env())
