@@ -37,7 +37,7 @@ bench-quick: install
 	$(PY) bench/quick.py
 
 bench: install
-	$(PY) -m pip install -e '.[bench]'
+	$(PY) -m pip install -e '.[bench]' -c constraints/cpu.txt $(TORCH_INDEX)
 	$(PY) bench/padding.py
 	$(PY) bench/tokenization.py
 	$(PY) bench/train_throughput.py

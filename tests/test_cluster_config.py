@@ -66,9 +66,20 @@ def test_validation_would_catch_a_broken_config(config):
         validate_config(prepare_config(broken))
 
 
-def test_image_matches_the_pinned_ray_and_python(config):
-    assert config["docker"]["image"] == f"rayproject/ray:{ray.__version__}-py311-gpu"
-    assert any("[gpu]" in command for command in config["setup_commands"])
+def test_image_matches_the_pinned_ray_and_python_and_is_pinned_by_digest(config):
+    image, digest = config["docker"]["image"].split("@")
+    assert image == f"rayproject/ray:{ray.__version__}-py311-gpu" and re.fullmatch(r"sha256:[0-9a-f]{64}", digest)
+    assert f"docker inspect --format '{{{{index .RepoDigests 0}}}}' {image}" in CLUSTER_YAML.read_text()  # how to fill it in
+
+
+def test_gpu_nodes_install_the_hashed_lock_then_the_project_alone(config):
+    """pip checks hashes only for what comes from `-r` under --require-hashes (it ignores them in a
+    `-c` file) and refuses a directory install there: the lock first, then the project without deps."""
+    installs = [c for c in config["setup_commands"] if c.startswith("pip install")]
+    assert installs == [
+        'pip install --no-cache-dir --require-hashes -r "$HOME/subliminal-ray/constraints/gpu-lock.txt"',
+        'pip install --no-cache-dir --no-deps "$HOME/subliminal-ray"',
+    ]
 
 
 def test_every_node_starts_ray_with_the_proxy_body_guard(config):

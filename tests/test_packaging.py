@@ -107,3 +107,35 @@ def test_every_installed_command_answers_help_with_its_own_name(script):
     done = subprocess.run([str(command), "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"usage: {script} ")
+
+
+def requirement_blocks(text: str) -> dict[str, tuple[str, list[str]]]:
+    """A hashed requirements file (`name==version \\` then `--hash=sha256:...` lines): name -> (version, hashes)."""
+    blocks = {}
+    for block in text.replace("\\\n", " ").splitlines():
+        if block.strip() and not block.startswith("#"):
+            requirement, *hashes = block.split()
+            pinned = Requirement(requirement)
+            blocks[canonicalize_name(pinned.name)] = (next(iter(pinned.specifier)).version, [h.removeprefix("--hash=") for h in hashes])
+    return blocks
+
+
+def test_the_gpu_lock_hashes_exactly_the_gpu_constraints():
+    """constraints/gpu-lock.txt, what the GPU nodes install with --require-hashes, holds every
+    distribution constraints/gpu.txt pins, at the same version, each with its files' sha256 hashes."""
+    root = PYPROJECT.parent / "constraints"
+    lock = requirement_blocks((root / "gpu-lock.txt").read_text())
+    pins = {
+        canonicalize_name(Requirement(line).name): next(iter(Requirement(line).specifier)).version
+        for line in (root / "gpu.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {name: version for name, (version, _) in lock.items()} == pins
+    assert all(hashes and all(h.startswith("sha256:") and len(h) == 71 for h in hashes) for _, hashes in lock.values())
+
+
+def test_every_install_the_makefile_runs_is_under_the_constraints():
+    """`make install` and `make bench` (which adds the bench extra) install what was tested."""
+    makefile = (PYPROJECT.parent / "Makefile").read_text()
+    installs = [line for line in makefile.splitlines() if line.startswith("\t$(PY) -m pip install")]
+    assert len(installs) >= 2 and all("-c constraints/cpu.txt" in line for line in installs), installs
