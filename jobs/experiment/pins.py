@@ -1,4 +1,5 @@
-"""What a run reads from the hub without a pinned revision, for the job log to warn about.
+"""What a run reads from the hub without a pinned revision, and a cluster's images not pinned, for
+the job log to warn about.
 
 A hub id names a repository, not its contents: the model or dataset read today may differ from
 the one read last month, and a result that rests on it cannot be rerun on the same bytes. A local
@@ -12,6 +13,7 @@ pins its model by pointing `model.path` at a snapshot folder:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from common.model_source import is_hub_id
@@ -29,4 +31,21 @@ def unpinned(cfg) -> list[str]:
         )
     if cfg.data.source == "hub":
         found.append(f"data.source hub reads {HUB_ID} at the hub's newest revision, not a pinned one; a folder of its files pins it")
+    return found
+
+
+def unpinned_cluster(launcher: dict | None) -> list[str]:
+    """What the launcher config of a head node started by `ray up` (`~/ray_bootstrap_config.yaml`;
+    None elsewhere) leaves mutable: a container image named by tag alone, and a node type whose
+    machine image is not an `ami-` id (an SSM alias, or none: the launcher's default)."""
+    if not launcher:
+        return []
+    found = []
+    image = (launcher.get("docker") or {}).get("image")
+    if image and "@sha256:" not in image:
+        found.append(f"docker.image {image} is a tag, which can move, not a digest (cluster.yaml shows how to pin it)")
+    for name, node in (launcher.get("available_node_types") or {}).items():
+        machine = (node.get("node_config") or {}).get("ImageId") or "(none)"
+        if not re.fullmatch(r"ami-[0-9a-f]+", machine):
+            found.append(f"node type {name}'s ImageId {machine} is not a pinned ami- id")
     return found

@@ -32,3 +32,23 @@ def test_the_pipeline_prints_the_warning_before_its_plan(tmp_path):
         timeout=300,
     )
     assert "[pins] warning: model.path meta-llama/Llama-3.1-8B-Instruct is a hub id read at the hub's newest revision" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_cluster_started_from_cluster_yaml_has_its_images_pinned_and_an_old_one_is_named():
+    import copy
+
+    import yaml
+
+    from jobs.experiment.pins import unpinned_cluster
+
+    launcher = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    assert unpinned_cluster(launcher) == [] and unpinned_cluster(None) == []  # not on a `ray up` head: nothing to say
+    loose = copy.deepcopy(launcher)
+    loose["docker"]["image"] = "rayproject/ray:2.60.0-py311-gpu"
+    loose["available_node_types"]["head"]["node_config"]["ImageId"] = "resolve:ssm:/aws/service/deeplearning/ami/x86_64/latest/ami-id"
+    del loose["available_node_types"]["gpu-1x-l40s"]["node_config"]["ImageId"]
+    assert unpinned_cluster(loose) == [
+        "docker.image rayproject/ray:2.60.0-py311-gpu is a tag, which can move, not a digest (cluster.yaml shows how to pin it)",
+        "node type head's ImageId resolve:ssm:/aws/service/deeplearning/ami/x86_64/latest/ami-id is not a pinned ami- id",
+        "node type gpu-1x-l40s's ImageId (none) is not a pinned ami- id",
+    ]
