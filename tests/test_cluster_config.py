@@ -2,11 +2,13 @@
 contacts the cloud), and matches the pins it promises."""
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
 import ray
 import yaml
+from aws_provider import provider_modules  # tests/ is on the path, as for conftest
 from ray.autoscaler._private.util import prepare_config, validate_config
 
 from train.cluster import launcher_node_gpus
@@ -17,6 +19,9 @@ CLUSTER_YAML = Path(__file__).resolve().parent.parent / "cluster.yaml"
 @pytest.fixture(scope="module")
 def config():
     return yaml.safe_load(CLUSTER_YAML.read_text())
+
+
+ray_aws = pytest.fixture(scope="module")(provider_modules)  # Ray's AWS provider modules (tests/aws_provider.py)
 
 
 def test_cluster_yaml_passes_ray_validation(config):
@@ -30,9 +35,20 @@ def test_validation_would_catch_a_broken_config(config):
         validate_config(prepare_config(broken))
 
 
-def test_image_matches_the_pinned_ray_and_python(config):
-    assert config["docker"]["image"] == f"rayproject/ray:{ray.__version__}-py311-gpu"
-    assert any("[gpu]" in command for command in config["setup_commands"])
+def test_image_matches_the_pinned_ray_and_python_and_is_pinned_by_digest(config):
+    image, digest = config["docker"]["image"].split("@")
+    assert image == f"rayproject/ray:{ray.__version__}-py311-gpu" and re.fullmatch(r"sha256:[0-9a-f]{64}", digest)
+    assert f"docker inspect --format '{{{{index .RepoDigests 0}}}}' {image}" in CLUSTER_YAML.read_text()  # how to fill it in
+
+
+def test_gpu_nodes_install_the_hashed_lock_then_the_project_alone(config):
+    """pip checks hashes only for what comes from `-r` under --require-hashes (it ignores them in a
+    `-c` file) and refuses a directory install there: the lock first, then the project without deps."""
+    installs = [c for c in config["setup_commands"] if c.startswith("pip install")]
+    assert installs == [
+        'pip install --no-cache-dir --require-hashes -r "$HOME/subliminal-ray/constraints/gpu-lock.txt"',
+        'pip install --no-cache-dir --no-deps "$HOME/subliminal-ray"',
+    ]
 
 
 def test_every_node_starts_ray_with_the_proxy_body_guard(config):
@@ -59,10 +75,14 @@ def test_gpu_bounds(config):
     assert config["idle_timeout_minutes"] > 0
 
 
-def test_every_node_type_names_its_image_with_a_new_enough_driver(config):
+def test_every_node_type_names_one_pinned_image_with_a_new_enough_driver(config):
+    """One machine image by its id on every node type (none falls back to the launcher's default, an
+    old driver; no SSM alias that moves under a running cluster), and the command that finds the newest
+    release of the image whose driver is new enough, beside it."""
     images = {name: node["node_config"].get("ImageId") for name, node in config["available_node_types"].items()}
-    assert all(images.values()), images  # none falls back to the launcher's default image (an old driver)
-    assert {image.split("/")[-3] for image in images.values()} == {"base-oss-nvidia-driver-gpu-ubuntu-22.04"}
+    assert len(set(images.values())) == 1 and re.fullmatch(r"ami-[0-9a-f]{8,17}", images["head"]), images
+    assert "aws ec2 describe-images --region us-west-2 --owners amazon" in CLUSTER_YAML.read_text()
+    assert '"Name=name,Values=Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"' in CLUSTER_YAML.read_text()
     assert any("/opt/dlami/nvme:" in option for option in config["docker"]["run_options"])  # where that image mounts NVMe
 
 
@@ -81,6 +101,7 @@ def test_gpu_nodes_stop_at_setup_on_an_old_driver(config, tmp_path, driver, fail
 
 
 POLICIES = CLUSTER_YAML.parent / "docs" / "aws"
+ACCOUNT = "ACCOUNT_ID"  # the policies' placeholder
 
 
 def actions(policy: dict) -> list[str]:
@@ -100,7 +121,7 @@ def test_each_node_type_has_an_instance_profile_of_least_privilege(config):
         assert all(statement["Effect"] == "Allow" for statement in policy["Statement"])
         assert not [a for a in actions(policy) if "*" in a], actions(policy)  # no wildcard action
     assert set(actions(worker)) == {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}
-    assert not {a.split(":")[0] for a in actions(head)} - {"ec2", "ssm", "iam", "elasticfilesystem"}  # no S3, no other service
+    assert not {a.split(":")[0] for a in actions(head)} - {"ec2", "iam", "elasticfilesystem"}  # no S3, no SSM, no other service
     for statement in head["Statement"]:
         if {"ec2:TerminateInstances", "ec2:StopInstances"} & set(statement["Action"]):
             assert statement["Condition"] == {"StringEquals": {"ec2:ResourceTag/ray-cluster-name": config["cluster_name"]}}
@@ -108,11 +129,61 @@ def test_each_node_type_has_an_instance_profile_of_least_privilege(config):
             assert statement["Action"] == ["iam:PassRole"] and statement["Resource"].endswith(":role/subliminal-worker")
 
 
-def test_ssh_is_open_to_one_range_and_the_shared_store_mounted_with_tls(config):
-    rules = config["provider"]["security_group"]["IpPermissions"]
-    assert [(r["FromPort"], r["ToPort"]) for r in rules] == [(22, 22)]
-    ranges = [block["CidrIp"] for r in rules for block in r.get("IpRanges", [])]
-    assert ranges and not {"0.0.0.0/0", "::/0"} & set(ranges) and not any(r.get("Ipv6Ranges") for r in rules)
+def test_ray_opens_ssh_to_the_world_in_any_group_it_makes(ray_aws):
+    """Why cluster.yaml names its own group: the rules Ray 2.60's provider puts on a group it creates,
+    from its own function, hold a port-22 rule open to 0.0.0.0/0 even beside the one range asked for."""
+    aws_config, _ = ray_aws
+
+    asked = [{"FromPort": 22, "ToPort": 22, "IpProtocol": "tcp", "IpRanges": [{"CidrIp": "203.0.113.0/24"}]}]
+    rules = aws_config._create_default_inbound_rules({"sg-0123456789abcdef0"}, asked)
+    assert asked[0] in rules
+    assert any(r["FromPort"] == 22 and {"CidrIp": "0.0.0.0/0"} in r.get("IpRanges", []) for r in rules)
+
+
+class MadeAGroup(Exception):
+    pass
+
+
+def test_every_node_type_names_the_group_so_ray_makes_none(config, ray_aws, monkeypatch):
+    """Ray's `_configure_security_group` (run by `ray up`) returns before it creates or edits a group
+    only when every node type names one; cluster.yaml does, so the rules above are never applied."""
+    aws_config, _ = ray_aws
+
+    def made(*args, **kwargs):
+        raise MadeAGroup(args[1])
+
+    monkeypatch.setattr(aws_config, "_upsert_security_groups", made)
+    assert "security_group" not in config["provider"]  # nothing for Ray to merge its rules with
+    aws_config._configure_security_group(copy.deepcopy(config))  # returns early: no AWS call
+    groups = {name: tuple(node["node_config"]["SecurityGroupIds"]) for name, node in config["available_node_types"].items()}
+    subnets = {name: tuple(node["node_config"]["SubnetIds"]) for name, node in config["available_node_types"].items()}
+    assert len(set(groups.values())) == 1 and len(next(iter(groups.values()))) == 1, groups  # one group for all
+    assert len(set(subnets.values())) == 1 and len(next(iter(subnets.values()))) == 1, subnets  # one subnet (the head's policy names it)
+    unnamed = copy.deepcopy(config)
+    del unnamed["available_node_types"]["gpu-1x-l40s"]["node_config"]["SecurityGroupIds"]
+    with pytest.raises(MadeAGroup, match="gpu-1x-l40s"):  # one node type without it, and Ray makes a group
+        aws_config._configure_security_group(unnamed)
+
+
+def test_the_documented_groups_open_ssh_to_one_range_and_the_rest_to_the_cluster():
+    """docs/operations.md's commands make the group cluster.yaml names (port 22 from one range, every
+    port from the group's own members) and the file system's mount target group (NFS from the
+    cluster's group), nothing open to the world, and give the file system its policy."""
+    doc = (CLUSTER_YAML.parent / "docs" / "operations.md").read_text()
+    rules = re.findall(r'authorize-security-group-ingress --group-id \$(\w+) \\\n\s*--ip-permissions "([^"]+)"', doc)
+    assert len(rules) == doc.count("authorize-security-group-ingress")  # every rule the docs add is read here
+    assert sorted(rule for group, rule in rules if group == "SG") == [
+        "IpProtocol=-1,UserIdGroupPairs=[{GroupId=$SG}]",
+        "IpProtocol=tcp,FromPort=22,ToPort=22,IpRanges=[{CidrIp=203.0.113.0/24}]",
+    ]
+    assert [rule for group, rule in rules if group == "EFS_SG"] == ["IpProtocol=tcp,FromPort=2049,ToPort=2049,UserIdGroupPairs=[{GroupId=$SG}]"]
+    assert not [rule for group, rule in rules if "0.0.0.0/0" in rule or "::/0" in rule]
+    assert "aws efs create-mount-target --file-system-id $FS --subnet-id $SUBNET --security-groups $EFS_SG" in doc
+    assert "aws efs put-file-system-policy --file-system-id $FS --policy file://docs/aws/efs-policy.json" in doc
+    assert "create-security-group --group-name subliminal " in doc
+
+
+def test_the_shared_store_is_mounted_with_tls(config):
     mounts = [c for c in config["initialization_commands"] if "mount " in c and "mountpoint" in c]
     assert mounts and all("-t efs -o tls" in c for c in mounts) and not any("nfs" in c for c in config["initialization_commands"])
     (helper,) = [c for c in config["initialization_commands"] if "command -v mount.efs" in c]
@@ -120,6 +191,25 @@ def test_ssh_is_open_to_one_range_and_the_shared_store_mounted_with_tls(config):
 
     done = subprocess.run(["/bin/bash", "-c", helper], env={"PATH": "/nonexistent"}, capture_output=True, text=True)  # a node without the helper
     assert done.returncode == 1 and "amazon-efs-utils is not installed" in done.stdout  # stops: never mounts in the clear
+
+
+def test_the_file_system_refuses_clients_without_tls_or_the_clusters_roles(config):
+    """Mounting with `tls,iam` is the client's choice; the file system's own policy makes it the only
+    way in: deny any request without TLS, allow mounting and writing to the two roles cluster.yaml's
+    profiles carry (no statement for an anonymous client, so one without IAM is refused)."""
+    import json
+
+    policy = json.loads((POLICIES / "efs-policy.json").read_text())
+    (mount,) = [c for c in config["initialization_commands"] if "mount -t efs" in c]
+    file_system = re.search(r"(fs-[0-9a-f]+):/", mount).group(1)
+    assert {s["Resource"] for s in policy["Statement"]} == {f"arn:aws:elasticfilesystem:{config['provider']['region']}:{ACCOUNT}:file-system/{file_system}"}
+    (deny,) = [s for s in policy["Statement"] if s["Effect"] == "Deny"]
+    assert deny["Principal"] == {"AWS": "*"} and deny["Action"] == "*" and deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    (allow,) = [s for s in policy["Statement"] if s["Effect"] == "Allow"]
+    roles = {node["node_config"]["IamInstanceProfile"]["Name"] for node in config["available_node_types"].values()}
+    assert sorted(allow["Principal"]["AWS"]) == sorted(f"arn:aws:iam::{ACCOUNT}:role/{role}" for role in roles)  # each profile's role of the same name
+    assert set(allow["Action"]) == {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}  # no root access
+    assert allow["Condition"] == {"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}}
 
 
 def test_mlflows_embedded_store_is_on_a_local_disk_not_the_shared_file_system(config):

