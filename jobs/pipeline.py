@@ -47,6 +47,15 @@ import psutil
 if __package__ in (None, ""):  # `python jobs/pipeline.py`: import from the repository root, not jobs/
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from common import numerics  # noqa: E402
+
+OWN_COMMAND = __name__ == "__main__" or Path(sys.argv[0]).name == "subliminal-pipeline"  # not imported by another program
+if OWN_COMMAND:  # the CPU numerics before the imports below load torch (the preset's mode is checked once it is read)
+    try:
+        numerics.pin(os.environ.get(numerics.ENV, numerics.DEFAULT))
+    except numerics.NumericsError as err:
+        sys.exit(f"error: {err}")
+
 from common.cli import program  # noqa: E402
 from common.files import default_cache_dir  # noqa: E402
 from jobs.experiment.arms import arm_models  # noqa: E402
@@ -110,7 +119,10 @@ class Experiment:
             check_model_path(base)  # a clear error for a base that is not there, before the draw reads it
             self.world = base_sham_draw(base, self.cache)
             lean = ", ".join(f"{split} {v['answer']:.3f} true / {v['sham']:.3f} sham" for split, v in self.world["lean"].items())
-            print(f"[world] sham draw {self.world['sham_draw']}, the first balanced on the base ({lean})", flush=True)
+            print(
+                f"[world] sham draw {self.world['sham_draw']}, the first balanced on the base ({lean}); base weights sha256 {self.world['base_weights_sha256']}",
+                flush=True,
+            )
         return self.world
 
     def show_plan(self) -> str:
@@ -127,7 +139,7 @@ class Experiment:
             print(f"[tracking] writing to {self.tracker.uri} (experiment {self.tracker.experiment})", flush=True)
         quiet_driver()  # a readable log: Ray's progress bars and per-dataset lines off (jobs/job_log.py)
         if not ray.is_initialized():
-            ray.init(runtime_env=runtime_env())
+            ray.init(runtime_env=runtime_env(self.cfg.numerics))
         signal.signal(signal.SIGTERM, stop_on_sigterm)  # after ray.init, which installs its own
         placement = place(self.cfg, cluster_capacity())  # before any work: a preset that cannot fit stops here
         print(f"[placement] {placement.summary(self.cfg)}", flush=True)
@@ -215,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", action="store_true", help="print which stages would be reused or run, and why; run nothing")
     args = parser.parse_args(argv)
     from common.files import DataError
+    from common.numerics import NumericsError
     from serve.settings import ServiceError
     from train.config import ConfigError
 
@@ -230,8 +243,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"registration: {claim['status']}" + (f" ({'; '.join(claim['reasons'])})" if claim["reasons"] else ""))
             print(experiment.show_plan() if not args.fresh else "--fresh: every stage runs")
         else:
+            numerics.enter(cfg.numerics, reexec=OWN_COMMAND and argv is None)  # runs this command again if torch is loaded under another mode
+            print(numerics.log_line(cfg.numerics), flush=True)
             experiment.run()
-    except (ConfigError, DataError, RunDirError, NoNumbersError, ServiceError, FileNotFoundError, FileExistsError) as err:  # TrackingError is a ConfigError
+    except (ConfigError, DataError, RunDirError, NoNumbersError, ServiceError, NumericsError, FileNotFoundError, FileExistsError) as err:  # TrackingError is a ConfigError
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -6,6 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from common import numerics
+
+# The suite computes as the pipeline does: pinned CPU numerics unless SUBLIMINAL_NUMERICS=native, set
+# before anything loads torch (common/numerics.py); Ray clusters the tests start inherit them.
+numerics.pin(os.environ.get(numerics.ENV, numerics.DEFAULT))
 # Tests share the user's cache (the tiny model takes a minute to build) unless CI points it elsewhere.
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 for _name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):  # the suite tracks into its own stores, not a user's server

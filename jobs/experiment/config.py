@@ -212,6 +212,10 @@ class ExperimentConfig(Settings):
     # Named comparisons between two arms, reported under `contrasts.<name>` (docs/report.md).
     contrasts: dict[str, ContrastConfig] = Field(default_factory=dict)
     evaluate: EvalConfig = Field(default_factory=EvalConfig)
+    # The CPU arithmetic of every process the job starts (common/numerics.py): `reproducible`, the
+    # same numbers on any x86-64 CPU with AVX2 (slower); `native`, each CPU's own fastest path.
+    # GPU arithmetic is not pinned by it.
+    numerics: Literal["reproducible", "native"] = "reproducible"
     # MLflow tracking: on by default into an embedded store; `off` (YAML reads it as false) turns it off.
     tracking: TrackingConfig | Literal[False, "off"] = Field(default_factory=TrackingConfig)
 

@@ -216,6 +216,7 @@ class Provenance(Closed):
     config: dict[str, Any]  # the resolved config
     registration: dict[str, Any]  # confirmatory, repeat or exploratory (jobs/rundir/registration.py)
     world: dict[str, Any] | None = None  # the tiny world: sham_draw, base_weights_sha256, lean (jobs/sources/sham_draw.py)
+    numerics: dict[str, Any] | None = None  # mode, cpu {model, vector_width}, threads (common/numerics.py); absent before it existed
 
 
 class Bar(Closed):
