@@ -118,6 +118,7 @@ def test_a_build_from_another_init_is_deterministic(tmp_path):
     assert (same_seed / "model.safetensors").read_bytes() != (first / "model.safetensors").read_bytes()
 
 
+@pytest.mark.xfail(PINNED_BASE["sham_draw"] is None, reason="the pinned base is not recorded yet (PINNED_BASE)", strict=True)
 def test_the_default_base_is_the_recorded_pinned_one(tiny_model, cache_dir):
     """Under pinned numerics the default base is the same model on any x86-64 CPU with AVX2: the
     suite's base (built pinned once per cache) has the recorded weights and sham draw. A machine
