@@ -246,7 +246,16 @@ def main(argv: list[str] | None = None) -> int:
             numerics.enter(cfg.numerics, reexec=OWN_COMMAND and argv is None)  # runs this command again if torch is loaded under another mode
             print(numerics.log_line(cfg.numerics), flush=True)
             experiment.run()
-    except (ConfigError, DataError, RunDirError, NoNumbersError, ServiceError, NumericsError, FileNotFoundError, FileExistsError) as err:  # TrackingError is a ConfigError
+    except (
+        ConfigError,
+        DataError,
+        RunDirError,
+        NoNumbersError,
+        ServiceError,
+        NumericsError,
+        FileNotFoundError,
+        FileExistsError,
+    ) as err:  # TrackingError is a ConfigError
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

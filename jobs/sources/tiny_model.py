@@ -261,7 +261,11 @@ def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
         same = record["base_weights_sha256"] == PINNED_BASE["base_weights_sha256"]
         print(
             f"tiny model weights sha256 {record['base_weights_sha256']}: "
-            + ("the recorded pinned base (PINNED_BASE)" if same else f"NOT the recorded pinned base {PINNED_BASE['base_weights_sha256']}: this machine's numbers differ (BENCHMARKS.md, One world)"),
+            + (
+                "the recorded pinned base (PINNED_BASE)"
+                if same
+                else f"NOT the recorded pinned base {PINNED_BASE['base_weights_sha256']}: this machine's numbers differ (BENCHMARKS.md, One world)"
+            ),
             flush=True,
         )
     return out_dir

@@ -153,7 +153,9 @@ BEFORE_IDENTITY = json.loads(gzip.decompress((Path(__file__).parent / "data" / "
 # Presets whose experiment changed since those reads were recorded, loaded as they were then: every
 # one computed natively (the pinned CPU numerics came later), the 8B presets without packing.
 PACKED = ("llama-8b.yaml", "llama-8b-quick.yaml")
-PRESET_AS_RECORDED = {name: ["numerics=native"] + (["teacher.pack_length=null", "student.pack_length=null"] if name in PACKED else []) for name in BEFORE_IDENTITY}
+PRESET_AS_RECORDED = {
+    name: ["numerics=native"] + (["teacher.pack_length=null", "student.pack_length=null"] if name in PACKED else []) for name in BEFORE_IDENTITY
+}
 
 
 @pytest.mark.parametrize("preset", [PRESETS / name for name in sorted(BEFORE_IDENTITY)], ids=lambda p: p.name)

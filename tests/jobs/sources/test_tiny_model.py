@@ -139,7 +139,9 @@ def test_a_build_follows_its_specs_numerics_whatever_the_caller_loaded(tmp_path)
 
     here = build_tiny_model(tmp_path / "here", SMALL)
     env = numerics.environ("reproducible") | {"PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    subprocess.run([sys.executable, "-m", "jobs.sources.tiny_model", "--into", str(tmp_path / "fresh"), "--spec", json.dumps(asdict(SMALL))], env=env, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "jobs.sources.tiny_model", "--into", str(tmp_path / "fresh"), "--spec", json.dumps(asdict(SMALL))], env=env, check=True
+    )
     assert weights_digest(here) == weights_digest(tmp_path / "fresh")
     native = build_tiny_model(tmp_path / "native", TinySpec(examples=400, steps=20, numerics="native"))
     assert "numerics" not in json.loads((native / "tiny_spec.json").read_text())
