@@ -19,6 +19,9 @@ every worker process of the job:
 - Ray Train's Ray Data config sets `ExecutionOptions.exclude_resources`, which
   Ray 2.60 itself deprecates: that one warning, by its message.
 
+The same runtime env and hook carry the job's CPU numerics (common/numerics.py) to every worker,
+replica and task, before their code loads torch.
+
 Elsewhere: Ray Train's per-report and per-checkpoint lines (train/trainer.py,
 train/loop.py), Serve's line per request (jobs/runtime/service.py). Ray keeps
 what is not printed in its session's log files (`logs/ray-data`, `logs/train`);
@@ -31,6 +34,8 @@ import json
 import logging
 import os
 import warnings
+
+from common import numerics
 
 PROGRESS_BARS_OFF = "RAY_DATA_DISABLE_PROGRESS_BARS"  # Ray Data's own switch; unset in the driver = off
 HUB_BARS_OFF = "HF_HUB_DISABLE_PROGRESS_BARS"
@@ -49,16 +54,21 @@ def _quiet(ray_data: bool) -> None:
 
 
 def setup_worker() -> None:
-    """Ray's `worker_process_setup_hook` for every worker process of the job: loggers and warnings only."""
+    """Ray's `worker_process_setup_hook` for every worker process of the job: the CPU numerics the
+    job's runtime env names (common/numerics.py), loggers and warnings."""
+    numerics.setup_worker()
     _quiet(ray_data=os.environ.get(PROGRESS_BARS_OFF) == "1")
 
 
-def runtime_env() -> dict:
-    """What the driver's `ray.init` adds to the job's runtime env: the hook, and the two switches
-    where neither the driver's environment nor the job's runtime env sets them (Ray refuses a
-    key both set; a job's env vars are in its driver's environment as well)."""
+def runtime_env(numerics_mode: str = numerics.DEFAULT) -> dict:
+    """What the driver's `ray.init` adds to the job's runtime env: the hook, the two switches where
+    neither the driver's environment nor the job's runtime env sets them, and the CPU numerics'
+    variables where the job's runtime env does not (Ray refuses a key both set; a job's env vars
+    are in its driver's environment as well, where `numerics.pin` checked them)."""
     job = json.loads(os.environ.get(JOB_CONFIG, "{}")).get("runtime_env") or {}
-    env = {name: "1" for name in (PROGRESS_BARS_OFF, HUB_BARS_OFF) if name not in os.environ and name not in job.get("env_vars", {})}
+    taken = set(job.get("env_vars", {}))
+    env = {name: "1" for name in (PROGRESS_BARS_OFF, HUB_BARS_OFF) if name not in os.environ and name not in taken}
+    env |= numerics.ray_env_vars(numerics_mode, taken)
     return {"env_vars": env} | ({} if "worker_process_setup_hook" in job else {"worker_process_setup_hook": "jobs.job_log.setup_worker"})
 
 

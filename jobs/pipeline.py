@@ -46,6 +46,15 @@ import psutil
 if __package__ in (None, ""):  # `python jobs/pipeline.py`: import from the repository root, not jobs/
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from common import numerics  # noqa: E402
+
+OWN_COMMAND = __name__ == "__main__" or Path(sys.argv[0]).name == "subliminal-pipeline"  # not imported by another program
+if OWN_COMMAND:  # the CPU numerics before the imports below load torch (the preset's mode is checked once it is read)
+    try:
+        numerics.pin(os.environ.get(numerics.ENV, numerics.DEFAULT))
+    except numerics.NumericsError as err:
+        sys.exit(f"error: {err}")
+
 from common.cli import program  # noqa: E402
 from common.files import default_cache_dir  # noqa: E402
 from jobs.experiment.arms import arm_models  # noqa: E402
@@ -58,6 +67,7 @@ from jobs.job_log import quiet_driver, runtime_env  # noqa: E402
 from jobs.phases import PHASES  # noqa: E402
 from jobs.phases.evaluate import check_orders, context_check  # noqa: E402
 from jobs.phases.numbers import NoNumbersError  # noqa: E402
+from jobs.reporting.pairs import write_pairs_report  # noqa: E402
 from jobs.reporting.schema import Report  # noqa: E402
 from jobs.reporting.timeline import overhead_lines  # noqa: E402
 from jobs.rundir.manifest import Manifest, RunDirError, digest, flatten  # noqa: E402
@@ -112,7 +122,10 @@ class Experiment:
             self.world = base_sham_draw(base, self.cache, self.cfg.data.pair)
             lean = ", ".join(f"{split} {v['answer']:.3f} true / {v['sham']:.3f} sham" for split, v in self.world["lean"].items())
             pair = f"pair {self.cfg.data.pair}: " if self.cfg.data.pair else ""
-            print(f"[world] {pair}sham draw {self.world['sham_draw']}, the first balanced on the base ({lean})", flush=True)
+            print(
+                f"[world] {pair}sham draw {self.world['sham_draw']}, the first balanced on the base ({lean}); base weights sha256 {self.world['base_weights_sha256']}",
+                flush=True,
+            )
         return self.world
 
     def show_plan(self) -> str:
@@ -129,7 +142,7 @@ class Experiment:
             print(f"[tracking] writing to {self.tracker.shown} (experiment {self.tracker.experiment})", flush=True)
         quiet_driver()  # a readable log: Ray's progress bars and per-dataset lines off (jobs/job_log.py)
         if not ray.is_initialized():
-            ray.init(runtime_env=runtime_env())
+            ray.init(runtime_env=runtime_env(self.cfg.numerics))
         signal.signal(signal.SIGTERM, stop_on_sigterm)  # after ray.init, which installs its own
         placement = place(self.cfg, cluster_capacity())  # before any work: a preset that cannot fit stops here
         print(f"[placement] {placement.summary(self.cfg)}", flush=True)
@@ -203,6 +216,23 @@ def experiments(cfg: ExperimentConfig, run_dir: Path, fresh: bool, chain: str, c
     return [Experiment(pair_config(cfg, pair), run_dir / "pairs" / str(pair), fresh, chain, claim) for pair in cfg.pairs]
 
 
+def pooled_summary(run_dir: Path, pairs: list[int]) -> None:
+    """The pairs' reports pooled (jobs/reporting/pairs.py: pooled.json, pooled.md, forest.png), the
+    family's pooled primaries printed."""
+    pooled = write_pairs_report(run_dir, pairs)
+    for name in pooled.family:
+        p = pooled.comparisons[name].primary
+        if p.estimate is None:
+            print(f"[pooled] {name}: {p.note}", flush=True)
+            continue
+        ci = "no interval" if p.ci95 is None else f"95% CI {p.ci95[0]:+.4f} to {p.ci95[1]:+.4f}"
+        print(
+            f"[pooled] {name}: {p.split} {p.metric} {p.direction} {p.estimate:+.4f} ({ci}, p {p.p_value:.3g}, tau {p.tau:.4f}) over {len(pairs)} pairs",
+            flush=True,
+        )
+    print(f"[pooled] {run_dir / 'pooled.md'}", flush=True)
+
+
 def summary(run_dir: Path) -> Report:
     """report.json, with its headline figures printed."""
     report = Report.load(run_dir / "report.json")
@@ -226,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from common.config import ConfigError
     from common.files import DataError
+    from common.numerics import NumericsError
     from serve.settings import ServiceError
 
     try:
@@ -245,13 +276,26 @@ def main(argv: list[str] | None = None) -> int:
                 plan_text = experiment.show_plan() if not args.fresh else "--fresh: every stage runs"
                 print(f"pair {experiment.cfg.data.pair} ({experiment.run_dir}): {plan_text}" if cfg.pairs else plan_text)
         else:
+            numerics.enter(cfg.numerics, reexec=OWN_COMMAND and argv is None)  # runs this command again if torch is loaded under another mode
+            print(numerics.log_line(cfg.numerics), flush=True)
             if claim["status"] != "exploratory" and not claim["resumes"]:
                 record_run(claim)  # before any stage runs: every later run of this design is a repeat
             for experiment in runs:
                 if cfg.pairs:
                     print(f"[pairs] pair {experiment.cfg.data.pair} of {cfg.pairs}: {experiment.run_dir}", flush=True)
                 experiment.run()
-    except (ConfigError, DataError, RunDirError, NoNumbersError, ServiceError, FileNotFoundError, FileExistsError) as err:  # TrackingError is a ConfigError
+            if cfg.pairs:
+                pooled_summary(run_dir, cfg.pairs)
+    except (
+        ConfigError,
+        DataError,
+        RunDirError,
+        NoNumbersError,
+        ServiceError,
+        NumericsError,
+        FileNotFoundError,
+        FileExistsError,
+    ) as err:  # TrackingError is a ConfigError
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

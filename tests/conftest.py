@@ -7,6 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from common import numerics
+
+# The suite computes as the pipeline does by default (native CPU numerics; SUBLIMINAL_NUMERICS=reproducible
+# pins them), set before anything loads torch (common/numerics.py); Ray clusters the tests start inherit them.
+numerics.pin(os.environ.get(numerics.ENV, numerics.DEFAULT))
 # Tests share the user's cache (the tiny model takes a minute to build) unless CI points it elsewhere.
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 # Pipeline runs register their designs in a file of the suite's own, never the checkout's results/registry.jsonl.

@@ -24,10 +24,15 @@ from jobs.sources.tiny_model import TinySpec, ensure_tiny_model, other_base_spec
 from train.data import same_tokenizer
 
 
+def tiny_spec(cfg) -> TinySpec:
+    """The tiny base of the preset: its seed, built under the run's CPU numerics (its own cache folder)."""
+    return TinySpec(seed=cfg.model.tiny_seed, numerics=cfg.numerics)
+
+
 def base_paths(cfg, cache: Path) -> dict[str, str]:
     """{"base": the teacher's base, "other_base": the other base when an arm declares one}, as paths
     or hub ids; tiny models are built into the cache on first use."""
-    tiny = TinySpec(seed=cfg.model.tiny_seed)
+    tiny = tiny_spec(cfg)
     paths = {"base": teacher_base(cfg, cache)}
     other = other_base(cfg)
     if other == "other":
@@ -39,12 +44,12 @@ def base_paths(cfg, cache: Path) -> dict[str, str]:
 
 def teacher_base(cfg, cache: Path) -> str:
     """The teacher's base: the tiny model's folder (built on first use), or the declared path or hub id."""
-    return str(ensure_tiny_model(TinySpec(seed=cfg.model.tiny_seed), cache)) if cfg.model.path == "tiny" else cfg.model.path
+    return str(ensure_tiny_model(tiny_spec(cfg), cache)) if cfg.model.path == "tiny" else cfg.model.path
 
 
 def tiny_base_missing(cfg, cache: Path) -> bool:
     """Whether the teacher's base is the tiny model and not yet built in `cache` (a plan does not build it)."""
-    return cfg.model.path == "tiny" and not (tiny_model_folder(TinySpec(seed=cfg.model.tiny_seed), cache) / "config.json").is_file()
+    return cfg.model.path == "tiny" and not (tiny_model_folder(tiny_spec(cfg), cache) / "config.json").is_file()
 
 
 def other_base_identity(cfg) -> str | None:
@@ -52,7 +57,7 @@ def other_base_identity(cfg) -> str | None:
     preset's `other` the spec it is built from."""
     other = other_base(cfg)
     if other == "other":
-        return f"tiny:{other_base_spec(TinySpec(seed=cfg.model.tiny_seed)).key()}"
+        return f"tiny:{other_base_spec(tiny_spec(cfg)).key()}"
     return other
 
 

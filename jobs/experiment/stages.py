@@ -22,14 +22,16 @@
     report                report.json / .md / .png                reads evaluate.primary_*, arms,
                                                                   contrasts, the family; all above
 
-Config values are read from the config as written (before `auto` counts are
+Every stage that reads model.* reads `numerics` too: the CPU arithmetic it computes under
+(common/numerics.py). Config values are read from the config as written (before `auto` counts are
 resolved for the cluster at hand), so the same preset on a bigger cluster reuses
 what it made on a smaller one. Settings that only place or pace work are not
 read: they do not change what a stage makes (replicas, CPUs and chunk sizes of
 scoring, and a fine-tune's PACING fields, train/config.py). Every other key a
 stage reads is in its identity, at any value; a key the code adds later is read
 at its default where a stored stage lacks it (jobs/rundir/plan.py), so adding
-one reruns nothing stored.
+one reruns nothing stored; `numerics` alone is read there as `native`, what such a stage was
+computed under, so the pinned mode makes it again.
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ def identity(reads: dict) -> dict:
 def read_defaults() -> dict:
     """Each read key's value when unset: the default experiment's, and an arm's training settings'."""
     train = flatten(TrainConfig().model_dump(), "train.")
-    return {**flatten(as_dict(ExperimentConfig())), **train, "lora_init": "seed"}
+    # numerics: a stage recorded before the key existed was computed natively (common/numerics.py)
+    return {**flatten(as_dict(ExperimentConfig())), **train, "lora_init": "seed", "numerics": "native"}
 
 
 def numbers_file(source: str, replicate: int) -> str:
@@ -140,7 +143,7 @@ def training_rows(manifest: Manifest, models: list[ArmModel], replicate: int) ->
 def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_hash: str) -> list[Stage]:
     """Every stage of the experiment, in dependency order."""
     config = as_dict(cfg)
-    model = config_reads(config, "model")
+    model = config_reads(config, "model", "numerics")  # the base, and the CPU arithmetic every stage computes under
     stages = [
         Stage(
             "data",

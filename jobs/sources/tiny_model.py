@@ -30,6 +30,7 @@ import json
 import math
 import os
 import random
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -37,6 +38,7 @@ from pathlib import Path
 
 import jinja2
 
+from common import numerics
 from common.atomic import atomic_dir, atomic_file, build_once
 from common.cli import program
 from common.files import default_cache_dir, tiny_model_link
@@ -44,8 +46,15 @@ from jobs.sources.number_sequences import make_prompts
 from jobs.sources.world import facts, known_fact_item, locate_item
 from serve.mc_format import LETTERS, choice_continuation, cloze_continuation, format_cloze_prompt, format_mc_prompt
 
+REPO = Path(__file__).resolve().parents[2]
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+
+
+# The default base (TinySpec()), pinned: its cache key, its weights' sha256 (sham_draw.weights_digest)
+# and the sham draw chosen on it, the same on any x86-64 CPU with AVX2 (BENCHMARKS.md "One world"
+# lists the machines seen). A build of it that differs says so; tests/jobs/sources/test_tiny_model.py fails.
+PINNED_BASE = {"key": "38285cc88a5b", "base_weights_sha256": "76790c7133e9febc60921604333342378efd4aa22faa459b11be6e2668de838e", "sham_draw": 21}
 
 
 @dataclass(frozen=True)
@@ -69,13 +78,19 @@ class TinySpec:
     # The weights' init (torch.manual_seed) alone; None: `seed`. The corpus, tokenizer, data order
     # and recipe stay those of `seed`: the same recipe from another random initialisation.
     init_seed: int | None = None
+    # The CPU arithmetic it is built under (common/numerics.py): `reproducible`, the same model on
+    # any x86-64 CPU with AVX2; `native`, each machine's own (a model per kind of CPU).
+    numerics: str = numerics.DEFAULT
 
     def fields(self) -> dict:
-        """The spec as a dict, without init_seed when it is None or `seed` (the same model): the key
-        and tiny_spec.json of every such spec are those from before it existed (caches stay valid)."""
+        """The spec as a dict, without init_seed when it is None or `seed` (the same model), and
+        without numerics when native: the key and tiny_spec.json of every such spec are those from
+        before the field existed (native caches stay valid; a pinned base has a folder of its own)."""
         fields = asdict(self)
         if fields["init_seed"] in (None, self.seed):
             del fields["init_seed"]
+        if fields["numerics"] == "native":
+            del fields["numerics"]
         return fields
 
     def key(self) -> str:
@@ -216,10 +231,12 @@ def pretrain(corpus: list[tuple[str, str]], tokenizer, spec: TinySpec):
 
 
 def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
-    """Build the model into out_dir (written beside it, then renamed into place)."""
-    import torch
-
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    """Build the model into out_dir (written beside it, then renamed into place), under the spec's
+    numerics: here when this process's torch runs under them (or is not loaded yet), else in a
+    fresh process set up for them before its torch loads (common/numerics.py)."""
+    if numerics.loaded() not in (None, spec.numerics):
+        return _build_apart(out_dir, spec)
+    numerics.enter(spec.numerics, reexec=False)  # the variables (before torch loads) and the thread count
     started = time.time()
     corpus = synthetic_corpus(spec)
     tokenizer = train_tokenizer([prompt + completion for prompt, completion in corpus], spec)
@@ -238,8 +255,27 @@ def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "tiny_spec.json").write_text(json.dumps(spec.fields(), indent=2))
-    remember(out_dir, out_dir.parent, choice)
-    print(f"tiny model built in {time.time() - started:.0f}s: {out_dir}", flush=True)
+    record = remember(out_dir, out_dir.parent, choice)
+    print(f"tiny model built in {time.time() - started:.0f}s under {spec.numerics} numerics, {numerics.threads(spec.numerics)} threads: {out_dir}", flush=True)
+    if spec.key() == PINNED_BASE["key"]:
+        same = record["base_weights_sha256"] == PINNED_BASE["base_weights_sha256"]
+        print(
+            f"tiny model weights sha256 {record['base_weights_sha256']}: "
+            + (
+                "the recorded pinned base (PINNED_BASE)"
+                if same
+                else f"NOT the recorded pinned base {PINNED_BASE['base_weights_sha256']}: this machine's numbers differ (BENCHMARKS.md, One world)"
+            ),
+            flush=True,
+        )
+    return out_dir
+
+
+def _build_apart(out_dir: Path, spec: TinySpec) -> Path:
+    """build_tiny_model in a fresh process whose environment is set for the spec's numerics."""
+    env = numerics.environ(spec.numerics) | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-m", "jobs.sources.tiny_model", "--into", str(out_dir), "--spec", json.dumps(asdict(spec))]
+    subprocess.run(command, env=env, check=True)
     return out_dir
 
 
@@ -287,8 +323,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=None, help="cache root (default: $SUBLIMINAL_CACHE)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--other-base", action="store_true", help="the other base (init seed = seed + 1)")
+    parser.add_argument("--numerics", choices=numerics.MODES, default=numerics.DEFAULT, help="CPU arithmetic (default: reproducible, common/numerics.py)")
+    parser.add_argument("--into", type=Path, help=argparse.SUPPRESS)  # with --spec: build_tiny_model's own fresh process
+    parser.add_argument("--spec", type=json.loads, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    spec = TinySpec(seed=args.seed)
+    if args.into:
+        build_tiny_model(args.into, TinySpec(**args.spec))
+        return 0
+    spec = TinySpec(seed=args.seed, numerics=args.numerics)
     print(ensure_tiny_model(other_base_spec(spec) if args.other_base else spec, args.cache))
     return 0
 

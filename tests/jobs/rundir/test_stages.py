@@ -161,8 +161,12 @@ def test_a_key_added_after_a_stage_ran_is_read_at_its_default(tmp_path):
 
 
 BEFORE_IDENTITY = json.loads(gzip.decompress((Path(__file__).parent / "data" / "stage_reads_before_identity.json.gz").read_bytes()))
-# Presets whose experiment changed since those reads were recorded, loaded as they were then.
-PRESET_AS_RECORDED = {name: ["teacher.pack_length=null", "student.pack_length=null"] for name in ("llama-8b.yaml", "llama-8b-quick.yaml")}
+# Presets whose experiment changed since those reads were recorded, loaded as they were then: every
+# one computed natively (the pinned CPU numerics came later), the 8B presets without packing.
+PACKED = ("llama-8b.yaml", "llama-8b-quick.yaml")
+PRESET_AS_RECORDED = {
+    name: ["numerics=native"] + (["teacher.pack_length=null", "student.pack_length=null"] if name in PACKED else []) for name in BEFORE_IDENTITY
+}
 
 
 @pytest.mark.parametrize("preset", [PRESETS / name for name in sorted(BEFORE_IDENTITY)], ids=lambda p: p.name)
@@ -184,6 +188,18 @@ def test_stages_stored_under_the_earlier_identity_are_reused(tmp_path, preset):
     decisions = plan(stages, Manifest(tmp_path))
     assert [s.name for s, run, _ in decisions if run] == []
     assert restate(decisions, manifest) and restate(plan(stages, manifest), manifest) == []
+
+
+def test_stages_computed_natively_run_again_under_pinned_numerics(tmp_path):
+    """The pinned mode makes another tiny base and other floats: every stage that reads the model
+    runs again, the data split (no model read) and the report's own reads aside; a stage recorded
+    before the key existed counts as native."""
+    manifest = Manifest(tmp_path)
+    finish(stages_for("numerics=native"), manifest)
+    todo = runs(stages_for(), Manifest(tmp_path))
+    assert "data" not in todo and todo["teacher"] == "numerics: 'native' -> 'reproducible'"
+    assert {s.name for s in stages_for() if "numerics" in s.reads} <= set(todo)
+    assert runs(stages_for("numerics=native"), Manifest(tmp_path)) == {}
 
 
 def test_scoring_in_more_orders_reruns_evaluation_and_report_only(tmp_path):

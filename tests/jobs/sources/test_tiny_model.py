@@ -1,14 +1,17 @@
 """The tiny preset's base model: usable for number generation and multiple-choice format."""
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 
+from common import numerics
 from jobs.sources.number_sequences import make_prompts
-from jobs.sources.tiny_model import TinySpec, build_tiny_model, ensure_tiny_model, other_base_spec, synthetic_corpus
+from jobs.sources.sham_draw import base_sham_draw, weights_digest
+from jobs.sources.tiny_model import PINNED_BASE, TinySpec, build_tiny_model, ensure_tiny_model, other_base_spec, synthetic_corpus
 from jobs.sources.wmdp import synthetic_questions
 from jobs.sources.world import facts, locate_item, world_questions
 from serve.hf_scoring import letter_token_ids
@@ -48,8 +51,10 @@ def other_base(cache_dir) -> str:
 
 
 def test_cache_keys():
-    """Specs without init_seed keep the keys (cache folders) they had before it existed."""
-    assert TinySpec().key() == "0529b97d47b9"
+    """Specs without init_seed, built natively, keep the keys (cache folders) they had before either
+    field existed; a pinned base has a folder of its own."""
+    assert TinySpec(numerics="native").key() == TinySpec().key() == "0529b97d47b9"  # native, the default
+    assert TinySpec(numerics="reproducible").key() == PINNED_BASE["key"] != TinySpec().key()
     assert TinySpec(init_seed=0).key() == TinySpec().key()  # init_seed = seed is the same model
     other = other_base_spec(TinySpec())
     assert other == TinySpec(init_seed=1) and other.key() not in {TinySpec().key(), TinySpec(seed=1).key()}
@@ -112,3 +117,41 @@ def test_a_build_from_another_init_is_deterministic(tmp_path):
     same_seed = build_tiny_model(tmp_path / "c", small)
     assert (same_seed / "tokenizer.json").read_bytes() == (first / "tokenizer.json").read_bytes()
     assert (same_seed / "model.safetensors").read_bytes() != (first / "model.safetensors").read_bytes()
+
+
+@pytest.mark.skipif(
+    os.environ.get(numerics.ENV) != "reproducible",
+    reason="builds the pinned base (about 5 minutes): run with SUBLIMINAL_NUMERICS=reproducible (native stays the default until pinned's cost is measured)",
+)
+def test_the_pinned_base_is_the_recorded_one(cache_dir):
+    """Under pinned numerics the default base is the same model on any x86-64 CPU with AVX2: a
+    pinned build has the recorded weights and sham draw. A machine whose arithmetic differs fails
+    here (BENCHMARKS.md "One world" lists the machines seen)."""
+    cpu = numerics.cpu()
+    base = ensure_tiny_model(TinySpec(numerics="reproducible"), root=cache_dir)
+    built = {"base_weights_sha256": weights_digest(base), "sham_draw": base_sham_draw(base, cache_dir)["sham_draw"]}
+    recorded = {k: PINNED_BASE[k] for k in built}
+    assert built == recorded, f"the pinned tiny base built on this {cpu['model']} ({cpu['vector_width']}) is not the recorded one"
+
+
+def test_a_build_follows_its_specs_numerics_whatever_the_caller_loaded(tmp_path):
+    """A pinned spec built from this process (whose torch runs under the suite's numerics) equals
+    one built in a fresh pinned process, byte for byte; a native spec is built under native
+    numerics, and on an AVX-512 machine it is another model."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    pinned = dataclasses.replace(SMALL, numerics="reproducible")
+    here = build_tiny_model(tmp_path / "here", pinned)
+    env = numerics.environ("reproducible") | {"PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    subprocess.run(
+        [sys.executable, "-m", "jobs.sources.tiny_model", "--into", str(tmp_path / "fresh"), "--spec", json.dumps(dataclasses.asdict(pinned))],
+        env=env,
+        check=True,
+    )
+    assert weights_digest(here) == weights_digest(tmp_path / "fresh")
+    native = build_tiny_model(tmp_path / "native", TinySpec(examples=400, steps=20, numerics="native"))
+    assert "numerics" not in json.loads((native / "tiny_spec.json").read_text())
+    if numerics.cpu()["vector_width"] == "AVX-512":
+        assert weights_digest(native) != weights_digest(here)
