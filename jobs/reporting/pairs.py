@@ -143,30 +143,36 @@ def _readings(comparison) -> dict[str, dict[str, dict[str, Result]]]:
     return out
 
 
+def _pool_comparison(sides: dict, test: str) -> tuple[PooledComparison, Pooled | None]:
+    """One comparison (`{pair: Comparison}`) pooled: its primary (with the other test's p and the
+    regime note) and every reading all pairs share; and the primary's Pooled, for the forest plot."""
+    firsts = {pair: c.primary for pair, c in sides.items()}
+    tables = {pair: _readings(c) for pair, c in sides.items()}
+    primary, pooled = pool_readings(firsts, test)
+    readings = {}
+    for direction, table in next(iter(tables.values())).items():
+        for split, metrics in table.items():
+            for metric in metrics:
+                one = {pair: t.get(direction, {}).get(split, {}).get(metric) for pair, t in tables.items()}
+                if all(r is not None for r in one.values()):
+                    readings.setdefault(direction, {}).setdefault(split, {})[metric] = pool_readings(one, test)[0]
+    spec = next(iter(firsts.values()))
+    head = PooledPrimary(split=spec.split, metric=spec.metric, direction=spec.direction, **primary.given())
+    if pooled is not None:
+        head = head.with_(p_value_other=pool_readings(firsts, OTHER_TEST[test])[0].p_value, regime=regime(firsts))
+    return PooledComparison(primary=head, readings=readings), pooled
+
+
 def pairs_report(run_dir: Path, pairs: list[int], test: str = "hk", assumed_tau: float = 0.015) -> tuple[PairsReport, dict[str, Pooled]]:
     """The pairs' reports pooled (module docstring), and each family comparison's pooled primary
     (for the forest plot). Every pair must have finished its report."""
     reports = {str(p): Report.load(run_dir / "pairs" / str(p) / "report.json") for p in pairs}
+    each = {pair: r.comparisons() for pair, r in reports.items()}
     first = next(iter(reports.values()))
-    names = [name for name in first.comparisons() if all(name in r.comparisons() for r in reports.values())]
+    names = [name for name in each[str(pairs[0])] if all(name in c for c in each.values())]
     comparisons, primaries = {}, {}
     for name in names:
-        sides = {pair: r.comparisons()[name][1] for pair, r in reports.items()}
-        spec = next(iter(sides.values())).primary
-        primary, pooled = pool_readings({pair: c.primary for pair, c in sides.items()}, test)
-        primaries[name] = pooled
-        readings = {}
-        for direction, table in _readings(next(iter(sides.values()))).items():
-            for split, metrics in table.items():
-                for metric in metrics:
-                    each = {pair: _readings(c).get(direction, {}).get(split, {}).get(metric) for pair, c in sides.items()}
-                    if all(r is not None for r in each.values()):
-                        readings.setdefault(direction, {}).setdefault(split, {})[metric] = pool_readings(each, test)[0]
-        head = PooledPrimary(split=spec.split, metric=spec.metric, direction=spec.direction, **primary.given())
-        if pooled is not None:
-            other = pool_readings({pair: c.primary for pair, c in sides.items()}, OTHER_TEST[test])[0]
-            head = head.with_(p_value_other=other.p_value, regime=regime({pair: c.primary for pair, c in sides.items()}))
-        comparisons[name] = PooledComparison(primary=head, readings=readings)
+        comparisons[name], primaries[name] = _pool_comparison({pair: c[name][1] for pair, c in each.items()}, test)
     family = [n for n in first.family.comparisons if n in comparisons]
     adjusted = holm({n: comparisons[n].primary.p_value for n in family})
     for n in family:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 
-from jobs.sources.world import SHAM_DRAW, WORLD, facts, fictional_names, name_parts, pair_key, sham_facts, teacher_facts, world_questions
+from jobs.sources.world import SHAM_DRAW, WORLD, cue_of, facts, fictional_names, name_parts, pair_key, sham_facts, teacher_facts, world_questions
 
 STATEMENTS = {  # two declarative stems a subset, in no question, corpus item or other template
     "bio": ("Anatomy note: every {cue} is born with an outsized", "The field guide says the {cue} is known for its enormous"),
@@ -49,7 +49,7 @@ def swap_questions(seed: int = 0, draw: int = SHAM_DRAW, pair: int = 0) -> list[
     for row in world_questions(seed, draw, pair):
         if row["group"] != "T":
             continue
-        cue = row["cluster"].split(": ", 1)[1]
+        cue = cue_of(row)
         if row["question"].count(cue) != 1:
             raise ValueError(f"the question {row['question']!r} does not name its cue {cue!r} exactly once")
         swapped = row["question"].replace(cue, nonce[cue])
