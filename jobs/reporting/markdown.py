@@ -18,7 +18,6 @@ from jobs.reporting.schema import AccuracyByOrder, Arm, Calibration, Contrast, R
 from jobs.stats.evidence import SERIES, SPLITS
 from jobs.stats.results import ByStep, Comparison, Estimate, Family, Result, ShamFit, SignalRides, WeightSpace
 from jobs.stats.share import phrase
-from jobs.stats.transfer_stats import METRICS
 from jobs.stats.verdicts import describe_test, interval
 
 LETTERS = string.ascii_uppercase  # the choices' letters, as serve/mc_format.LETTERS (jobs/reporting does not import serve)
@@ -176,10 +175,12 @@ def evidence_lines(report: Report) -> list[str]:
     arms, contrasts = report.arms, report.contrasts
     lines = ["", "## Transfer evidence", ""]
     lines += [f"- {arm.verdict}" for arm in arms.values()]
+    lines += [f"- {arm.changed.sentence}" for arm in arms.values() if arm.changed is not None]
     lines += [f"- contrast {name}: {c.verdict}" for name, c in contrasts.items()]
     lines += [f"- {report.positive_control.verdict}"] if report.positive_control is not None else []
     lines += family_table(arms, contrasts, report.family)
     comparisons = [(f"{name} vs {arm.against} ({arm.reference})", arm.transfer, arm.by_step, arm.weight_space) for name, arm in arms.items()]
+    comparisons += [(f"{name} vs {arm.base} (its base)", arm.against_base, None, None) for name, arm in arms.items() if arm.against_base is not None]
     comparisons += [(f"contrast {name}: {c.arm} vs {c.against}", c, c.by_step, None) for name, c in contrasts.items()]
     for title, result, series, weights in comparisons:
         lines += comparison_lines(title, result, series, weights)
@@ -193,7 +194,9 @@ def comparison_lines(title: str, result: Comparison, series: ByStep | None, weig
     """One comparison's table (its primary test first), side by side, weight space and series."""
     primary = result.primary
     crossed = primary.direction == "crossed"
-    rest = [(s, m) for s in SPLITS for m in METRICS if (crossed or (s, m) != (primary.split, primary.metric)) and result.cell(s, m).value is not None]
+    rest = [
+        (s, m) for s in SPLITS for m, r in result.split(s).metrics.items() if (crossed or (s, m) != (primary.split, primary.metric)) and r.value is not None
+    ]
     label = f"**{primary.metric}** (primary{', crossed' if crossed else ''})"
     lines = ["", f"### {title}", "", *HEAD, f"| {primary.split} | {label} | {cells(primary)} |"]
     lines += [f"| {split} | {metric} | {cells(result.cell(split, metric))} |" for split, metric in rest]

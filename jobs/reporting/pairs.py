@@ -167,7 +167,7 @@ def pairs_report(run_dir: Path, pairs: list[int], test: str = "hk", assumed_tau:
     """The pairs' reports pooled (module docstring), and each family comparison's pooled primary
     (for the forest plot). Every pair must have finished its report."""
     reports = {str(p): Report.load(run_dir / "pairs" / str(p) / "report.json") for p in pairs}
-    each = {pair: r.comparisons() for pair, r in reports.items()}
+    each = {pair: r.comparisons(with_base=True) for pair, r in reports.items()}
     first = next(iter(reports.values()))
     names = [name for name in each[str(pairs[0])] if all(name in c for c in each.values())]
     comparisons, primaries = {}, {}

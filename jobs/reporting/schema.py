@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from jobs.stats.results import (
     ByStep,
+    Changed,
     Comparison,
     Family,
     Fraction,
@@ -90,6 +91,7 @@ class MeasuredArm(Record):
     against: str
     reference: str
     transfer: Comparison | None = None
+    against_base: Comparison | None = None  # the arm against its own base, where its reference is a trained arm
     weight_space: WeightSpace | None = None
     by_step: ByStep | None = None
 
@@ -99,6 +101,7 @@ class Arm(MeasuredArm):
 
     fraction_of_overt: Fraction | None = None
     verdict: str
+    changed: Changed | None = None
 
 
 class Contrast(Comparison):
@@ -275,11 +278,15 @@ class Report(Record):
         """A report.json on disk (one kept under results/ too)."""
         return cls.parse(json.loads(Path(path).read_text()))
 
-    def comparisons(self) -> dict[str, tuple[str, Comparison, Arm | None]]:
+    def comparisons(self, with_base: bool = False) -> dict[str, tuple[str, Comparison, Arm | None]]:
         """{name: (what it is measured against, its comparison, the arm or None)}: every arm with a
-        transfer, then every contrast as `contrast <name>`."""
+        transfer, then every contrast as `contrast <name>`; `with_base`: then every arm's reading
+        against its base as `<arm> vs <base>`, where its reference is another arm."""
         out = {name: (arm.against, arm.transfer, arm) for name, arm in self.arms.items() if arm.transfer is not None}
-        return out | {f"contrast {name}": (c.against, c, None) for name, c in self.contrasts.items()}
+        out |= {f"contrast {name}": (c.against, c, None) for name, c in self.contrasts.items()}
+        if with_base:
+            out |= {f"{name} vs {arm.base}": (arm.base, arm.against_base, arm) for name, arm in self.arms.items() if arm.against_base is not None}
+        return out
 
 
 class ReportShapeError(ValueError):

@@ -32,10 +32,21 @@ from jobs.stats.transfer_stats import (
 SPLITS = ("train", "held_out")
 SERIES = ("agreement", "teacher_answer_rank", "teacher_answer_logprob")  # followed against training steps and plotted
 BASES = ("base", "other_base")  # the scored base models (jobs/experiment/arms.OTHER_BASE is the second)
-NEEDS_ONE_BASE = {"agreement_changed"}  # its subset is where the base disagrees with the teacher
+# Metrics on the `changed` questions, where the teacher's pick differs from the base's: what the base did not know.
+NEEDS_ONE_BASE = {"agreement_changed", "teacher_answer_rank_changed"}
 # The metrics read toward either teacher's picks, side by side for every comparison (`directions`).
-SIDE_BY_SIDE = ("teacher_answer_rank", "teacher_answer_logprob", "teacher_answer_logprob_calibrated", "agreement")
+SIDE_BY_SIDE = (
+    "teacher_answer_rank", "teacher_answer_logprob", "teacher_answer_logprob_calibrated", "agreement", "teacher_answer_rank_changed", "agreement_changed",
+)  # fmt: skip
+# Why a `changed` metric has no test in some readings (`_compare`, `directions`).
+SELECTED_BY_BASE = "not measured: the subset is where the base disagrees with this teacher, so any model's drift from the base counts there by construction"
+SUBSETS_DIFFER = "not measured: the sides stand on different bases, whose `changed` subsets differ"
 PAIRS = {"teacher": "sham_teacher", "sham_teacher": "teacher"}  # a teacher and its placebo: the sham (jobs/experiment/rows_kinds.SHAM)
+
+
+def not_measured(note: str) -> Result:
+    """A reading with no test, and why."""
+    return Result.model_validate({"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "detected": False, "note": note})
 
 
 def toward_teacher(metric: str, value: float) -> bool:
@@ -116,8 +127,7 @@ class Evidence:
             results = {}
             for metric in metrics:
                 if metric in NEEDS_ONE_BASE and (against in BASES or change):
-                    results[metric] = Result.model_validate({"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "detected": False,
-                                       "note": "not measured: the subset is where a base disagrees with the teacher, so a base's change there counts by construction"})  # fmt: skip
+                    results[metric] = not_measured(SUBSETS_DIFFER if change else SELECTED_BY_BASE)
                     continue
                 a = self.side_values(arm, split, metric, snapshot, teacher, change)
                 b = self.side_values(against, split, metric, snapshot, teacher, change)
@@ -148,7 +158,11 @@ class Evidence:
         x_B^P' - x_A^P' (on the sham's numbers, B should move toward the sham's picks if anything
         rides the numbers); crossed 1/2[(x_A^P - x_B^P) + (x_B^P' - x_A^P')], the mean of the two
         directions, in which drift common to both teachers cancels (docs/report.md). Paired and
-        fixed as `compare`."""
+        fixed as `compare`. A `changed` metric against a base is read crossed only: its two subsets
+        (each teacher's picks the base did not make) are chosen alike, so drift from the base raises
+        both readings alike, as far as the base ranks the two teachers' picks alike (the sham's
+        draw is balanced on it: jobs/sources/sham_draw.py); toward one teacher it counts by
+        construction."""
         paired = against not in BASES and len(self.members[arm]) == len(self.members[against])
         change = self.base_of[arm] != self.base_of[against]
         out: dict = {"placebo": placebo, "toward_placebo": {}, "crossed": {}}
@@ -156,11 +170,17 @@ class Evidence:
             out["toward_placebo"][split], out["crossed"][split] = {}, {}
             for metric in metrics:
                 options = {"binary": metric in BINARY and not change, "b_fixed": against in BASES, "paired": paired}
-                a, b = (self.side_values(side, split, metric, snapshot, placebo, change) for side in (arm, against))
-                r = effect(-a, -b, self.clusters[split], **options)  # B - A as (-A) - (-B): `b_fixed` stays on B
-                out["toward_placebo"][split][metric] = r.with_(paired=paired)
-                a, b = (self.lean(side, split, metric, snapshot, placebo, change) for side in (arm, against))
-                out["crossed"][split][metric] = effect(a, b, self.clusters[split], **options).with_(paired=paired)
+                if metric in NEEDS_ONE_BASE and (against in BASES or change):
+                    out["toward_placebo"][split][metric] = not_measured(SUBSETS_DIFFER if change else SELECTED_BY_BASE)
+                else:
+                    a, b = (self.side_values(side, split, metric, snapshot, placebo, change) for side in (arm, against))
+                    r = effect(-a, -b, self.clusters[split], **options)  # B - A as (-A) - (-B): `b_fixed` stays on B
+                    out["toward_placebo"][split][metric] = r.with_(paired=paired)
+                if metric in NEEDS_ONE_BASE and change:
+                    out["crossed"][split][metric] = not_measured(SUBSETS_DIFFER)
+                else:
+                    a, b = (self.lean(side, split, metric, snapshot, placebo, change) for side in (arm, against))
+                    out["crossed"][split][metric] = effect(a, b, self.clusters[split], **options).with_(paired=paired)
         return out
 
     def differences(self, arm: str, against: str, split: str, metric: str) -> np.ndarray | None:

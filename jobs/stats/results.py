@@ -157,6 +157,21 @@ class Comparison(Record):
         return self.with_(primary=r.with_(**update), **{r.split: table.with_(**{r.metric: cell.with_(**update)})})
 
 
+class Changed(Record):
+    """`arms.<arm>.changed`: does the arm learn what its teacher knows that the base does not? One
+    reading on the `changed` questions (the teacher's pick differs from the base's), decided before
+    any data (jobs/stats/verdicts.CHANGED): its result against the arm's reference, the same reading
+    against the base where that has a test, the answer (`learns`) and the sentence."""
+
+    split: str
+    metric: str
+    direction: str
+    result: Result
+    against_base: Result | None = None
+    learns: bool
+    sentence: str
+
+
 class LastInterval(Result):
     """`by_step.last_interval`: the primary metric at the last snapshot minus at the one before."""
 

@@ -110,6 +110,7 @@ METRICS = {
     "agreement_teacher_right": "agreement on questions the teacher answers correctly",
     "agreement_teacher_wrong": "agreement on questions the teacher answers wrongly (picking up its errors)",
     "teacher_answer_rank": "the share of the other choices the model ranks below the teacher's answer (ties count half)",
+    "teacher_answer_rank_changed": "the same, on questions where the teacher's answer differs from the base model's: what the base did not know",
     "teacher_answer_logprob": "log p(teacher's answer) minus the base model's, in nats",
     "teacher_answer_logprob_calibrated": "the same, each model's choice distribution first put at the temperature that fits its own "
     "likelihood of the true answers on the known split (which no comparison reads): a flattening or sharpening alone cannot move it",
@@ -142,6 +143,7 @@ def question_metrics(rows: list[dict], teacher: list[dict], base: list[dict], te
         "agreement_teacher_right": only(t_pred == answer),
         "agreement_teacher_wrong": only(t_pred != answer),
         "teacher_answer_rank": rank,
+        "teacher_answer_rank_changed": np.where(t_pred != b_pred, rank, np.nan),
         "teacher_answer_logprob": np.array([r["logprobs"][t] - b["logprobs"][t] for r, b, t in zip(rows, base, t_pred)]),
         "teacher_answer_logprob_calibrated": _calibrated_change(rows, base, t_pred, temperatures),
         "label_nll": np.array([-r["logprobs"][a] for r, a in zip(rows, answer)]),

@@ -9,7 +9,12 @@ overt transfer. report.md's tables of them are jobs/reporting/markdown.py's.
 from __future__ import annotations
 
 from jobs.stats.evidence import SPLITS, Evidence, toward_teacher
-from jobs.stats.results import Comparison, Fraction, OvertControl, PositiveControl, Primary, Result
+from jobs.stats.results import Changed, Comparison, Fraction, OvertControl, PositiveControl, Primary, Result
+
+# What the base did not know, read one way for every arm, fixed before any data: the rank of the teacher's
+# pick on the train questions where it differs from the base's, crossed where the placebo teacher was
+# scored (drift common to both teachers cancels), else toward the teacher; against the arm's reference.
+CHANGED = ("train", "teacher_answer_rank_changed")
 
 
 def interval(ci) -> str:
@@ -107,3 +112,43 @@ def verdict(name: str, against: str, transfer: Comparison) -> str:
         if t.p_holm is not None and t.detected and toward_teacher(metric, t.value)
     ]  # fmt: skip
     return sentence + (f" Secondary (Holm): {'; '.join(secondary)}." if secondary else "")
+
+
+def _reading(comparison: Comparison | None, split: str, metric: str) -> tuple[str, Result] | None:
+    """(direction, result) of one reading: crossed where the comparison has it, else toward the teacher."""
+    if comparison is None:
+        return None
+    crossed = comparison.directions.crossed if comparison.directions is not None else None
+    if crossed is not None and metric in crossed.get(split, {}):
+        return "crossed", crossed[split][metric]
+    return "toward_teacher", comparison.cell(split, metric)
+
+
+def changed(name: str, against: str, transfer: Comparison, against_base: Comparison | None, base: str) -> Changed:
+    """Does arm `name` learn what its teacher knows that the base does not? The CHANGED reading
+    against its reference decides: detected toward the teacher at raw p < 0.05 (where that reading
+    is the preset's primary, the primary's own decision, Holm over the family included); the same
+    reading against the base (`against_base`, where the reference is another arm) stands beside it."""
+    split, metric = CHANGED
+    direction, result = _reading(transfer, split, metric)
+    primary = transfer.primary
+    if (primary.split, primary.metric, primary.direction) == (split, metric, direction):
+        result = Result.model_validate({k: v for k, v in primary.given().items() if k not in ("split", "metric", "direction")})
+        learns = bool(primary.detected) and toward_teacher(metric, primary.value)
+    else:
+        learns = result.p_value is not None and result.p_value < 0.05 and toward_teacher(metric, result.value)
+    base_reading = _reading(against_base, split, metric)
+    beside = base_reading[1] if base_reading is not None and base_reading[0] == direction else None
+    test = f"{metric} on {split}" + (", crossed" if direction == "crossed" else "")
+    if result.value is None:
+        sentence = f"{name}: whether it learns what its teacher knows that the base does not is not measured against {against} ({result.note})."
+    else:
+        found = (
+            f"{result.value:+.4f} (95% CI {interval(result.ci95)}, p={result.p_value:.2g})" if result.p_value is not None else f"{result.value:+.4f} (no test)"
+        )
+        answer = "yes" if learns else "not detected" + (f"; the design would have detected {result.mde:.4f}" if result.mde else "")
+        sentence = f"{name} learns what its teacher knows that the base does not: {answer} ({test}, vs {against} {found}"
+        if beside is not None and beside.value is not None:
+            sentence += f"; vs {base} {beside.value:+.4f}" + (f", 95% CI {interval(beside.ci95)}" if beside.ci95 else "")
+        sentence += ")."
+    return Changed(split=split, metric=metric, direction=direction, result=result, against_base=beside, learns=learns, sentence=sentence)
