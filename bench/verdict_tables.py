@@ -113,9 +113,12 @@ def render(run: Path) -> str:
 
 def keep(run_dir: Path) -> Path:
     """Copy a finished run's report.json and report.md to results/<preset>/<date>-<commit>/ (the
-    commit the run started from, 7 digits); returns that folder."""
+    commit the run started from, 7 digits), with its per-question scores and manifest packed in
+    scores.tar.gz (`python -m jobs.rebuild <folder>` reports them again); returns that folder."""
     import shutil
     from datetime import date
+
+    from jobs.rebuild import pack_scores
 
     provenance = Report.load(run_dir / "report.json").provenance
     commit = provenance.registration.commit or provenance.git_commit
@@ -123,6 +126,7 @@ def keep(run_dir: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("report.json", "report.md"):
         shutil.copyfile(run_dir / name, folder / name)
+    pack_scores(run_dir, folder)
     return folder
 
 

@@ -34,3 +34,18 @@ def test_a_table_edited_by_hand_fails_the_check(tmp_path):
 def test_a_table_without_its_report_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="no report kept for this table"):
         render(tmp_path / "results" / "tiny" / "missing")
+
+
+KEPT_WITH_SCORES = sorted(p.parent.relative_to(ROOT) for p in (ROOT / "results").glob("*/*/scores.tar.gz"))
+
+
+@pytest.mark.parametrize("kept", KEPT_WITH_SCORES, ids=str)
+def test_every_kept_run_with_scores_is_its_report_again(kept):
+    """Every kept run that holds its per-question scores: its report built again from them
+    (python -m jobs.rebuild) holds every kept figure equally."""
+    import json
+
+    from jobs.rebuild import differences, rebuild
+
+    rebuilt = json.loads(json.dumps(rebuild(ROOT / kept).dump(), default=str))
+    assert differences(json.loads((ROOT / kept / "report.json").read_text()), rebuilt) == []

@@ -183,10 +183,18 @@ def _by_order(rows_per_model: list[list[dict]]) -> dict:
 
 
 def build_report(
-    run_dir: Path, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, paths: dict[str, str], registration: dict | None = None
+    run_dir: Path,
+    cfg: ExperimentConfig,
+    models: list[ArmModel],
+    manifest: Manifest,
+    paths: dict[str, str],
+    registration: dict | None = None,
+    weights: dict | None = None,
 ) -> Report:
     """The report (docs/report.md) from the eval files and the manifest; `paths`: the base
-    models (jobs/experiment/bases.base_paths); `registration`: what the run may claim."""
+    models (jobs/experiment/bases.base_paths); `registration`: what the run may claim; `weights`:
+    each trained model's weight readings ({cosine, shares}), read from its adapters when not given
+    (a kept run has no adapters: jobs/rebuild.py)."""
     teachers = teachers_used(models)
     bases = ["base"] + ([OTHER_BASE] if any(m.base == OTHER_BASE for m in models) else [])
     points = {m.name: snapshot_points(manifest, m.name) for m in models}
@@ -196,7 +204,7 @@ def build_report(
     scores = {name: on_split(rows, "held_out") for name, rows in both.items()}  # `models` and `transfer`: held out
     report_models = {name: _fixed_model(scores[name], both[name]) for name in [*bases, *teachers]}
     evidence = Evidence(both, models, (cfg.evaluate.primary_split, cfg.evaluate.primary_metric), points, cfg.evaluate.primary_direction)
-    weights = _weight_readings(run_dir, models, teachers)
+    weights = _weight_readings(run_dir, models, teachers) if weights is None else weights
     shares = {name: w["shares"] for name, w in weights.items() if w["shares"] is not None}
     measured = {}
     for arm in cfg.arms:

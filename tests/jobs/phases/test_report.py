@@ -121,3 +121,33 @@ def test_report_md_and_the_pictures_are_written(stored_run):
     for picture in ("transfer.png", "accuracy.png", "training.png"):
         with Image.open(run_dir / picture) as image:
             assert image.format == "PNG" and min(image.size) > 200
+
+
+def test_a_kept_run_is_reported_again_from_its_scores_alone(stored_run, tmp_path):
+    """jobs/rebuild.py: the report.json and the packed scores and manifest are all a kept run holds;
+    the report built again from them (no adapters: the weight readings come from the kept report)
+    equals the kept one, and a kept figure that the scores do not give is named."""
+    import tarfile
+
+    from jobs.rebuild import differences, pack_scores, rebuild
+
+    run_dir, report = stored_run
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    shutil.copyfile(run_dir / "report.json", kept / "report.json")
+    pack_scores(run_dir, kept)
+    again = tmp_path / "again"
+    again.mkdir()
+    assert pack_scores(run_dir, again).read_bytes() == (kept / "scores.tar.gz").read_bytes()  # the same archive for the same files
+    content = json.loads((kept / "report.json").read_text())
+    rebuilt = json.loads(json.dumps(rebuild(kept).dump(), default=str))
+    assert differences(content, rebuilt) == [] and rebuilt["arms"] == content["arms"]
+    content["arms"]["student"]["transfer"]["held_out"]["agreement"]["value"] += 0.01
+    del content["transfer"]["p_value"]  # a field the kept report lacks is no difference
+    assert differences(content, rebuilt) == [f"arms.student.transfer.held_out.agreement.value: kept {content['arms']['student']['transfer']['held_out']['agreement']['value']!r}, rebuilt {rebuilt['arms']['student']['transfer']['held_out']['agreement']['value']!r}"]
+
+    with tarfile.open(tmp_path / "bad.tar.gz", "w:gz") as tar:  # a member outside the scores
+        tar.add(run_dir / "manifest.json", arcname="../manifest.json")
+    (tmp_path / "bad.tar.gz").replace(kept / "scores.tar.gz")
+    with pytest.raises(ValueError, match=r"not a scores archive: \.\./manifest\.json"):
+        rebuild(kept)
