@@ -2,9 +2,12 @@
 
 Float arithmetic on a CPU depends on the vector width and the library code path the machine
 picks: the tiny base built on an Intel Xeon and on an AMD EPYC (AVX-512) were two different
-models, with two different sham draws. Under `reproducible` (opt in: `numerics: reproducible`; the
-default stays `native` until its cost is measured on a quiet machine, BENCHMARKS.md) every
-process the job starts computes as a plain AVX2 machine would:
+models, with two different sham draws. So the tiny base is always built pinned (and its sham
+draws chosen so): one world on every machine. A run computes pinned where it opts in
+(`numerics: reproducible`, as a registered preset does); the default stays `native`, since pinned
+costs 47% on the default run (173 s native, 254 s pinned on one quiet AMD EPYC, BENCHMARKS.md),
+over the 25% a default may cost. Under `reproducible` every process the job starts computes as a
+plain AVX2 machine would:
 
 - torch's own kernels (reductions, softmax, AdamW) at AVX2 width: `ATEN_CPU_CAPABILITY=avx2`;
 - oneDNN's kernels likewise: `ONEDNN_MAX_CPU_ISA=AVX2`;
@@ -37,7 +40,7 @@ from pathlib import Path
 
 ENV = "SUBLIMINAL_NUMERICS"  # the mode a process runs under, set by whoever started it (and by `pin`)
 MODES = ("reproducible", "native")
-DEFAULT = "native"  # reproducible costs about 1.7x on the tiny build (BENCHMARKS.md): opt in until measured whole
+DEFAULT = "native"  # a run's mode; reproducible costs 1.47x on the default run (BENCHMARKS.md), so it is opted into
 THREADS = 2  # intra-op threads of a pinned process that sets its own (the driver, the tiny model's build)
 PINNED = {
     "ATEN_CPU_CAPABILITY": "avx2",

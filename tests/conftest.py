@@ -11,6 +11,7 @@ from common import numerics
 
 # The suite computes as the pipeline does by default (native CPU numerics; SUBLIMINAL_NUMERICS=reproducible
 # pins them), set before anything loads torch (common/numerics.py); Ray clusters the tests start inherit them.
+# The tiny model it builds is pinned whatever the suite's mode (jobs/sources/tiny_model.TinySpec): one world.
 numerics.pin(os.environ.get(numerics.ENV, numerics.DEFAULT))
 # Tests share the user's cache (the tiny model takes a minute to build) unless CI points it elsewhere.
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")

@@ -25,8 +25,9 @@ from train.data import same_tokenizer
 
 
 def tiny_spec(cfg) -> TinySpec:
-    """The tiny base of the preset: its seed, built under the run's CPU numerics (its own cache folder)."""
-    return TinySpec(seed=cfg.model.tiny_seed, numerics=cfg.numerics)
+    """The tiny base of the preset: its seed, built under pinned CPU numerics whatever the run's mode
+    (jobs/sources/tiny_model.TinySpec: the same base, so the same world, on every machine)."""
+    return TinySpec(seed=cfg.model.tiny_seed)
 
 
 def base_paths(cfg, cache: Path) -> dict[str, str]:

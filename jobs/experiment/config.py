@@ -224,8 +224,8 @@ class ExperimentConfig(Settings):
     pairs: list[int] = Field(default_factory=list)
     # The CPU arithmetic of every process the job starts (common/numerics.py): `reproducible`, the
     # same numbers on any x86-64 CPU with AVX2 (slower); `native`, each CPU's own fastest path.
-    # GPU arithmetic is not pinned by it.
-    numerics: Literal["reproducible", "native"] = "native"  # reproducible: opt in until its cost is measured (BENCHMARKS.md)
+    # GPU arithmetic is not pinned by it, and the tiny base is built pinned whatever it says.
+    numerics: Literal["reproducible", "native"] = "native"  # reproducible costs 1.47x on the default run (BENCHMARKS.md): opted into
     # MLflow tracking: on by default into an embedded store; `off` (YAML reads it as false) turns it off.
     tracking: TrackingConfig | Literal[False, "off"] = Field(default_factory=TrackingConfig)
 

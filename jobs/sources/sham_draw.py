@@ -30,12 +30,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+from common import numerics
 from common.atomic import write_json
 from common.files import DataError
 from jobs.sources.world import WORLD, world_questions
 
+REPO = Path(__file__).resolve().parents[2]
 TOLERANCE = 0.03  # |sham - true| on each split, as shares of the T questions
 MAX_DRAWS = 100  # draws tried before giving up (the Intel- and AMD-built bases: 5 of the first 20 balanced)
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
@@ -110,8 +115,9 @@ def choose_draw(model, tokenizer, pair: int = 0) -> dict:
 
 def base_sham_draw(base: str | Path, cache: Path, pair: int = 0) -> dict:
     """{sham_draw, base_weights_sha256, lean, tolerance, tried[, pair]} for the base model folder
-    `base` and teacher–sham pair `pair`: read from the cache, or chosen on the base (loaded here, on
-    the CPU) and kept there."""
+    `base` and teacher–sham pair `pair`: read from the cache, or chosen on the base (on the CPU,
+    under the numerics it was built under: here, or in a fresh process where this one computes
+    otherwise) and kept there."""
     if not Path(base).is_dir():
         raise DataError(f"the tiny world's sham draw is chosen on the base model, which must be a local folder: {base} is not (data.source synthetic)")
     sha = weights_digest(base)
@@ -120,11 +126,27 @@ def base_sham_draw(base: str | Path, cache: Path, pair: int = 0) -> dict:
         record = json.loads(kept.read_text())
         if record.get("base_weights_sha256") == sha:
             return record
+    mode = built_under(base)  # chosen under the arithmetic the base was built under, as its build chose pair 0's
+    if (numerics.loaded() or os.environ.get(numerics.ENV, numerics.DEFAULT)) != mode:  # this process computes otherwise: a fresh one
+        env = numerics.environ(mode) | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        command = [sys.executable, "-m", "jobs.sources.sham_draw", str(base), str(cache), str(pair)]
+        done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:  # its DataError's message (no draw balanced, a damaged base) is the last line it wrote
+            last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
+            raise DataError(f"choosing pair {pair}'s sham draw under {mode} numerics: {last.removeprefix('common.files.DataError: ')}")
+        return json.loads(kept.read_text())
+    numerics.enter(mode, reexec=False)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     return remember(base, cache, choose_draw(model, AutoTokenizer.from_pretrained(base), pair))
+
+
+def built_under(base: str | Path) -> str:
+    """The CPU numerics a tiny base was built under (its tiny_spec.json; none named: native)."""
+    spec = Path(base) / "tiny_spec.json"
+    return json.loads(spec.read_text()).get("numerics", "native") if spec.is_file() else "native"
 
 
 def remember(base: str | Path, cache: Path, choice: dict) -> dict:
@@ -136,3 +158,7 @@ def remember(base: str | Path, cache: Path, choice: dict) -> dict:
 
 def _kept(cache: Path, sha: str, pair: int = 0) -> Path:
     return Path(cache) / "sham-draws" / (f"{sha[:16]}.json" if pair == 0 else f"{sha[:16]}-pair{pair}.json")
+
+
+if __name__ == "__main__":  # base_sham_draw in a process of the base's own numerics: python -m jobs.sources.sham_draw BASE CACHE PAIR
+    base_sham_draw(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]))

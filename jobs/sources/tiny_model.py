@@ -78,9 +78,10 @@ class TinySpec:
     # The weights' init (torch.manual_seed) alone; None: `seed`. The corpus, tokenizer, data order
     # and recipe stay those of `seed`: the same recipe from another random initialisation.
     init_seed: int | None = None
-    # The CPU arithmetic it is built under (common/numerics.py): `reproducible`, the same model on
-    # any x86-64 CPU with AVX2; `native`, each machine's own (a model per kind of CPU).
-    numerics: str = numerics.DEFAULT
+    # The CPU arithmetic it is built under (common/numerics.py): `reproducible` (the default, whatever
+    # the run's own mode), the same model on any x86-64 CPU with AVX2, so one world everywhere;
+    # `native`, each machine's own (a model per kind of CPU), kept for comparison and old caches.
+    numerics: str = "reproducible"
 
     def fields(self) -> dict:
         """The spec as a dict, without init_seed when it is None or `seed` (the same model), and
@@ -323,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=None, help="cache root (default: $SUBLIMINAL_CACHE)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--other-base", action="store_true", help="the other base (init seed = seed + 1)")
-    parser.add_argument("--numerics", choices=numerics.MODES, default=numerics.DEFAULT, help="CPU arithmetic (default: reproducible, common/numerics.py)")
+    parser.add_argument("--numerics", choices=numerics.MODES, default="reproducible", help="CPU arithmetic (default: reproducible, common/numerics.py)")
     parser.add_argument("--into", type=Path, help=argparse.SUPPRESS)  # with --spec: build_tiny_model's own fresh process
     parser.add_argument("--spec", type=json.loads, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -1,7 +1,6 @@
 """The tiny preset's base model: usable for number generation and multiple-choice format."""
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -51,10 +50,10 @@ def other_base(cache_dir) -> str:
 
 
 def test_cache_keys():
-    """Specs without init_seed, built natively, keep the keys (cache folders) they had before either
-    field existed; a pinned base has a folder of its own."""
-    assert TinySpec(numerics="native").key() == TinySpec().key() == "0529b97d47b9"  # native, the default
-    assert TinySpec(numerics="reproducible").key() == PINNED_BASE["key"] != TinySpec().key()
+    """The default spec is built pinned, in a folder of its own; a spec without init_seed built
+    natively keeps the key (cache folder) it had before either field existed."""
+    assert TinySpec(numerics="reproducible").key() == TinySpec().key() == PINNED_BASE["key"]  # pinned, the default
+    assert TinySpec(numerics="native").key() == "0529b97d47b9" != TinySpec().key()
     assert TinySpec(init_seed=0).key() == TinySpec().key()  # init_seed = seed is the same model
     other = other_base_spec(TinySpec())
     assert other == TinySpec(init_seed=1) and other.key() not in {TinySpec().key(), TinySpec(seed=1).key()}
@@ -119,17 +118,12 @@ def test_a_build_from_another_init_is_deterministic(tmp_path):
     assert (same_seed / "model.safetensors").read_bytes() != (first / "model.safetensors").read_bytes()
 
 
-@pytest.mark.skipif(
-    os.environ.get(numerics.ENV) != "reproducible",
-    reason="builds the pinned base (about 5 minutes): run with SUBLIMINAL_NUMERICS=reproducible (native stays the default until pinned's cost is measured)",
-)
-def test_the_pinned_base_is_the_recorded_one(cache_dir):
-    """Under pinned numerics the default base is the same model on any x86-64 CPU with AVX2: a
-    pinned build has the recorded weights and sham draw. A machine whose arithmetic differs fails
-    here (BENCHMARKS.md "One world" lists the machines seen)."""
+def test_the_pinned_base_is_the_recorded_one(tiny_model, cache_dir):
+    """The default base, built under pinned numerics, is the same model on any x86-64 CPU with AVX2:
+    it has the recorded weights and sham draw. A machine whose arithmetic differs fails here
+    (BENCHMARKS.md "One world" lists the machines seen)."""
     cpu = numerics.cpu()
-    base = ensure_tiny_model(TinySpec(numerics="reproducible"), root=cache_dir)
-    built = {"base_weights_sha256": weights_digest(base), "sham_draw": base_sham_draw(base, cache_dir)["sham_draw"]}
+    built = {"base_weights_sha256": weights_digest(tiny_model), "sham_draw": base_sham_draw(tiny_model, cache_dir)["sham_draw"]}
     recorded = {k: PINNED_BASE[k] for k in built}
     assert built == recorded, f"the pinned tiny base built on this {cpu['model']} ({cpu['vector_width']}) is not the recorded one"
 
