@@ -42,6 +42,10 @@ HUB_BARS_OFF = "HF_HUB_DISABLE_PROGRESS_BARS"
 # Ray Data's INFO lines that no DataContext field turns off: execution start/plan/finish, "Data sink ... finished".
 RAY_DATA_STATUS_LOGGERS = ("ray.data._internal.execution.streaming_executor", "ray.data.dataset")
 RAY_DATA_PROGRESS_LOGGER = "ray.data._internal.progress"  # says once per process that the bars are off
+# cuBLAS picks among reduction orders by stream workspace unless given a fixed one: this makes a GPU
+# run repeat itself on the same GPU model and library versions (docs/scaling.md, "Reproducibility");
+# a few MiB per stream, and nothing on a CPU.
+CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"
 JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in a job submitted with `ray job submit`: its runtime env
 
 
@@ -61,13 +65,15 @@ def setup_worker() -> None:
 
 
 def runtime_env(numerics_mode: str = numerics.DEFAULT) -> dict:
-    """What the driver's `ray.init` adds to the job's runtime env: the hook, the two switches where
-    neither the driver's environment nor the job's runtime env sets them, and the CPU numerics'
-    variables where the job's runtime env does not (Ray refuses a key both set; a job's env vars
-    are in its driver's environment as well, where `numerics.pin` checked them)."""
+    """What the driver's `ray.init` adds to the job's runtime env: the hook, the two switches and
+    cuBLAS's fixed workspace where neither the driver's environment nor the job's runtime env sets
+    them, and the CPU numerics' variables where the job's runtime env does not (Ray refuses a key
+    both set; a job's env vars are in its driver's environment as well, where `numerics.pin`
+    checked them)."""
     job = json.loads(os.environ.get(JOB_CONFIG, "{}")).get("runtime_env") or {}
     taken = set(job.get("env_vars", {}))
-    env = {name: "1" for name in (PROGRESS_BARS_OFF, HUB_BARS_OFF) if name not in os.environ and name not in taken}
+    defaults = {PROGRESS_BARS_OFF: "1", HUB_BARS_OFF: "1", CUBLAS_WORKSPACE: ":4096:8"}
+    env = {name: value for name, value in defaults.items() if name not in os.environ and name not in taken}
     env |= numerics.ray_env_vars(numerics_mode, taken)
     return {"env_vars": env} | ({} if "worker_process_setup_hook" in job else {"worker_process_setup_hook": "jobs.job_log.setup_worker"})
 

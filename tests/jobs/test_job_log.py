@@ -54,21 +54,22 @@ def test_the_worker_hook_silences_rays_exclude_resources_deprecation_only():
 def test_the_runtime_env_adds_only_what_the_job_does_not_set(monkeypatch):
     from common import numerics
 
-    for name in (job_log.PROGRESS_BARS_OFF, job_log.HUB_BARS_OFF, job_log.JOB_CONFIG):
+    for name in (job_log.PROGRESS_BARS_OFF, job_log.HUB_BARS_OFF, job_log.CUBLAS_WORKSPACE, job_log.JOB_CONFIG):
         monkeypatch.delenv(name, raising=False)
+    cublas = {job_log.CUBLAS_WORKSPACE: ":4096:8"}  # a GPU run's cuBLAS repeats itself
     hook = "jobs.job_log.setup_worker"
     pinned = {numerics.ENV: "reproducible", **numerics.PINNED}  # the pinned CPU numerics
     assert job_log.runtime_env("reproducible") == {
-        "env_vars": {job_log.PROGRESS_BARS_OFF: "1", job_log.HUB_BARS_OFF: "1", **pinned},
+        "env_vars": {job_log.PROGRESS_BARS_OFF: "1", job_log.HUB_BARS_OFF: "1", **cublas, **pinned},
         "worker_process_setup_hook": hook,
     }
-    native = {job_log.PROGRESS_BARS_OFF: "1", job_log.HUB_BARS_OFF: "1", numerics.ENV: "native"}
+    native = {job_log.PROGRESS_BARS_OFF: "1", job_log.HUB_BARS_OFF: "1", **cublas, numerics.ENV: "native"}
     assert job_log.runtime_env("native")["env_vars"] == job_log.runtime_env()["env_vars"] == native  # native, the default
     # Progress bars asked back in the driver's environment (a local cluster's workers inherit it).
     monkeypatch.setenv(job_log.PROGRESS_BARS_OFF, "0")
-    assert job_log.runtime_env("reproducible")["env_vars"] == {job_log.HUB_BARS_OFF: "1", **pinned}
+    assert job_log.runtime_env("reproducible")["env_vars"] == {job_log.HUB_BARS_OFF: "1", **cublas, **pinned}
     # A job submitted with its own hook and variables: Ray refuses a key both set, so none is added.
-    job = {"runtime_env": {"env_vars": {job_log.HUB_BARS_OFF: "0", **pinned}, "worker_process_setup_hook": "mine.setup"}}
+    job = {"runtime_env": {"env_vars": {job_log.HUB_BARS_OFF: "0", **cublas, **pinned}, "worker_process_setup_hook": "mine.setup"}}
     monkeypatch.setenv(job_log.JOB_CONFIG, json.dumps(job))
     assert job_log.runtime_env("reproducible") == {"env_vars": {}}
 
