@@ -13,7 +13,7 @@ from common import numerics
 # pins them), set before anything loads torch (common/numerics.py); Ray clusters the tests start inherit them.
 # The tiny model it builds is pinned whatever the suite's mode (jobs/sources/tiny_model.TinySpec): one world.
 numerics.pin(os.environ.get(numerics.ENV, numerics.DEFAULT))
-# Tests share the user's cache (the tiny model takes a minute to build) unless CI points it elsewhere.
+# Tests share the user's cache (the tiny model takes about 5 minutes to build) unless CI points it elsewhere.
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 # Pipeline runs register their designs in a file of the suite's own, never the checkout's results/registry.jsonl.
 os.environ["SUBLIMINAL_REGISTRY"] = str(Path(tempfile.mkdtemp(prefix="subliminal-registry-")) / "registry.jsonl")
