@@ -216,7 +216,8 @@ def build_report(
     fitted = {name: [both[name]] for name in [*bases, *teachers]} | {arm: [both[m.name] for m in models if m.arm == arm] for arm in cfg.arms}
     if (fit := sham_fit(fitted)) is not None:  # the matched sham holds its facts as the teacher holds its own?
         sections["sham_fit"] = fit
-    rides = {name: kind for name, declared in cfg.arms.items() if (kind := signal_kind(declared.numbers, declared.train.get("mask", "none")))}
+    trained = {m.arm: m.train for m in models}  # each arm as it trained: its `train` over the student's, as arm_models resolved it
+    rides = {name: kind for name, declared in cfg.arms.items() if (kind := signal_kind(declared.numbers, trained[name].mask))}
     if rides and "student" in measured and "student" not in rides:  # masked, replaced, greedy: shares of the student's effect
         sections["where_signal_rides"] = where_signal_rides(evidence, "student", measured["student"].against, rides)
     if "student" in measured and "control" in measured:  # the original experiment's measure: held-out agreement, student - control

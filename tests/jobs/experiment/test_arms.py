@@ -43,6 +43,16 @@ def test_arm_train_keys_apply_to_that_arm_only():
     assert (by_arm["control"].lr, by_arm["control"].max_steps) == (cfg.student.lr, cfg.student.max_steps)
 
 
+def test_every_train_key_an_arm_leaves_unset_is_the_students_mask_and_method_included():
+    """One rule for every key, read once: an arm trains with its `train` over the student's. The
+    report reads an arm's mask and method from these resolved models (a mask set on `student`
+    masks every arm that does not set its own), never from the arm's declaration alone."""
+    cfg = load_experiment(None, ["student.mask=random", "arms={student: {numbers: teacher}, control: {numbers: base}, plain: {train: {mask: none}}}"])
+    by_arm = {m.arm: m.train for m in arm_models(cfg)}
+    assert (by_arm["student"].mask, by_arm["control"].mask, by_arm["plain"].mask) == ("random", "random", "none")
+    assert {t.method for t in by_arm.values()} == {cfg.student.method}
+
+
 @pytest.mark.parametrize(
     ("arms", "message"),
     [
