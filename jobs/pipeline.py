@@ -216,10 +216,11 @@ def experiments(cfg: ExperimentConfig, run_dir: Path, fresh: bool, chain: str, c
     return [Experiment(pair_config(cfg, pair), run_dir / "pairs" / str(pair), fresh, chain, claim) for pair in cfg.pairs]
 
 
-def pooled_summary(run_dir: Path, pairs: list[int]) -> None:
-    """The pairs' reports pooled (jobs/reporting/pairs.py: pooled.json, pooled.md, forest.png), the
-    family's pooled primaries printed."""
-    pooled = write_pairs_report(run_dir, pairs)
+def pooled_summary(run_dir: Path, cfg: ExperimentConfig) -> None:
+    """The pairs' reports pooled (jobs/reporting/pairs.py: pooled.json, pooled.md, forest.png) by the
+    preset's test and assumed tau, the family's pooled primaries printed."""
+    pairs = cfg.pairs
+    pooled = write_pairs_report(run_dir, pairs, cfg.evaluate.pooled_test, cfg.evaluate.assumed_tau)
     for name in pooled.family:
         p = pooled.comparisons[name].primary
         if p.estimate is None:
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[pairs] pair {experiment.cfg.data.pair} of {cfg.pairs}: {experiment.run_dir}", flush=True)
                 experiment.run()
             if cfg.pairs:
-                pooled_summary(run_dir, cfg.pairs)
+                pooled_summary(run_dir, cfg)
     except (
         ConfigError,
         DataError,

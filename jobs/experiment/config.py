@@ -91,6 +91,12 @@ class EvalConfig(Settings):
     # names. Holm runs across the family's primary tests and decides their verdicts; a comparison
     # outside it is reported as exploratory, at its raw p. None: every comparison is in the family.
     primary_comparisons: list[str] | None = None
+    # A design of `pairs`: the test that pools each comparison over the pairs (jobs/stats/pooling.py,
+    # docs/pooling.md): "hk" (Hartung-Knapp), "hk_max1" (its max(1, q) correction, read beside "hk"),
+    # or "t" (the pairs weighed alike, for pairs whose few replicates estimate their own SEs poorly);
+    # and the between-pair SD the pooled MDE assumes. Declare both before looking at results.
+    pooled_test: Literal["hk", "hk_max1", "t"] = "hk"
+    assumed_tau: float = 0.015
     # Each question scored with its choices in this many cyclic orders (1: as written), the
     # log-probabilities mapped back to the original choices and averaged: a model's prior over
     # answer letters then cannot pass for knowledge (docs/report.md, letter_prior). At most the

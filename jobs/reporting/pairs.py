@@ -28,7 +28,7 @@ from jobs.stats.results import Record, Result
 from jobs.stats.transfer_stats import holm
 
 DIRECTIONS = ("toward_teacher", "toward_placebo", "crossed")
-OTHER_TEST = {"hk": "hk_max1", "hk_max1": "hk"}  # the sensitivity reading beside the primary's test
+OTHER_TEST = {"hk": "hk_max1", "hk_max1": "hk", "t": "hk"}  # the sensitivity reading beside the primary's test
 MIN_DF, MAX_SE_RATIO = 20, 2.0  # plain HK's size held within 4.7-5.7% inside these (docs/pooling.md)
 
 
@@ -159,7 +159,8 @@ def _pool_comparison(sides: dict, test: str) -> tuple[PooledComparison, Pooled |
     spec = next(iter(firsts.values()))
     head = PooledPrimary(split=spec.split, metric=spec.metric, direction=spec.direction, **primary.given())
     if pooled is not None:
-        head = head.with_(p_value_other=pool_readings(firsts, OTHER_TEST[test])[0].p_value, regime=regime(firsts))
+        conditions = regime(firsts) if test != "t" else None  # the t on the estimates reads no within-pair SE
+        head = head.with_(p_value_other=pool_readings(firsts, OTHER_TEST[test])[0].p_value, regime=conditions)
     return PooledComparison(primary=head, readings=readings), pooled
 
 
