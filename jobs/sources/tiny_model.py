@@ -233,9 +233,10 @@ def pretrain(corpus: list[tuple[str, str]], tokenizer, spec: TinySpec):
 
 def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
     """Build the model into out_dir (written beside it, then renamed into place), under the spec's
-    numerics: here when this process's torch runs under them (or is not loaded yet), else in a
-    fresh process set up for them before its torch loads (common/numerics.py)."""
-    if numerics.loaded() not in (None, spec.numerics):
+    numerics: here when this process computes under them (its torch loaded under them, or not
+    loaded and its environment naming them), else in a fresh process set up for them before its
+    torch loads (common/numerics.py), so that building never changes how its caller computes."""
+    if (numerics.loaded() or os.environ.get(numerics.ENV, numerics.DEFAULT)) != spec.numerics:
         return _build_apart(out_dir, spec)
     numerics.enter(spec.numerics, reexec=False)  # the variables (before torch loads) and the thread count
     started = time.time()

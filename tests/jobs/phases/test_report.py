@@ -144,7 +144,9 @@ def test_a_kept_run_is_reported_again_from_its_scores_alone(stored_run, tmp_path
     assert differences(content, rebuilt) == [] and rebuilt["arms"] == content["arms"]
     content["arms"]["student"]["transfer"]["held_out"]["agreement"]["value"] += 0.01
     del content["transfer"]["p_value"]  # a field the kept report lacks is no difference
-    assert differences(content, rebuilt) == [f"arms.student.transfer.held_out.agreement.value: kept {content['arms']['student']['transfer']['held_out']['agreement']['value']!r}, rebuilt {rebuilt['arms']['student']['transfer']['held_out']['agreement']['value']!r}"]
+    assert differences(content, rebuilt) == [
+        f"arms.student.transfer.held_out.agreement.value: kept {content['arms']['student']['transfer']['held_out']['agreement']['value']!r}, rebuilt {rebuilt['arms']['student']['transfer']['held_out']['agreement']['value']!r}"
+    ]
 
     with tarfile.open(tmp_path / "bad.tar.gz", "w:gz") as tar:  # a member outside the scores
         tar.add(run_dir / "manifest.json", arcname="../manifest.json")

@@ -98,7 +98,7 @@ def test_drift_away_from_the_base_is_no_answer_against_the_base_and_only_the_twi
     not 1 reads as a lean toward the teacher. That is why the twin, which drifts alike, decides."""
     for drop, crossed_vs_base in ((1.75, 0.0), (1.25, 0.125)):  # past both picks; past the teacher's alone (3 of 4 questions lean)
 
-        def drift(q, arm, i):
+        def drift(q, arm, i, drop=drop):
             return noise(q, arm, i) - drop * np.eye(4)[3]
 
         ev = evidence(drift)
