@@ -114,19 +114,24 @@ def render(run: Path) -> str:
 def keep(run_dir: Path) -> Path:
     """Copy a finished run's report.json and report.md to results/<preset>/<date>-<commit>/ (the
     commit the run started from, 7 digits), with its per-question scores and manifest packed in
-    scores.tar.gz (`python -m jobs.rebuild <folder>` reports them again); returns that folder."""
+    scores.tar.gz (`python -m jobs.rebuild <folder>` reports them again); returns that folder. A run
+    of pairs keeps pooled.json and pooled.md there and each pair's run under pairs/<p>/ alike."""
     import shutil
     from datetime import date
 
     from jobs.rebuild import pack_scores
 
-    provenance = Report.load(run_dir / "report.json").provenance
+    pairs = sorted((run_dir / "pairs").iterdir(), key=lambda p: int(p.name)) if (run_dir / "pooled.json").is_file() else []
+    provenance = Report.load((pairs[0] if pairs else run_dir) / "report.json").provenance
     commit = provenance.registration.commit or provenance.git_commit
     folder = ROOT / "results" / provenance.preset / f"{date.today().isoformat()}-{str(commit)[:7]}"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in ("report.json", "report.md"):
+    for source, target in [(run_dir, folder)] if not pairs else [(p, folder / "pairs" / p.name) for p in pairs]:
+        target.mkdir(parents=True, exist_ok=True)
+        for name in ("report.json", "report.md"):
+            shutil.copyfile(source / name, target / name)
+        pack_scores(source, target)
+    for name in ("pooled.json", "pooled.md") if pairs else ():
         shutil.copyfile(run_dir / name, folder / name)
-    pack_scores(run_dir, folder)
     return folder
 
 

@@ -36,7 +36,7 @@ def test_a_table_without_its_report_is_named(tmp_path):
         render(tmp_path / "results" / "tiny" / "missing")
 
 
-KEPT_WITH_SCORES = sorted(p.parent.relative_to(ROOT) for p in (ROOT / "results").glob("*/*/scores.tar.gz"))
+KEPT_WITH_SCORES = sorted(p.parent.relative_to(ROOT) for p in (ROOT / "results").rglob("scores.tar.gz"))  # a run's, or each pair's of a run
 
 
 @pytest.mark.parametrize("kept", KEPT_WITH_SCORES, ids=str)
