@@ -240,8 +240,14 @@ def summary(run_dir: Path) -> Report:
     for name, m in report.models.items():
         ci = f"95% CI {m.ci95[0]:.3f}-{m.ci95[1]:.3f}" if m.ci95 else "no CI with one replicate"
         print(f"[report] {name}: accuracy {m.overall:.3f} ({ci})", flush=True)
-    if report.transfer is not None:
-        print(f"[report] transfer {report.transfer.value:+.3f}; {run_dir / 'report.md'}", flush=True)
+    family = set(report.family.comparisons)
+    for name, arm in report.arms.items():  # the preset's primary verdicts (Holm across them), not a secondary figure
+        if name in family:
+            print(f"[report] {arm.verdict}", flush=True)
+    for name, c in report.contrasts.items():
+        if name in family:
+            print(f"[report] contrast {name}: {c.verdict}", flush=True)
+    print(f"[report] {run_dir / 'report.md'}", flush=True)
     for line in overhead_lines(report.timeline):  # where the minutes went that were not compute (timeline.png)
         print(line, flush=True)
     return report
