@@ -49,7 +49,7 @@ from jobs.rundir.registration import source_state
 from jobs.stats.results import Primary
 
 PIPELINE_TAG = "subliminal.kind"  # "pipeline" on a parent, "model" on a child
-ARTIFACTS = ("report.md", "report.json", "transfer.png", "accuracy.png", "training.png")
+ARTIFACTS = ("report.md", "report.json", "transfer.png", "accuracy.png", "training.png", "timeline.png")
 
 
 class TrackingError(ConfigError):
