@@ -100,6 +100,24 @@ def loaded() -> str | None:
     return "reproducible" if pinned and torch.backends.cpu.get_cpu_capability() != "AVX512" else "native"
 
 
+def current() -> str:
+    """The mode this process computes under: its torch's once loaded, else the one its environment
+    names (the default where none is named)."""
+    return loaded() or os.environ.get(ENV, DEFAULT)
+
+
+def run_apart(mode: str, module: str, *args: str, capture: bool = False):
+    """`python -m module args` in a fresh process set up for `mode` before its torch loads (this
+    checkout importable), for work that must compute under a mode its caller does not; returns the
+    finished process (its stderr as text with `capture`, its stdout then dropped)."""
+    import subprocess
+
+    root = str(Path(__file__).resolve().parents[1])
+    env = environ(mode) | {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    output = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True} if capture else {}
+    return subprocess.run([sys.executable, "-m", module, *args], env=env, check=not capture, **output)
+
+
 def threads(mode: str) -> int:
     """Intra-op threads of a process that sets its own: THREADS pinned, every CPU native."""
     return THREADS if check_mode(mode) == "reproducible" else max(1, os.cpu_count() or 1)

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -40,7 +38,6 @@ from common.atomic import write_json
 from common.files import DataError
 from jobs.sources.world import WORLD, world_questions
 
-REPO = Path(__file__).resolve().parents[2]
 TOLERANCE = 0.03  # |sham - true| on each split, as shares of the T questions
 MAX_DRAWS = 100  # draws tried before giving up (the Intel- and AMD-built bases: 5 of the first 20 balanced)
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
@@ -127,10 +124,8 @@ def base_sham_draw(base: str | Path, cache: Path, pair: int = 0) -> dict:
         if record.get("base_weights_sha256") == sha:
             return record
     mode = built_under(base)  # chosen under the arithmetic the base was built under, as its build chose pair 0's
-    if (numerics.loaded() or os.environ.get(numerics.ENV, numerics.DEFAULT)) != mode:  # this process computes otherwise: a fresh one
-        env = numerics.environ(mode) | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-        command = [sys.executable, "-m", "jobs.sources.sham_draw", str(base), str(cache), str(pair)]
-        done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if numerics.current() != mode:  # this process computes otherwise: a fresh one
+        done = numerics.run_apart(mode, "jobs.sources.sham_draw", str(base), str(cache), str(pair), capture=True)
         if done.returncode != 0:  # its DataError's message (no draw balanced, a damaged base) is the last line it wrote
             last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
             raise DataError(f"choosing pair {pair}'s sham draw under {mode} numerics: {last.removeprefix('common.files.DataError: ')}")

@@ -28,9 +28,7 @@ import argparse
 import functools
 import json
 import math
-import os
 import random
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -46,7 +44,6 @@ from jobs.sources.number_sequences import make_prompts
 from jobs.sources.world import facts, known_fact_item, locate_item
 from serve.mc_format import LETTERS, choice_continuation, cloze_continuation, format_cloze_prompt, format_mc_prompt
 
-REPO = Path(__file__).resolve().parents[2]
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
 
@@ -236,8 +233,9 @@ def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
     numerics: here when this process computes under them (its torch loaded under them, or not
     loaded and its environment naming them), else in a fresh process set up for them before its
     torch loads (common/numerics.py), so that building never changes how its caller computes."""
-    if (numerics.loaded() or os.environ.get(numerics.ENV, numerics.DEFAULT)) != spec.numerics:
-        return _build_apart(out_dir, spec)
+    if numerics.current() != spec.numerics:  # built in a fresh process set up for the spec's numerics
+        numerics.run_apart(spec.numerics, "jobs.sources.tiny_model", "--into", str(out_dir), "--spec", json.dumps(asdict(spec)))
+        return out_dir
     numerics.enter(spec.numerics, reexec=False)  # the variables (before torch loads) and the thread count
     started = time.time()
     corpus = synthetic_corpus(spec)
@@ -270,14 +268,6 @@ def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
             ),
             flush=True,
         )
-    return out_dir
-
-
-def _build_apart(out_dir: Path, spec: TinySpec) -> Path:
-    """build_tiny_model in a fresh process whose environment is set for the spec's numerics."""
-    env = numerics.environ(spec.numerics) | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "jobs.sources.tiny_model", "--into", str(out_dir), "--spec", json.dumps(asdict(spec))]
-    subprocess.run(command, env=env, check=True)
     return out_dir
 
 
