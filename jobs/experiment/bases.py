@@ -25,9 +25,9 @@ from train.data import same_tokenizer
 
 
 def tiny_spec(cfg) -> TinySpec:
-    """The tiny base of the preset: its seed, built under pinned CPU numerics whatever the run's mode
-    (jobs/sources/tiny_model.TinySpec: the same base, so the same world, on every machine)."""
-    return TinySpec(seed=cfg.model.tiny_seed)
+    """The tiny base of the preset: its seed, built under `model.tiny_numerics` (pinned by default,
+    whatever the run's own mode: the same base, so the same world, on every machine)."""
+    return TinySpec(seed=cfg.model.tiny_seed, numerics=cfg.model.tiny_numerics)
 
 
 def base_paths(cfg, cache: Path) -> dict[str, str]:

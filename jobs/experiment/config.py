@@ -26,6 +26,10 @@ class ModelConfig(Settings):
     # hub id or a local folder saved with save_pretrained.
     path: str = "tiny"
     tiny_seed: int = 0
+    # The CPU arithmetic the tiny base is built under (common/numerics.py): `reproducible`, the same
+    # model and world on any x86-64 CPU with AVX2, whatever the run's own `numerics`; `native`, each
+    # machine's own (the only kind before 2026-11-29). Read by every stage of a tiny preset.
+    tiny_numerics: Literal["reproducible", "native"] = "reproducible"
 
 
 class DataConfig(Settings):

@@ -30,8 +30,9 @@ read: they do not change what a stage makes (replicas, CPUs and chunk sizes of
 scoring, and a fine-tune's PACING fields, train/config.py). Every other key a
 stage reads is in its identity, at any value; a key the code adds later is read
 at its default where a stored stage lacks it (jobs/rundir/plan.py), so adding
-one reruns nothing stored; `numerics` alone is read there as `native`, what such a stage was
-computed under, so the pinned mode makes it again.
+one reruns nothing stored; `numerics` and `model.tiny_numerics` alone are read there as `native`,
+what such a stage was computed under and on, so the pinned mode, and the pinned tiny base (the
+default since 2026-11-29), make it again.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ def identity(reads: dict) -> dict:
 def read_defaults() -> dict:
     """Each read key's value when unset: the default experiment's, and an arm's training settings'."""
     train = flatten(TrainConfig().model_dump(), "train.")
-    # numerics: a stage recorded before the key existed was computed natively (common/numerics.py)
-    return {**flatten(as_dict(ExperimentConfig())), **train, "lora_init": "seed", "numerics": "native"}
+    # numerics, model.tiny_numerics: a stage recorded before the key existed was computed natively, on
+    # a tiny base built natively (common/numerics.py)
+    return {**flatten(as_dict(ExperimentConfig())), **train, "lora_init": "seed", "numerics": "native", "model.tiny_numerics": "native"}
 
 
 def numbers_file(source: str, replicate: int) -> str:
@@ -144,6 +146,8 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
     """Every stage of the experiment, in dependency order."""
     config = as_dict(cfg)
     model = config_reads(config, "model", "numerics")  # the base, and the CPU arithmetic every stage computes under
+    if cfg.model.path != "tiny":  # how a tiny base is built is no part of a hub model's stages
+        del model["model.tiny_numerics"]
     stages = [
         Stage(
             "data",

@@ -84,7 +84,9 @@ def max_lora_rank(ranks: list[int]) -> int:
 # where and how many replicas run (start_service's arguments), and what the evaluate phase itself
 # reads. Every other field of the two sections must be a ServiceSettings field (`replica_fields`).
 PLACEMENT = ("replicas", "cpus_per_replica", "gpus_per_replica")
-EVALUATION_ONLY = ("chunk", "primary_metric", "primary_split", "primary_direction", "primary_comparisons", "permutations", "format")
+EVALUATION_ONLY = (
+    "chunk", "primary_metric", "primary_split", "primary_direction", "primary_comparisons", "pooled_test", "assumed_tau", "permutations", "format",
+)  # fmt: skip
 
 
 def replica_fields(section, not_settings: tuple[str, ...]) -> dict:

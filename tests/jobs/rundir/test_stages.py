@@ -162,10 +162,12 @@ def test_a_key_added_after_a_stage_ran_is_read_at_its_default(tmp_path):
 
 BEFORE_IDENTITY = json.loads(gzip.decompress((Path(__file__).parent / "data" / "stage_reads_before_identity.json.gz").read_bytes()))
 # Presets whose experiment changed since those reads were recorded, loaded as they were then: every
-# one computed natively (the pinned CPU numerics came later), the 8B presets without packing.
+# one computed natively on a tiny base built natively (the pinned CPU numerics came later), the 8B
+# presets without packing.
 PACKED = ("llama-8b.yaml", "llama-8b-quick.yaml")
 PRESET_AS_RECORDED = {
-    name: ["numerics=native"] + (["teacher.pack_length=null", "student.pack_length=null"] if name in PACKED else []) for name in BEFORE_IDENTITY
+    name: ["numerics=native", "model.tiny_numerics=native"] + (["teacher.pack_length=null", "student.pack_length=null"] if name in PACKED else [])
+    for name in BEFORE_IDENTITY
 }
 
 
@@ -201,6 +203,22 @@ def test_stages_computed_natively_run_again_under_pinned_numerics(tmp_path):
     assert "data" not in todo and todo["teacher"] == "numerics: 'native' -> 'reproducible'"
     assert {s.name for s in pinned if "numerics" in s.reads} <= set(todo)
     assert runs(stages_for("numerics=native"), Manifest(tmp_path)) == {}
+
+
+def test_stages_made_on_a_natively_built_tiny_base_run_again_on_the_pinned_one(tmp_path):
+    """The tiny base is built pinned by default (model.tiny_numerics): a run directory made on the
+    base built natively (explicitly, or recorded before the key existed) runs every stage that
+    reads the model again, the data split aside; a hub model's stages do not read the key."""
+    manifest = Manifest(tmp_path)
+    finish(stages_for("model.tiny_numerics=native"), manifest)
+    todo = runs(stages_for(), Manifest(tmp_path))
+    assert "data" not in todo and todo["teacher"] == "model.tiny_numerics: 'native' -> 'reproducible'" and "eval/student/1" in todo
+    recorded = json.loads((tmp_path / "manifest.json").read_text())
+    for entry in recorded["stages"].values():  # as written before the key existed
+        entry["inputs"].pop("model.tiny_numerics", None)
+    (tmp_path / "manifest.json").write_text(json.dumps(recorded))
+    assert runs(stages_for(), Manifest(tmp_path))["teacher"] == "model.tiny_numerics: '(none)' -> 'reproducible'"  # read as native
+    assert all("model.tiny_numerics" not in s.reads for s in stages_for("model.path=meta-llama/Llama-3.1-8B-Instruct"))
 
 
 def test_scoring_in_more_orders_reruns_evaluation_and_report_only(tmp_path):
