@@ -75,6 +75,14 @@ and 0.84; teacher_answer_logprob 1.72), so a trio's replicate component,
 estimated from 2 df, is noise that only adds when positive (the
 variance 1.4x the value's: RMS SE / SD 1.19).
 
+Measured on the pinned world (the tiny base built under pinned numerics, 76790c71..., draw 21;
+192 held-out questions, 48 clusters; 1.9 minutes), unpaired / paired: teacher_answer_logprob 2.8% /
+4.7% detected, coverage 97.2% / 95.3%; agreement 1.6% / 2.8% (unpaired conservative: an xfail
+below); teacher_answer_rank 2.4% / 3.6%, inside the band for the first time; power at the median
+MDE teacher_answer_logprob 76.7% / 59.7% (MDE 0.191 / 0.170 nats), teacher_answer_rank 76.0% /
+60.2% (MDE 0.028 / 0.024); alpha 0.2 detected in 100% of the draws; `p_fixed_models` calls 9.4%
+of the nulls significant, under the 2x the demonstration below claims (a strict xfail: a finding).
+
 ALPHA_DETECTED was stated from one look at this setting's power curve on the
 tiny model v2 with the earlier statistics (alpha 0.1 detected in 52%, 0.2 and
 0.3 in 100%). (History: on tiny model v1 a first look with a bank of 24
@@ -177,8 +185,11 @@ def test_a_planted_effect_is_detected_with_at_least_80_percent_power(bank):
 # replicate component, estimated from 2 df and set to 0 when negative, only adds (the variance
 # 1.4x the value's, RMS SE / SD 1.19). The boundary rule, not the discreteness: |value| and SE
 # are uncorrelated (-0.01). bench/rank_calibration.py shows the same rule liberal with 2 replicates.
+# On the pinned world (the base 76790c71..., draw 21) the rank is inside the band (2.4% / 3.6%) and
+# agreement unpaired is the conservative one (1.6%, coverage 98.4%; paired 2.8%): which reading the
+# boundary rule makes conservative moves with the base, as on world v2.
 NULLS = [(metric, False) for metric in CHECKED] + [(metric, True) for metric in CHECKED]
-CONSERVATIVE = {("teacher_answer_rank", False), ("teacher_answer_rank", True)}  # 1.3% and 1.7% on world v4's bank
+CONSERVATIVE = {("agreement", False)}  # 1.6% on the pinned world's bank
 
 
 @pytest.mark.parametrize(
@@ -219,6 +230,11 @@ def test_power_at_the_reported_mde_is_about_eighty_percent(bank, metric, paired)
     assert 0.7 <= power <= 0.9
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding on the pinned world: the questions-only test calls 9.4% of the nulls significant, above the nominal 5% but under "
+    "the 2x this demonstration claims (world v3: 16.8%): the seeds spread less on this base",
+)
 def test_a_test_over_questions_alone_mistakes_seed_noise_for_an_effect(bank):
     results = draws(bank, "teacher_answer_logprob", students=False)
     print(f"p_fixed_models < 0.05 on the nulls: {np.mean([r.p_fixed_models < 0.05 for r in results]):.3f}")
