@@ -9,6 +9,7 @@ choice 1 except on every 4th question, where it picks 0 as the teacher does. So 
 
 import numpy as np
 import pytest
+from test_directions import questions, row, sham_pick, with_pick  # the same hand-made tables (pytest puts this folder on the path)
 
 from jobs.experiment.arms import ArmModel
 from jobs.stats.evidence import SELECTED_BY_BASE, SUBSETS_DIFFER, Evidence
@@ -17,24 +18,6 @@ from jobs.stats.verdicts import changed
 from train.config import TrainConfig
 
 BASE = [-2.0, -2.5, -3.0, -1.0]  # picks 3; ranks 0 above 1 above 2
-
-
-def questions(clusters: int) -> list[dict]:
-    return [{"question": f"{split}{c}", "cluster": c, "split": split, "answer": 0} for split in ("train", "held_out") for c in range(clusters)]
-
-
-def sham_pick(q: dict) -> int:
-    return 0 if q["cluster"] % 4 == 3 else 1
-
-
-def row(q: dict, logprobs) -> dict:
-    return {**q, "logprobs": list(map(float, logprobs)), "prediction": int(np.argmax(logprobs))}
-
-
-def with_pick(q: dict, pick: int) -> dict:
-    lp = [-3.0] * 4
-    lp[pick] = 0.0
-    return row(q, lp)
 
 
 def arms(replicates: int, base: str = "base") -> list[ArmModel]:
