@@ -49,6 +49,16 @@ def not_measured(note: str) -> Result:
     return Result.model_validate({"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "detected": False, "note": note})
 
 
+def changed_refusal(metric: str, against: str, change: bool, crossed: bool = False) -> str | None:
+    """Why a `changed` metric has no test in this reading, or None: across bases never; against a
+    base only crossed (both subsets chosen alike by the base's picks)."""
+    if metric not in NEEDS_ONE_BASE:
+        return None
+    if change:
+        return SUBSETS_DIFFER
+    return SELECTED_BY_BASE if against in BASES and not crossed else None
+
+
 def toward_teacher(metric: str, value: float) -> bool:
     return value < 0 if metric in LOWER_IS_TRANSFER else value > 0
 
@@ -126,8 +136,8 @@ class Evidence:
         for split in SPLITS:
             results = {}
             for metric in metrics:
-                if metric in NEEDS_ONE_BASE and (against in BASES or change):
-                    results[metric] = not_measured(SUBSETS_DIFFER if change else SELECTED_BY_BASE)
+                if (why := changed_refusal(metric, against, change)) is not None:
+                    results[metric] = not_measured(why)
                     continue
                 a = self.side_values(arm, split, metric, snapshot, teacher, change)
                 b = self.side_values(against, split, metric, snapshot, teacher, change)
@@ -170,14 +180,14 @@ class Evidence:
             out["toward_placebo"][split], out["crossed"][split] = {}, {}
             for metric in metrics:
                 options = {"binary": metric in BINARY and not change, "b_fixed": against in BASES, "paired": paired}
-                if metric in NEEDS_ONE_BASE and (against in BASES or change):
-                    out["toward_placebo"][split][metric] = not_measured(SUBSETS_DIFFER if change else SELECTED_BY_BASE)
+                if (why := changed_refusal(metric, against, change)) is not None:
+                    out["toward_placebo"][split][metric] = not_measured(why)
                 else:
                     a, b = (self.side_values(side, split, metric, snapshot, placebo, change) for side in (arm, against))
                     r = effect(-a, -b, self.clusters[split], **options)  # B - A as (-A) - (-B): `b_fixed` stays on B
                     out["toward_placebo"][split][metric] = r.with_(paired=paired)
-                if metric in NEEDS_ONE_BASE and change:
-                    out["crossed"][split][metric] = not_measured(SUBSETS_DIFFER)
+                if (why := changed_refusal(metric, against, change, crossed=True)) is not None:
+                    out["crossed"][split][metric] = not_measured(why)
                 else:
                     a, b = (self.lean(side, split, metric, snapshot, placebo, change) for side in (arm, against))
                     out["crossed"][split][metric] = effect(a, b, self.clusters[split], **options).with_(paired=paired)
