@@ -223,10 +223,14 @@ class InferenceService(OpenAIServing):
 
     async def _score_cloze(self, body: ScoreRequest, adapter: str | None) -> tuple[list[list[float]], list[int], list[int]]:
         """(choice log-probabilities, tokens cut, tokens scored) of every question, each choice's
-        text scored as the continuation of the question (serve/cloze.py)."""
+        text scored as the continuation of the question (serve/cloze.py): of its cloze prompt, or under
+        `continuation` of the question's text as given (a statement to complete, no frame)."""
         scorer = self._prompt_scorer(field="format")
         room = self.settings.max_model_len
-        prompts = [format_cloze_prompt(q.question, q.subject) for q in body.questions]
+        if body.format == "continuation":
+            prompts = [q.question for q in body.questions]
+        else:
+            prompts = [format_cloze_prompt(q.question, q.subject) for q in body.questions]
         choices = [q.choices for q in body.questions]
         try:
             prompt_ids, continuations, cut = await self._off_loop(cloze_parts, self.engine.counting_tokenizer, prompts, choices, room, body.truncate)
@@ -244,7 +248,7 @@ class InferenceService(OpenAIServing):
     async def score(self, body: ScoreRequest) -> ScoreResponse:
         adapter = self._adapter(body.adapter)
         check_count(len(body.questions), self.settings.max_questions_per_request, "questions")
-        if body.format == "cloze":
+        if body.format in ("cloze", "continuation"):
             logprobs, cut, lengths = await self._score_cloze(body, adapter)
             return self._score_answer(body, logprobs, cut, lengths)
         for i, q in enumerate(body.questions):

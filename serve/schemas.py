@@ -81,10 +81,11 @@ class ScoreRequest(Strict):
         description="a prompt longer than the context is cut from the left (the question's start goes; its end, "
         "the choices and 'Answer:' stay), as lm-evaluation-harness does, instead of answering 422",
     )
-    format: Literal["letters", "cloze"] = Field(
+    format: Literal["letters", "cloze", "continuation"] = Field(
         "letters",
         description="letters: the WMDP prompt with lettered choices, each letter scored (lm-eval's WMDP task); cloze: the "
-        "question alone, each choice's text scored as its continuation (lm-eval's ARC way; no choice order enters the prompt)",
+        "question alone, each choice's text scored as its continuation (lm-eval's ARC way; no choice order enters the prompt); "
+        "continuation: as cloze, after the question's text exactly as given (no header, no 'Answer:'), for statements to complete",
     )
 
 

@@ -112,6 +112,11 @@ class EvalConfig(Settings):
     # cloze the teacher learns to answer with the answer's text, no order of the choices enters a
     # prompt (so permutations change nothing and are not scored), and no letter teacher exists.
     format: Literal["letters", "cloze"] = "letters"
+    # The tiny world's probe rows scored beside its questions (jobs/sources/world_probes.py): each T
+    # question with a nonce cue (swap_train, swap_held_out) and each T fact as a statement to
+    # complete (statement), read by the report's `probes` (docs/report.md): knowledge told apart
+    # from answer habits. Synthetic source and cloze only (statements are scored as cloze is).
+    probes: bool = False
 
     def orders(self) -> int:
         """Orders of the choices each question is scored in: 1 under cloze, where none is shown."""
@@ -266,6 +271,10 @@ def load_experiment(preset=None, overrides: list[str] = ()) -> ExperimentConfig:
         raise ConfigError(f"sham_teacher.kind {cfg.sham_teacher.kind} trains on words a question may not show among its choices: needs evaluate.format cloze")
     if cfg.evaluate.format == "cloze" and any(arm.teacher == "letter_teacher" for arm in cfg.arms.values()):
         raise ConfigError("arms: a letter_teacher answers every question with one letter, and evaluate.format cloze scores no letter; use letters")
+    if cfg.evaluate.probes and (cfg.data.source != "synthetic" or cfg.evaluate.format != "cloze"):
+        raise ConfigError(
+            "evaluate.probes scores the tiny world's probe rows, statements as cloze continuations: needs data.source synthetic and evaluate.format cloze"
+        )
     check_contrasts(cfg)
     check_family(cfg)
     check_pairs(cfg)

@@ -53,6 +53,7 @@ from train.config import PACING, TrainConfig
 TEACHERS = ("teacher", "letter_teacher", SHAM)  # models trained on the questions; each keeps <name>/adapter
 SPLIT_FILES = {"train": "train_questions.jsonl", "held_out": "held_out.jsonl", "known": "known.jsonl"}  # what eval/<model> scores, under data/
 TEACHER_TRAIN = "data/teacher_train.jsonl"  # the teacher's training rows
+PROBES_FILE = "data/probes.jsonl"  # the tiny world's probe rows, with evaluate.probes (jobs/sources/world_probes.py)
 
 
 def numbers_stage(source: str, replicate: int) -> str:
@@ -152,8 +153,8 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         Stage(
             "data",
             "data",
-            {**config_reads(config, "data", "evaluate.format"), "questions": questions_hash},
-            files=(TEACHER_TRAIN, *(f"data/{f}" for f in SPLIT_FILES.values())),
+            {**config_reads(config, "data", "evaluate.format", "evaluate.probes"), "questions": questions_hash},
+            files=(TEACHER_TRAIN, *(f"data/{f}" for f in SPLIT_FILES.values()), *((PROBES_FILE,) if cfg.evaluate.probes else ())),
             record=DataOutputs,
         ),
     ]
@@ -197,7 +198,7 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         stages.append(Stage(m.name, "arms", reads, upstream, derived, files=(trained_folder(m.name, m.full),), record=TrainedOutputs))
     scoring = {
         **model,
-        **config_reads(config, "evaluate.engine", "service.max_model_len", "evaluate.format"),
+        **config_reads(config, "evaluate.engine", "service.max_model_len", "evaluate.format", "evaluate.probes"),
         "splits": list(SPLIT_FILES),
         "evaluate.permutations": cfg.evaluate.orders(),  # the orders scored: one under cloze, whatever is set
     }

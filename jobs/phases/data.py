@@ -14,11 +14,12 @@ import time
 
 from common.atomic import write_jsonl
 from jobs.experiment.records import DataOutputs
-from jobs.experiment.stages import SPLIT_FILES, TEACHER_TRAIN
+from jobs.experiment.stages import PROBES_FILE, SPLIT_FILES, TEACHER_TRAIN
 from jobs.rundir.manifest import digest
 from jobs.runtime.context import RunContext
 from jobs.sources.wmdp import split_questions
 from jobs.sources.world import SHAM_DRAW, cue_of, null_sham_facts
+from jobs.sources.world_probes import probe_questions
 from serve.mc_format import choice_continuation, cloze_continuation, format_cloze_prompt, format_mc_prompt
 
 
@@ -81,6 +82,9 @@ def run(ctx: RunContext, todo) -> None:
     hashes = {split: write_jsonl(ctx.run_dir / "data" / file, splits[split]) for split, file in SPLIT_FILES.items()}  # all scored
     if not splits["known"]:  # a source without known questions: the hash of data stored before the split existed
         del hashes["known"]
+    if cfg.evaluate.probes:  # the world's probe rows, of the draw and pair its questions were made with
+        draw = (ctx.world or {}).get("sham_draw", SHAM_DRAW)
+        hashes["probes"] = write_jsonl(ctx.run_dir / PROBES_FILE, probe_questions(draw=draw, pair=cfg.data.pair))
     counts = {split: len(rows) for split, rows in splits.items()}
     print(
         f"[data] {counts['train']} teacher-train (+{counts['rehearsal']} rehearsal), {counts['held_out']} held-out and {counts['known']} known questions",

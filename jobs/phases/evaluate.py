@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from common.atomic import write_jsonl
 from common.config import ConfigError
 from jobs.experiment.records import EvalOutputs
-from jobs.experiment.stages import SPLIT_FILES, TEACHERS, earlier_snapshots, scored_file, scored_model
+from jobs.experiment.stages import PROBES_FILE, SPLIT_FILES, TEACHERS, earlier_snapshots, scored_file, scored_model
 from jobs.rundir.manifest import digest, read_jsonl
 from jobs.runtime.adapter_check import check_adapters_applied, probe_scores
 from jobs.runtime.context import RunContext
@@ -165,22 +165,35 @@ def services(ctx: RunContext, names: list[str], snapshots: dict) -> list[tuple[s
     return apps + [(str(ctx.trained(n)), {n: None}, {}, {}) for n in full if not beside_base]
 
 
+def question_sets(ctx: RunContext) -> list[tuple[list[dict], str]]:
+    """(questions, the format they are scored in) of every set each model is scored on: the splits'
+    questions in the run's format, each row carrying its split; with evaluate.probes, the probe rows
+    too (each with its own split), the swapped questions as the run's questions and the statements
+    as continuations of their own text (no question frame: jobs/sources/world_probes.py)."""
+    fmt = ctx.cfg.evaluate.format
+    questions = [{**q, "split": split} for split, file in SPLIT_FILES.items() for q in read_jsonl(ctx.run_dir / "data" / file)]
+    if not ctx.cfg.evaluate.probes:
+        return [(questions, fmt)]
+    probes = read_jsonl(ctx.run_dir / PROBES_FILE)
+    statements = [q for q in probes if q["probe"] == "statement"]
+    return [(questions + [q for q in probes if q["probe"] == "swap"], fmt), (statements, "continuation")]
+
+
 def run(ctx: RunContext, todo) -> None:
     """Every model still to score, with its earlier snapshots; each stage recorded with its held-out accuracy."""
     started = time.time()
     names = [scored_model(stage) for stage in todo]
     snapshots = {n: earlier_snapshots(ctx.manifest, n) for n in names if n in ctx.models}
-    questions = [{**q, "split": split} for split, file in SPLIT_FILES.items() for q in read_jsonl(ctx.run_dir / "data" / file)]
-    scored = {}
+    sets, evaluate = question_sets(ctx), ctx.cfg.evaluate
+    scored: dict[str, list[dict]] = {}
     for model_path, targets, adapters, models in services(ctx, names, snapshots):
         if targets:
             with running_service(ctx.app, model_path, adapters, ctx.cfg, True, ctx.lora_rank, ctx.span, models) as handle:
-                check_adapters_applied(handle, adapters, lambda adapter: probe_scores(handle, adapter, ctx.cfg.evaluate.format))
-                scored.update(
-                    score_models(
-                        handle, targets, questions, ctx.cfg.evaluate.chunk, 2 * ctx.cfg.evaluate.replicas, ctx.cfg.evaluate.orders(), ctx.cfg.evaluate.format
-                    )
-                )
+                check_adapters_applied(handle, adapters, lambda adapter: probe_scores(handle, adapter, evaluate.format))
+                for questions, fmt in sets:
+                    orders = evaluate.orders() if fmt == evaluate.format else 1
+                    for name, rows in score_models(handle, targets, questions, evaluate.chunk, 2 * evaluate.replicas, orders, fmt).items():
+                        scored.setdefault(name, []).extend(rows)
     for stage, name in zip(todo, names):
         earlier = [scored_name for _, scored_name in snapshots.get(name, [])]
         hashes = [write_jsonl(ctx.run_dir / scored_file(n), scored[n]) for n in earlier]

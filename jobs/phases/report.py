@@ -48,6 +48,7 @@ from jobs.runtime.context import RunContext
 from jobs.sources.tiny_model import TinySpec, other_base_spec
 from jobs.stats.accuracy import accuracy_as_written, accuracy_over_orders, letter_prior, on_split, summarise, wilson_ci
 from jobs.stats.evidence import BASES, SPLITS, Evidence, apply_family
+from jobs.stats.probes import probe_report
 from jobs.stats.sham_fit import sham_fit
 from jobs.stats.share import where_signal_rides
 from jobs.stats.transfer_stats import cluster_ids, effect
@@ -216,6 +217,10 @@ def build_report(
     fitted = {name: [both[name]] for name in [*bases, *teachers]} | {arm: [both[m.name] for m in models if m.arm == arm] for arm in cfg.arms}
     if (fit := sham_fit(fitted)) is not None:  # the matched sham holds its facts as the teacher holds its own?
         sections["sham_fit"] = fit
+    same_base = {arm: m.against for arm, m in measured.items() if evidence.base_of[arm] == evidence.base_of[m.against]}
+    probe_arms = {arm: (against, evidence.teacher_of[arm], evidence.placebo_of(arm)) for arm, against in same_base.items()}
+    if (probes := probe_report(both, evidence.members, probe_arms)) is not None:  # evaluate.probes: knowledge or habit?
+        sections["probes"] = probes
     trained = {m.arm: m.train for m in models}  # each arm as it trained: its `train` over the student's, as arm_models resolved it
     rides = {name: kind for name, declared in cfg.arms.items() if (kind := signal_kind(declared.numbers, trained[name].mask))}
     if rides and "student" in measured and "student" not in rides:  # masked, replaced, greedy: shares of the student's effect

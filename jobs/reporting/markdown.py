@@ -16,7 +16,7 @@ import numpy as np
 from jobs.experiment.stages import SPLIT_FILES
 from jobs.reporting.schema import AccuracyByOrder, Arm, Calibration, Contrast, Report
 from jobs.stats.evidence import SERIES, SPLITS
-from jobs.stats.results import ByStep, Comparison, Estimate, Family, Result, ShamFit, SignalRides, WeightSpace
+from jobs.stats.results import ByStep, Comparison, Estimate, Family, Probes, Result, ShamFit, SignalRides, WeightSpace
 from jobs.stats.share import phrase
 from jobs.stats.verdicts import describe_test, interval
 
@@ -58,6 +58,8 @@ def markdown(report: Report) -> str:
         lines += ["", "Questions longer than the context, scored on their end (cut from the left): " + ", ".join(f"{split} {n}" for split, n in cut.items())]
     if report.sham_fit is not None:
         lines += sham_fit_lines(report.sham_fit)
+    if report.probes is not None:
+        lines += probe_lines(report.probes)
     if report.overt_control is not None:
         lines += ["", f"**Overt positive control.** {report.overt_control.verdict}"]
     if report.where_signal_rides is not None:
@@ -116,6 +118,21 @@ def sham_fit_lines(fit: ShamFit) -> list[str]:
     return lines + ["", f"The sham against the teacher, each on its own facts: {gaps}; {state}."]
 
 
+def probe_lines(probes: Probes) -> list[str]:
+    """The gates on each teacher, then each arm's probe readings (train) and what they show."""
+    lines = ["", "Probes: knowledge or answer habit (crossed rank leans on train; docs/report.md, Probes):", ""]
+    lines += ["| side | against | original | swap | cue-bound | statement | reading |", "|---|---|---|---|---|---|---|"]
+    for name, g in probes.gates.items():
+        state = "gates pass" if g.passed else "gates fail: " + "; ".join(g.failed)
+        cells = [fixed(g.train[r]) for r in ("original", "swap", "cue_bound")] + [fixed(g.statement)]
+        lines.append(f"| {name} | base | " + " | ".join(cells) + f" | {state} |")
+    for name, a in probes.arms.items():
+        lines.append(
+            f"| {name} | {a.against} | " + " | ".join(short(a.train[r]) for r in ("original", "swap", "cue_bound")) + f" | {short(a.statement)} | {a.reading} |"
+        )
+    return lines
+
+
 def signal_lines(rides: SignalRides) -> list[str]:
     """The table of shares remaining."""
     lines = [
@@ -158,6 +175,13 @@ def side_by_side(result: Comparison) -> list[str]:
         row = [result.cell(split, metric), directions.toward_placebo[split][metric], directions.crossed[split][metric]]
         lines.append(f"| {metric} | " + " | ".join(short(r) for r in row) + " |")
     return lines
+
+
+def fixed(r: Result) -> str:
+    """value (p): a fixed model's result, questions the only chance."""
+    if r.value is None:
+        return "-"
+    return f"{r.value:+.4f}" + ("" if r.p_fixed_models is None else f" (p {r.p_fixed_models:.2g})")
 
 
 def short(r: Result | Estimate) -> str:

@@ -24,7 +24,8 @@ from scipy import stats
 from common.atomic import write_text
 from jobs.reporting.schema import Report
 from jobs.stats.pooling import Pooled, mde, pool
-from jobs.stats.results import Record, Result
+from jobs.stats.probes import READINGS, sentence
+from jobs.stats.results import Probes, Record, Result
 from jobs.stats.transfer_stats import holm
 
 DIRECTIONS = ("toward_teacher", "toward_placebo", "crossed")
@@ -80,9 +81,23 @@ class PooledComparison(Record):
     readings: dict[str, dict[str, dict[str, PooledCell]]]
 
 
+class PooledProbes(Record):
+    """An arm's probe readings (jobs/stats/probes.py) pooled over the pairs whose teachers pass
+    every probe gate (`pairs`; `left_out` the others), and the same rule read on the pooled tests;
+    no figures and a `note` where fewer than two pairs pass."""
+
+    pairs: list[str]
+    left_out: list[str]
+    train: dict[str, PooledCell] = {}
+    statement: PooledCell | None = None
+    knowledge: bool = False
+    answer_preference: bool = False
+    reading: str
+
+
 class PairsReport(Record):
     """`pooled.json`: the pairs, their reports, each comparison pooled, the family, the MDE of the
-    pooled primary at an assumed tau, and the test used."""
+    pooled primary at an assumed tau, the test used, and each arm's probe readings pooled."""
 
     pairs: list[int]
     reports: dict[str, str]  # pair -> its report.json, relative to the run directory
@@ -92,6 +107,7 @@ class PairsReport(Record):
     family: list[str]
     mde: dict[str, float | None]  # at assumed_tau and at tau 0
     assumed_tau: float
+    probes: dict[str, PooledProbes] | None = None
 
 
 def within_se(result: Result) -> float | None:
@@ -164,6 +180,30 @@ def _pool_comparison(sides: dict, test: str) -> tuple[PooledComparison, Pooled |
     return PooledComparison(primary=head, readings=readings), pooled
 
 
+def pooled_probes(probes: dict[str, Probes | None], test: str) -> dict[str, PooledProbes] | None:
+    """Every arm's probe readings (`{pair: its report's probes}`) pooled over the pairs whose gates
+    pass (PooledProbes); None where some pair scored no probes."""
+    if any(p is None for p in probes.values()):
+        return None
+    passing = [pair for pair, p in probes.items() if p.gates_passed]
+    left_out = [pair for pair in probes if pair not in passing]
+    out = {}
+    for arm in next(iter(probes.values())).arms:
+        if len(passing) < 2:
+            out[arm] = PooledProbes(pairs=passing, left_out=left_out, reading=sentence(False, False, False))
+            continue
+        sides = {pair: probes[pair].arms[arm] for pair in passing}
+        train = {reading: pool_readings({p: a.train[reading] for p, a in sides.items()}, test)[0] for reading in READINGS}
+        statement = pool_readings({p: a.statement for p, a in sides.items()}, test)[0]
+        toward = lambda c: c.estimate is not None and c.estimate > 0 and c.p_value is not None and c.p_value < 0.05  # noqa: E731
+        knowledge, preference = toward(train["cue_bound"]) and toward(statement), toward(train["swap"])
+        out[arm] = PooledProbes(
+            pairs=passing, left_out=left_out, train=train, statement=statement, knowledge=knowledge, answer_preference=preference,
+            reading=sentence(knowledge, preference, True),
+        )  # fmt: skip
+    return out
+
+
 def pairs_report(run_dir: Path, pairs: list[int], test: str = "hk", assumed_tau: float = 0.015) -> tuple[PairsReport, dict[str, Pooled]]:
     """The pairs' reports pooled (module docstring), and each family comparison's pooled primary
     (for the forest plot). Every pair must have finished its report."""
@@ -190,6 +230,8 @@ def pairs_report(run_dir: Path, pairs: list[int], test: str = "hk", assumed_tau:
         pairs=list(pairs), reports={p: f"pairs/{p}/report.json" for p in reports}, test=test, tau2_method="reml",
         comparisons=comparisons, family=family, mde=at, assumed_tau=assumed_tau,
     )  # fmt: skip
+    if (probes := pooled_probes({pair: r.probes for pair, r in reports.items()}, test)) is not None:
+        report = report.with_(probes=probes)
     return report, {n: primaries[n] for n in family if primaries[n] is not None}
 
 
@@ -221,12 +263,26 @@ def markdown(report: PairsReport) -> str:
         if p.regime:
             lines.append(f"|  | {p.regime} | | | | | | | |")
     lines += ["", "MDE of a pooled primary (80% power, 5% two-sided): " + "; ".join(f"{k} {v:.4f}" for k, v in report.mde.items() if v is not None), ""]
+    if report.probes:
+        lines += ["## Probes, pooled over the pairs whose gates pass (train; docs/report.md, Probes)", ""]
+        lines += ["| arm | pairs | original | swap | cue-bound | statement | reading |", "|---|---|---|---|---|---|---|"]
+        for arm, pr in report.probes.items():
+            cells = [pooled_cell(pr.train.get(r)) for r in READINGS] + [pooled_cell(pr.statement)]
+            used = ", ".join(pr.pairs) + (f" (left out: {', '.join(pr.left_out)})" if pr.left_out else "")
+            lines.append(f"| {arm} | {used} | " + " | ".join(cells) + f" | {pr.reading} |")
+        lines.append("")
     for name in report.family:
         p = report.comparisons[name].primary
         lines += [f"## {name}, pair by pair", "", "| pair | estimate | 95% CI | SE |", "|---|---|---|---|"]
         lines += [f"| {pair} | {c.value:+.4f} | {c.ci95[0]:+.4f} to {c.ci95[1]:+.4f} | {c.se:.4f} |" for pair, c in p.pairs.items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def pooled_cell(c: PooledCell | None) -> str:
+    if c is None or c.estimate is None:
+        return "-"
+    return f"{c.estimate:+.4f} (p {c.p_value:.2g})"
 
 
 def write_pairs_report(run_dir: Path, pairs: list[int], test: str = "hk", assumed_tau: float = 0.015) -> PairsReport:

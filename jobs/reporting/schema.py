@@ -34,6 +34,7 @@ from jobs.stats.results import (
     Interval,
     OvertControl,
     PositiveControl,
+    Probes,
     Record,
     ShamFit,
     SignalRides,
@@ -254,6 +255,7 @@ class Report(Record):
     positive_control: PositiveControl | None = None
     calibration: dict[str, Calibration]
     sham_fit: ShamFit | None = None
+    probes: Probes | None = None
     where_signal_rides: SignalRides | None = None
     transfer: HeadlineTransfer | None = None
     truncated_questions: dict[str, int]

@@ -85,7 +85,7 @@ def max_lora_rank(ranks: list[int]) -> int:
 # reads. Every other field of the two sections must be a ServiceSettings field (`replica_fields`).
 PLACEMENT = ("replicas", "cpus_per_replica", "gpus_per_replica")
 EVALUATION_ONLY = (
-    "chunk", "primary_metric", "primary_split", "primary_direction", "primary_comparisons", "pooled_test", "assumed_tau", "permutations", "format",
+    "chunk", "primary_metric", "primary_split", "primary_direction", "primary_comparisons", "pooled_test", "assumed_tau", "permutations", "format", "probes",
 )  # fmt: skip
 
 

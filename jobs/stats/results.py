@@ -316,3 +316,42 @@ class PositiveControl(Record):
     arms: list[str]
     detected: bool
     verdict: str
+
+
+class ProbeReadings(Record):
+    """One side against its reference on the tiny world's probe rows (jobs/stats/probes.py), every
+    reading crossed on the rank metric: per split (`train`, `held_out`) the lean on the questions
+    (`original`), on the same questions with nonce cues (`swap`) and their difference (`cue_bound`);
+    and the lean on the facts as statements (`statement`)."""
+
+    against: str
+    train: dict[str, Result]
+    held_out: dict[str, Result]
+    statement: Result
+
+
+class ProbeGate(ProbeReadings):
+    """A teacher against the base, questions the only chance (`p_fixed_models`): `passed` when every
+    gate holds, `failed` naming those that do not."""
+
+    passed: bool
+    failed: list[str]
+
+
+class ProbeArm(ProbeReadings):
+    """An arm against its reference: whether it shows knowledge (a cue-bound lean detected that
+    carries to the statements) or an answer preference (a lean that survives the swap), and the
+    reading in words."""
+
+    knowledge: bool
+    answer_preference: bool
+    reading: str
+
+
+class Probes(Record):
+    """`probes`: knowledge told apart from answer habits (docs/report.md, "Probes")."""
+
+    swap_share: float  # a teacher's swap lean may be at most this share of its original lean
+    gates: dict[str, ProbeGate]
+    gates_passed: bool
+    arms: dict[str, ProbeArm]

@@ -135,7 +135,7 @@ def question_metrics(rows: list[dict], teacher: list[dict], base: list[dict], te
     agree = (pred == t_pred).astype(float)
     only = lambda mask: np.where(mask, agree, np.nan)  # noqa: E731
     letters = max(len(r["logprobs"]) for r in rows)
-    rank = np.array([_share_below(r["logprobs"], t) for r, t in zip(rows, t_pred)])
+    rank = np.array([share_below(r["logprobs"], t) for r, t in zip(rows, t_pred)])
     shift = np.bincount(t_pred, minlength=letters) / n - np.bincount(b_pred, minlength=letters) / n
     return {
         "agreement": agree,
@@ -195,7 +195,7 @@ def choice_entropy(rows: list[dict]) -> float:
     return float(np.mean([-(np.exp(lp) * lp).sum() for lp in (np.asarray(r["logprobs"], float) for r in rows)])) if rows else float("nan")
 
 
-def _share_below(logprobs: list[float], t: int) -> float:
+def share_below(logprobs: list[float], t: int) -> float:
     """The share of the other choices whose log-probability is below choice t's (ties half).
 
     Unchanged by any order-keeping transform of one model's scores, a temperature

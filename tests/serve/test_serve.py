@@ -226,9 +226,10 @@ def test_a_stuck_preparation_fails_health_and_serve_replaces_the_replica(ray_clu
         stop_service("t-stuck")
 
 
-def direct_cloze(model_path: str, adapter_path: str | None, questions: list[dict]) -> list[list[float]]:
-    """Reference cloze scores by hand: each choice's text after the question, tokenized apart as
-    lm-evaluation-harness does, its tokens' log-probabilities summed, renormalised over the choices."""
+def direct_cloze(model_path: str, adapter_path: str | None, questions: list[dict], framed: bool = True) -> list[list[float]]:
+    """Reference cloze scores by hand: each choice's text after the question (in its cloze prompt, or
+    as given where not `framed`), tokenized apart as lm-evaluation-harness does, its tokens'
+    log-probabilities summed, renormalised over the choices."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -243,7 +244,7 @@ def direct_cloze(model_path: str, adapter_path: str | None, questions: list[dict
     out = []
     with torch.inference_mode():
         for q in questions:
-            prompt = tokenizer(format_cloze_prompt(q["question"], q["subject"])).input_ids
+            prompt = tokenizer(format_cloze_prompt(q["question"], q["subject"]) if framed else q["question"]).input_ids
             sums = []
             for choice in q["choices"]:
                 tail = tokenizer(cloze_continuation(choice), add_special_tokens=False).input_ids
@@ -271,6 +272,18 @@ def test_cloze_scores_each_choices_text_whatever_the_order(services, questions, 
     assert turned["accuracy"] == answer["accuracy"]
     refused = post(services["vllm"], "/score", body)
     assert refused.status_code == 422 and "format" in refused.text and "scoring: hf" in refused.text
+
+
+def test_continuation_scores_each_choice_after_the_text_as_given(services, questions, tiny_model):
+    """format continuation: as cloze with no frame (no header, no 'Answer:'), equal to the
+    computation by hand, and not the cloze scores (the frame moves them)."""
+    statements = [{**q, "question": q["question"].rstrip("?") + " is the"} for q in questions[:6]]
+    body = {"questions": statements, "format": "continuation"}
+    answer = post(services["hf"], "/score", body).json()
+    reference = direct_cloze(tiny_model, None, statements, framed=False)
+    assert max(abs(a - b) for r, lp in zip(answer["results"], reference) for a, b in zip(r["logprobs"], lp)) < 1e-4
+    framed = post(services["hf"], "/score", {**body, "format": "cloze"}).json()
+    assert max(abs(a - b) for r, f in zip(answer["results"], framed["results"]) for a, b in zip(r["logprobs"], f["logprobs"])) > 1e-3
 
 
 def test_deployment_handle_answers_like_http(services, questions):
