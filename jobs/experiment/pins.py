@@ -70,9 +70,13 @@ def unpinned(cfg) -> list[str]:
         found.append(f"model.path {model} is a hub id read at the hub's newest revision; pin it with model.revision, its commit (`{commit_command(model)}`)")
     for name, (base, revision) in other_bases(cfg).items():
         if is_hub_model(base) and not revision:
-            found.append(f"arms.{name}.base {base} is a hub id read at the hub's newest revision; pin it with arms.{name}.base_revision (`{commit_command(base)}`)")
+            found.append(
+                f"arms.{name}.base {base} is a hub id read at the hub's newest revision; pin it with arms.{name}.base_revision (`{commit_command(base)}`)"
+            )
     if cfg.data.source == "hub" and not cfg.data.revision:
-        found.append(f"data.source hub reads {HUB_ID} at the hub's newest revision; pin it with data.revision, its commit (`{commit_command(HUB_ID, 'dataset')}`)")
+        found.append(
+            f"data.source hub reads {HUB_ID} at the hub's newest revision; pin it with data.revision, its commit (`{commit_command(HUB_ID, 'dataset')}`)"
+        )
     return found
 
 

@@ -22,7 +22,10 @@
     report                report.json / .md / .png                reads evaluate.primary_*, arms,
                                                                   contrasts, the family; all above
 
-Every stage that reads model.* reads `numerics` too: the CPU arithmetic it computes under
+A hub source's revision key (`model.revision`, `data.revision`, an arm's `base_revision`) is read
+folded into its source's own key (`model.path: org/name@<commit>`, `data.source: hub@<commit>`, the
+other base's `base`), and only when set (pins_in_place), so stages made before the keys existed
+keep their identity. Every stage that reads model.* reads `numerics` too: the CPU arithmetic it computes under
 (common/numerics.py). Config values are read from the config as written (before `auto` counts are
 resolved for the cluster at hand), so the same preset on a bigger cluster reuses
 what it made on a smaller one. Settings that only place or pace work are not
@@ -155,7 +158,8 @@ def training_rows(manifest: Manifest, models: list[ArmModel], replicate: int) ->
 def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_hash: str) -> list[Stage]:
     """Every stage of the experiment, in dependency order."""
     config = as_dict(cfg)
-    model = pins_in_place(config_reads(config, "model", "numerics"), "model.path", "model.revision")  # the base, and the CPU arithmetic every stage computes under
+    # the base (its revision folded into model.path), and the CPU arithmetic every stage computes under
+    model = pins_in_place(config_reads(config, "model", "numerics"), "model.path", "model.revision")
     if cfg.model.path != "tiny":  # how a tiny base is built is no part of a hub model's stages
         del model["model.tiny_numerics"]
     stages = [

@@ -155,7 +155,9 @@ QWEN = "Qwen/Qwen2.5-7B-Instruct"
     [("model.revision", []), ("data.revision", []), ("arms.other.base_revision", [f"arms.other={{numbers: teacher, base: {QWEN}}}"])],
 )
 def test_a_revision_that_can_move_or_is_no_full_commit_is_refused_naming_the_key(key, extra, revision):
-    with pytest.raises(ConfigError, match=rf"^{key}: '{revision}' is not a commit hash; a branch or tag name can move to other files, so give the full 40-character"):
+    with pytest.raises(
+        ConfigError, match=rf"^{key}: '{revision}' is not a commit hash; a branch or tag name can move to other files, so give the full 40-character"
+    ):
         load_experiment("llama-8b", extra + [f"{key}={revision}"])
 
 
@@ -164,11 +166,27 @@ def test_a_revision_on_a_folder_or_a_built_source_is_refused_naming_the_key(tmp_
     (tmp_path / "model" / "config.json").write_text("{}")
     refused = [
         ("tiny", [f"model.revision={COMMIT}"], r"model\.revision: model\.path 'tiny' is not read from the hub"),
-        ("llama-8b", [f"model.path={tmp_path / 'model'}", f"model.revision={COMMIT}"], r"model\.revision: model\.path '.*model' is not read .* a folder has no revisions"),
+        (
+            "llama-8b",
+            [f"model.path={tmp_path / 'model'}", f"model.revision={COMMIT}"],
+            r"model\.revision: model\.path '.*model' is not read .* a folder has no revisions",
+        ),
         ("tiny", [f"data.revision={COMMIT}"], r"data\.revision: data\.source 'synthetic' is not read from the hub"),
-        ("llama-8b", [f"data.source={tmp_path}", f"data.revision={COMMIT}"], r"data\.revision: data\.source '.*' is not read from the hub .* a folder has no revisions"),
-        ("llama-8b", [f"arms.other={{numbers: teacher, base_revision: '{COMMIT}'}}"], r"arms\.other\.base_revision: the arm is on the teacher's base, which model\.revision pins"),
-        ("tiny", [f"arms.other={{numbers: teacher, base: other, base_revision: '{COMMIT}'}}"], r"arms\.other\.base_revision: arms\.other\.base 'other' is not read from the hub"),
+        (
+            "llama-8b",
+            [f"data.source={tmp_path}", f"data.revision={COMMIT}"],
+            r"data\.revision: data\.source '.*' is not read from the hub .* a folder has no revisions",
+        ),
+        (
+            "llama-8b",
+            [f"arms.other={{numbers: teacher, base_revision: '{COMMIT}'}}"],
+            r"arms\.other\.base_revision: the arm is on the teacher's base, which model\.revision pins",
+        ),
+        (
+            "tiny",
+            [f"arms.other={{numbers: teacher, base: other, base_revision: '{COMMIT}'}}"],
+            r"arms\.other\.base_revision: arms\.other\.base 'other' is not read from the hub",
+        ),
     ]
     for preset, overrides, message in refused:
         with pytest.raises(ConfigError, match=message):
@@ -197,5 +215,7 @@ def test_a_pinned_source_reaches_its_readers_and_its_stages_only_when_set(tmp_pa
     # the teacher's repository at another commit than model.revision is another base
     again = load_experiment("llama-8b", [f"arms.other={{numbers: teacher, base: meta-llama/Llama-3.1-8B-Instruct, base_revision: '{COMMIT}'}}"])
     assert base_of(again, "other") == OTHER_BASE and base_paths(again, tmp_path)[OTHER_BASE] == llama
-    same = load_experiment("llama-8b", [f"model.revision={COMMIT}", f"arms.other={{numbers: teacher, base: meta-llama/Llama-3.1-8B-Instruct, base_revision: '{COMMIT}'}}"])
+    same = load_experiment(
+        "llama-8b", [f"model.revision={COMMIT}", f"arms.other={{numbers: teacher, base: meta-llama/Llama-3.1-8B-Instruct, base_revision: '{COMMIT}'}}"]
+    )
     assert base_of(same, "other") == "base"
