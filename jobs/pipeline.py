@@ -111,7 +111,8 @@ class Experiment:
             draw = {"sham_draw": self.choose_world()["sham_draw"]}
         elif synthetic:
             print("[world] the tiny base is not built yet: this plan assumes the default sham draw (a run builds the base and chooses it)", flush=True)
-        questions = load_wmdp(self.cfg.data.source, tuple(self.cfg.data.subsets), self.cache, pair=self.cfg.data.pair, **draw)
+        data = self.cfg.data
+        questions = load_wmdp(data.source, tuple(data.subsets), self.cache, pair=data.pair, revision=data.revision, **draw)
         return questions, experiment_stages(self.cfg, list(self.models.values()), digest(questions))
 
     def choose_world(self) -> dict:

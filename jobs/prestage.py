@@ -2,7 +2,7 @@
 
     ray job submit --address http://localhost:8265 --working-dir . \
         --runtime-env-json '{"env_vars": {"HF_TOKEN_PATH": "/mnt/shared/secrets/hf_token"}}' \
-        -- python jobs/prestage.py meta-llama/Llama-3.1-70B-Instruct [--dest /mnt/local/models]
+        -- python jobs/prestage.py meta-llama/Llama-3.1-70B-Instruct [--revision COMMIT] [--dest /mnt/local/models]
     python jobs/prestage.py /mnt/shared/models/my-70b --dest /mnt/local/models   # copy from shared storage
 
 Every training worker and engine replica loads the full base model: 8 workers
@@ -17,8 +17,10 @@ One task runs on each alive node (GPU nodes only, unless there are none), pinned
 there. A source that is a saved model folder (it holds config.json) is copied
 (through a temporary folder and a rename, so a half-copied model never looks
 complete); a hub id (`name` or `org/name`) is fetched with
-`huggingface_hub.snapshot_download` into the node's hub cache. Anything else is
-refused on the driver, by the rule the trainer and the service share
+`huggingface_hub.snapshot_download` into the node's hub cache, at `--revision`
+when given (a full commit hash: the preset's `model.revision`, so the run then
+finds that commit staged; a branch or tag is refused, as it can move). Anything
+else is refused on the driver, by the rule the trainer and the service share
 (`common.model_source`).
 """
 
@@ -35,7 +37,7 @@ if __package__ in (None, ""):  # `python jobs/prestage.py`: import from the repo
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from common.atomic import atomic_dir  # noqa: E402
-from common.model_source import ModelSource, model_source  # noqa: E402
+from common.model_source import ModelSource, hub_args, model_source, pinned  # noqa: E402
 
 
 def check_source(source: str, dest: str | None) -> ModelSource:
@@ -62,8 +64,9 @@ def stage_here(source: str, dest: str | None) -> tuple[str, str]:
         return socket.gethostname(), str(target)
     from huggingface_hub import snapshot_download
 
+    name, pin = hub_args(source)  # a pinned hub id (`org/name@<commit>`): that commit's files
     local_dir = str(Path(dest).expanduser() / source.replace("/", "--")) if dest else None
-    path = snapshot_download(source, local_dir=local_dir, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"])
+    path = snapshot_download(name, **pin, local_dir=local_dir, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"])
     return socket.gethostname(), path
 
 
@@ -85,10 +88,13 @@ def prestage(source: str, dest: str | None = None) -> list[tuple[str, str]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source", help="hub id, or a local/shared folder holding a saved model")
+    parser.add_argument("--revision", default=None, help="a hub id's commit (the full 40-character hash), as in the preset's model.revision")
     parser.add_argument("--dest", default=None, help="folder on each node's local disk (hub ids: default the node's hub cache)")
     args = parser.parse_args()
     try:
-        staged = prestage(args.source, args.dest)
+        if args.revision and model_source(args.source, what="source").is_local:
+            raise ValueError(f"--revision {args.revision}: {args.source} is a folder, and a folder has no revisions")
+        staged = prestage(pinned(args.source, args.revision), args.dest)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

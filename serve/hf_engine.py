@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from common.model_source import load_pretrained
 from serve.engine import Completion, EngineUnavailable, Sampling, TokenCompletion, TokenLogprob, UnknownAdapter, cut_at_stop
 from serve.hf_decode import decode
 from serve.hf_scoring import length_sorted_chunks, letter_token_ids, mc_logprobs_batch, scorable_choices
@@ -54,16 +55,16 @@ class HFEngine:
     def __init__(self, model_path: str, settings: ServiceSettings):
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = settings.dtype if settings.dtype != "auto" else ("bfloat16" if self.device == "cuda" else "float32")
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = load_pretrained(AutoTokenizer, model_path)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "left"
         # Fast tokenizers are not thread-safe (padding state is set per call): the service counts
         # prompt tokens with its own instance while the worker thread pads batches.
-        self.counting_tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.counting_tokenizer = load_pretrained(AutoTokenizer, model_path)
         self.max_choices = scorable_choices(self.tokenizer)
         self.letters = letter_token_ids(self.tokenizer, self.max_choices)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype]).to(self.device).eval()
+        self.model = load_pretrained(AutoModelForCausalLM, model_path, dtype=DTYPES[dtype]).to(self.device).eval()
         self.peft = None  # the PeftModel wrapping self.model once an adapter is added
         self.models: dict[str, torch.nn.Module] = {}  # registered beside the base, by name
         self.batch_size = settings.hf_batch_size

@@ -17,7 +17,7 @@ from typing import Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from common.files import tiny_model_link
-from common.model_source import ModelSourceError, model_source
+from common.model_source import ModelSourceError, hub_args, model_source
 from serve.schemas import LIST_MAX
 
 TINY_BUILD_COMMAND = "python -m jobs.sources.tiny_model"
@@ -102,7 +102,7 @@ def resolve_model(model: str) -> str:
 
 def model_id(settings: ServiceSettings) -> str:
     """The name clients use for the base model."""
-    return settings.model_id or ("tiny" if settings.model == "tiny" else settings.model.rstrip("/").split("/")[-1])
+    return settings.model_id or ("tiny" if settings.model == "tiny" else hub_args(settings.model)[0].rstrip("/").split("/")[-1])  # a pin is no part of the name
 
 
 class Registered(NamedTuple):

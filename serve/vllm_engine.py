@@ -28,6 +28,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
+from common.model_source import hub_args, load_pretrained
 from serve.engine import Completion, EngineUnavailable, Sampling, TokenCompletion, TokenLogprob, UnknownAdapter, gather_all
 from serve.engine_guard import child_pids, guard_new_children
 from serve.hf_scoring import letter_token_ids, scorable_choices
@@ -79,8 +80,11 @@ def engine_args(model_path: str, settings: ServiceSettings, on_gpu: bool) -> dic
         # ("CPU Generator does not use offset"): schedule each prompt's prefill whole.
         device_args = {"kv_cache_memory_bytes": int(settings.kv_cache_gib * (1 << 30)), "enable_chunked_prefill": False}
         device_args.update({k: v for k in ("max_num_seqs", "max_num_batched_tokens") if (v := getattr(settings, k))})
+    name, pin = hub_args(model_path)  # a pinned hub id: vLLM reads the weights and its tokenizer at that commit
     return dict(
-        model=model_path,
+        model=name,
+        **pin,
+        **({"tokenizer_revision": pin["revision"]} if pin else {}),
         dtype=dtype,
         max_model_len=settings.max_model_len,
         enable_lora=True,
@@ -117,7 +121,7 @@ class VLLMEngine:
         before = child_pids()
         self.engine = AsyncLLM.from_vllm_config(config)
         self.guard = guard_new_children(before)  # kills the engine core if this replica dies outright
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = load_pretrained(AutoTokenizer, model_path)
         self.counting_tokenizer = self.tokenizer  # the event loop's only user: vLLM tokenizes in its own process
         self.max_choices = scorable_choices(self.tokenizer)
         self.letters = letter_token_ids(self.tokenizer, self.max_choices)

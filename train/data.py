@@ -22,6 +22,7 @@ import numpy as np
 
 from common.atomic import atomic_dir
 from common.files import DataError, read_jsonl
+from common.model_source import load_pretrained
 
 FORMAT_VERSION = 2  # bump when tokenization output changes (2: small files shuffled in-process)
 # Up to this many rows a file is tokenized in the calling process: Ray Data's start-up (an
@@ -98,7 +99,7 @@ def validate_dataset(ds) -> tuple[int, str]:
 def tokenizer_hash(model_path: str) -> str:
     """Hash of the tokenizer files, so a changed tokenizer never reuses a stale cache."""
     h = hashlib.sha256()
-    if not Path(model_path).is_dir():  # a hub id: its name (pin a revision by using a local snapshot)
+    if not Path(model_path).is_dir():  # a hub id: its name, with its commit when pinned (`org/name@<commit>`)
         h.update(model_path.encode())
         return h.hexdigest()
     for name in sorted(os.listdir(model_path)):
@@ -112,7 +113,7 @@ def same_tokenizer(a: str, b: str) -> bool:
     specials): what logit_kl across bases needs. Not their files' bytes, which a re-save changes."""
     from transformers import AutoTokenizer
 
-    ta, tb = AutoTokenizer.from_pretrained(a), AutoTokenizer.from_pretrained(b)
+    ta, tb = load_pretrained(AutoTokenizer, a), load_pretrained(AutoTokenizer, b)
     return ta.get_vocab() == tb.get_vocab() and ta.all_special_tokens == tb.all_special_tokens
 
 
@@ -127,7 +128,7 @@ class Tokenize:
     def __init__(self, model_path: str, max_length: int, too_long: str):
         from transformers import AutoTokenizer
 
-        self.tok = AutoTokenizer.from_pretrained(model_path)
+        self.tok = load_pretrained(AutoTokenizer, model_path)
         self.max_length = max_length
         self.too_long = too_long
 

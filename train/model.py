@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from common.config import ConfigError
+from common.model_source import load_pretrained
 from train.config import TrainConfig
 from train.levers import decoder_layers, use_kernels
 
@@ -93,7 +94,7 @@ def load_base(model_path: str, cfg: TrainConfig, device: torch.device):
             bnb_4bit_quant_storage=dtype,  # FSDP shards 4-bit weights only if storage matches compute dtype
         )
         kwargs["device_map"] = {"": device}
-    model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
+    model = load_pretrained(AutoModelForCausalLM, model_path, **kwargs)
     model.config.use_cache = False
     if cfg.kernels != "none":  # before any adapter wraps the modules it patches
         print(f"[train] {use_kernels(model, cfg, device)}", flush=True)
@@ -252,7 +253,7 @@ def save_trained(model, state: dict[str, torch.Tensor], out_dir: Path) -> None:
     from transformers import AutoTokenizer
 
     model.save_pretrained(str(out_dir), state_dict=state)
-    AutoTokenizer.from_pretrained(model.name_or_path).save_pretrained(str(out_dir))
+    load_pretrained(AutoTokenizer, model.name_or_path).save_pretrained(str(out_dir))
 
 
 def logical_numel(param) -> int:

@@ -28,6 +28,7 @@ from typing import Any
 
 from common.config import ConfigError, to_dict
 from common.files import DataError, default_cache_dir
+from common.model_source import load_pretrained
 from train.cluster import Capacity, auto_workers, cluster_capacity, describe
 from train.config import TrainConfig, resolve_batch
 from train.data import read_parquet, same_tokenizer, tokenize_to_cache
@@ -237,7 +238,7 @@ def train_lora_many(
     resources = worker_resources(shared, cap)
 
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_pretrained(AutoTokenizer, model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     number_ids = number_token_ids(tokenizer) if any(j.teacher for j in jobs) else None
     tokenized = {j.name: tokenize_to_cache(j.data, model_path, j.cfg.max_length, j.cfg.too_long, j.cfg.seed, cache_dir) for j in jobs}

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 
 from common.config import ConfigError, build
+from common.model_source import pinned
 from jobs.experiment.rows_kinds import KINDS, SHAM, declared_kind, source_for
 from serve.mc_format import LETTERS
 from train.config import TrainConfig
@@ -180,9 +181,10 @@ def _kind(name: str, arm, teacher: str):
 
 
 def other_base(cfg) -> str | None:
-    """The other base some arms declare (`arms.<name>.base`), or None. One per experiment: it is
+    """The other base some arms declare (`arms.<name>.base`), or None; a hub id pinned by the arms'
+    `base_revision` as `org/name@<commit>` (common/model_source.py). One per experiment: it is
     scored as `other_base`, and every arm on it is measured against it."""
-    declared = {arm.base for name, arm in cfg.arms.items() if base_of(cfg, name) == OTHER_BASE}
+    declared = {pinned(arm.base, arm.base_revision) for name, arm in cfg.arms.items() if base_of(cfg, name) == OTHER_BASE}
     if len(declared) > 1:
         raise ConfigError(f"arms declare {len(declared)} other bases ({', '.join(sorted(declared))}); an experiment has at most one")
     value = declared.pop() if declared else None
@@ -196,7 +198,9 @@ def other_base(cfg) -> str | None:
 
 def base_of(cfg, arm: str) -> str:
     """The base an arm starts from: `base` (the teacher's) or `other_base`."""
-    return "base" if cfg.arms[arm].base in ("same", cfg.model.path) else OTHER_BASE
+    declared = cfg.arms[arm]
+    same = declared.base == "same" or (declared.base == cfg.model.path and declared.base_revision in (None, cfg.model.revision))
+    return "base" if same else OTHER_BASE  # the teacher's repository at another commit is another base
 
 
 def check_arms(cfg) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.config import ConfigError
+from common.model_source import pinned
 from jobs.experiment.arms import OTHER_BASE, base_of, other_base
 from jobs.sources.tiny_model import TinySpec, ensure_tiny_model, other_base_spec, tiny_model_folder
 from train.data import same_tokenizer
@@ -44,8 +45,10 @@ def base_paths(cfg, cache: Path) -> dict[str, str]:
 
 
 def teacher_base(cfg, cache: Path) -> str:
-    """The teacher's base: the tiny model's folder (built on first use), or the declared path or hub id."""
-    return str(ensure_tiny_model(tiny_spec(cfg), cache)) if cfg.model.path == "tiny" else cfg.model.path
+    """The teacher's base: the tiny model's folder (built on first use), or the declared path or hub
+    id, pinned to `model.revision` when set (`org/name@<commit>`, which every reader reads at that
+    commit: common/model_source.py)."""
+    return str(ensure_tiny_model(tiny_spec(cfg), cache)) if cfg.model.path == "tiny" else pinned(cfg.model.path, cfg.model.revision)
 
 
 def tiny_base_missing(cfg, cache: Path) -> bool:

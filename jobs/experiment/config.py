@@ -16,6 +16,7 @@ from common.config import ConfigError, Settings, apply_overrides, build
 from jobs.experiment.arms import check_arms, check_contrasts
 from jobs.experiment.bases import check_local_tokenizers
 from jobs.experiment.credentials import redacted_uri
+from jobs.experiment.pins import check_revisions
 from jobs.experiment.presets import load_preset
 from jobs.stats.transfer_stats import METRICS
 from train.config import TrainConfig
@@ -25,6 +26,10 @@ class ModelConfig(Settings):
     # "tiny" builds the tiny preset's model into the cache; anything else is a
     # hub id or a local folder saved with save_pretrained.
     path: str = "tiny"
+    # A hub id's commit, the full 40-character hash (a branch or tag can move): every reader of the
+    # base reads that commit (common/model_source.py). None: the hub's newest, which the job log
+    # warns about (jobs/experiment/pins.py). A folder has no revisions.
+    revision: str | None = None
     tiny_seed: int = 0
     # The CPU arithmetic the tiny base is built under (common/numerics.py): `reproducible`, the same
     # model and world on any x86-64 CPU with AVX2, whatever the run's own `numerics`; `native`, each
@@ -36,6 +41,7 @@ class DataConfig(Settings):
     # "synthetic" (the shipped harmless sample), "hub" (cais/wmdp), or a folder
     # holding wmdp-<subset>.jsonl / .parquet files.
     source: str = "synthetic"
+    revision: str | None = None  # source hub: cais/wmdp's commit (40 hex characters), as model.revision
     subsets: list[str] = Field(default_factory=lambda: ["bio", "chem", "cyber"])
     eval_fraction: float = 0.3  # share of questions held out from the teacher (a row naming its own `split` keeps it)
     split_seed: int = 0
@@ -140,6 +146,9 @@ class ArmConfig(Settings):
     # or a hub id / folder of another model. An arm on another base is measured against that
     # base (scored as `other_base`); under logit_kl it must share the teacher's tokenizer.
     base: str = "same"
+    # That base's commit when it is a hub id (40 hex characters, as model.revision); every arm on
+    # it names the same. The teacher's base is pinned by model.revision.
+    base_revision: str | None = None
     # Its LoRA initialisation: None = the teacher's (the subliminal setting); an int = that seed;
     # "other" = a seed of its own per replicate, never the teacher's (another LoRA A on the same base).
     lora_seed: int | Literal["other"] | None = None
@@ -255,6 +264,7 @@ def load_experiment(preset=None, overrides: list[str] = ()) -> ExperimentConfig:
     if cfg.replicates < 1:
         raise ConfigError(f"replicates must be at least 1, got {cfg.replicates}")
     check_sampling(cfg.numbers)
+    check_revisions(cfg)  # before the arms: which base an arm is on reads its base_revision
     if cfg.evaluate.primary_metric not in METRICS:
         raise ConfigError(f"evaluate.primary_metric: {cfg.evaluate.primary_metric!r} is not a metric ({', '.join(METRICS)})")
     if cfg.evaluate.permutations < 1:

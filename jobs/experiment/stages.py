@@ -22,7 +22,10 @@
     report                report.json / .md / .png                reads evaluate.primary_*, arms,
                                                                   contrasts, the family; all above
 
-Every stage that reads model.* reads `numerics` too: the CPU arithmetic it computes under
+A hub source's revision key (`model.revision`, `data.revision`, an arm's `base_revision`) is read
+folded into its source's own key (`model.path: org/name@<commit>`, `data.source: hub@<commit>`, the
+other base's `base`), and only when set (pins_in_place), so stages made before the keys existed
+keep their identity. Every stage that reads model.* reads `numerics` too: the CPU arithmetic it computes under
 (common/numerics.py). Config values are read from the config as written (before `auto` counts are
 resolved for the cluster at hand), so the same preset on a bigger cluster reuses
 what it made on a smaller one. Settings that only place or pace work are not
@@ -40,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 from functools import cache
 
+from common.model_source import pinned
 from jobs.experiment.arms import OTHER_BASE, ArmModel, number_sets, numbers_seed, teachers_used
 from jobs.experiment.bases import other_base_identity
 from jobs.experiment.config import ExperimentConfig, as_dict
@@ -65,6 +69,15 @@ def trained_folder(name: str, full: bool = False) -> str:
     `<name>/adapter`, an arm model's at `arms/<arm>/<i>/adapter`, or, fully fine-tuned (`full`),
     its model folder at `arms/<arm>/<i>/model`."""
     return f"{name}/adapter" if name in TEACHERS else f"arms/{name}/{'model' if full else 'adapter'}"
+
+
+def pins_in_place(reads: dict, source_key: str, revision_key: str) -> dict:
+    """Reads with a hub source's revision folded into the source's own key (`org/name@<commit>`,
+    what every reader gets: common/model_source.py), so an unset revision leaves a stage's identity
+    as it was before the key existed, and setting, changing or removing one reruns what reads it."""
+    out = {k: v for k, v in reads.items() if k != revision_key}
+    out[source_key] = pinned(reads[source_key], reads[revision_key])
+    return out
 
 
 def identity(reads: dict) -> dict:
@@ -146,14 +159,15 @@ def training_rows(manifest: Manifest, models: list[ArmModel], replicate: int) ->
 def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_hash: str) -> list[Stage]:
     """Every stage of the experiment, in dependency order."""
     config = as_dict(cfg)
-    model = config_reads(config, "model", "numerics")  # the base, and the CPU arithmetic every stage computes under
+    # the base (its revision folded into model.path), and the CPU arithmetic every stage computes under
+    model = pins_in_place(config_reads(config, "model", "numerics"), "model.path", "model.revision")
     if cfg.model.path != "tiny":  # how a tiny base is built is no part of a hub model's stages
         del model["model.tiny_numerics"]
     stages = [
         Stage(
             "data",
             "data",
-            {**config_reads(config, "data", "evaluate.format", "evaluate.probes"), "questions": questions_hash},
+            {**pins_in_place(config_reads(config, "data", "evaluate.format", "evaluate.probes"), "data.source", "data.revision"), "questions": questions_hash},
             files=(TEACHER_TRAIN, *(f"data/{f}" for f in SPLIT_FILES.values()), *((PROBES_FILE,) if cfg.evaluate.probes else ())),
             record=DataOutputs,
         ),
@@ -207,6 +221,7 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         stages.append(Stage(eval_stage(name), "evaluate", {**scoring, **extra}, ("data", *upstream), files=(scored_file(name),), record=EvalOutputs))
     everything = tuple(s.name for s in stages if s.phase in ("numbers", "arms", "evaluate"))
     reads = config_reads(config, "evaluate.primary_metric", "evaluate.primary_split", "evaluate.primary_direction", "arms", "replicates")
+    reads = {k: v for k, v in reads.items() if not (k.endswith(".base_revision") and v is None)}  # a pin is read only when set
     reads |= {"contrasts": config["contrasts"], "family": cfg.evaluate.primary_comparisons or "every comparison"}  # Holm across the primary verdicts
     stages.append(Stage("report", "report", reads, everything, files=("report.json",)))
     defaults = read_defaults()

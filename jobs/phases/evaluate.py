@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from common.atomic import write_jsonl
 from common.config import ConfigError
+from common.model_source import load_pretrained
 from jobs.experiment.records import EvalOutputs
 from jobs.experiment.stages import PROBES_FILE, SPLIT_FILES, TEACHERS, earlier_snapshots, scored_file, scored_model
 from jobs.rundir.manifest import digest, read_jsonl
@@ -115,7 +116,7 @@ def context_check(model_path: str, questions: list[dict], max_model_len: int, fo
 
     from serve.mc_format import cloze_continuation, format_cloze_prompt, format_mc_prompt
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_pretrained(AutoTokenizer, model_path)
     if format == "cloze":  # room for the longest choice's text
         prompts = [format_cloze_prompt(q["question"], q["subset"]) for q in questions]
         room = [max(len(tokenizer(cloze_continuation(c), add_special_tokens=False).input_ids) for c in q["choices"]) for q in questions]

@@ -20,6 +20,7 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from common.atomic import write_jsonl
+from common.model_source import load_pretrained
 from jobs.experiment.arms import number_sets, numbers_seed
 from jobs.experiment.config import NumbersConfig
 from jobs.experiment.records import AnswersOutputs, NumbersOutputs, ReplacedOutputs
@@ -141,7 +142,7 @@ def run(ctx: RunContext, todo) -> None:
     rewritten kind (the teacher's replaced numbers) from what it derives from, by its maker (`REWRITERS`)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(ctx.model_path)
+    tokenizer = load_pretrained(AutoTokenizer, ctx.model_path)
     sets = {numbers_stage(source, i): (source, i) for source, i in number_sets(list(ctx.models.values()))}
     answering = [(stage, teacher) for stage in todo if (teacher := answering_teacher(stage))]
     todo = [stage for stage in todo if not answering_teacher(stage)]

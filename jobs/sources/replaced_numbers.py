@@ -30,11 +30,12 @@ def replace_divergent(rows: list[dict], model_path: str, teacher: str, fraction:
     import torch
     from transformers import AutoTokenizer
 
+    from common.model_source import load_pretrained
     from train.data import Tokenize
     from train.divergence import row_scores, scored_positions, top_divergent
     from train.teacher_pass import TeacherPass, load_teacher, model_device
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_pretrained(AutoTokenizer, model_path)
     eos = tokenizer.eos_token_id
     tokens = Tokenize(model_path, max_length, "truncate")({"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]})
     pairs = list(zip(tokens.column("input_ids").to_pylist(), tokens.column("labels").to_pylist()))

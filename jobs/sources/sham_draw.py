@@ -36,6 +36,7 @@ from pathlib import Path
 from common import numerics
 from common.atomic import write_json
 from common.files import DataError
+from common.model_source import load_pretrained
 from jobs.sources.world import WORLD, world_questions
 
 TOLERANCE = 0.03  # |sham - true| on each split, as shares of the T questions
@@ -134,8 +135,8 @@ def base_sham_draw(base: str | Path, cache: Path, pair: int = 0) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    return remember(base, cache, choose_draw(model, AutoTokenizer.from_pretrained(base), pair))
+    model = load_pretrained(AutoModelForCausalLM, base, dtype=torch.float32)
+    return remember(base, cache, choose_draw(model, load_pretrained(AutoTokenizer, base), pair))
 
 
 def built_under(base: str | Path) -> str:

@@ -119,18 +119,21 @@ def hub_patterns(subsets: tuple[str, ...]) -> list[str]:
     return [f"wmdp-{subset}/test-*.parquet" for subset in subsets]
 
 
-def hub_snapshot(subsets: tuple[str, ...]) -> Path:
-    """The local snapshot folder of `cais/wmdp` holding `subsets`' test files: downloaded into the
-    hub cache when the hub is reachable, else the cached snapshot of its main branch (offline)."""
+def hub_snapshot(subsets: tuple[str, ...], revision: str | None = None) -> Path:
+    """The local snapshot folder of `cais/wmdp` holding `subsets`' test files, at commit `revision`
+    (`data.revision`; None: the main branch's newest): downloaded into the hub cache when the hub is
+    reachable, else the cached snapshot of that commit, or of the main branch (offline)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(HUB_ID, repo_type="dataset", allow_patterns=hub_patterns(subsets)))
+        return Path(snapshot_download(HUB_ID, repo_type="dataset", revision=revision, allow_patterns=hub_patterns(subsets)))
     except (HfHubHTTPError, LocalEntryNotFoundError) as err:
+        at = f" at {revision}" if revision else ""
+        pin = f" --revision {revision}" if revision else ""
         raise DataError(
-            f"{HUB_ID} could not be downloaded and is not in the hub cache ({type(err).__name__}: {err}); "
-            f"fill the cache with `hf download {HUB_ID} --repo-type dataset`, or set data.source to a folder"
+            f"{HUB_ID}{at} could not be downloaded and is not in the hub cache ({type(err).__name__}: {err}); "
+            f"fill the cache with `hf download {HUB_ID} --repo-type dataset{pin}`, or set data.source to a folder"
         ) from err
 
 
@@ -149,16 +152,19 @@ def _parquet_rows(path: Path) -> list[dict]:
     return pq.read_table(path).to_pylist()
 
 
-def load_wmdp(source: str, subsets: tuple[str, ...] = SUBSETS, cache_dir: Path | None = None, sham_draw: int = SHAM_DRAW, pair: int = 0) -> list[dict]:
+def load_wmdp(
+    source: str, subsets: tuple[str, ...] = SUBSETS, cache_dir: Path | None = None, sham_draw: int = SHAM_DRAW, pair: int = 0, revision: str | None = None
+) -> list[dict]:
     """Validated questions from `source`: "synthetic", "hub", or a folder of local files. The
     synthetic sample is the tiny world of teacher–sham pair `pair` (jobs/sources/world.py) with draw
-    `sham_draw` of its sham's facts (a run passes the draw chosen on its base: jobs/sources/sham_draw.py)."""
+    `sham_draw` of its sham's facts (a run passes the draw chosen on its base: jobs/sources/sham_draw.py).
+    `revision`: the hub source's commit (`data.revision`)."""
     if source == "synthetic":
         if cache_dir is None:
             raise DataError("the synthetic sample needs a cache_dir to be written to")
         name = f"synthetic-wmdp-v{WORLD_VERSION}-sham{sham_draw}" + (f"-pair{pair}" if pair else "")  # files written once per world
         source = str(write_synthetic(Path(cache_dir) / name, draw=sham_draw, pair=pair))
-    snapshot = hub_snapshot(tuple(subsets)) if source == "hub" else None
+    snapshot = hub_snapshot(tuple(subsets), revision) if source == "hub" else None
     rows: list[dict] = []
     for subset in subsets:
         if snapshot is not None:

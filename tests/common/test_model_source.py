@@ -1,10 +1,15 @@
 """One rule for "local saved-model folder or hub id": the trainer, the service and pre-staging agree."""
 
+import hashlib
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from common.model_source import ModelSource, ModelSourceError, is_hub_id, model_source
+from common.model_source import ModelSource, ModelSourceError, hub_args, is_hub_id, model_source, pinned
 from jobs.prestage import check_source
 from serve.settings import ServiceError, resolve_model
 from train.model import check_model_path
@@ -103,3 +108,99 @@ def test_tiny_is_the_services_own_name(workdir, monkeypatch):
     build.mkdir(parents=True)
     (build / "config.json").write_text("{}")
     assert resolve_model("tiny") == str(build.resolve())
+
+
+# A hub id pinned to one commit, `org/name@<commit>` ----------------------------------------------
+
+COMMIT_A = "a" * 8 + "0123456789abcdef0123456789abcdef"  # 40 hex characters
+COMMIT_B = "b" * 8 + "0123456789abcdef0123456789abcdef"
+
+
+@pytest.mark.parametrize("model", ["org/name@" + COMMIT_A, "gpt2@" + COMMIT_A])
+def test_a_pinned_hub_id_passes_everywhere_with_its_commit(workdir, model):
+    assert model_source(model) == ModelSource("hub", model)
+    assert accepted_by_all(model) == [True, True, True]
+    assert resolve_model(model) == model  # the service keeps the pin for its engine
+    assert hub_args(model) == (model.split("@")[0], {"revision": COMMIT_A})
+
+
+@pytest.mark.parametrize("revision", ["main", "v1.0", COMMIT_A[:12], COMMIT_A.upper()])
+def test_a_pin_that_is_no_full_commit_is_refused_everywhere(workdir, revision):
+    with pytest.raises(ModelSourceError, match=f"'{revision}' is not a commit; a pinned hub id is org/name@<the full 40-character commit hash>"):
+        model_source(f"org/name@{revision}")
+    assert accepted_by_all(f"org/name@{revision}") == [False, False, False]
+
+
+def test_hub_args_leave_anything_unpinned_as_it_is(workdir):
+    for model in ["org/name", "saved", str(workdir / "saved"), "tiny"]:
+        assert hub_args(model) == (model, {})
+    assert pinned("org/name", None) == "org/name" and pinned("org/name", COMMIT_A) == f"org/name@{COMMIT_A}"
+
+
+def test_vllm_reads_the_weights_and_the_tokenizer_at_the_pinned_commit():
+    pytest.importorskip("vllm")
+    from serve.settings import ServiceSettings
+    from serve.vllm_engine import engine_args
+
+    args = engine_args(f"org/name@{COMMIT_A}", ServiceSettings(model="tiny"), on_gpu=False)
+    assert (args["model"], args["revision"], args["tokenizer_revision"]) == ("org/name", COMMIT_A, COMMIT_A)
+    plain = engine_args("org/name", ServiceSettings(model="tiny"), on_gpu=False)
+    assert plain["model"] == "org/name" and "revision" not in plain and "tokenizer_revision" not in plain
+
+
+def fill_model_cache(hf_home: Path, folder: Path) -> None:
+    """`hf_home`'s hub cache as huggingface_hub leaves it holding `org/tiny` at two commits: A, the
+    tiny model's files (its config marked "A"), and B, the main branch, a config marked "B" alone."""
+    repo = hf_home / "hub" / "models--org--tiny"
+    config = json.loads((folder / "config.json").read_text())
+    snapshots = {
+        COMMIT_A: {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()} | {"config.json": json.dumps(config | {"marker": "A"}).encode()},
+        COMMIT_B: {"config.json": json.dumps(config | {"marker": "B"}).encode()},
+    }
+    for commit, files in snapshots.items():
+        for name, data in files.items():
+            blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            blob.write_bytes(data)
+            link = repo / "snapshots" / commit / name
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT_B)
+
+
+READ_PINNED = f"""
+import json, sys
+from pathlib import Path
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from common.model_source import load_pretrained
+from jobs.prestage import stage_here
+from train.model import save_trained
+
+model = load_pretrained(AutoModelForCausalLM, "org/tiny@{COMMIT_A}")
+save_trained(model, model.state_dict(), Path(sys.argv[1]))  # a full model's tokenizer, read again from its name_or_path
+print(json.dumps({{
+    "pinned": load_pretrained(AutoConfig, "org/tiny@{COMMIT_A}").marker,
+    "newest": load_pretrained(AutoConfig, "org/tiny").marker,
+    "model": model.config.marker,
+    "name_or_path": model.name_or_path,
+    "tokenizer": len(load_pretrained(AutoTokenizer, "org/tiny@{COMMIT_A}")),
+    "staged": stage_here("org/tiny@{COMMIT_A}", None)[1],
+}}))
+"""
+
+
+def test_every_reader_reads_the_pinned_commit_from_the_hub_cache_offline(tmp_path, tiny_model):
+    """load_pretrained (the trainer's, the engines' and the phases' one reader) and prestage's
+    download, real calls on a hub cache holding two commits, offline as on a node that staged them:
+    the pinned commit's files, where the unpinned id reads the main branch's."""
+    fill_model_cache(tmp_path / "hf", Path(tiny_model))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", READ_PINNED, str(tmp_path / "saved")], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    read = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (read["pinned"], read["newest"], read["model"]) == ("A", "B", "A")
+    assert read["name_or_path"] == f"org/tiny@{COMMIT_A}" and read["tokenizer"] > 0
+    assert read["staged"] == str(tmp_path / "hf" / "hub" / "models--org--tiny" / "snapshots" / COMMIT_A)
+    assert (tmp_path / "saved" / "tokenizer.json").is_file() and json.loads((tmp_path / "saved" / "config.json").read_text())["marker"] == "A"

@@ -23,6 +23,24 @@ def test_hub_sources_are_named_and_built_or_local_ones_are_not(tmp_path, monkeyp
     assert unpinned(load_experiment("tiny", [f"model.path={snapshot}", f"data.source={tmp_path}"])) == []
 
 
+COMMIT = "0123456789abcdef" * 2 + "89abcdef"
+
+
+def test_each_warning_names_its_revision_key_and_is_silent_once_it_is_set():
+    other = "arms.other={numbers: teacher, base: Qwen/Qwen2.5-7B-Instruct}"
+    loose = unpinned(load_experiment("llama-8b", [other]))
+    assert [line.split(" ")[0] for line in loose] == ["model.path", "arms.other.base", "data.source"]
+    for line, key, repo in zip(
+        loose,
+        ["model.revision", "arms.other.base_revision", "data.revision"],
+        ["model_info('meta-llama/Llama-3.1-8B-Instruct')", "model_info('Qwen/Qwen2.5-7B-Instruct')", "dataset_info('cais/wmdp')"],
+    ):
+        assert f"pin it with {key}" in line and f"HfApi().{repo}.sha" in line  # the key to set, and the command that finds its commit
+    pins = [f"model.revision={COMMIT}", f"data.revision={COMMIT}", other[:-1] + f", base_revision: '{COMMIT}'}}"]
+    assert unpinned(load_experiment("llama-8b", pins)) == []
+    assert [line.split(" ")[0] for line in unpinned(load_experiment("llama-8b", pins[1:]))] == ["model.path"]  # each key silences its own
+
+
 def test_the_pipeline_prints_the_warning_before_its_plan(tmp_path):
     done = subprocess.run(
         [sys.executable, "jobs/pipeline.py", "--config", "llama-8b", "--plan", "--run-dir", str(tmp_path / "run")],
@@ -31,7 +49,9 @@ def test_the_pipeline_prints_the_warning_before_its_plan(tmp_path):
         text=True,
         timeout=300,
     )
-    assert "[pins] warning: model.path meta-llama/Llama-3.1-8B-Instruct is a hub id read at the hub's newest revision" in done.stdout, done.stderr[-2000:]
+    assert (
+        "[pins] warning: model.path meta-llama/Llama-3.1-8B-Instruct is a hub id read at the hub's newest revision; pin it with model.revision" in done.stdout
+    ), done.stderr[-2000:]
 
 
 def test_a_cluster_started_from_cluster_yaml_has_its_images_pinned_and_an_old_one_is_named():

@@ -141,3 +141,81 @@ def test_pairs_are_two_or_more_distinct_worlds_and_each_run_is_one():
             load_experiment(None, bad)
     with pytest.raises(ConfigError, match="data.pair"):
         load_experiment(None, ["data.pair=-1"])
+
+
+# Revision keys: each hub source pinned to one commit (jobs/experiment/pins.py) ---------------------
+
+COMMIT = "0123456789abcdef" * 2 + "89abcdef"  # 40 hex characters
+QWEN = "Qwen/Qwen2.5-7B-Instruct"
+
+
+@pytest.mark.parametrize("revision", ["main", "v1.0", COMMIT[:12], COMMIT.upper(), COMMIT + "0"])
+@pytest.mark.parametrize(
+    "key, extra",
+    [("model.revision", []), ("data.revision", []), ("arms.other.base_revision", [f"arms.other={{numbers: teacher, base: {QWEN}}}"])],
+)
+def test_a_revision_that_can_move_or_is_no_full_commit_is_refused_naming_the_key(key, extra, revision):
+    with pytest.raises(
+        ConfigError, match=rf"^{key}: '{revision}' is not a commit hash; a branch or tag name can move to other files, so give the full 40-character"
+    ):
+        load_experiment("llama-8b", extra + [f"{key}={revision}"])
+
+
+def test_a_revision_on_a_folder_or_a_built_source_is_refused_naming_the_key(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    refused = [
+        ("tiny", [f"model.revision={COMMIT}"], r"model\.revision: model\.path 'tiny' is not read from the hub"),
+        (
+            "llama-8b",
+            [f"model.path={tmp_path / 'model'}", f"model.revision={COMMIT}"],
+            r"model\.revision: model\.path '.*model' is not read .* a folder has no revisions",
+        ),
+        ("tiny", [f"data.revision={COMMIT}"], r"data\.revision: data\.source 'synthetic' is not read from the hub"),
+        (
+            "llama-8b",
+            [f"data.source={tmp_path}", f"data.revision={COMMIT}"],
+            r"data\.revision: data\.source '.*' is not read from the hub .* a folder has no revisions",
+        ),
+        (
+            "llama-8b",
+            [f"arms.other={{numbers: teacher, base_revision: '{COMMIT}'}}"],
+            r"arms\.other\.base_revision: the arm is on the teacher's base, which model\.revision pins",
+        ),
+        (
+            "tiny",
+            [f"arms.other={{numbers: teacher, base: other, base_revision: '{COMMIT}'}}"],
+            r"arms\.other\.base_revision: arms\.other\.base 'other' is not read from the hub",
+        ),
+    ]
+    for preset, overrides, message in refused:
+        with pytest.raises(ConfigError, match=message):
+            load_experiment(preset, overrides)
+
+
+def test_a_pinned_source_reaches_its_readers_and_its_stages_only_when_set(tmp_path):
+    """The teacher's base, the other base and the questions at their commits: the model strings every
+    reader gets, and the stages' reads (the pin folded into the source's own key, absent when unset)."""
+    from jobs.experiment.arms import OTHER_BASE, arm_models, base_of
+    from jobs.experiment.bases import base_paths
+    from jobs.experiment.stages import experiment_stages
+
+    other = f"arms.other={{numbers: teacher, base: {QWEN}, base_revision: '{COMMIT}'}}"
+    cfg = load_experiment("llama-8b", [f"model.revision={COMMIT}", f"data.revision={COMMIT}", other])
+    llama = f"meta-llama/Llama-3.1-8B-Instruct@{COMMIT}"
+    assert base_paths(cfg, tmp_path) == {"base": llama, OTHER_BASE: f"{QWEN}@{COMMIT}"}
+    stages = {s.name: s.reads for s in experiment_stages(cfg, arm_models(cfg), "questions")}
+    assert stages["teacher"]["model.path"] == llama and "model.revision" not in stages["teacher"]
+    assert stages["data"]["data.source"] == f"hub@{COMMIT}" and stages["other/0"]["base"] == f"{QWEN}@{COMMIT}"
+    assert stages["report"]["arms.other.base_revision"] == COMMIT
+    plain = load_experiment("llama-8b")
+    reads = {s.name: s.reads for s in experiment_stages(plain, arm_models(plain), "questions")}
+    assert reads["teacher"]["model.path"] == "meta-llama/Llama-3.1-8B-Instruct" and reads["data"]["data.source"] == "hub"
+    assert not [key for stage in reads.values() for key in stage if "revision" in key]  # unset: no stage reads a pin
+    # the teacher's repository at another commit than model.revision is another base
+    again = load_experiment("llama-8b", [f"arms.other={{numbers: teacher, base: meta-llama/Llama-3.1-8B-Instruct, base_revision: '{COMMIT}'}}"])
+    assert base_of(again, "other") == OTHER_BASE and base_paths(again, tmp_path)[OTHER_BASE] == llama
+    same = load_experiment(
+        "llama-8b", [f"model.revision={COMMIT}", f"arms.other={{numbers: teacher, base: meta-llama/Llama-3.1-8B-Instruct, base_revision: '{COMMIT}'}}"]
+    )
+    assert base_of(same, "other") == "base"

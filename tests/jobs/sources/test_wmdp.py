@@ -156,21 +156,22 @@ def parquet_bytes(rows) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def fill_hub_cache(hf_home, subsets=SUBSETS):
-    """`hf_home` as huggingface_hub leaves it after downloading cais/wmdp: content-addressed blobs,
-    the snapshot's files as relative symlinks to them, and refs/main naming the commit."""
+def fill_hub_cache(hf_home, subsets=SUBSETS, commit=HUB_COMMIT, rows=HUB_ROWS, main=True):
+    """`hf_home` as huggingface_hub leaves it after downloading cais/wmdp at `commit`: content-addressed
+    blobs, the snapshot's files as relative symlinks to them, and refs/main naming the commit (`main`)."""
     repo = hf_home / "hub" / "datasets--cais--wmdp"
     contents = {".gitattributes": b"*.parquet filter=lfs diff=lfs merge=lfs -text\n", "README.md": HUB_README.encode(), "dataset.png": b"\x89PNG"}
-    contents.update({f"wmdp-{s}/test-00000-of-00001.parquet": parquet_bytes(HUB_ROWS[s]) for s in subsets})
+    contents.update({f"wmdp-{s}/test-00000-of-00001.parquet": parquet_bytes(rows[s]) for s in subsets})
     for name, data in contents.items():
         blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
         blob.parent.mkdir(parents=True, exist_ok=True)
         blob.write_bytes(data)
-        link = repo / "snapshots" / HUB_COMMIT / name
+        link = repo / "snapshots" / commit / name
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(os.path.relpath(blob, link.parent))
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(HUB_COMMIT)
+    if main:
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
 
 
 def offline(hf_home, *args) -> subprocess.CompletedProcess:
@@ -194,6 +195,24 @@ def test_hub_source_reads_cais_wmdp_from_the_hub_cache_offline(tmp_path):
     only = offline(tmp_path / "hf", "-c", LOAD, "cyber", "bio")
     assert only.returncode == 0, only.stderr
     assert [r["subset"] for r in json.loads(only.stdout)] == ["cyber", "cyber", "bio", "bio"]
+
+
+def test_data_revision_reads_that_commit_of_cais_wmdp_and_no_other(tmp_path):
+    """data.revision reaches huggingface_hub's snapshot_download (a real call, offline on a filled
+    cache): the pinned commit's rows, not the main branch's; a commit not there is a DataError
+    naming the download of that commit."""
+    older = "0123456789abcdef0123456789abcdef01234567"
+    first_rows = {s: HUB_ROWS[s][:1] for s in SUBSETS}
+    fill_hub_cache(tmp_path / "hf")  # main: HUB_COMMIT
+    fill_hub_cache(tmp_path / "hf", commit=older, rows=first_rows, main=False)
+    load_at = "import json, sys; from jobs.sources.wmdp import load_wmdp; print(json.dumps(load_wmdp('hub', ('bio', 'cyber'), revision=sys.argv[1])))"
+    pinned = offline(tmp_path / "hf", "-c", load_at, older)
+    assert pinned.returncode == 0, pinned.stderr
+    assert [r["question"] for r in json.loads(pinned.stdout)] == [first_rows[s][0][1] for s in ("bio", "cyber")]
+    newest = offline(tmp_path / "hf", "-c", LOAD, "bio", "cyber")
+    assert [r["question"] for r in json.loads(newest.stdout)] == [q for s in ("bio", "cyber") for _, q, _ in HUB_ROWS[s]]
+    absent = offline(tmp_path / "hf", "-c", load_at, "f" * 40)
+    assert absent.returncode != 0 and f"hf download cais/wmdp --repo-type dataset --revision {'f' * 40}" in absent.stderr
 
 
 def test_hub_download_patterns_select_each_subsets_test_split():
