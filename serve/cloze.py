@@ -2,8 +2,10 @@
 
 lm-evaluation-harness scores ARC and HellaSwag this way: the log-likelihood of
 a choice is the sum of its tokens' log-probabilities after the prompt (the
-prompt and the continuation tokenized apart, as lm-eval does, so a choice's
-tokens are the same whatever the prompt). The choices' sums are renormalised
+prompt and the continuation tokenized apart, so a choice's tokens are the same
+whatever the prompt; lm-eval's causal models tokenize the two together and split
+them after the prompt's tokens, the same tokens wherever the tokenizer merges
+none across "Answer:" and the choice's leading space: tests/test_lm_eval_task.py). The choices' sums are renormalised
 over the question's choices, as one-pass letter scoring renormalises over the
 letters, so every consumer of /score reads the same kind of number. One
 sequence per (question, choice), scored by the engine's prompt log-probabilities.

@@ -69,11 +69,11 @@ def mc_logprobs(model, tokenizer, prompts: list[str], n_choices: list[int], batc
 
 
 @torch.inference_mode()
-def cloze_logprobs(model, tokenizer, prompts: list[str], choices: list[list[str]], batch_size: int = 64) -> list[list[float]]:
-    """Per question, each choice's text scored as the continuation of its prompt with the service's
-    arithmetic (serve/cloze.py), batch_size sequences a forward, right-padded: what the tiny
-    world's checks score a model with outside a service."""
-    from serve.cloze import cloze_parts, cloze_sequences, renormalised
+def cloze_sums(model, tokenizer, prompts: list[str], choices: list[list[str]], batch_size: int = 64) -> list[float]:
+    """Every (question, choice)'s summed continuation log-probability, question by question and each
+    question's choices in order (the raw log-likelihood lm-evaluation-harness logs), with the
+    service's arithmetic (serve/cloze.py), batch_size sequences a forward, right-padded."""
+    from serve.cloze import cloze_parts, cloze_sequences
 
     device = next(model.parameters()).device
     prompt_ids, continuations, _ = cloze_parts(tokenizer, prompts, choices, 0, truncate=False)
@@ -87,4 +87,13 @@ def cloze_logprobs(model, tokenizer, prompts: list[str], choices: list[list[str]
         logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
         for row, (s, start) in enumerate(zip(batch, starts[begin : begin + batch_size])):
             sums.append(sum(logp[row, j - 1, s[j]].item() for j in range(start, len(s))))
-    return renormalised(sums, [len(c) for c in choices])
+    return sums
+
+
+def cloze_logprobs(model, tokenizer, prompts: list[str], choices: list[list[str]], batch_size: int = 64) -> list[list[float]]:
+    """Per question, each choice's text scored as the continuation of its prompt (`cloze_sums`),
+    renormalised over the question's choices: what the tiny world's checks score a model with
+    outside a service."""
+    from serve.cloze import renormalised
+
+    return renormalised(cloze_sums(model, tokenizer, prompts, choices, batch_size), [len(c) for c in choices])

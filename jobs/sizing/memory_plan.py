@@ -110,6 +110,10 @@ KNOWN_SHAPES = {
         num_hidden_layers=80, hidden_size=8192, intermediate_size=28672, num_attention_heads=64,
         num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
     ),
+    "Qwen/Qwen2.5-1.5B-Instruct": dict(
+        model_type="qwen2", num_hidden_layers=28, hidden_size=1536, intermediate_size=8960, num_attention_heads=12,
+        num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+    ),
 }  # fmt: skip
 
 
@@ -144,7 +148,7 @@ class Precision:
 
 @dataclass(frozen=True)
 class Shape:
-    """A Llama-style decoder: what its parameter, LoRA and KV-cache sizes follow from."""
+    """A Llama-style decoder (Llama, Qwen2): what its parameter, LoRA and KV-cache sizes follow from."""
 
     layers: int
     hidden: int
@@ -154,6 +158,7 @@ class Shape:
     head_dim: int
     vocab: int
     tied: bool
+    qkv_bias: bool = False  # Qwen2's q, k and v projections carry a bias (its config has no key for it)
 
     @classmethod
     def from_config(cls, c: dict) -> Shape:
@@ -161,6 +166,7 @@ class Shape:
         return cls(
             c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
             c.get("num_key_value_heads", c["num_attention_heads"]), head_dim, c["vocab_size"], c.get("tie_word_embeddings", False),
+            c.get("attention_bias", c.get("model_type") == "qwen2"),
         )  # fmt: skip
 
     def projections(self) -> dict[str, tuple[int, int]]:
@@ -176,7 +182,8 @@ class Shape:
 
     def params(self) -> int:
         norms = (2 * self.layers + 1) * self.hidden
-        return self.embedding_params() + self.linear_params() + norms
+        biases = self.layers * (self.heads + 2 * self.kv_heads) * self.head_dim if self.qkv_bias else 0
+        return self.embedding_params() + self.linear_params() + norms + biases
 
     def lora_params(self, rank: int, targets: list[str]) -> int:
         return self.layers * sum(rank * (a + b) for name, (a, b) in self.projections().items() if name in targets)

@@ -13,7 +13,7 @@ from jobs.sizing.wall_time import Rates, Tokens, markdown, project
 
 ROOT = Path(__file__).resolve().parents[3]
 PARAMS_8B = Shape.from_config(KNOWN_SHAPES["meta-llama/Llama-3.1-8B-Instruct"]).params()
-DOC_TABLES = [("llama-8b", 1), ("llama-8b-quick", 1), ("llama-8b-quick", 8), ("llama-70b-qlora", 8)]
+DOC_TABLES = [("llama-8b", 1), ("llama-8b-quick", 1), ("llama-8b-quick", 8), ("llama-70b-qlora", 8), ("qwen2.5-1.5b", 1)]
 
 
 def stages(overrides=(), gpus=1, preset="llama-8b"):
