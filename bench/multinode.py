@@ -1,6 +1,6 @@
 """The tiny preset across several Ray nodes on one machine, its report against the one-node run's.
 
-    python bench/multinode.py [--reference RUN_DIR] [--out DIR]
+    python bench/multinode.py [--reference RUN_DIR] [--out DIR] [--kill arms|numbers]
 
 Starts a local cluster with `ray.cluster_utils.Cluster` (each node a raylet of its own, with its
 own CPUs and object store): a head of 0 CPUs, where the driver runs (as on a cluster whose head
@@ -15,10 +15,18 @@ preset's machine), run first, or read from `--reference` (a finished run directo
 commit). The reports are compared with jobs/rebuild.py's `differences`, both ways, without
 `timings`, `timeline` and `provenance` (wall times, and the run's packages, host and commit).
 
+`--kill arms` SIGKILLs, once the arms train (their first `[train]` report), the node holding a
+training worker, its raylet and everything on it; `--kill numbers` the node holding a generating
+replica once sequences come back. The cluster then has a fourth worker node, so the nodes left
+still hold two training workers and a CPU for Ray Data. A run that fails after the kill is rerun
+once on the nodes left, and the stages its plan runs are recorded. Not yet run against the
+pipeline: the finding and killing were checked on a cluster with a stand-in actor only.
+
 Which node did what comes from Ray's actor table (RayTrainWorker, ServeReplica:*), each actor
 assigned to the phase whose recorded span (manifest.json) holds its start. The last line printed
 is a JSON object: the nodes (label -> Ray node id), the driver's node, per phase the nodes of its
-training workers and replicas, the seconds of each run, and whether the reports are equal.
+training workers and replicas, the node killed and the stages rerun, the seconds of each run, and
+whether the reports are equal.
 
 The cluster's files (logs, the address file a `ray.init()` would find) live under a temporary
 folder of its own (RAY_TMPDIR), and only its processes are stopped at the end (Cluster.shutdown):
@@ -31,6 +39,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -64,9 +73,9 @@ def local_cluster(head_cpus: int, workers: int):
         cluster.shutdown()  # its own nodes' processes only
 
 
-def run_pipeline(address: str, run_dir: Path) -> tuple[int, str, float]:
+def run_pipeline(address: str, run_dir: Path, on_line=None) -> tuple[int, str, float]:
     """`python jobs/pipeline.py --run-dir RUN_DIR` on the cluster at `address`: (exit status, log, seconds).
-    The log is echoed as it comes, so a long run shows where it is."""
+    The log is echoed as it comes, so a long run shows where it is; `on_line(line)` sees each line."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     # Each run registers its design and tracks into files of its own: both runs are a first run of the
     # design (a repeat's report says so), and neither touches results/registry.jsonl or the user's MLflow store.
@@ -80,6 +89,8 @@ def run_pipeline(address: str, run_dir: Path) -> tuple[int, str, float]:
         for line in proc.stdout:
             log.append(line)
             print(line, end="", flush=True)
+            if on_line:
+                on_line(line)
     return proc.returncode, "".join(log), time.time() - started
 
 
@@ -105,6 +116,55 @@ def node_use(address: str, run_dir: Path, labels: dict[str, str]) -> dict[str, d
     return {phase: {kind: sorted(nodes) for kind, nodes in sorted(use[phase].items())} for phase in spans if phase in use}  # in run order
 
 
+class Killer:
+    """`--kill arms|numbers`: once the phase has started and shows progress (a training report; a
+    replica's generated sequences), the node holding a training worker (a generating replica), found
+    in Ray's actor table, is SIGKILLed with everything on it (`Cluster.remove_node(allow_graceful=False)`)."""
+
+    HELD = {"arms": "RayTrainWorker", "numbers": "ServeReplica:"}
+
+    def __init__(self, phase: str, cluster, nodes: dict):
+        self.phase, self.cluster, self.nodes = phase, cluster, nodes
+        self.started, self.since, self.killed = False, 0.0, None
+
+    def progress(self, line: str) -> bool:
+        if self.phase == "arms":
+            return line.startswith("[train] ")
+        return line.startswith("[numbers] ") and " generated, " in line
+
+    def __call__(self, line: str) -> None:
+        if self.killed:
+            return
+        if line.startswith(f"[{self.phase}] starting"):
+            self.started, self.since = True, time.time()
+        elif self.started and self.progress(line):
+            self.kill()
+
+    def kill(self) -> None:
+        """The first worker node holding what the phase runs on, killed; none up yet: the next progress line tries again."""
+        import ray
+        from ray._private.state import actors
+
+        ray.init(address=self.cluster.address, logging_level="ERROR", log_to_driver=False)
+        try:
+            holders = [a["Address"]["NodeID"] for a in actors(actor_state_name="ALIVE").values() if a["ActorClassName"].startswith(self.HELD[self.phase])]
+        finally:
+            ray.shutdown()
+        workers = {node.node_id: label for label, node in self.nodes.items() if label != "head"}
+        held = [workers[node] for node in holders if node in workers]
+        if not held:
+            return
+        label = held[0]
+        self.cluster.remove_node(self.nodes[label], allow_graceful=False)
+        self.killed = {"node": label, "id": self.nodes[label].node_id, "held": self.HELD[self.phase], "seconds_into_phase": round(time.time() - self.since, 1)}
+        print(f"[multinode] killed {label} ({self.nodes[label].node_id}): it held a {self.HELD[self.phase]} in the {self.phase} phase", flush=True)
+
+
+def planned_runs(log: str) -> list[str]:
+    """The stages a run's `[plan]` lines say it runs (`  <stage>  run  <why>`)."""
+    return re.findall(r"^  (\S+) +run  ", log, re.M)
+
+
 def comparable(run_dir: Path) -> dict:
     report = json.loads((run_dir / "report.json").read_text())
     return {key: value for key, value in report.items() if key not in ASIDE}
@@ -120,36 +180,52 @@ def one_node(out: Path) -> tuple[Path, float]:
     return run_dir, seconds
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reference", type=Path, help="a finished one-node run directory of this commit (default: run it first)")
-    parser.add_argument("--out", type=Path, help="where the run directories go (default: a new temporary folder)")
-    args = parser.parse_args(argv)
-    out = args.out or Path(tempfile.mkdtemp(prefix="multinode-"))
-    seconds = {}
-    reference = args.reference
-    if reference is None:
-        reference, seconds["one_node"] = one_node(out)
+def multi_node(out: Path, kill: str | None) -> dict:
+    """The pipeline on the head and worker nodes (one spare with --kill, so the nodes left still hold
+    two training workers and a CPU for Ray Data); a run that fails after the kill is rerun once on the
+    nodes left, and the stages its plan runs are recorded."""
     run_dir = out / "multi-node"
-    with local_cluster(head_cpus=0, workers=3) as (cluster, nodes):
+    with local_cluster(head_cpus=0, workers=4 if kill else 3) as (cluster, nodes):
         labels = {node.node_id: label for label, node in nodes.items()}
-        status, log, seconds["multi_node"] = run_pipeline(cluster.address, run_dir)
+        killer = Killer(kill, cluster, nodes) if kill else None
+        status, log, seconds = run_pipeline(cluster.address, run_dir, killer)
+        first_status, rerun = status, []
+        if status != 0 and killer and killer.killed:
+            status, log, more = run_pipeline(cluster.address, run_dir)
+            rerun, seconds = planned_runs(log), seconds + more
         phases = node_use(cluster.address, run_dir, labels) if status == 0 else {}
-    found = differences(comparable(reference), comparable(run_dir)) + differences(comparable(run_dir), comparable(reference)) if status == 0 else []
-    for line in found[:20]:
-        print(f"[multinode] differs: {line}", flush=True)
-    result = {
+    return {
         "nodes": {label: node.node_id for label, node in nodes.items()},
         "driver_node": "head",
         "phases": phases,
         "train_workers_spread": all(len(p["train_workers"]) >= 2 for p in phases.values() if "train_workers" in p) and bool(phases),
         "replicas_off_driver_node": all("head" not in p["replicas"] for p in phases.values() if "replicas" in p) and bool(phases),
+        "killed": killer.killed if killer else None,
+        "first_exit_status": first_status,
+        "stages_rerun": rerun,
         "exit_status": status,
-        "seconds": {k: round(v, 1) for k, v in seconds.items()},
-        "reference": str(reference),
-        "report_equal": status == 0 and not found,
-        "differences": len(found),
+        "seconds": round(seconds, 1),
+        "run_dir": str(run_dir),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reference", type=Path, help="a finished one-node run directory of this commit (default: run it first)")
+    parser.add_argument("--out", type=Path, help="where the run directories go (default: a new temporary folder)")
+    what = "SIGKILL the node holding a training worker (arms) or a generating replica (numbers) mid-phase"
+    parser.add_argument("--kill", choices=sorted(Killer.HELD), help=what)
+    args = parser.parse_args(argv)
+    out = args.out or Path(tempfile.mkdtemp(prefix="multinode-"))
+    reference, one_node_s = (args.reference, None) if args.reference else one_node(out)
+    result = multi_node(out, args.kill)
+    ok = result["exit_status"] == 0
+    ours, theirs = (comparable(Path(result["run_dir"])), comparable(reference)) if ok else ({}, {})
+    found = differences(theirs, ours) + differences(ours, theirs)
+    for line in found[:20]:
+        print(f"[multinode] differs: {line}", flush=True)
+    result |= {"one_node_seconds": one_node_s and round(one_node_s, 1), "reference": str(reference), "report_equal": ok and not found}
+    result["differences"] = len(found)
     print(json.dumps(result), flush=True)
     return 0 if result["report_equal"] else 1
 
