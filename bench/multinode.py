@@ -26,7 +26,8 @@ Which node did what comes from Ray's actor table (RayTrainWorker, ServeReplica:*
 assigned to the phase whose recorded span (manifest.json) holds its start. The last line printed
 is a JSON object: the nodes (label -> Ray node id), the driver's node, per phase the nodes of its
 training workers and replicas, the node killed and the stages rerun, the seconds of each run, and
-whether the reports are equal.
+whether the reports are equal; the exit status is 0 when they are and the spread held (training
+workers of each training phase on two nodes or more, no replica on the driver's node).
 
 The cluster's files (logs, the address file a `ray.init()` would find) live under a temporary
 folder of its own (RAY_TMPDIR), and only its processes are stopped at the end (Cluster.shutdown):
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     result |= {"one_node_seconds": one_node_s and round(one_node_s, 1), "reference": str(reference), "report_equal": ok and not found}
     result["differences"] = len(found)
     print(json.dumps(result), flush=True)
-    return 0 if result["report_equal"] else 1
+    return 0 if result["report_equal"] and result["train_workers_spread"] and result["replicas_off_driver_node"] else 1
 
 
 if __name__ == "__main__":
