@@ -53,9 +53,7 @@ def test_a_node_that_cannot_see_the_run_directory_is_named_before_any_work(tmp_p
     run_dir.parent.mkdir()
     with head_node("--include-dashboard=false") as head, worker_node(head["address"]) as seeing, worker_node(head["address"], hide=run_dir.parent) as blind:
         env = {**os.environ, "SUBLIMINAL_CACHE": str(cache_dir), "RAY_ADDRESS": head["address"], "RAY_AUTH_MODE": "token"}
-        done = subprocess.run(
-            [sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-        )
+        done = subprocess.run([sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         head_id = node_id(head["temp_dir"])
     assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
     refusal = done.stderr
