@@ -74,8 +74,9 @@ from jobs.rundir.manifest import Manifest, RunDirError, digest, flatten  # noqa:
 from jobs.rundir.plan import Stage, describe, plan, restate  # noqa: E402
 from jobs.rundir.registration import record_run, registration  # noqa: E402
 from jobs.rundir.run_lock import check_free, hold_run_dir  # noqa: E402
-from jobs.runtime.context import RunContext  # noqa: E402
+from jobs.runtime.context import TRAIN_STORAGE, RunContext  # noqa: E402
 from jobs.runtime.service import delete_leftover_app, max_lora_rank, stop_on_sigterm  # noqa: E402
+from jobs.runtime.storage_reach import StorageReach  # noqa: E402
 from jobs.sizing.placement import place, resolved  # noqa: E402
 from jobs.sources.sham_draw import base_sham_draw  # noqa: E402
 from jobs.sources.wmdp import load_wmdp  # noqa: E402
@@ -99,6 +100,7 @@ class Experiment:
         self.models = {m.name: m for m in arm_models(cfg)}
         self.tracker = Tracker.for_run(cfg, self.cache, run_dir, preset_chain)  # None under `tracking: off`
         self.world: dict | None = None  # the tiny world's sham draw on this run's base, once chosen
+        self.reach = StorageReach([run_dir, run_dir / TRAIN_STORAGE])  # what every Ray node must see
 
     def declared(self, build_base: bool = True) -> tuple[list[dict], list[Stage]]:
         """The WMDP questions, and every stage declared from them and the config as written. Loading
@@ -148,6 +150,8 @@ class Experiment:
         placement = place(self.cfg, cluster_capacity())  # before any work: a preset that cannot fit stops here
         print(f"[placement] {placement.summary(self.cfg)}", flush=True)
         with hold_run_dir(self.run_dir):  # one pipeline per run directory, from here until the run ends
+            self.reach.check()  # before any work: a node that cannot see the run directory or Ray Train's storage stops here
+            print(f"[storage] {len(self.reach.checked)} node(s) see {self.run_dir} and its {TRAIN_STORAGE}/", flush=True)
             try:
                 self.run_phases(placement)
             except BaseException as err:
@@ -172,6 +176,7 @@ class Experiment:
                     ctx.manifest.record_spans("start", began, started - began, [{"lane": "driver", "kind": "start-up", "start": began, "end": started}])
                     first = True
                 ctx.spans.clear()
+                self.reach.check()  # a node that joined since the last check gets no work before it is checked
                 run_phase(ctx, todo)
                 seconds = time.time() - started
                 ctx.manifest.record_phase(phase, seconds, started, ctx.spans)

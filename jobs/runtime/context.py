@@ -18,6 +18,8 @@ from jobs.experiment.stages import trained_folder
 from jobs.rundir.manifest import Manifest, Outputs
 from jobs.rundir.plan import Stage
 
+TRAIN_STORAGE = "ray_train"  # Ray Train's storage path (checkpoints) under the run directory: every node must see it
+
 
 @dataclass
 class RunContext:

@@ -14,7 +14,7 @@ from pathlib import Path
 from common.files import file_digest
 from jobs.experiment.records import TrainedOutputs
 from jobs.rundir.manifest import Manifest, digest
-from jobs.runtime.context import RunContext
+from jobs.runtime.context import TRAIN_STORAGE, RunContext
 from train.results import TrainResult
 
 
@@ -39,7 +39,11 @@ def train_groups(ctx: RunContext, prefix: str, groups: list[list[tuple]], runs: 
 
     def call(group):
         jobs = [job for _, job in group]
-        kwargs = {"storage_path": ctx.run_dir / "ray_train", "cache_dir": ctx.cache, "run_name": run_name(ctx.manifest, prefix, [stage for stage, _ in group])}
+        kwargs = {
+            "storage_path": ctx.run_dir / TRAIN_STORAGE,
+            "cache_dir": ctx.cache,
+            "run_name": run_name(ctx.manifest, prefix, [stage for stage, _ in group]),
+        }
         clear_stale_outputs(jobs, **kwargs)
         model = ctx.models.get(group[0][0].name)
         return ctx.paths[model.base if model else "base"], jobs, kwargs
