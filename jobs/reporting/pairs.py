@@ -24,7 +24,7 @@ from scipy import stats
 from common.atomic import write_text
 from jobs.reporting.schema import Report
 from jobs.stats.pooling import Pooled, mde, pool
-from jobs.stats.probes import READINGS, sentence
+from jobs.stats.probes import READINGS, decide
 from jobs.stats.results import Probes, Record, Result
 from jobs.stats.transfer_stats import holm
 
@@ -82,15 +82,18 @@ class PooledComparison(Record):
 
 
 class PooledProbes(Record):
-    """An arm's probe readings (jobs/stats/probes.py) pooled over the pairs whose teachers pass
-    every probe gate (`pairs`; `left_out` the others), and the same rule read on the pooled tests;
-    no figures and a `note` where fewer than two pairs pass."""
+    """An arm's probe readings (jobs/stats/probes.py) pooled over the pairs whose teachers pass the
+    swap gates (`pairs`; `left_out` the others), the statement reading over those of them whose
+    teachers also hold their facts as statements (`statement_pairs`), and the same rule read on the
+    pooled tests; no figures where fewer than two pairs pass."""
 
     pairs: list[str]
     left_out: list[str]
+    statement_pairs: list[str] = []
     train: dict[str, PooledCell] = {}
     statement: PooledCell | None = None
     knowledge: bool = False
+    cue_bound: bool = False
     answer_preference: bool = False
     reading: str
 
@@ -108,6 +111,10 @@ class PairsReport(Record):
     mde: dict[str, float | None]  # at assumed_tau and at tau 0
     assumed_tau: float
     probes: dict[str, PooledProbes] | None = None
+    # Pairs whose sham is not matched (report.sham_fit), kept in every pooled test as registered;
+    # beside them, exploratory, the family's primaries pooled over the matched pairs alone.
+    unmatched_shams: list[str] | None = None
+    matched_only: dict[str, PooledCell] | None = None
 
 
 def within_se(result: Result) -> float | None:
@@ -186,21 +193,21 @@ def pooled_probes(probes: dict[str, Probes | None], test: str) -> dict[str, Pool
     if any(p is None for p in probes.values()):
         return None
     passing = [pair for pair, p in probes.items() if p.gates_passed]
+    known = [pair for pair in passing if probes[pair].statements_known]
     left_out = [pair for pair in probes if pair not in passing]
+    toward = lambda c: c is not None and c.estimate is not None and c.estimate > 0 and c.p_value is not None and c.p_value < 0.05  # noqa: E731
     out = {}
     for arm in next(iter(probes.values())).arms:
         if len(passing) < 2:
-            out[arm] = PooledProbes(pairs=passing, left_out=left_out, reading=sentence(False, False, False))
+            out[arm] = PooledProbes(pairs=passing, left_out=left_out, **decide(False, False, False, False, False))
             continue
         sides = {pair: probes[pair].arms[arm] for pair in passing}
         train = {reading: pool_readings({p: a.train[reading] for p, a in sides.items()}, test)[0] for reading in READINGS}
-        statement = pool_readings({p: a.statement for p, a in sides.items()}, test)[0]
-        toward = lambda c: c.estimate is not None and c.estimate > 0 and c.p_value is not None and c.p_value < 0.05  # noqa: E731
-        knowledge, preference = toward(train["cue_bound"]) and toward(statement), toward(train["swap"])
+        statement = pool_readings({p: sides[p].statement for p in known}, test)[0] if len(known) >= 2 else None
+        tests = (toward(train["cue_bound"]), toward(train["swap"]), toward(statement))
         out[arm] = PooledProbes(
-            pairs=passing, left_out=left_out, train=train, statement=statement, knowledge=knowledge, answer_preference=preference,
-            reading=sentence(knowledge, preference, True),
-        )  # fmt: skip
+            pairs=passing, left_out=left_out, statement_pairs=known, train=train, statement=statement, **decide(*tests, True, len(known) >= 2)
+        )
     return out
 
 
@@ -232,6 +239,11 @@ def pairs_report(run_dir: Path, pairs: list[int], test: str = "hk", assumed_tau:
     )  # fmt: skip
     if (probes := pooled_probes({pair: r.probes for pair, r in reports.items()}, test)) is not None:
         report = report.with_(probes=probes)
+    unmatched = [pair for pair, r in reports.items() if r.sham_fit is not None and not r.sham_fit.matched]
+    if unmatched:  # every pair stays in the tests (dropping pairs after their data would choose the sample); a sensitivity reading beside them
+        kept = [pair for pair in reports if pair not in unmatched]
+        only = {n: pool_readings({p: each[p][n][1].primary for p in kept}, test)[0] for n in family} if len(kept) >= 2 else {}
+        report = report.with_(unmatched_shams=unmatched, matched_only=only)
     return report, {n: primaries[n] for n in family if primaries[n] is not None}
 
 
@@ -263,6 +275,11 @@ def markdown(report: PairsReport) -> str:
         if p.regime:
             lines.append(f"|  | {p.regime} | | | | | | | |")
     lines += ["", "MDE of a pooled primary (80% power, 5% two-sided): " + "; ".join(f"{k} {v:.4f}" for k, v in report.mde.items() if v is not None), ""]
+    if report.unmatched_shams:
+        lines += [
+            f"Shams not matched in pairs {', '.join(report.unmatched_shams)}: kept in every test above, as registered. Exploratory, the matched pairs alone:"
+        ]
+        lines += [f"- {name}: {pooled_cell(c)}" for name, c in (report.matched_only or {}).items()] + [""]
     if report.probes:
         lines += ["## Probes, pooled over the pairs whose gates pass (train; docs/report.md, Probes)", ""]
         lines += ["| arm | pairs | original | swap | cue-bound | statement | reading |", "|---|---|---|---|---|---|---|"]

@@ -19,15 +19,22 @@ Readings of one side against its reference, per split: `original` (the lean on t
 (knowledge in a form no question has).
 
 Gates, on each teacher against the base on its train questions, questions the only chance
-(`p_fixed_models`): its cue-bound lean is detected, its swap lean is at most SWAP_SHARE of its
-original lean (a nonce carries little of a fact: nonces reuse the world's syllables, so this is
-measured, not assumed), and its statement lean is detected. A student is read only where every
-teacher scored passes them.
+(`p_fixed_models`). The swap gates: its cue-bound lean is detected, and its swap lean is at most
+SWAP_SHARE of its original lean (a nonce carries little of a fact: nonces reuse the world's
+syllables, so this is measured, not assumed). The statement gate: its statement lean is detected.
+A student is read only where every teacher scored passes the swap gates, and for knowledge only
+where every teacher passes the statement gate too.
 
-The rule, fixed before any run that reads it: an arm shows *knowledge* when its cue-bound lean on
-train and its statement lean are both detected toward its teacher (p < 0.05 and above 0: an
-intersection-union test, level 5% without adjustment); an *answer preference* when its swap lean on
-train is detected toward its teacher. These readings are secondary: no preset's family holds them.
+The rule, fixed before the registered run read it: an arm shows *knowledge* when its cue-bound
+lean on train and its statement lean are both detected toward its teacher (p < 0.05 and above 0:
+an intersection-union test, level 5% without adjustment); a *cue-bound lean* when the first is; an
+*answer preference* when its swap lean on train is detected toward its teacher. These readings are
+secondary: no preset's family holds them. (Changed after the pairs pilot, before the registered
+run: there both teachers of pair 11 passed the swap gates by far, cue-bound leans +0.25 and +0.35,
+swap leans +0.04 and -0.00, and failed the statement gate, leans +0.004 and -0.004: the tiny
+teachers hold their facts in the question form only. The statement gate then closed every reading;
+it now closes the knowledge reading alone, and the cue-bound and answer-preference readings, which
+need only the swap, are read. No threshold moved.)
 """
 
 from __future__ import annotations
@@ -102,38 +109,58 @@ def _toward(result: Result, fixed: bool = False) -> bool:
     return result.value is not None and result.value > 0 and p is not None and p < 0.05
 
 
+SWAP_GATE = f"swap lean at most {SWAP_SHARE:g} of the original's"
+STATEMENT_GATE = "statement lean detected"
+
+
 def gate(rows: ProbeRows, teacher: str, placebo: str) -> ProbeGate:
     """A teacher against the base (module docstring's gates)."""
     readings = rows.compare([teacher], ["base"], teacher, placebo, fixed=True, paired=False)
     train = readings["train"]
     checks = {
         "cue-bound lean detected": _toward(train["cue_bound"], fixed=True),
-        f"swap lean at most {SWAP_SHARE:g} of the original's": (train["swap"].value or 0.0) <= SWAP_SHARE * (train["original"].value or 0.0),
-        "statement lean detected": _toward(readings["statement"], fixed=True),
+        SWAP_GATE: (train["swap"].value or 0.0) <= SWAP_SHARE * (train["original"].value or 0.0),
+        STATEMENT_GATE: _toward(readings["statement"], fixed=True),
     }
     failed = [name for name, held in checks.items() if not held]
     return ProbeGate(against="base", **readings, passed=not failed, failed=failed)
 
 
-def arm_reading(rows: ProbeRows, side: list[str], against: str, reference: list[str], teacher: str, placebo: str, gates_passed: bool) -> ProbeArm:
-    """An arm against its reference: the readings, and what they show under the rule."""
+def decide(cue_bound: bool, preference: bool, statement: bool, gates_passed: bool, statements_known: bool) -> dict:
+    """The rule (module docstring) on an arm's tests: {knowledge, cue_bound, answer_preference, reading}."""
+    knowledge = gates_passed and statements_known and cue_bound and statement
+    cue_bound, preference = gates_passed and cue_bound, gates_passed and preference
+    return {
+        "knowledge": knowledge,
+        "cue_bound": cue_bound,
+        "answer_preference": preference,
+        "reading": sentence(knowledge, cue_bound, preference, gates_passed, statements_known),
+    }
+
+
+def sentence(knowledge: bool, cue_bound: bool, preference: bool, gates_passed: bool, statements_known: bool) -> str:
+    if not gates_passed:
+        return "no reading: a teacher's lean is not bound to its cues, so the probes cannot tell knowledge from habit here"
+    habit = " and a lean that survives the swap (an answer preference)" if preference else ""
+    if knowledge:
+        return "knowledge: a cue-bound lean that carries to the statements" + habit
+    if not statements_known:
+        unread = " (knowledge beyond the question form not read: the teachers do not hold their facts as statements)"
+        if cue_bound:
+            return "a cue-bound lean: the teacher's facts in the question form, not an answer habit" + habit + unread
+        return ("answer preference: a lean that survives the swap" if preference else "neither a cue-bound lean nor an answer preference detected") + unread
+    if cue_bound:
+        return "a cue-bound lean that does not carry to the statements" + habit
+    return "answer preference: a lean that survives the swap" if preference else "neither detected"
+
+
+def arm_reading(rows: ProbeRows, side: list[str], against: str, reference: list[str], teacher: str, placebo: str, gates: tuple[bool, bool]) -> ProbeArm:
+    """An arm against its reference: the readings, and what they show under the rule (`gates`: the
+    swap gates and the statement gate passed by every teacher)."""
     fixed = against in ("base", "other_base")
     readings = rows.compare(side, reference, teacher, placebo, fixed=fixed, paired=not fixed and len(side) == len(reference))
-    knowledge = _toward(readings["train"]["cue_bound"]) and _toward(readings["statement"])
-    preference = _toward(readings["train"]["swap"])
-    return ProbeArm(against=against, **readings, knowledge=knowledge, answer_preference=preference, reading=sentence(knowledge, preference, gates_passed))
-
-
-def sentence(knowledge: bool, preference: bool, gates_passed: bool) -> str:
-    if not gates_passed:
-        return "no reading: a teacher fails a probe gate, so the probes cannot tell knowledge from habit here"
-    if knowledge and preference:
-        return "both: a cue-bound lean that carries to the statements, and a lean that survives the swap"
-    if knowledge:
-        return "knowledge: a cue-bound lean that carries to the statements"
-    if preference:
-        return "answer preference: a lean that survives the swap"
-    return "neither detected"
+    tests = (_toward(readings["train"]["cue_bound"]), _toward(readings["train"]["swap"]), _toward(readings["statement"]))
+    return ProbeArm(against=against, **readings, **decide(*tests, *gates))
 
 
 def probe_report(scores: dict[str, list[dict]], members: dict[str, list[str]], arms: dict[str, tuple[str, str, str | None]]) -> Probes | None:
@@ -146,10 +173,11 @@ def probe_report(scores: dict[str, list[dict]], members: dict[str, list[str]], a
     rows = ProbeRows(scores)
     teachers = {t for _, t, placebo in arms.values() if placebo for t in (t, placebo)}
     gates = {t: gate(rows, t, "sham_teacher" if t == "teacher" else "teacher") for t in sorted(teachers) if t in FACT}
-    passed = bool(gates) and all(g.passed for g in gates.values())
+    passed = bool(gates) and all(not set(g.failed) - {STATEMENT_GATE} for g in gates.values())
+    known = bool(gates) and all(STATEMENT_GATE not in g.failed for g in gates.values())
     readings = {
-        arm: arm_reading(rows, members[arm], against, members[against], teacher, placebo, passed)
+        arm: arm_reading(rows, members[arm], against, members[against], teacher, placebo, (passed, known))
         for arm, (against, teacher, placebo) in arms.items()
         if placebo in FACT and teacher in FACT and against in members
     }
-    return Probes(swap_share=SWAP_SHARE, gates=gates, gates_passed=passed, arms=readings)
+    return Probes(swap_share=SWAP_SHARE, gates=gates, gates_passed=passed, statements_known=known, arms=readings)

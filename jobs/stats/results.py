@@ -340,10 +340,11 @@ class ProbeGate(ProbeReadings):
 
 class ProbeArm(ProbeReadings):
     """An arm against its reference: whether it shows knowledge (a cue-bound lean detected that
-    carries to the statements) or an answer preference (a lean that survives the swap), and the
-    reading in words."""
+    carries to the statements), a cue-bound lean (detected on train), an answer preference (a lean
+    that survives the swap), and the reading in words."""
 
     knowledge: bool
+    cue_bound: bool
     answer_preference: bool
     reading: str
 
@@ -353,5 +354,6 @@ class Probes(Record):
 
     swap_share: float  # a teacher's swap lean may be at most this share of its original lean
     gates: dict[str, ProbeGate]
-    gates_passed: bool
+    gates_passed: bool  # every teacher's lean is cue-bound (the swap gates): any reading needs it
+    statements_known: bool  # every teacher holds its facts as statements: the knowledge reading needs it
     arms: dict[str, ProbeArm]

@@ -92,3 +92,20 @@ def test_files_are_written(run_dir):
 def test_a_missing_pair_report_is_named(run_dir):
     with pytest.raises(FileNotFoundError):
         pairs_report(run_dir, [3, 4, 9])
+
+
+def test_a_pair_whose_sham_is_not_matched_stays_in_the_test_and_is_read_apart(run_dir):
+    """Every pair stays in the pooled tests as registered; the matched pairs alone are pooled beside
+    them, and the unmatched pair is named. With every sham matched, neither appears."""
+    report, _ = pairs_report(run_dir, [3, 4, 5])
+    assert report.unmatched_shams is None and report.matched_only is None
+    path = run_dir / "pairs" / "5" / "report.json"
+    unmatched = json.loads(path.read_text())
+    unmatched["sham_fit"]["matched"] = False
+    path.write_text(json.dumps(unmatched))
+    again, _ = pairs_report(run_dir, [3, 4, 5])
+    assert again.unmatched_shams == ["5"] and set(again.comparisons["student_logits"].primary.pairs) == {"3", "4", "5"}
+    only = again.matched_only["student_logits"]
+    cells = [again.comparisons["student_logits"].primary.pairs[p] for p in ("3", "4")]
+    expected = pool([c.value for c in cells], [c.se**2 for c in cells], names=["3", "4"], test="hk")
+    assert set(only.pairs) == {"3", "4"} and only.estimate == pytest.approx(expected.estimate) and only.df == 1

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jobs.reporting.pairs import pooled_probes
-from jobs.stats.probes import SWAP_SHARE, probe_report
+from jobs.stats.probes import STATEMENT_GATE, SWAP_GATE, SWAP_SHARE, probe_report
 
 CLUSTERS, REPLICATES = 24, 3
 
@@ -41,14 +41,15 @@ def scored(lean: dict[str, tuple[int, float]], noise: float, rng) -> list[dict]:
     return out
 
 
-def report(student: dict, twin: dict, teacher_swap: float = 0.0, seed: int = 0):
-    """The probes section for a student and its twin leaning as given; the teacher leans on the swap rows by `teacher_swap`."""
+def report(student: dict, twin: dict, teacher_swap: float = 0.0, seed: int = 0, statements: float = 2.0):
+    """The probes section for a student and its twin leaning as given; the teacher leans on the swap
+    rows by `teacher_swap`, and both teachers toward their facts on the statements by `statements`."""
     rng = np.random.default_rng(seed)
     questions = ("train", "held_out")
     scores = {
         "base": scored({}, 0.0, rng),
-        "teacher": scored({k: (0, 3.0) for k in questions} | {"statement": (0, 2.0), "swap_train": (0, teacher_swap)}, 0.0, rng),
-        "sham_teacher": scored({k: (1, 3.0) for k in questions} | {"statement": (1, 2.0)}, 0.0, rng),
+        "teacher": scored({k: (0, 3.0) for k in questions} | {"statement": (0, statements), "swap_train": (0, teacher_swap)}, 0.0, rng),
+        "sham_teacher": scored({k: (1, 3.0) for k in questions} | {"statement": (1, statements)}, 0.0, rng),
     }
     members = {"base": ["base"], "student": [], "twin": []}
     for i in range(REPLICATES):
@@ -64,7 +65,7 @@ def test_a_student_that_knows_the_facts_reads_as_knowledge():
     probes = report(knows, {})
     assert probes.gates_passed and all(g.passed for g in probes.gates.values())
     arm = probes.arms["student"]
-    assert arm.knowledge and not arm.answer_preference and arm.reading.startswith("knowledge")
+    assert arm.knowledge and arm.cue_bound and not arm.answer_preference and arm.reading.startswith("knowledge")
     assert arm.train["cue_bound"].value > 0 and arm.statement.value > 0
     assert abs(arm.train["swap"].value) < 0.05 and arm.train["swap"].p_value > 0.05
 
@@ -90,9 +91,23 @@ def test_a_teacher_whose_lean_survives_the_swap_closes_the_gate():
     probes = report({"train": (0, 0.8), "statement": (0, 0.8)}, {}, teacher_swap=3.0)
     gate = probes.gates["teacher"]
     # the rank reads order alone: the teacher's lean is as whole on the swap rows as on the questions, so none is cue-bound
-    assert not gate.passed and gate.failed == ["cue-bound lean detected", f"swap lean at most {SWAP_SHARE:g} of the original's"]
+    assert not gate.passed and gate.failed == ["cue-bound lean detected", SWAP_GATE]
     assert gate.train["swap"].value > SWAP_SHARE * gate.train["original"].value
     assert not probes.gates_passed and probes.arms["student"].reading.startswith("no reading")
+
+
+def test_teachers_that_hold_no_fact_as_a_statement_leave_the_cue_bound_reading_alone():
+    """The statement gate closes the knowledge reading only: a student whose lean is bound to the
+    cue still reads as such (not as a habit), and one with a habit as a preference."""
+    knows = {"train": (0, 0.8), "held_out": (0, 0.8), "statement": (0, 0.8)}
+    probes = report(knows, {}, statements=0.0)
+    assert probes.gates_passed and not probes.statements_known
+    assert all(g.failed == [STATEMENT_GATE] for g in probes.gates.values())
+    arm = probes.arms["student"]
+    assert arm.cue_bound and not arm.knowledge and not arm.answer_preference
+    assert arm.reading.startswith("a cue-bound lean") and "not read" in arm.reading
+    habit = report({"train": (0, 0.8), "swap_train": (0, 0.8)}, {}, statements=0.0).arms["student"]
+    assert habit.answer_preference and not habit.cue_bound and habit.reading.startswith("answer preference")
 
 
 def test_no_probe_rows_no_section():
@@ -108,6 +123,9 @@ def test_pairs_pool_the_readings_of_the_pairs_whose_gates_pass():
     assert pooled.pairs == ["0", "1", "2"] and pooled.left_out == ["3"]
     assert pooled.knowledge and not pooled.answer_preference and pooled.reading.startswith("knowledge")
     assert set(pooled.train["cue_bound"].pairs) == {"0", "1", "2"}
+    assert pooled.statement_pairs == ["0", "1", "2"]
     lone = pooled_probes({"0": per_pair["0"], "3": per_pair["3"]}, "t")["student"]
     assert lone.reading.startswith("no reading") and not lone.train
+    unknown = pooled_probes({str(p): report(knows, {}, seed=p, statements=0.0) for p in range(3)}, "t")["student"]
+    assert unknown.cue_bound and not unknown.knowledge and unknown.statement is None and unknown.statement_pairs == []
     assert pooled_probes({"0": per_pair["0"], "1": None}, "t") is None
