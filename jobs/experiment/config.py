@@ -19,6 +19,7 @@ from jobs.experiment.credentials import redacted_uri
 from jobs.experiment.pins import check_revisions
 from jobs.experiment.presets import load_preset
 from jobs.stats.transfer_stats import METRICS
+from train.axes import INITS, LOSSES
 from train.config import TrainConfig
 
 
@@ -155,9 +156,9 @@ class ArmConfig(Settings):
     # "seed": LoRA's own init from lora_seed. "teacher_a": A starts at the teacher's trained A and
     # stays frozen, B trains from zero: a diagnostic positive control showing the pipeline sees a
     # trait carried in the teacher's own subspace (docs/report.md), not a replacement for `base`.
-    lora_init: Literal["seed", "teacher_a"] = "seed"
+    lora_init: Literal[tuple(INITS)] = "seed"  # train/axes.py: what each needs
     # sft: next-token loss on the sampled numbers; logit_kl: distillation on the teacher's logits.
-    loss: Literal["sft", "logit_kl"] = "sft"
+    loss: Literal[tuple(LOSSES)] = "sft"  # train/axes.py: what each needs
     # Keys of the `student` section that differ for this arm (e.g. {lr: 1e-3, max_steps: 50}).
     train: dict[str, Any] = Field(default_factory=dict)
     # Whose model it learns from: the teacher; the letter teacher (the positive control,
