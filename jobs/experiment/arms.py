@@ -229,7 +229,7 @@ def reference_of(arm: str, cfg) -> str:
     own = base_of(cfg, arm)
     alike = control is not None and base_of(cfg, "control") == own and method_of(cfg, "control") == method_of(cfg, arm)
     on_teachers = declared_kind(declared.numbers, f"arms.{arm}.numbers")[0].teachers_numbers  # a base-numbers arm is a control itself; answers are no numbers
-    if arm != "control" and alike and on_teachers and control.numbers == "base" and declared.loss == "sft":
+    if arm != "control" and alike and on_teachers and control.numbers == "base" and not LOSSES[declared.loss].needs_teacher:
         return "control"
     return own
 
