@@ -19,6 +19,7 @@ from jobs.experiment.credentials import redacted_uri
 from jobs.experiment.pins import check_revisions
 from jobs.experiment.presets import load_preset
 from jobs.stats.transfer_stats import METRICS
+from serve.engine import ENGINE_CHOICES
 from train.axes import INITS, LOSSES
 from train.config import TrainConfig
 
@@ -66,7 +67,7 @@ class NumbersConfig(Settings):
 class ServiceConfig(Settings):
     """The Serve deployment the pipeline starts (serve/settings.py documents the engine settings)."""
 
-    engine: Literal["auto", "vllm", "hf"] = "auto"  # generation; auto = vLLM when installed
+    engine: Literal[ENGINE_CHOICES] = "auto"  # generation; auto = vLLM when installed
     replicas: int | Literal["auto"] = 1  # auto: as many as the GPUs (or CPUs) hold (jobs/sizing/placement.py)
     cpus_per_replica: float = 1.0
     gpus_per_replica: float = 0.0  # = tensor_parallel_size on GPU clusters
@@ -83,7 +84,7 @@ class ServiceConfig(Settings):
 class EvalConfig(Settings):
     """Scoring base/teacher/student/control on the held-out questions, fanned out as (model, chunk)."""
 
-    engine: Literal["auto", "vllm", "hf"] = "hf"  # CPU: scoring-only transformers replicas start in seconds
+    engine: Literal[ENGINE_CHOICES] = "hf"  # CPU: scoring-only transformers replicas start in seconds
     replicas: int | Literal["auto"] = 2
     cpus_per_replica: float = 1.0
     gpus_per_replica: float = 0.0
