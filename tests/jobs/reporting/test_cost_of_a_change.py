@@ -39,7 +39,7 @@ def toy_statistic(monkeypatch):
         return original(rows, teacher, base, temperatures) | {TOY: own}
 
     for module in list(sys.modules.values()):  # every holder of the function sees the edited one
-        if getattr(module, "question_metrics", None) is original:
+        if vars(module).get("question_metrics") is original:  # vars: a lazy module's __getattr__ would import
             monkeypatch.setattr(module, "question_metrics", question_metrics)
 
 
