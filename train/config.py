@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from common.config import ConfigError, Settings
+from train.axes import MASKS
 
 # TrainConfig fields that only pace or place a fine-tune (logging, checkpoint cadence and
 # retention, retries, CPUs per worker): they never change what it makes, so no stage's identity
@@ -58,7 +59,7 @@ class TrainConfig(Settings):
     # Tokens dropped from the loss (train/divergence.py): `divergence` drops a row's mask_fraction
     # of completion tokens where the teacher diverges most from its base (the job names the
     # teacher), `random` as many chosen at random (its control). SFT only.
-    mask: Literal["none", "divergence", "random"] = "none"
+    mask: Literal[tuple(MASKS)] = "none"  # train/axes.py: what each needs
     mask_fraction: float = 0.1
 
     # Distribution and precision.

@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from train.axes import LOSSES
+
 METRICS_FILE = "train_metrics.json"
 
 
@@ -115,7 +117,7 @@ class TrainFacts(BaseModel):
     total_steps: int
     global_batch_size: int
     train_config: dict[str, Any]  # TrainConfig.model_dump(), as trained (batch resolved for the workers)
-    loss_type: Literal["sft", "logit_kl"]
+    loss_type: Literal[tuple(LOSSES)]
     tokens_masked: int | None = None  # under a mask: the completion tokens it took out of the loss
 
 

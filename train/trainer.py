@@ -29,6 +29,7 @@ from typing import Any
 from common.config import ConfigError, to_dict
 from common.files import DataError, default_cache_dir
 from common.model_source import load_pretrained
+from train.axes import MASKS, loss_of
 from train.cluster import Capacity, auto_workers, cluster_capacity, describe
 from train.config import TrainConfig, resolve_batch
 from train.data import read_parquet, same_tokenizer, tokenize_to_cache
@@ -154,9 +155,9 @@ def check_jobs(jobs: list[AdapterJob]) -> None:
             raise ConfigError(f"job {job.name}: init_a_from starts a LoRA adapter from another's A; method {job.cfg.method} trains no adapter")
         if job.teacher_base is not None and job.teacher is None:
             raise ConfigError(f"job {job.name}: teacher_base is the base of a logit_kl teacher; the job names no teacher")
-        if job.cfg.mask != "none" and job.teacher is not None:
+        if MASKS[job.cfg.mask].drops_tokens and job.teacher is not None:
             raise ConfigError(f"job {job.name}: mask {job.cfg.mask} drops tokens from an SFT loss; a logit_kl job (teacher given) has none to drop")
-        if (job.cfg.mask == "divergence") != (job.scorer is not None):
+        if MASKS[job.cfg.mask].needs_scorer != (job.scorer is not None):
             raise ConfigError(
                 f"job {job.name}: mask divergence needs a scorer (the teacher adapter whose divergence from the base ranks tokens), and only it takes one"
             )
@@ -305,7 +306,7 @@ def worker_jobs(jobs: list[AdapterJob], tokenized: dict, rows_of: dict) -> tuple
         facts = TrainFacts(
             rows=tokens["rows"], rows_truncated=tokens["truncated"], rows_dropped=tokens["dropped"], total_steps=total_steps,
             global_batch_size=cfg.num_workers * cfg.batch_size * cfg.grad_accum, train_config=to_dict(cfg),
-            loss_type="logit_kl" if job.teacher else "sft", tokens_masked=masked_total(rows_of[job.name]) if cfg.mask != "none" else None,
+            loss_type=loss_of(job.teacher is not None), tokens_masked=masked_total(rows_of[job.name]) if MASKS[cfg.mask].drops_tokens else None,
         )  # fmt: skip
         plans.append(WorkerJob(
             job.name, cfg, str(job.output_dir), micro_per_epoch, total_steps, tuple(snapshot_steps(total_steps, cfg.snapshots)), facts,
@@ -337,12 +338,12 @@ def outputs(jobs: list[AdapterJob], run_id: str, run_name: str, checkpoint: str,
 def masked(jobs: list[AdapterJob], rows_of: dict, model_path: str, cache_dir: Path, pad_id: int, eos_id: int | None) -> dict[str, str]:
     """{job: its rows with masked tokens unlabelled} for the jobs with a mask: divergence scores
     first (once per scorer and rows, in Ray tasks), then the masks (train/divergence.py)."""
-    requests = {j.name: (TeacherPass(str(model_path), j.scorer, j.cfg), rows_of[j.name]) for j in jobs if j.cfg.mask == "divergence"}
+    requests = {j.name: (TeacherPass(str(model_path), j.scorer, j.cfg), rows_of[j.name]) for j in jobs if MASKS[j.cfg.mask].needs_scorer}
     scored = divergence_scores(requests, cache_dir, pad_id, eos_id) if requests else {}
     return {
         j.name: masked_rows(scored.get(j.name, rows_of[j.name]), cache_dir, j.cfg.mask, j.cfg.mask_fraction, j.cfg.seed, eos_id)
         for j in jobs
-        if j.cfg.mask != "none"
+        if MASKS[j.cfg.mask].drops_tokens
     }
 
 

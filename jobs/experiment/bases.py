@@ -22,6 +22,7 @@ from common.config import ConfigError
 from common.model_source import pinned
 from jobs.experiment.arms import OTHER_BASE, base_of, other_base
 from jobs.sources.tiny_model import TinySpec, ensure_tiny_model, other_base_spec, tiny_model_folder
+from train.axes import LOSSES
 from train.data import same_tokenizer
 
 
@@ -67,7 +68,7 @@ def other_base_identity(cfg) -> str | None:
 
 def check_kl_tokenizers(cfg, paths: dict[str, str]) -> None:
     """A logit_kl arm on the other base needs the teacher's tokenizer (ConfigError naming both)."""
-    kl_arms = [name for name, arm in cfg.arms.items() if arm.loss == "logit_kl" and base_of(cfg, name) == OTHER_BASE]
+    kl_arms = [name for name, arm in cfg.arms.items() if LOSSES[arm.loss].needs_teacher and base_of(cfg, name) == OTHER_BASE]
     if kl_arms and not same_tokenizer(paths["base"], paths[OTHER_BASE]):
         raise ConfigError(
             f"arms {', '.join(kl_arms)}: loss logit_kl on base {paths[OTHER_BASE]} needs the teacher's tokenizer, and it differs "

@@ -19,6 +19,8 @@ from jobs.experiment.credentials import redacted_uri
 from jobs.experiment.pins import check_revisions
 from jobs.experiment.presets import load_preset
 from jobs.stats.transfer_stats import METRICS
+from serve.engine import ENGINE_CHOICES
+from train.axes import INITS, LOSSES
 from train.config import TrainConfig
 
 
@@ -65,7 +67,7 @@ class NumbersConfig(Settings):
 class ServiceConfig(Settings):
     """The Serve deployment the pipeline starts (serve/settings.py documents the engine settings)."""
 
-    engine: Literal["auto", "vllm", "hf"] = "auto"  # generation; auto = vLLM when installed
+    engine: Literal[ENGINE_CHOICES] = "auto"  # generation; auto = vLLM when installed
     replicas: int | Literal["auto"] = 1  # auto: as many as the GPUs (or CPUs) hold (jobs/sizing/placement.py)
     cpus_per_replica: float = 1.0
     gpus_per_replica: float = 0.0  # = tensor_parallel_size on GPU clusters
@@ -82,7 +84,7 @@ class ServiceConfig(Settings):
 class EvalConfig(Settings):
     """Scoring base/teacher/student/control on the held-out questions, fanned out as (model, chunk)."""
 
-    engine: Literal["auto", "vllm", "hf"] = "hf"  # CPU: scoring-only transformers replicas start in seconds
+    engine: Literal[ENGINE_CHOICES] = "hf"  # CPU: scoring-only transformers replicas start in seconds
     replicas: int | Literal["auto"] = 2
     cpus_per_replica: float = 1.0
     gpus_per_replica: float = 0.0
@@ -155,9 +157,9 @@ class ArmConfig(Settings):
     # "seed": LoRA's own init from lora_seed. "teacher_a": A starts at the teacher's trained A and
     # stays frozen, B trains from zero: a diagnostic positive control showing the pipeline sees a
     # trait carried in the teacher's own subspace (docs/report.md), not a replacement for `base`.
-    lora_init: Literal["seed", "teacher_a"] = "seed"
+    lora_init: Literal[tuple(INITS)] = "seed"  # train/axes.py: what each needs
     # sft: next-token loss on the sampled numbers; logit_kl: distillation on the teacher's logits.
-    loss: Literal["sft", "logit_kl"] = "sft"
+    loss: Literal[tuple(LOSSES)] = "sft"  # train/axes.py: what each needs
     # Keys of the `student` section that differ for this arm (e.g. {lr: 1e-3, max_steps: 50}).
     train: dict[str, Any] = Field(default_factory=dict)
     # Whose model it learns from: the teacher; the letter teacher (the positive control,

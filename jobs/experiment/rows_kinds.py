@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from train.axes import MASKS
+
 SHAM = "sham_teacher"  # the reference teacher's trained and scored name; an arm names it `teacher: sham`
 LEARNERS = ("teacher", "letter_teacher", SHAM)  # the models an arm may learn from
 
@@ -98,6 +100,6 @@ def generator_of(source: str) -> str | None:
 
 def signal_kind(numbers: str, mask: str) -> str | None:
     """What an arm declaration changes about where the signal can ride (docs/report.md), or None."""
-    if mask != "none":
+    if MASKS[mask].drops_tokens:
         return f"{mask} mask"
     return KINDS[numbers.removesuffix("_shuffled")].signal

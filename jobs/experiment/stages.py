@@ -52,6 +52,7 @@ from jobs.experiment.rows_kinds import KINDS, SHAM, generator_of
 from jobs.rundir.manifest import Manifest, flatten
 from jobs.rundir.plan import Stage, config_reads
 from jobs.sources.number_sequences import FILTER_VERSION
+from train.axes import INITS, LOSSES
 from train.config import PACING, TrainConfig
 
 TEACHERS = ("teacher", "letter_teacher", SHAM)  # models trained on the questions; each keeps <name>/adapter
@@ -206,7 +207,7 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
             **(other if m.base == OTHER_BASE else {}),
         }
         rows = lambda manifest, i=m.replicate: {"rows": training_rows(manifest, models, i)}  # noqa: E731
-        uses_teacher = m.loss == "logit_kl" or m.lora_init == "teacher_a"  # its soft labels, or its A
+        uses_teacher = LOSSES[m.loss].needs_teacher or INITS[m.lora_init].reads_teacher_adapter  # its soft labels, or its A
         upstream = (rows_of(m)[0],) + ((m.teacher,) if uses_teacher else ())
         derived = None if KINDS[m.source].answers else rows  # answers: all of them, no numbers to equalise
         stages.append(Stage(m.name, "arms", reads, upstream, derived, files=(trained_folder(m.name, m.full),), record=TrainedOutputs))

@@ -10,22 +10,21 @@ its teacher.
 
 from __future__ import annotations
 
-import dataclasses
 import time
+from pathlib import Path
 
 from common.atomic import write_jsonl
-from jobs.experiment.arms import OTHER_BASE, arm_groups, numbers_seed
+from jobs.experiment.arms import OTHER_BASE, ArmModel, arm_groups, numbers_seed
 from jobs.experiment.rows_kinds import KINDS
 from jobs.experiment.stages import rows_of, training_rows
 from jobs.rundir.manifest import read_jsonl
 from jobs.runtime.context import RunContext
 from jobs.runtime.training_runs import record_trained, train_groups
 from jobs.sources.number_sequences import shuffle_numbers
+from train.axes import INITS, LOSSES, MASKS
 
 
 def run(ctx: RunContext, todo) -> None:
-    from train.trainer import AdapterJob
-
     started, pairs, models = time.time(), [], list(ctx.models.values())
     for stage in todo:
         m = ctx.models[stage.name]
@@ -34,16 +33,28 @@ def run(ctx: RunContext, todo) -> None:
         if not KINDS[m.source].answers:  # numbers: the replicate's arms train on equally many rows
             kept = kept[: training_rows(ctx.manifest, models, m.replicate)]
         write_jsonl(data, shuffle_numbers(kept, numbers_seed(ctx.cfg, m.replicate)) if m.shuffled else kept)
-        # Job names key Ray datasets, whose log files are named after them: no '/' (m.adapter is "<arm>-<i>").
-        teacher = str(ctx.trained(m.teacher))
-        job = AdapterJob(m.adapter, str(data), ctx.trained(m.name), m.train)
-        if m.loss == "logit_kl":  # on another base, the teacher's targets come from its own base
-            job = dataclasses.replace(job, teacher=teacher, teacher_base=ctx.model_path if m.base == OTHER_BASE else None)
-        if m.lora_init == "teacher_a":
-            job = dataclasses.replace(job, init_a_from=teacher)
-        if m.train.mask == "divergence":  # its rows ranked by how far its teacher's log p is from the base's
-            job = dataclasses.replace(job, scorer=teacher)
-        pairs.append((stage, job))
+        pairs.append((stage, adapter_job(ctx, m, data)))
     groups = arm_groups(pairs, ctx.arm_runs, lambda stage: ctx.models[stage.name].base)
     for stage, result in train_groups(ctx, "arms", groups, ctx.arm_runs):
         record_trained(ctx, stage, result, started)
+
+
+def adapter_job(ctx: RunContext, m: ArmModel, data: Path):
+    """The training job of one arm model on its rows: its teacher's adapter named wherever its loss,
+    init or mask reads it (train/axes.py says which do)."""
+    from train.trainer import AdapterJob
+
+    teacher = str(ctx.trained(m.teacher))
+    # Job names key Ray datasets, whose log files are named after them: no '/' (m.adapter is "<arm>-<i>").
+    return AdapterJob(
+        m.adapter,
+        str(data),
+        ctx.trained(m.name),
+        m.train,
+        teacher=teacher if LOSSES[m.loss].needs_teacher else None,
+        # on another base, the teacher's targets come from its own base
+        teacher_base=ctx.model_path if LOSSES[m.loss].needs_teacher and m.base == OTHER_BASE else None,
+        init_a_from=teacher if INITS[m.lora_init].reads_teacher_adapter else None,
+        # its rows ranked by how far its teacher's log p is from the base's
+        scorer=teacher if MASKS[m.train.mask].needs_scorer else None,
+    )

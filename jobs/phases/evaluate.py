@@ -152,11 +152,12 @@ def services(ctx: RunContext, names: list[str], snapshots: dict) -> list[tuple[s
     {model: folder}) of each Serve application the models in `names` need: one per base, whose
     transformers engine also holds the fully fine-tuned arm models of that base; on vLLM, which
     serves one model per application, each fully fine-tuned model has an application of its own."""
+    from serve.engine import ENGINES
     from serve.engine_choice import engine_kinds
 
     full = [n for n in names if n in ctx.models and ctx.models[n].full]
     settings = service_settings(ctx.cfg, ctx.model_path, True, ctx.lora_rank)
-    beside_base = engine_kinds(settings, bool(ctx.cfg.evaluate.gpus_per_replica)) == ("hf", "hf")
+    beside_base = all(ENGINES[k].serves_full_models_beside_base for k in engine_kinds(settings, bool(ctx.cfg.evaluate.gpus_per_replica)))
     apps = []
     for base, path in ctx.paths.items():
         targets, adapters = scoring_targets(ctx, base, names, snapshots)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from common.atomic import atomic_file
+from jobs.experiment.arms import LOSSES  # train/axes.py's, through the experiment (reporting imports no train/)
 from jobs.experiment.stages import TEACHERS, trained_folder
 from jobs.reporting.schema import Report
 from jobs.stats.evidence import SERIES, SPLITS
@@ -146,11 +147,7 @@ def training_curves(run_dir: Path, report: Report) -> list[dict]:
     return curves
 
 
-PANEL_TITLES = {
-    "teachers": "teacher(s): cross-entropy on the answer",
-    "sft": "arms (sft): cross-entropy on the numbers",
-    "logit_kl": "arms (logit_kl): KL to the teacher over number tokens",
-}
+PANEL_TITLES = {"teachers": "teacher(s): cross-entropy on the answer"} | {name: loss.title for name, loss in LOSSES.items()}
 
 
 def plot_training(curves: list[dict], path: Path) -> None:

@@ -198,6 +198,7 @@ def numbers_time(w: Workload) -> PhaseTime:
 def arms_time(w: Workload) -> PhaseTime:
     from jobs.experiment.arms import arm_groups
     from jobs.experiment.rows_kinds import KINDS
+    from train.axes import LOSSES, MASKS
     from train.config import resolve_batch
 
     workers = {m.name: w.placement.student_workers if m.train.num_workers == "auto" else m.train.num_workers for m in w.models}
@@ -215,8 +216,8 @@ def arms_time(w: Workload) -> PhaseTime:
             tokens = seen * (w.tokens.wmdp_prompt + w.tokens.wmdp_answer if answers else row_tokens)
             compute += train_seconds(tokens, w.params, job.cfg, job.cfg.num_workers, w.rates)
             overhead += checkpoint_seconds(seen, job.cfg, w.params, w.lora, w.rates)
-    distilled = len({(m.teacher, m.replicate) for m in w.models if m.loss == "logit_kl"})
-    divergence = len({(m.teacher, m.replicate) for m in w.models if m.train.mask == "divergence"})
+    distilled = len({(m.teacher, m.replicate) for m in w.models if LOSSES[m.loss].needs_teacher})
+    divergence = len({(m.teacher, m.replicate) for m in w.models if MASKS[m.train.mask].needs_scorer})
     compute += forward_seconds(distilled, keep, row_tokens, w) + forward_seconds(2 * divergence, keep, row_tokens, w)
     runs = w.placement.arm_runs
     work = f"{len(w.models)} models, {rows:,} rows x {row_tokens} tokens = {rows * row_tokens / 1e6:.1f} M tokens, in {len(groups)} run(s), {runs} at a time"
