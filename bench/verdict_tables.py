@@ -23,6 +23,7 @@ marked tables in BENCHMARKS.md are these.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -97,8 +98,51 @@ def facts_table(report: Report) -> list[str]:
     ]
 
 
+def pooled_tables(run: Path) -> list[str]:
+    """A run of pairs (pooled.json, jobs/reporting/pairs.py): the family's pooled primaries with each
+    one's MDE (its pairs' typical SE at tau 0 and at the assumed tau), then each pair's estimate,
+    then each arm's probe readings pooled."""
+    from jobs.reporting.pairs import PairsReport
+    from jobs.stats.pooling import mde
+
+    pooled = PairsReport.model_validate(json.loads((ROOT / run / "pooled.json").read_text()))
+    lines = [
+        f"| comparison | primary test, pooled ({pooled.test}, {len(pooled.pairs) - 1} df) | pooled | 95% CI | p | Holm p (family) | tau | I^2 | MDE (tau 0 / {pooled.assumed_tau:g}) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in pooled.family:
+        p = pooled.comparisons[name].primary
+        typical = (sum(c.se**2 for c in p.pairs.values()) / len(p.pairs)) ** 0.5
+        power = " / ".join(f"{mde(len(p.pairs), typical, assumed_tau=tau):.4f}" for tau in (0.0, pooled.assumed_tau))
+        test = f"{p.metric} on {p.split}" + (", crossed" if p.direction == "crossed" else "")
+        cells = [f"{p.estimate:+.4f}", _ci(p.ci95), _p(p.p_value), _p(p.p_family), f"{p.tau:.4f}", f"{p.i2:.0%}", power]
+        lines.append(f"| {name} | {test} | " + " | ".join(cells) + " |")
+    lines += ["", "| comparison | " + " | ".join(f"pair {q}" for q in pooled.pairs) + " |", "|---|" + "---|" * len(pooled.pairs)]
+    for name in pooled.family:
+        cells = pooled.comparisons[name].primary.pairs
+        lines.append(f"| {name} | " + " | ".join(f"{cells[str(q)].value:+.4f} ({_ci(cells[str(q)].ci95)})" for q in pooled.pairs) + " |")
+    if pooled.unmatched_shams:
+        only = ", ".join(f"{n} {c.estimate:+.4f} (p {_p(c.p_value)})" for n, c in (pooled.matched_only or {}).items())
+        lines += [
+            "",
+            f"Shams not matched in pairs {', '.join(pooled.unmatched_shams)}, kept in every test as registered; the matched pairs alone (exploratory): {only}.",
+        ]
+    if pooled.probes:
+        lines += ["", "| arm, probes pooled (train, crossed) | pairs | cue-bound | swap | statement | reading |", "|---|---|---|---|---|---|"]
+        for arm, pr in pooled.probes.items():
+            cell = lambda c: "-" if c is None or c.estimate is None else f"{c.estimate:+.4f} (p {_p(c.p_value)})"  # noqa: E731
+            lines.append(
+                f"| {arm} | {', '.join(pr.pairs)} | {cell(pr.train.get('cue_bound'))} | {cell(pr.train.get('swap'))} | {cell(pr.statement)} | {pr.reading} |"
+            )
+    return lines
+
+
 def render(run: Path) -> str:
-    """One run's tables, as BENCHMARKS.md holds them between its markers."""
+    """One run's tables, as BENCHMARKS.md holds them between its markers (a run of pairs: its pooled tables)."""
+    if (ROOT / run / "pooled.json").is_file():
+        first = sorted((ROOT / run / "pairs").iterdir(), key=lambda p: int(p.name))[0]
+        status = Report.load(first / "report.json").provenance.registration.status
+        return "\n".join([f"Rendered from `{run}/pooled.json` by `python bench/verdict_tables.py` ({status}).", "", *pooled_tables(run)]) + "\n"
     report_file = ROOT / run / "report.json"  # an absolute `run` stands alone
     if not report_file.is_file():
         raise FileNotFoundError(f"{report_file}: no report kept for this table (results/<preset>/<date>-<commit>/report.json)")
