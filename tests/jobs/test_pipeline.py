@@ -84,7 +84,7 @@ PROJECT_METRICS = re.compile(r"^(ray_lora_train_\w+|ray_subliminal_serve_\w+)", 
 
 
 def submit_and_watch(run_dir: Path, cache_dir, head: dict, *args) -> tuple[str, str, dict]:
-    """`ray job submit --working-dir . -- python jobs/pipeline.py ...` as the README has it (this
+    """`ray job submit --working-dir . -- python jobs/pipeline.py ...` as docs/guide.md has it (this
     interpreter, the test's cache), watched as a person on the dashboard would: the job's
     status, the Train runs and Serve applications it shows, and the project's metric names
     on the node's metrics endpoint, polled while the job runs. Returns (status, logs, seen)."""
