@@ -129,8 +129,8 @@ class Killer:
         self.started, self.since, self.killed = False, 0.0, None
 
     def progress(self, line: str) -> bool:
-        if self.phase == "arms":
-            return line.startswith("[train] ")
+        if self.phase == "arms":  # a training worker's line comes prefixed by Ray: "(RayTrainWorker pid=...) [train] ..."
+            return "[train] " in line
         return line.startswith("[numbers] ") and " generated, " in line
 
     def __call__(self, line: str) -> None:
