@@ -58,7 +58,6 @@ class ProbeRows:
         self.rows = {name: {k: [r for r in rows if r["split"] == k] for k in kinds} for name, rows in scores.items()}
         base = self.rows["base"]
         self.clusters = {k: cluster_ids(base[k]) for k in kinds}
-        self.clusters |= {f"cue_bound_{s}": self.clusters[f"swap_{s}"] for s in SPLITS}
         index = {s: {r["question"]: i for i, r in enumerate(base[s])} for s in SPLITS}
         self.originals = {s: np.array([index[s][r["swapped_from"]] for r in base[f"swap_{s}"]], dtype=int) for s in SPLITS}
 
