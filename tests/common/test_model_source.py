@@ -1,6 +1,5 @@
 """One rule for "local saved-model folder or hub id": the trainer, the service and pre-staging agree."""
 
-import hashlib
 import json
 import os
 import subprocess
@@ -8,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hub_cache import write_snapshot  # tests/ is on the path, as for conftest
 
 from common.model_source import ModelSource, ModelSourceError, hub_args, is_hub_id, model_source, pinned
 from jobs.prestage import check_source
@@ -158,13 +158,7 @@ def fill_model_cache(hf_home: Path, folder: Path) -> None:
         COMMIT_B: {"config.json": json.dumps(config | {"marker": "B"}).encode()},
     }
     for commit, files in snapshots.items():
-        for name, data in files.items():
-            blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
-            blob.parent.mkdir(parents=True, exist_ok=True)
-            blob.write_bytes(data)
-            link = repo / "snapshots" / commit / name
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(os.path.relpath(blob, link.parent))
+        write_snapshot(repo, commit, files)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(COMMIT_B)
 

@@ -1,4 +1,3 @@
-import hashlib
 import json
 import os
 import re
@@ -9,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hub_cache import write_snapshot  # tests/ is on the path, as for conftest
 
 from jobs.sources.wmdp import SUBSETS, DataError, load_wmdp, split_questions, synthetic_questions, write_synthetic
 from jobs.sources.world import SHAM_DRAW, WORLD_VERSION
@@ -162,13 +162,7 @@ def fill_hub_cache(hf_home, subsets=SUBSETS, commit=HUB_COMMIT, rows=HUB_ROWS, m
     repo = hf_home / "hub" / "datasets--cais--wmdp"
     contents = {".gitattributes": b"*.parquet filter=lfs diff=lfs merge=lfs -text\n", "README.md": HUB_README.encode(), "dataset.png": b"\x89PNG"}
     contents.update({f"wmdp-{s}/test-00000-of-00001.parquet": parquet_bytes(rows[s]) for s in subsets})
-    for name, data in contents.items():
-        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = repo / "snapshots" / commit / name
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
+    write_snapshot(repo, commit, contents)
     if main:
         (repo / "refs").mkdir(exist_ok=True)
         (repo / "refs" / "main").write_text(commit)
