@@ -102,7 +102,7 @@ def pooled_tables(run: Path) -> list[str]:
     """A run of pairs (pooled.json, jobs/reporting/pairs.py): the family's pooled primaries with each
     one's MDE (its pairs' typical SE at tau 0 and at the assumed tau), then each pair's estimate,
     then each arm's probe readings pooled."""
-    from jobs.reporting.pairs import PairsReport
+    from jobs.reporting.pairs import PairsReport, pooled_cell, typical_se
     from jobs.stats.pooling import mde
 
     pooled = PairsReport.model_validate(json.loads((ROOT / run / "pooled.json").read_text()))
@@ -112,7 +112,7 @@ def pooled_tables(run: Path) -> list[str]:
     ]
     for name in pooled.family:
         p = pooled.comparisons[name].primary
-        typical = (sum(c.se**2 for c in p.pairs.values()) / len(p.pairs)) ** 0.5
+        typical = typical_se([c.se for c in p.pairs.values()])
         power = " / ".join(f"{mde(len(p.pairs), typical, assumed_tau=tau):.4f}" for tau in (0.0, pooled.assumed_tau))
         test = f"{p.metric} on {p.split}" + (", crossed" if p.direction == "crossed" else "")
         cells = [f"{p.estimate:+.4f}", _ci(p.ci95), _p(p.p_value), _p(p.p_family), f"{p.tau:.4f}", f"{p.i2:.0%}", power]
@@ -122,7 +122,7 @@ def pooled_tables(run: Path) -> list[str]:
         cells = pooled.comparisons[name].primary.pairs
         lines.append(f"| {name} | " + " | ".join(f"{cells[str(q)].value:+.4f} ({_ci(cells[str(q)].ci95)})" for q in pooled.pairs) + " |")
     if pooled.unmatched_shams:
-        only = ", ".join(f"{n} {c.estimate:+.4f} (p {_p(c.p_value)})" for n, c in (pooled.matched_only or {}).items())
+        only = ", ".join(f"{n} {pooled_cell(c)}" for n, c in (pooled.matched_only or {}).items())
         lines += [
             "",
             f"Shams not matched in pairs {', '.join(pooled.unmatched_shams)}, kept in every test as registered; the matched pairs alone (exploratory): {only}.",
@@ -130,10 +130,8 @@ def pooled_tables(run: Path) -> list[str]:
     if pooled.probes:
         lines += ["", "| arm, probes pooled (train, crossed) | pairs | cue-bound | swap | statement | reading |", "|---|---|---|---|---|---|"]
         for arm, pr in pooled.probes.items():
-            cell = lambda c: "-" if c is None or c.estimate is None else f"{c.estimate:+.4f} (p {_p(c.p_value)})"  # noqa: E731
-            lines.append(
-                f"| {arm} | {', '.join(pr.pairs)} | {cell(pr.train.get('cue_bound'))} | {cell(pr.train.get('swap'))} | {cell(pr.statement)} | {pr.reading} |"
-            )
+            cells = [pooled_cell(pr.train.get("cue_bound")), pooled_cell(pr.train.get("swap")), pooled_cell(pr.statement)]
+            lines.append(f"| {arm} | {', '.join(pr.pairs)} | " + " | ".join(cells) + f" | {pr.reading} |")
     return lines
 
 

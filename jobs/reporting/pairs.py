@@ -117,6 +117,12 @@ class PairsReport(Record):
     matched_only: dict[str, PooledCell] | None = None
 
 
+def typical_se(ses: list[float]) -> float | None:
+    """The root mean square of the pairs' standard errors (None for none): the within-pair SE an MDE
+    at P pairs is read at (jobs/stats/pooling.mde)."""
+    return math.sqrt(sum(s**2 for s in ses) / len(ses)) if ses else None
+
+
 def within_se(result: Result) -> float | None:
     """A result's standard error, from its 95% interval: half its width over t(0.975, df) (the
     normal where it has no df). None where it has no two-sided finite interval."""
@@ -226,8 +232,7 @@ def pairs_report(run_dir: Path, pairs: list[int], test: str = "hk", assumed_tau:
     for n in family:
         p = adjusted[n]
         comparisons[n] = comparisons[n].with_(primary=comparisons[n].primary.with_(p_family=p, detected=p is not None and p < 0.05))
-    ses = [c.se for n in family if (pooled := primaries[n]) for c in pooled.pairs]
-    typical = math.sqrt(sum(s**2 for s in ses) / len(ses)) if ses else None
+    typical = typical_se([c.se for n in family if (pooled := primaries[n]) for c in pooled.pairs])
     at = (
         {f"assumed_tau {assumed_tau:g}": mde(len(pairs), typical, assumed_tau=assumed_tau), "tau 0": mde(len(pairs), typical, assumed_tau=0.0)}
         if typical
