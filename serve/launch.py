@@ -31,6 +31,7 @@ def start_service(
     num_gpus: float = 0.0,
     max_ongoing_requests: int | None = None,
     max_queued_requests: int | None = None,
+    health_check_period_s: float | None = None,
     host: str = "127.0.0.1",
     port: int = 8000,
     logging_config: dict | None = None,
@@ -43,8 +44,9 @@ def start_service(
     the replicas (a rolling update). Editing `user_config` in a Serve config file
     and running `serve deploy` instead updates the replicas in place. A tensor-parallel
     replica gets a placement group of `num_gpus` one-GPU bundles (serve/replica_placement.py).
-    `logging_config` is Serve's for the application's replicas (`{"enable_access_log": False}`:
-    no line per request). A host other than loopback needs $SERVE_API_KEY, or `allow_open_host=True`
+    `health_check_period_s`: how often Serve asks a replica's health (None: the deployment's 10 s;
+    Serve replaces a replica after 3 failed checks in a row). `logging_config` is Serve's for the
+    application's replicas (`{"enable_access_log": False}`: no line per request). A host other than loopback needs $SERVE_API_KEY, or `allow_open_host=True`
     (a private network the caller vouches for): anyone who reaches it could use the models.
     """
     api_key = api_key_from_env()
@@ -58,6 +60,8 @@ def start_service(
         options["max_ongoing_requests"] = max_ongoing_requests
     if max_queued_requests is not None:
         options["max_queued_requests"] = max_queued_requests
+    if health_check_period_s is not None:
+        options["health_check_period_s"] = health_check_period_s
     app = service_app(settings, adapters, models, **options)
     return serve.run(app, name=name, route_prefix=route_prefix, logging_config=logging_config)
 

@@ -6,6 +6,8 @@ import pytest
 
 from jobs.prestage import prestage
 
+pytestmark = pytest.mark.own_ports  # no fixed port: runs beside the tests on port 8000 (tests/suite.sh)
+
 
 def test_copies_once_per_node_and_not_again(ray_cluster, tiny_model, tmp_path):
     from pathlib import Path

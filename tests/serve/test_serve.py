@@ -19,6 +19,7 @@ from serve.launch import start_service, stop_service
 from serve.settings import ServiceError, ServiceSettings
 
 URL = "http://127.0.0.1:8000"
+HEALTH_CHECK_PERIOD_S = 2  # Serve replaces a failing replica after 3 checks: 6 s here, 30 s at its default 10 s
 CHAT = "<|user|>\nContinue this sequence: 412, 87, 903. Write 10 more numbers, comma-separated.\n<|assistant|>\n"
 
 
@@ -39,6 +40,7 @@ def services(ray_cluster, tiny_model, lora_adapters):
         name="t-vllm",
         route_prefix="/vllm",
         num_cpus=0.5,
+        health_check_period_s=HEALTH_CHECK_PERIOD_S,
     )
     yield {"vllm": f"{URL}/vllm", "hf": f"{URL}/hf"}
     stop_service("t-hf")
@@ -213,7 +215,8 @@ def test_a_stuck_preparation_fails_health_and_serve_replaces_the_replica(ray_clu
     from ray import serve
 
     url = f"{URL}/stuck"
-    start_service(ServiceSettings(engine="hf", model=tiny_model, max_model_len=256, request_timeout_s=2), name="t-stuck", route_prefix="/stuck", num_cpus=0.25)
+    settings = ServiceSettings(engine="hf", model=tiny_model, max_model_len=256, request_timeout_s=2)
+    start_service(settings, name="t-stuck", route_prefix="/stuck", num_cpus=0.25, health_check_period_s=HEALTH_CHECK_PERIOD_S)
     try:
         wait_until_serving(url)
         serve.get_app_handle("t-stuck")._off_loop.remote(time.sleep, 3600)  # never awaited: the replica goes before it ends

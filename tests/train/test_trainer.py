@@ -13,6 +13,8 @@ from train.data import DataError
 from train.results import Marks, TrainResult
 from train.trainer import AdapterJob, check_jobs, clear_stale_outputs, run_id_of, snapshot_steps, train_lora, train_lora_many
 
+pytestmark = pytest.mark.own_ports  # no fixed port: runs beside the tests on port 8000 (tests/suite.sh)
+
 NAMES = ["Ada", "Bo", "Cy", "Di", "Ed", "Flo", "Gus", "Hal"]
 
 

@@ -27,7 +27,9 @@ APP = "t-loss"
 
 @pytest.fixture(scope="module")
 def handle(ray_cluster, tiny_model, lora_adapters):
-    handle = start_service(ServiceSettings(engine="hf", model=tiny_model, max_model_len=256), lora_adapters, name=APP, route_prefix=f"/{APP}", num_cpus=0.5)
+    settings = ServiceSettings(engine="hf", model=tiny_model, max_model_len=256)
+    # Serve asks a replica's health every 2 s (its default: 10 s): a dead replica is replaced in seconds.
+    handle = start_service(settings, lora_adapters, name=APP, route_prefix=f"/{APP}", num_cpus=0.5, health_check_period_s=2)
     yield handle
     stop_service(APP)
 
