@@ -23,8 +23,7 @@ for _name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):  # the suite tra
 
 def pytest_collection_modifyitems(config, items):
     """Tests on a Ray cluster (the session's or a head node) are `slow` (`pytest -m "not slow"` is the quick loop); GPU tests
-    are skipped without CUDA. The modules none of whose tests needs the tiny model run first, each module's tests
-    together and in order: while the model builds (tests/suite.sh starts its build), a run has other work."""
+    are skipped without CUDA."""
     import torch
 
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
@@ -33,8 +32,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if skip and "gpu" in item.keywords:
             item.add_marker(skip)
-    needing = {item.path for item in items if "tiny_model" in getattr(item, "fixturenames", ())}
-    items.sort(key=lambda item: item.path in needing)  # stable: the order within each group is the files' own
 
 
 @pytest.fixture(scope="session")

@@ -7,28 +7,25 @@
 # (the session cluster's Serve applications, the end-to-end pipeline's) run one after another in the first
 # process (`-m "slow and not own_ports"`), exactly as `pytest -q` runs them. The second process runs the
 # rest (`-m "not slow or own_ports"`): the tests that start no Ray, and the Ray tests marked `own_ports`
-# (Ray Train, Ray Data, services on ports of their own), on Ray clusters of their own. Each process runs the
-# modules that need no tiny model first (tests/conftest.py), while the model builds here in the background
-# from the start. The second process's output is printed after the first's. The exit status is the first
-# failing process's (pytest's own codes); Ctrl-C stops all.
+# (Ray Train, Ray Data, services on ports of their own), on Ray clusters of their own. The tiny model most
+# tests need is built first, alone (about 5 minutes of both cores, once per cache): built beside the tests,
+# it got a small share of the CPUs and held up every test that waits for it. The second process's output is
+# printed after the first's. The exit status is the first failing process's (pytest's own codes).
 set -u
 cd "$(dirname "$0")/.."
 python="${1:-.venv/bin/python}"
 # One cluster token before two processes start clusters (each would make its own on a fresh machine).
 [ -f "$HOME/.ray/auth_token" ] || "$(dirname "$python")/ray" get-auth-token --generate >/dev/null
-build_log="$(mktemp)"
+"$python" -m jobs.sources.tiny_model || exit  # its progress, or why it failed (the tests would each fail on it)
 beside_log="$(mktemp)"
-"$python" -m jobs.sources.tiny_model >"$build_log" 2>&1 &  # the tests that need the model wait on its build lock
-build_pid=$!
 "$python" -m pytest -q -m "not slow or own_ports" -p no:cacheprovider >"$beside_log" 2>&1 &
 beside_pid=$!
-trap 'rm -f "$build_log" "$beside_log"' EXIT
-trap 'kill "$build_pid" "$beside_pid" 2>/dev/null; exit 130' INT TERM  # background jobs ignore Ctrl-C: stop them here
+trap 'rm -f "$beside_log"' EXIT
+trap 'kill "$beside_pid" 2>/dev/null; exit 130' INT TERM  # a background job ignores Ctrl-C: stop it here
 "$python" -m pytest -q -m "slow and not own_ports"
 port_status=$?
 wait "$beside_pid"
 beside_status=$?
-wait "$build_pid" || { echo "---- the tiny model's build (python -m jobs.sources.tiny_model) failed ----"; cat "$build_log"; }
 echo "---- the tests that start no Ray or take ports of their own (pytest -m 'not slow or own_ports'), run beside those above ----"
 cat "$beside_log"
 exit $((port_status != 0 ? port_status : beside_status))

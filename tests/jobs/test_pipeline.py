@@ -1,8 +1,9 @@
 """The main job, run as a user runs it: `python jobs/pipeline.py` in a subprocess.
 
 One reduced tiny run with two replicates, on a head node that outlives its
-drivers as a cluster's does: its driver is SIGKILLed while the numbers are
-generated (its Serve application is left running), rerun and stopped (SIGTERM,
+drivers as a cluster's does (Serve started on it beforehand, on a port of its
+own): its driver is SIGKILLed while the numbers are generated (its Serve
+application is left running, answering on that port), rerun and stopped (SIGTERM,
 what `ray job stop` sends) while its arms train, then rerun: each rerun deletes
 what a killed driver left, reuses the finished stages, leaves their outputs
 untouched, and the last completes the report. Then, on the finished run:
@@ -26,6 +27,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import requests
+from conftest import free_port, head_node
 
 from jobs.sources.sham_draw import base_sham_draw, weights_digest
 from jobs.sources.world import world_questions
@@ -54,6 +56,20 @@ def run_pipeline(*args, cache_dir, head: dict | None = None) -> subprocess.Compl
 
 
 HUB_TOKEN = "hf_never_written_anywhere_0123456789"
+pytestmark = pytest.mark.own_ports  # its head node's Serve answers on a port of its own: runs beside the tests on 8000
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """A head node (conftest.head_node) with Serve already started on a free port, as an operator may
+    start it: the pipeline keeps a running Serve's HTTP options (docs/api.md), so its applications
+    answer there and never hold 8000 (tests/suite.sh runs this module beside the tests that bind it)."""
+    with head_node() as head:
+        port = free_port()
+        serve = str(Path(sys.executable).parent / "serve")
+        env = {**os.environ, "RAY_ADDRESS": head["address"], "RAY_AUTH_MODE": "token"}
+        subprocess.run([serve, "start", "--http-port", str(port)], env=env, capture_output=True, text=True, timeout=180, check=True)
+        yield {**head, "serve_url": f"http://127.0.0.1:{port}"}
 
 
 def stop_when(run_dir: Path, cache_dir, head: dict, started, sig: int, wait_s: float = 0) -> str:
@@ -189,6 +205,7 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     killed_log = stop_when(run_dir, cache_dir, ray_head, lambda line: line.startswith("[numbers]") and " generated, " in line, signal.SIGKILL)
     apps = serve_apps(ray_head)
     assert len(apps) == 1 and apps[0].startswith("subliminal-tiny-"), killed_log[-3000:]
+    assert requests.get(f"{ray_head['serve_url']}/{apps[0]}/adapters", timeout=60).status_code == 200  # on Serve's running port
 
     first_log = stop_when(run_dir, cache_dir, ray_head, lambda line: line.startswith("[arms] starting"), signal.SIGTERM, wait_s=8)
     assert f"[serve] {apps[0]}: left running by an earlier driver of this run; deleting it" in first_log, first_log[-3000:]
