@@ -33,9 +33,9 @@ def scorable_choices(tokenizer) -> int:
     return n
 
 
-def length_sorted_chunks(prompts: list[str], batch_size: int) -> list[list[int]]:
-    """Prompt indices in chunks of `batch_size`, shortest prompts first: similar lengths share a
-    batch, so less of it is padding."""
+def length_sorted_chunks(prompts: list[str] | list[list[int]], batch_size: int) -> list[list[int]]:
+    """Prompt (text or token ids) indices in chunks of `batch_size`, shortest prompts first: similar
+    lengths share a batch, so less of it is padding."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
@@ -68,26 +68,55 @@ def mc_logprobs(model, tokenizer, prompts: list[str], n_choices: list[int], batc
     return results
 
 
+def cloze_inputs(prompt_ids: list[list[int]], continuations: list[list[list[int]]]) -> tuple[list[list[int]], list[tuple[int, list[int]]]]:
+    """(the distinct inputs a forward needs, and per (question, choice) in order: (its input's
+    index, its continuation ids)). A choice's last token is read, never fed, so its input is the
+    prompt and its continuation but the last token, and the continuation's tokens are predicted at
+    the input's last len(continuation) positions; choices of the same input share it (every
+    one-token choice of a question: the prompt alone). A continuation of no tokens reads nothing
+    (its log-likelihood is 0): its index is -1."""
+    index: dict[tuple[int, ...], int] = {}
+    reads = []
+    for prompt, options in zip(prompt_ids, continuations):
+        for continuation in options:
+            reads.append((index.setdefault(tuple(prompt + continuation[:-1]), len(index)) if continuation else -1, continuation))
+    return [list(ids) for ids in index], reads
+
+
+@torch.inference_mode()
+def continuation_logprobs(model, inputs: list[list[int]], wanted: list[int], pad_id: int) -> list[torch.Tensor]:
+    """One forward over `inputs`, left-padded with position ids that ignore the padding: per input,
+    the log-probabilities over the vocabulary (float32) at its last `wanted` positions."""
+    device = next(model.parameters()).device
+    width, keep = max(map(len, inputs)), max(wanted)
+    ids = torch.tensor([[pad_id] * (width - len(s)) + s for s in inputs], device=device)
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in inputs], device=device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep).logits.float(), -1)
+    return [row[keep - n :] for row, n in zip(logp, wanted)]
+
+
 @torch.inference_mode()
 def cloze_sums(model, tokenizer, prompts: list[str], choices: list[list[str]], batch_size: int = 64) -> list[float]:
     """Every (question, choice)'s summed continuation log-probability, question by question and each
     question's choices in order (the raw log-likelihood lm-evaluation-harness logs), with the
-    service's arithmetic (serve/cloze.py), batch_size sequences a forward, right-padded."""
-    from serve.cloze import cloze_parts, cloze_sequences
+    service's arithmetic (serve/cloze.py): `continuation_logprobs` over the distinct inputs
+    (`cloze_inputs`: one per question where every choice is one token), batch_size inputs a
+    forward, shortest first."""
+    from serve.cloze import cloze_parts
 
-    device = next(model.parameters()).device
     prompt_ids, continuations, _ = cloze_parts(tokenizer, prompts, choices, 0, truncate=False)
-    sequences, starts = cloze_sequences(prompt_ids, continuations)
-    sums = []
-    for begin in range(0, len(sequences), batch_size):
-        batch = sequences[begin : begin + batch_size]
-        width = max(map(len, batch))
-        ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in batch], device=device)
-        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in batch], device=device)
-        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
-        for row, (s, start) in enumerate(zip(batch, starts[begin : begin + batch_size])):
-            sums.append(sum(logp[row, j - 1, s[j]].item() for j in range(start, len(s))))
-    return sums
+    inputs, reads = cloze_inputs(prompt_ids, continuations)
+    wanted = [0] * len(inputs)
+    for i, continuation in reads:
+        if continuation:
+            wanted[i] = max(wanted[i], len(continuation))
+    rows: list[torch.Tensor] = [torch.empty(0)] * len(inputs)
+    for chunk in length_sorted_chunks(inputs, batch_size):
+        for i, row in zip(chunk, continuation_logprobs(model, [inputs[i] for i in chunk], [wanted[i] for i in chunk], tokenizer.pad_token_id)):
+            rows[i] = row.cpu()
+    # each token's float32 log-probability, summed in float64
+    return [float(rows[i][-len(c) :].gather(-1, torch.tensor(c)[:, None]).double().sum()) if c else 0.0 for i, c in reads]
 
 
 def cloze_logprobs(model, tokenizer, prompts: list[str], choices: list[list[str]], batch_size: int = 64) -> list[list[float]]:
