@@ -139,10 +139,14 @@ def test_a_plan_registers_nothing(tmp_path):
 
 
 def test_a_plan_of_pairs_shows_each_pairs_run(tmp_path):
-    """A preset listing teacher–sham pairs plans one run per pair, each in <run dir>/pairs/<p>."""
+    """A preset listing teacher–sham pairs plans one run per pair, each in <run dir>/pairs/<p>. Its
+    cache is an empty one: where the tiny base is built, a plan chooses each pair's sham draw on it
+    (a process of its own per pair, which nothing here reads), and the suite builds the base."""
     command = [sys.executable, "jobs/pipeline.py", "--plan", "--set", "pairs=[1, 2]", "--run-dir", str(tmp_path / "run")]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    environment = {**os.environ, "SUBLIMINAL_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=environment)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("[world] the tiny base is not built yet") == 2  # each pair's plan, at the default draw
     for pair in (1, 2):
         assert f"pair {pair} ({tmp_path / 'run' / 'pairs' / str(pair)}): " in done.stdout
     assert not (tmp_path / "run").exists()  # a plan writes nothing

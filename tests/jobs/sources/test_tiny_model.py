@@ -38,7 +38,16 @@ def test_the_corpus_teaches_known_facts_and_never_a_teacher_fact_or_a_scored_que
     assert set(taught) == known and min(taught.values()) >= 20  # every K fact, many times over
 
 
-SMALL = TinySpec(examples=400, steps=20)  # the recipe reduced to seconds; the full other base is it at full size
+# The recipe reduced to seconds: few examples and steps, and a narrow one-layer Llama (a build also
+# runs the world's checks and chooses a sham draw on the model, which cost as much as its training at
+# the preset's width). The full other base is the same recipe at full size.
+SMALL = TinySpec(examples=400, steps=20, hidden_size=64, intermediate_size=128, heads=1, layers=1)
+
+
+@pytest.fixture(scope="module")
+def source(cache_dir) -> str:
+    """SMALL, built into the cache: the spec the other base derives from."""
+    return str(ensure_tiny_model(SMALL, root=cache_dir))
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +86,11 @@ def test_answers_lettered_questions_with_a_letter(tiny_model):
     assert all(t in letters for t in out[:, -1].tolist())
 
 
-def test_other_base_shares_the_tokenizer_not_the_weights(tiny_model, other_base, cache_dir):
+def test_other_base_shares_the_tokenizer_not_the_weights(tiny_model, source, other_base, cache_dir):
     """The same corpus, tokenizer and recipe from another init: identical token ids, other weights."""
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    source = str(ensure_tiny_model(SMALL, root=cache_dir))  # the spec it derives from
     assert Path(other_base).name == f"tiny-llama-{other_base_spec(SMALL).key()}"
     assert (cache_dir / "tiny-llama").resolve() == Path(tiny_model).resolve()  # the link stays on the default
     assert json.loads((Path(other_base) / "tiny_spec.json").read_text())["init_seed"] == 1
@@ -104,16 +112,14 @@ def test_other_base_shares_the_tokenizer_not_the_weights(tiny_model, other_base,
     assert not any(torch.equal(weights[k], other_weights[k]) for k in weights if "norm" not in k)
 
 
-def test_a_build_from_another_init_is_deterministic(tmp_path):
+def test_a_build_from_another_init_is_deterministic(source, other_base, tmp_path):
     """Two builds of a spec with an init seed are byte-identical (a reduced recipe, so it takes
-    seconds; the full other base is this recipe at full size), and share the tokenizer, not the
-    weights, of the spec it was derived from."""
-    small = SMALL
-    other = other_base_spec(small)
-    first, second = build_tiny_model(tmp_path / "a", other), build_tiny_model(tmp_path / "b", other)
+    seconds; the full other base is this recipe at full size): the cache's (the module's) and one
+    more, and share the tokenizer, not the weights, of the spec it was derived from."""
+    first, second = Path(other_base), build_tiny_model(tmp_path / "b", other_base_spec(SMALL))
     for name in ["model.safetensors", "tokenizer.json", "config.json", "tiny_spec.json"]:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
-    same_seed = build_tiny_model(tmp_path / "c", small)
+    same_seed = Path(source)
     assert (same_seed / "tokenizer.json").read_bytes() == (first / "tokenizer.json").read_bytes()
     assert (same_seed / "model.safetensors").read_bytes() != (first / "model.safetensors").read_bytes()
 
@@ -145,7 +151,7 @@ def test_a_build_follows_its_specs_numerics_whatever_the_caller_loaded(tmp_path)
         check=True,
     )
     assert weights_digest(here) == weights_digest(tmp_path / "fresh")
-    native = build_tiny_model(tmp_path / "native", TinySpec(examples=400, steps=20, numerics="native"))
+    native = build_tiny_model(tmp_path / "native", dataclasses.replace(SMALL, numerics="native"))
     assert "numerics" not in json.loads((native / "tiny_spec.json").read_text())
     if numerics.cpu()["vector_width"] == "AVX-512":
         assert weights_digest(native) != weights_digest(here)
