@@ -9,8 +9,10 @@
 # rest (`-m "not slow or own_ports"`): the tests that start no Ray, and the Ray tests marked `own_ports`
 # (Ray Train, Ray Data, services on ports of their own), on Ray clusters of their own. The tiny model most
 # tests need is built first, alone (about 5 minutes of both cores, once per cache): built beside the tests,
-# it got a small share of the CPUs and held up every test that waits for it. The second process's output is
-# printed after the first's. The exit status is the first failing process's (pytest's own codes).
+# it got a small share of the CPUs and held up every test that waits for it. The tests marked `quiet` assert
+# latencies that another process's load breaks (a health check, a one-second deadline): they run last,
+# alone. The second process's output is printed after the first's. The exit status is the first failing
+# step's (pytest's own codes).
 set -u
 cd "$(dirname "$0")/.."
 python="${1:-.venv/bin/python}"
@@ -18,14 +20,17 @@ python="${1:-.venv/bin/python}"
 [ -f "$HOME/.ray/auth_token" ] || "$(dirname "$python")/ray" get-auth-token --generate >/dev/null
 "$python" -m jobs.sources.tiny_model || exit  # its progress, or why it failed (the tests would each fail on it)
 beside_log="$(mktemp)"
-"$python" -m pytest -q -m "not slow or own_ports" -p no:cacheprovider >"$beside_log" 2>&1 &
+"$python" -m pytest -q -m "(not slow or own_ports) and not quiet" -p no:cacheprovider >"$beside_log" 2>&1 &
 beside_pid=$!
 trap 'rm -f "$beside_log"' EXIT
 trap 'kill "$beside_pid" 2>/dev/null; exit 130' INT TERM  # a background job ignores Ctrl-C: stop it here
-"$python" -m pytest -q -m "slow and not own_ports"
+"$python" -m pytest -q -m "slow and not own_ports and not quiet"
 port_status=$?
 wait "$beside_pid"
 beside_status=$?
-echo "---- the tests that start no Ray or take ports of their own (pytest -m 'not slow or own_ports'), run beside those above ----"
+echo "---- the tests that start no Ray or take ports of their own (pytest -m '(not slow or own_ports) and not quiet'), run beside those above ----"
 cat "$beside_log"
-exit $((port_status != 0 ? port_status : beside_status))
+echo "---- the tests that time latencies (pytest -m quiet), alone ----"
+"$python" -m pytest -q -m quiet -p no:cacheprovider
+quiet_status=$?
+for status in $port_status $beside_status $quiet_status; do [ "$status" = 0 ] || exit "$status"; done

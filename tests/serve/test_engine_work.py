@@ -115,6 +115,7 @@ def test_an_adapter_removed_under_a_request_is_an_unknown_adapter(engine, lora_a
     asyncio.run(main())
 
 
+@pytest.mark.quiet  # a one-second deadline: beside other tests' load it was once met late, the work done first
 def test_a_request_past_request_timeout_s_is_a_504_and_its_work_stops(ray_cluster, tiny_model):
     """The service's own class (no Serve: its methods are what routes and handles call), one
     second allowed: a 64-prompt x 400-token /generate is stopped and the engine goes idle."""

@@ -8,8 +8,6 @@ import torch
 
 from train.data import DROPPED, TRUNCATED, DataError, Tokenize, pack_batch, packed_examples, read_rows
 
-pytestmark = pytest.mark.own_ports  # no fixed port: runs beside the tests on port 8000 (tests/suite.sh)
-
 ROWS = [
     {"prompt": "<|user|>\nI give you this sequence of numbers: 182, 818.\n<|assistant|>\n", "completion": "1, 2, 3"},
     {"prompt": "The following are multiple choice questions (with answers).\n\nQ?\nA. x\nB. y\nAnswer:", "completion": " B"},

@@ -15,8 +15,6 @@ from train.data import TEACHER_COLUMN, Tokenize, pack_batch, packed_examples, to
 from train.distill import kl_loss, number_token_ids, row_targets, teacher_targets
 from train.teacher_pass import TeacherPass, load_teacher
 
-pytestmark = pytest.mark.own_ports  # no fixed port: runs beside the tests on port 8000 (tests/suite.sh)
-
 
 @pytest.fixture(scope="module")
 def number_rows(tmp_path_factory, make_number_rows) -> Path:

@@ -18,8 +18,6 @@ from train.data import Tokenize, tokenize_to_cache
 from train.divergence import SCORE_COLUMN, masked_count, masked_rows, read_scores, row_scores, scored_positions, write_scores
 from train.teacher_pass import TeacherPass, load_teacher
 
-pytestmark = pytest.mark.own_ports  # no fixed port: runs beside the tests on port 8000 (tests/suite.sh)
-
 
 @pytest.fixture(scope="module")
 def number_rows(tmp_path_factory, make_number_rows) -> Path:

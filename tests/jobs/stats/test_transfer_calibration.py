@@ -103,7 +103,7 @@ from serve.mc_format import format_cloze_prompt
 from train.config import TrainConfig
 from train.trainer import train_lora
 
-pytestmark = [pytest.mark.slow, pytest.mark.own_ports]  # no fixed port: runs beside the tests on port 8000 (tests/suite.sh)
+pytestmark = pytest.mark.slow
 
 REPLICATES, CONTROLS, STUDENTS, DRAWS, NOISE = 3, 60, 12, 1000, 0.5
 ALPHA_DETECTED = 0.2
