@@ -10,7 +10,7 @@
 # (Ray Train, Ray Data, services on ports of their own), on Ray clusters of their own. The tiny model most
 # tests need is built first, alone (about 5 minutes of both cores, once per cache): built beside the tests,
 # it got a small share of the CPUs and held up every test that waits for it. The tests marked `quiet` assert
-# latencies that another process's load breaks (a health check, a one-second deadline): they run last,
+# latencies that another process's load breaks (the service under load): they run last,
 # alone. The second process's output is printed after the first's. The exit status is the first failing
 # step's (pytest's own codes).
 set -u

@@ -115,10 +115,10 @@ def test_an_adapter_removed_under_a_request_is_an_unknown_adapter(engine, lora_a
     asyncio.run(main())
 
 
-@pytest.mark.quiet  # a one-second deadline: beside other tests' load it was once met late, the work done first
 def test_a_request_past_request_timeout_s_is_a_504_and_its_work_stops(ray_cluster, tiny_model):
     """The service's own class (no Serve: its methods are what routes and handles call), one
-    second allowed: a 64-prompt x 400-token /generate is stopped and the engine goes idle."""
+    second allowed: a 512-prompt x 400-token /generate is stopped and the engine goes idle (64 prompts
+    stopped at their end of text in 0.6 s on an idle 2-core machine, inside the second: no 504)."""
     from fastapi import HTTPException
 
     from serve.app import InferenceService
@@ -129,7 +129,7 @@ def test_a_request_past_request_timeout_s_is_a_504_and_its_work_stops(ray_cluste
     service = service_class(settings.model_dump())
 
     async def main():
-        request = GenerateRequest(prompts=["1, 2, 3,"] * 64, max_tokens=400, temperature=1.0, seed=0)
+        request = GenerateRequest(prompts=["1, 2, 3,"] * 512, max_tokens=400, temperature=1.0, seed=0)
         with pytest.raises(HTTPException) as stopped:
             await service.generate(request)
         await asyncio.sleep(1.0)  # the step under way ends
