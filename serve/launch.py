@@ -46,8 +46,9 @@ def start_service(
     replica gets a placement group of `num_gpus` one-GPU bundles (serve/replica_placement.py).
     `health_check_period_s`: how often Serve asks a replica's health (None: the deployment's 10 s;
     Serve replaces a replica after 3 failed checks in a row). `logging_config` is Serve's for the
-    application's replicas (`{"enable_access_log": False}`: no line per request). A host other than loopback needs $SERVE_API_KEY, or `allow_open_host=True`
-    (a private network the caller vouches for): anyone who reaches it could use the models.
+    application's replicas (`{"enable_access_log": False}`: no line per request). A host other than
+    loopback needs $SERVE_API_KEY, or `allow_open_host=True` (a private network the caller vouches
+    for): anyone who reaches it could use the models.
     """
     api_key = api_key_from_env()
     check_open_host(host, api_key, allow_open_host)
