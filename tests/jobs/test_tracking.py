@@ -4,7 +4,6 @@ the teacher and reporting: its manifest, the adapter's train_metrics.json and a 
 end-to-end pipeline test reads a whole tiny run back from the store.)"""
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import requests
+from conftest import free_port
 
 from jobs.experiment.config import load_experiment
 from jobs.reporting.schema import Report
@@ -154,12 +154,6 @@ def test_mlflows_own_variables_choose_the_store_and_experiment_a_preset_leaves_o
         f"sqlite:///{tmp_path}/own.db",
         "mine",
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

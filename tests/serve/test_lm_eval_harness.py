@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import psutil
 import pytest
 import requests
 import yaml
+from conftest import free_port
 
 from jobs.sources.wmdp import synthetic_questions
 
@@ -41,12 +41,6 @@ pytestmark = pytest.mark.slow
 
 
 MAX_BODY_BYTES = 12 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

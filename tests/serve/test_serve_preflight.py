@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
+from conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -146,14 +147,6 @@ def test_serve_run_on_a_cluster_that_refuses_the_build_exits_1_naming_the_settin
         assert reason and "SERVE_API_KEY is not set" in reason[0] and "0.0.0.0" in reason[0], done.stderr[-3000:]
         with pytest.raises(requests.RequestException):
             requests.post(f"http://127.0.0.1:{port}/generate", json={"prompts": ["hi"]}, timeout=5).raise_for_status()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 START_ON_A_RUNNING_OPEN_PROXY = """

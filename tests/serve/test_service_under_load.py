@@ -25,6 +25,7 @@ import psutil
 import pytest
 import requests
 import yaml
+from conftest import free_port
 
 from jobs.sources.wmdp import synthetic_questions
 
@@ -34,12 +35,6 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 BODY_TIMEOUT_S = 3.0  # the config copy's body_timeout_s (the default, 10 s, would only make the tests wait)
 pytestmark = pytest.mark.quiet  # health and a small request must stay fast under the service's own load: no one else's
 NEAR_MISSES = ["", "Bearer", f"Bearer {KEY[:-1]}", f"Bearer {KEY}x", f"bearer {KEY}", KEY, f"Bearer  {KEY}"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
