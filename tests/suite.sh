@@ -4,15 +4,14 @@
 #     bash tests/suite.sh [PYTHON]        # PYTHON: default .venv/bin/python
 #
 # Serve's HTTP proxy binds 127.0.0.1:8000 on whichever cluster starts it first, so the tests that bind it
-# (the session cluster's Serve applications, the end-to-end pipeline's) run one after another in the first
-# process (`-m "slow and not own_ports"`), exactly as `pytest -q` runs them. The second process runs the
-# rest (`-m "not slow or own_ports"`): the tests that start no Ray, and the Ray tests marked `own_ports`
-# (Ray Train, Ray Data, services on ports of their own), on Ray clusters of their own. The tiny model most
-# tests need is built first, alone (about 5 minutes of both cores, once per cache): built beside the tests,
-# it got a small share of the CPUs and held up every test that waits for it. The tests marked `quiet` assert
-# latencies that another process's load breaks (the service under load): they run last,
-# alone. The second process's output is printed after the first's. The exit status is the first failing
-# step's (pytest's own codes).
+# (the session cluster's Serve applications) run one after another in the first process. The second runs
+# the rest beside them: the tests that start no Ray, and the Ray tests marked `own_ports` (Ray Train, Ray
+# Data, the end-to-end pipeline on a head whose Serve answers on a free port), on clusters of their own.
+# The tests marked `quiet` assert latencies that another process's load breaks (the service under load):
+# they run last, alone. The tiny model most tests need is built first, alone (about 5 minutes of both
+# cores, once per cache): built beside the tests, it got a small share of the CPUs and held up every test
+# that waits for it. The second process's output is printed after the first's. The exit status is the
+# first failing step's (pytest's own codes).
 set -u
 cd "$(dirname "$0")/.."
 python="${1:-.venv/bin/python}"
