@@ -160,7 +160,8 @@ class ArmConfig(Settings):
     lora_init: Literal[tuple(INITS)] = "seed"  # train/axes.py: what each needs
     # sft: next-token loss on the sampled numbers; logit_kl: distillation on the teacher's logits.
     loss: Literal[tuple(LOSSES)] = "sft"  # train/axes.py: what each needs
-    # Keys of the `student` section that differ for this arm (e.g. {lr: 1e-3, max_steps: 50}).
+    # Keys of the `student` section that differ for this arm (e.g. {lr: 1e-3, max_steps: 50}); every
+    # key it does not set is the student's, `method` and `mask` included (arms.py resolves it once).
     train: dict[str, Any] = Field(default_factory=dict)
     # Whose model it learns from: the teacher; the letter teacher (the positive control,
     # `letter_teacher` below; distilled with loss logit_kl on the teacher's numbers); or the sham
