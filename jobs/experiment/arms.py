@@ -266,8 +266,8 @@ def _reference(name: str, arms: dict[str, _Arm]) -> tuple[str, str]:
 
 def _sham_twin(name: str, arms: dict[str, _Arm]) -> str | None:
     """The declared arm that is `name` distilled from the sham teacher instead of the teacher: every
-    key alike (numbers, base, init, loss, train settings, replicates) but `teacher` and `against`.
-    None for an arm that does not learn from the teacher, or has no such twin."""
+    key alike (numbers, base, init, loss, replicates, and its train settings as both train) but
+    `teacher` and `against`. None for an arm that does not learn from the teacher, or has no such twin."""
     arm = arms[name]
     if arm.declared.teacher != "teacher" or SHAM not in arm.kind.teachers:
         return None
@@ -275,9 +275,10 @@ def _sham_twin(name: str, arms: dict[str, _Arm]) -> str | None:
     return next((other for other, o in arms.items() if o.teacher == SHAM and _twin_key(o) == mine), None)
 
 
-def _twin_key(arm: _Arm):
-    """What a sham twin shares with its arm: the declaration but `teacher` and `against`."""
-    return arm.declared.replace(teacher="teacher", against="auto")
+def _twin_key(arm: _Arm) -> tuple:
+    """What a sham twin shares with its arm: the declaration but `teacher` and `against`, its `train`
+    as resolved (an arm that sets a student key to the student's own value trains alike)."""
+    return arm.declared.replace(teacher="teacher", against="auto", train={}), arm.train
 
 
 def check_contrasts(cfg) -> None:

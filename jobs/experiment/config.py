@@ -171,11 +171,12 @@ class ArmConfig(Settings):
     # How many times this arm is trained (default: the top-level `replicates`).
     replicates: int | None = None
     # What its transfer is measured against: "base", another arm's name, or auto: the same arm
-    # on the sham teacher (its declared twin: every key alike but `teacher: sham`) when the preset
-    # has one; else the arm named `control` for an sft arm on the teacher's numbers when there is
-    # one on the same base with the same train.method; else base (under logit_kl the base-numbers
-    # control gets no signal: it stays the base model). A fully fine-tuned student's fair
-    # reference is a fully fine-tuned control: name it here.
+    # on the sham teacher (its declared twin: every key alike but `teacher: sham`, `train` compared
+    # as resolved over the student's) when the preset has one; else the arm named `control` for an
+    # sft arm on the teacher's numbers when there is one on the same base with the same
+    # train.method; else base (under logit_kl the base-numbers control gets no signal: it stays
+    # the base model). A fully fine-tuned student's fair reference is a fully fine-tuned control:
+    # name it here.
     against: str = "auto"
 
 

@@ -70,11 +70,16 @@ def test_every_train_key_an_arm_leaves_unset_is_the_students_mask_and_method_inc
 def test_the_reference_reads_each_arm_as_it_trains_not_its_override_dict():
     """The `control` reference needs the control's training method to match the arm's: a method set
     on `student` is every arm's that does not set its own, so a student and a control both fully
-    fine-tuned by it are alike, and an arm that sets lora back is not."""
+    fine-tuned by it are alike, and an arm that sets lora back is not. A sham twin shares the train
+    settings as trained: setting a key to the student's own value keeps the twin."""
     arms = "arms={student: {}, control: {numbers: base}, lora: {train: {method: lora}}}"
     full = load_experiment(None, ["student.method=full", "student.lr=1.0e-4", arms])
     assert {m.arm: m.train.method for m in arm_models(full)} == {"student": "full", "control": "full", "lora": "lora"}
     assert references(full) == {"student": ("control", "control arm"), "control": ("base", "base model"), "lora": ("base", "base model")}
+    lr = load_experiment(None, ["replicates=2", "student.lr=0.002", "arms={student: {train: {lr: 0.002}}, student_sham: {teacher: sham}}"])
+    assert references(lr)["student"] == ("student_sham", "sham teacher")
+    other = load_experiment(None, ["replicates=2", "arms={student: {train: {lr: 0.003}}, student_sham: {teacher: sham}}"])
+    assert references(other)["student"] == ("base", "base model")
 
 
 @pytest.mark.parametrize(
