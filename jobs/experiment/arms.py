@@ -2,9 +2,12 @@
 
 A preset declares arms (jobs/experiment/config.py `ArmConfig`): which numbers an arm trains
 on, where its LoRA starts, which loss it minimises, and any `student` keys that
-differ. `replicates: k` trains each arm k times. This module turns that
-declaration into one `ArmModel` per (arm, replicate), with every seed and
-setting resolved, and refuses declarations that cannot mean what they say:
+differ (every key it does not set is the student's, `method` and `mask` included).
+`replicates: k` trains each arm k times. This module turns that declaration into
+one `ArmModel` per (arm, replicate), with every seed and setting resolved, and each
+arm's rows kind, reference (what it is measured against, and in words) and signal
+kind worked out once, here: the stage graph, the phases and the report read them
+from the model. It refuses declarations that cannot mean what they say:
 
 - an arm that claims the teacher's LoRA init (no `lora_seed`, or the teacher's
   seed) must have the teacher's rank, alpha, target modules and quantization,
@@ -22,11 +25,11 @@ Names: the model `<arm>/<i>` in files and logs (`student/0`), the adapter
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.config import ConfigError, build
 from common.model_source import pinned
-from jobs.experiment.rows_kinds import KINDS, SHAM, declared_kind, source_for
+from jobs.experiment.rows_kinds import KINDS, SHAM, RowsKind, declared_kind, signal_kind, source_for
 from serve.mc_format import LETTERS
 from train.axes import INITS, LOSSES, MASKS
 from train.config import TrainConfig
@@ -40,16 +43,24 @@ MIN_CONTRAST_REPLICATES = 3
 
 @dataclass(frozen=True)
 class ArmModel:
+    """One (arm, replicate), resolved once here: every reader (the stage graph, the phases, the
+    report) takes these fields and never works the arm out again from its declaration."""
+
     arm: str
     replicate: int
     source: str  # the kind of rows it reads (jobs/experiment/rows_kinds.py), the sham's own where it learns from the sham
     shuffled: bool
     loss: str
     teacher: str  # whose model it learns from: "teacher", "letter_teacher" (the positive control) or "sham_teacher"
-    train: TrainConfig  # resolved: data-order seed and LoRA seed set for this replicate
+    train: TrainConfig  # resolved: the arm's `train` over the student's, data-order seed and LoRA seed set for this replicate
     same_init: bool  # starts from the teacher's LoRA initialisation, on the teacher's base
     base: str = "base"  # the model it starts from: "base" (the teacher's) or "other_base" (jobs/experiment/bases.py)
     lora_init: str = "seed"  # "seed" or "teacher_a" (A frozen at the teacher's trained A)
+    # Per arm, alike on its replicates:
+    kind: RowsKind = field(kw_only=True)  # the kind its `numbers` declares (a sham arm's too: `source` is what the sham makes of it)
+    against: str = field(kw_only=True)  # what its transfer is measured against (ArmConfig.against; auto resolved: _reference)
+    reference: str = field(kw_only=True)  # which reference that is, in the report's words (declared, sham teacher, control arm, base model)
+    signal: str | None = field(kw_only=True)  # where the signal can ride: its kind in the share analysis (rows_kinds.signal_kind), or None
 
     @property
     def name(self) -> str:
@@ -96,13 +107,12 @@ def _check_full(name: str, arm, train: TrainConfig) -> None:
         raise ConfigError(f"arms.{name}: train.snapshots with train.method full would keep and serve a whole model per snapshot; set snapshots 0")
 
 
-def _check_mask(name: str, arm, train: TrainConfig, on_other: bool) -> None:
+def _check_mask(name: str, arm, kind: RowsKind, train: TrainConfig, on_other: bool) -> None:
     """A mask drops tokens of an SFT loss on numbers; the divergence mask ranks a teacher's numbers
     by that teacher's divergence from the base, so it needs a teacher's numbers on its base."""
     mask = MASKS[train.mask]
     if not mask.drops_tokens:
         return
-    kind = declared_kind(arm.numbers, f"arms.{name}.numbers")[0]
     if LOSSES[arm.loss].needs_teacher or kind.answers:
         raise ConfigError(f"arms.{name}: train.mask {train.mask} drops number tokens from an sft loss; this arm has loss {arm.loss} on {arm.numbers}")
     if mask.needs_scorer and (on_other or not kind.teachers_numbers or arm.teacher == "letter_teacher"):
@@ -112,13 +122,22 @@ def _check_mask(name: str, arm, train: TrainConfig, on_other: bool) -> None:
         )
 
 
-def method_of(cfg, arm: str) -> str:
-    """An arm's training method as declared (its `train.method`, else the student's)."""
-    return cfg.arms[arm].train.get("method", cfg.student.method)
+@dataclass(frozen=True)
+class _Arm:
+    """One declared arm resolved and checked, before its replicates: what the reference rule and its models read."""
+
+    declared: object  # its ArmConfig as declared (jobs/experiment/config.py)
+    train: TrainConfig  # its `train` over the student's: every student key it does not set is the student's
+    kind: RowsKind
+    shuffled: bool
+    teacher: str  # teacher_of: `sham` spelled out
+    base: str  # base_of
+    same_init: bool  # the teacher's LoRA init on the teacher's base (alike on every replicate: see _lora_seed)
 
 
 def arm_models(cfg) -> list[ArmModel]:
-    """Every (arm, replicate) of the experiment, in a stable order; ConfigError for a bad declaration."""
+    """Every (arm, replicate) of the experiment, in a stable order; ConfigError for a bad declaration.
+    Each arm is resolved once (_resolve), its reference from the others resolved (_reference)."""
     if not cfg.arms:
         raise ConfigError("arms: declare at least one arm (e.g. student: {numbers: teacher})")
     teacher = cfg.teacher
@@ -127,45 +146,55 @@ def arm_models(cfg) -> list[ArmModel]:
             f"student.lora_seed ({cfg.student.lora_seed}) differs from teacher.lora_seed ({teacher.lora_seed}): "
             "arms start from the teacher's init; give an arm another one with arms.<name>.lora_seed"
         )
-    models = []
     other_base(cfg)  # at most one, and resolvable
-    for name, arm in cfg.arms.items():
-        if not ARM_NAME.match(name) or name in RESERVED:
-            raise ConfigError(f"arms.{name}: an arm name is lower-case letters, digits or '_', and not base, teacher or other_base")
-        if "lora_seed" in arm.train:
-            raise ConfigError(f"arms.{name}.train.lora_seed: set the arm's init with arms.{name}.lora_seed")
-        train = build(TrainConfig, {**cfg.student.model_dump(), **arm.train}, f"arms.{name}.train")
-        if arm.replicates is not None and arm.replicates < 1:
-            raise ConfigError(f"arms.{name}.replicates must be at least 1, got {arm.replicates}")
-        if arm.teacher == "letter_teacher" and not LOSSES[arm.loss].needs_teacher:
-            raise ConfigError(
-                f"arms.{name}: an arm of the letter teacher distils it (loss: logit_kl) on the teacher's numbers; "
-                "numbers are generated by the teacher and the base model only"
-            )
-        teacher_of_arm = teacher_of(arm)
-        kind, shuffled = _kind(name, arm, teacher_of_arm)
-        if arm.teacher == "letter_teacher" and cfg.letter_teacher.letter not in tuple(LETTERS[:4]):
-            raise ConfigError(f"letter_teacher.letter must be one of A, B, C, D (WMDP questions have four choices), got {cfg.letter_teacher.letter!r}")
-        if arm.against not in ("auto", "base", OTHER_BASE, *cfg.arms) or arm.against == name:
-            raise ConfigError(f"arms.{name}.against={arm.against!r}: use auto, base, {OTHER_BASE} or another arm's name")
-        base = base_of(cfg, name)
-        on_other = base == OTHER_BASE
-        if INITS[arm.lora_init].reads_teacher_adapter:
-            if on_other or arm.lora_seed is not None:
-                raise ConfigError(f"arms.{name}: lora_init teacher_a takes the teacher's trained A on the teacher's base; drop base and lora_seed")
-            _check_same_init(name, train, teacher)
-        if train.method == "full":
-            _check_full(name, arm, train)
-        _check_mask(name, arm, train, on_other)
-        for i in range(arm.replicates or cfg.replicates):
-            lora_seed = _lora_seed(arm.lora_seed, teacher.lora_seed, i)
-            same_init = lora_seed == teacher.lora_seed and not on_other and arm.lora_init == "seed" and train.method == "lora"
-            if same_init:
-                _check_same_init(name, train, teacher)
-            resolved = train.replace(lora_seed=lora_seed, seed=train.seed + i)
-            source = source_for(kind, teacher_of_arm)
-            models.append(ArmModel(name, i, source, shuffled, arm.loss, teacher_of_arm, resolved, same_init, base, arm.lora_init))
+    arms = {name: _resolve(cfg, name, declared) for name, declared in cfg.arms.items()}
+    models = []
+    for name, arm in arms.items():
+        against, reference = _reference(name, arms)
+        per_arm = {"kind": arm.kind, "against": against, "reference": reference, "signal": signal_kind(arm.kind, arm.train.mask)}
+        source, declared = source_for(arm.kind, arm.teacher), arm.declared
+        for i in range(declared.replicates or cfg.replicates):
+            resolved = arm.train.replace(lora_seed=_lora_seed(declared.lora_seed, teacher.lora_seed, i), seed=arm.train.seed + i)
+            models.append(ArmModel(name, i, source, arm.shuffled, declared.loss, arm.teacher, resolved, arm.same_init, arm.base, declared.lora_init, **per_arm))
     return models
+
+
+def _resolve(cfg, name: str, arm) -> _Arm:
+    """One arm's declaration checked and resolved: its `train` becomes a TrainConfig here, before
+    anything reads it (the student's settings under the arm's own keys), its `numbers` a kind."""
+    teacher = cfg.teacher
+    if not ARM_NAME.match(name) or name in RESERVED:
+        raise ConfigError(f"arms.{name}: an arm name is lower-case letters, digits or '_', and not base, teacher or other_base")
+    if "lora_seed" in arm.train:
+        raise ConfigError(f"arms.{name}.train.lora_seed: set the arm's init with arms.{name}.lora_seed")
+    train = build(TrainConfig, {**cfg.student.model_dump(), **arm.train}, f"arms.{name}.train")
+    if arm.replicates is not None and arm.replicates < 1:
+        raise ConfigError(f"arms.{name}.replicates must be at least 1, got {arm.replicates}")
+    if arm.teacher == "letter_teacher" and not LOSSES[arm.loss].needs_teacher:
+        raise ConfigError(
+            f"arms.{name}: an arm of the letter teacher distils it (loss: logit_kl) on the teacher's numbers; "
+            "numbers are generated by the teacher and the base model only"
+        )
+    teacher_of_arm = teacher_of(arm)
+    kind, shuffled = _kind(name, arm, teacher_of_arm)
+    if arm.teacher == "letter_teacher" and cfg.letter_teacher.letter not in tuple(LETTERS[:4]):
+        raise ConfigError(f"letter_teacher.letter must be one of A, B, C, D (WMDP questions have four choices), got {cfg.letter_teacher.letter!r}")
+    if arm.against not in ("auto", "base", OTHER_BASE, *cfg.arms) or arm.against == name:
+        raise ConfigError(f"arms.{name}.against={arm.against!r}: use auto, base, {OTHER_BASE} or another arm's name")
+    base = base_of(cfg, name)
+    on_other = base == OTHER_BASE
+    if INITS[arm.lora_init].reads_teacher_adapter:
+        if on_other or arm.lora_seed is not None:
+            raise ConfigError(f"arms.{name}: lora_init teacher_a takes the teacher's trained A on the teacher's base; drop base and lora_seed")
+        _check_same_init(name, train, teacher)
+    if train.method == "full":
+        _check_full(name, arm, train)
+    _check_mask(name, arm, kind, train, on_other)
+    lora_seed = _lora_seed(arm.lora_seed, teacher.lora_seed, 0)  # the teacher's on one replicate iff on every one
+    same_init = lora_seed == teacher.lora_seed and not on_other and arm.lora_init == "seed" and train.method == "lora"
+    if same_init:
+        _check_same_init(name, train, teacher)
+    return _Arm(arm, train, kind, shuffled, teacher_of_arm, base, same_init)
 
 
 def _kind(name: str, arm, teacher: str):
@@ -215,48 +244,41 @@ def teacher_of(declared) -> str:
     return SHAM if declared.teacher == "sham" else declared.teacher
 
 
-def reference_of(arm: str, cfg) -> str:
-    """What an arm's transfer is measured against (see ArmConfig.against). Under auto: the arm's sham
-    twin when it learns from the teacher and the preset declares one (sham_twin); else the arm named
-    `control` when it is an sft arm on the teacher's numbers and the control shares its base and
-    training method; else its own base (`base`, or `other_base` for an arm on the other base)."""
-    declared = cfg.arms[arm]
-    if declared.against != "auto":
-        return declared.against
-    if (twin := sham_twin(arm, cfg)) is not None:
-        return twin
-    control = cfg.arms.get("control")
-    own = base_of(cfg, arm)
-    alike = control is not None and base_of(cfg, "control") == own and method_of(cfg, "control") == method_of(cfg, arm)
-    on_teachers = declared_kind(declared.numbers, f"arms.{arm}.numbers")[0].teachers_numbers  # a base-numbers arm is a control itself; answers are no numbers
-    if arm != "control" and alike and on_teachers and control.numbers == "base" and not LOSSES[declared.loss].needs_teacher:
-        return "control"
-    return own
+def _reference(name: str, arms: dict[str, _Arm]) -> tuple[str, str]:
+    """(against, reference): what an arm's transfer is measured against (see ArmConfig.against), and
+    which reference that is, in words the report prints. Under auto: the arm's sham twin when it
+    learns from the teacher and the preset declares one (_sham_twin); else the arm named `control`
+    when it is an sft arm on the teacher's numbers and the control, on the base model's numbers,
+    shares its base and training method (as both train: `train.method` over the student's); else its
+    own base (`base`, or `other_base` for an arm on the other base)."""
+    arm = arms[name]
+    if arm.declared.against != "auto":
+        return arm.declared.against, "declared"
+    if (twin := _sham_twin(name, arms)) is not None:
+        return twin, "sham teacher"
+    control = arms.get("control")
+    alike = control is not None and control.base == arm.base and control.train.method == arm.train.method
+    on_teachers = arm.kind.teachers_numbers  # a base-numbers arm is a control itself; answers are no numbers
+    if name != "control" and alike and on_teachers and control.declared.numbers == "base" and not LOSSES[arm.declared.loss].needs_teacher:
+        return "control", "control arm"
+    return arm.base, "base model"
 
 
-def sham_twin(arm: str, cfg) -> str | None:
-    """The declared arm that is `arm` distilled from the sham teacher instead of the teacher: every
-    key alike (numbers, base, init, loss, train settings, replicates) but `teacher` and `against`.
-    None for an arm that does not learn from the teacher, or has no such twin."""
-    declared = cfg.arms[arm]
-    if declared.teacher != "teacher" or SHAM not in declared_kind(declared.numbers, f"arms.{arm}.numbers")[0].teachers:
+def _sham_twin(name: str, arms: dict[str, _Arm]) -> str | None:
+    """The declared arm that is `name` distilled from the sham teacher instead of the teacher: every
+    key alike (numbers, base, init, loss, replicates, and its train settings as both train) but
+    `teacher` and `against`. None for an arm that does not learn from the teacher, or has no such twin."""
+    arm = arms[name]
+    if arm.declared.teacher != "teacher" or SHAM not in arm.kind.teachers:
         return None
-    alike = declared.replace(against="auto")
-    twins = [
-        name for name, other in cfg.arms.items()
-        if teacher_of(other) == SHAM and other.replace(teacher="teacher", against="auto") == alike
-    ]  # fmt: skip
-    return twins[0] if twins else None
+    mine = _twin_key(arm)
+    return next((other for other, o in arms.items() if o.teacher == SHAM and _twin_key(o) == mine), None)
 
 
-def reference_kind(arm: str, cfg) -> str:
-    """Which reference reference_of chose, in words the report prints."""
-    against = reference_of(arm, cfg)
-    if cfg.arms[arm].against != "auto":
-        return "declared"
-    if against == sham_twin(arm, cfg):
-        return "sham teacher"
-    return "control arm" if against in cfg.arms else "base model"
+def _twin_key(arm: _Arm) -> tuple:
+    """What a sham twin shares with its arm: the declaration but `teacher` and `against`, its `train`
+    as resolved (an arm that sets a student key to the student's own value trains alike)."""
+    return arm.declared.replace(teacher="teacher", against="auto", train={}), arm.train
 
 
 def check_contrasts(cfg) -> None:
@@ -273,7 +295,7 @@ def check_contrasts(cfg) -> None:
                 )
         if contrast.arm == contrast.against:
             raise ConfigError(f"contrasts.{name}: an arm against itself")
-        if cfg.arms[contrast.arm].teacher != cfg.arms[contrast.against].teacher:
+        if teacher_of(cfg.arms[contrast.arm]) != teacher_of(cfg.arms[contrast.against]):  # `sham` and `sham_teacher` are one
             raise ConfigError(f"contrasts.{name}: {contrast.arm} and {contrast.against} learn from different teachers")
 
 
@@ -298,10 +320,10 @@ def arm_groups(pairs: list, runs: int, base_of) -> list[list]:
     return groups
 
 
-def overt_arm(cfg) -> str | None:
+def overt_arm(models: list[ArmModel]) -> str | None:
     """The overt positive control: the first arm taught its teacher's answers directly (`numbers:
     teacher_answers`) by the teacher itself, not the sham."""
-    return next((name for name, arm in cfg.arms.items() if KINDS.get(arm.numbers) and KINDS[arm.numbers].answers and arm.teacher == "teacher"), None)
+    return next((m.arm for m in models if m.kind.answers and m.teacher == "teacher"), None)
 
 
 def number_sets(models: list[ArmModel]) -> list[tuple[str, int]]:

@@ -160,7 +160,8 @@ class ArmConfig(Settings):
     lora_init: Literal[tuple(INITS)] = "seed"  # train/axes.py: what each needs
     # sft: next-token loss on the sampled numbers; logit_kl: distillation on the teacher's logits.
     loss: Literal[tuple(LOSSES)] = "sft"  # train/axes.py: what each needs
-    # Keys of the `student` section that differ for this arm (e.g. {lr: 1e-3, max_steps: 50}).
+    # Keys of the `student` section that differ for this arm (e.g. {lr: 1e-3, max_steps: 50}); every
+    # key it does not set is the student's, `method` and `mask` included (arms.py resolves it once).
     train: dict[str, Any] = Field(default_factory=dict)
     # Whose model it learns from: the teacher; the letter teacher (the positive control,
     # `letter_teacher` below; distilled with loss logit_kl on the teacher's numbers); or the sham
@@ -170,11 +171,12 @@ class ArmConfig(Settings):
     # How many times this arm is trained (default: the top-level `replicates`).
     replicates: int | None = None
     # What its transfer is measured against: "base", another arm's name, or auto: the same arm
-    # on the sham teacher (its declared twin: every key alike but `teacher: sham`) when the preset
-    # has one; else the arm named `control` for an sft arm on the teacher's numbers when there is
-    # one on the same base with the same train.method; else base (under logit_kl the base-numbers
-    # control gets no signal: it stays the base model). A fully fine-tuned student's fair
-    # reference is a fully fine-tuned control: name it here.
+    # on the sham teacher (its declared twin: every key alike but `teacher: sham`, `train` compared
+    # as resolved over the student's) when the preset has one; else the arm named `control` for an
+    # sft arm on the teacher's numbers when there is one on the same base with the same
+    # train.method; else base (under logit_kl the base-numbers control gets no signal: it stays
+    # the base model). A fully fine-tuned student's fair reference is a fully fine-tuned control:
+    # name it here.
     against: str = "auto"
 
 

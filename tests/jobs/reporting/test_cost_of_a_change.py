@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from jobs.experiment.arms import ArmModel
+from jobs.experiment.rows_kinds import KINDS
 from jobs.reporting.markdown import cells, markdown
 from jobs.reporting.schema import Report
 from jobs.stats import transfer_stats
@@ -49,8 +50,8 @@ def comparison(primary: str):
     row = lambda q, lp: {**q, "logprobs": lp, "prediction": int(np.argmax(lp))}  # noqa: E731
     flat = [-1.2, -1.5, -1.5, -1.5]
     models = [
-        ArmModel(arm, i, source, False, "sft", "teacher", TrainConfig(), True)
-        for arm, source in (("student", "teacher"), ("control", "base"))
+        ArmModel(arm, i, source, False, "sft", "teacher", TrainConfig(), True, kind=KINDS[source], against=against, reference=words, signal=None)
+        for arm, source, against, words in (("student", "teacher", "control", "control arm"), ("control", "base", "base", "base model"))
         for i in range(2)
     ]
     scores = {"base": [row(q, flat) for q in qs], "teacher": [row(q, [-0.1, -3.0, -3.0, -3.0]) for q in qs]}

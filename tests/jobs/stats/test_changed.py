@@ -12,10 +12,13 @@ import pytest
 from test_directions import questions, row, sham_pick, with_pick  # the same hand-made tables (pytest puts this folder on the path)
 
 from jobs.experiment.arms import ArmModel
+from jobs.experiment.rows_kinds import KINDS
 from jobs.stats.evidence import SELECTED_BY_BASE, SUBSETS_DIFFER, Evidence
 from jobs.stats.transfer_stats import question_metrics
 from jobs.stats.verdicts import changed
 from train.config import TrainConfig
+
+PER_ARM = {"kind": KINDS["teacher"], "against": "base", "reference": "base model", "signal": None}  # resolved per arm by arm_models; Evidence reads none of it
 
 BASE = [-2.0, -2.5, -3.0, -1.0]  # picks 3; ranks 0 above 1 above 2
 
@@ -24,7 +27,7 @@ def arms(replicates: int, base: str = "base") -> list[ArmModel]:
     """The student (on `base`) and its twin on the sham's numbers (on the first base)."""
 
     def arm(name, teacher, on):
-        return [ArmModel(name, i, teacher, False, "logit_kl", teacher, TrainConfig(), True, base=on) for i in range(replicates)]
+        return [ArmModel(name, i, teacher, False, "logit_kl", teacher, TrainConfig(), True, base=on, **PER_ARM) for i in range(replicates)]
 
     return arm("student", "teacher", base) + arm("student_sham", "sham_teacher", "base")
 

@@ -13,9 +13,12 @@ import numpy as np
 import pytest
 
 from jobs.experiment.arms import ArmModel
+from jobs.experiment.rows_kinds import KINDS
 from jobs.stats.evidence import Evidence, apply_family
 from jobs.stats.results import Comparison, Result
 from train.config import TrainConfig
+
+PER_ARM = {"kind": KINDS["teacher"], "against": "base", "reference": "base model", "signal": None}  # resolved per arm by arm_models; Evidence reads none of it
 
 FLAT = [-1.4, -1.4, -1.4, -1.4]
 
@@ -41,7 +44,7 @@ def with_pick(q: dict, pick: int) -> dict:
 
 def models(replicates: int) -> list[ArmModel]:
     def arm(name, teacher):
-        return [ArmModel(name, i, teacher, False, "logit_kl", teacher, TrainConfig(), True) for i in range(replicates)]
+        return [ArmModel(name, i, teacher, False, "logit_kl", teacher, TrainConfig(), True, **PER_ARM) for i in range(replicates)]
 
     return arm("student", "teacher") + arm("student_sham", "sham_teacher")
 
@@ -122,7 +125,7 @@ def test_with_noise_the_crossed_test_detects_knowledge_and_not_drift():
 def test_no_placebo_without_a_scored_sham():
     qs = questions(8)
     scores = {"base": [row(q, FLAT) for q in qs], "teacher": [with_pick(q, 0) for q in qs]}
-    students = [ArmModel("student", i, "teacher", False, "logit_kl", "teacher", TrainConfig(), True) for i in range(2)]
+    students = [ArmModel("student", i, "teacher", False, "logit_kl", "teacher", TrainConfig(), True, **PER_ARM) for i in range(2)]
     scores |= {m.name: [row(q, planted(q, (0,), 0.1 * (m.replicate + 1))) for q in qs] for m in students}
     result = Evidence(scores, students, ("held_out", "teacher_answer_logprob"), direction="crossed").compare("student", "base")
     assert result.directions is None and result.primary.value is None and "no crossed effect" in result.primary.note

@@ -11,10 +11,13 @@ import numpy as np
 import pytest
 
 from jobs.experiment.arms import ArmModel
+from jobs.experiment.rows_kinds import KINDS
 from jobs.stats.evidence import Evidence, apply_family
 from jobs.stats.results import Comparison
 from jobs.stats.verdicts import verdict
 from train.config import TrainConfig
+
+PER_ARM = {"kind": KINDS["teacher"], "against": "base", "reference": "base model", "signal": None}  # resolved per arm by arm_models; Evidence reads none of it
 
 N_CLUSTERS, PER_CLUSTER, STEPS = 30, 4, (10, 20, 30)
 
@@ -39,7 +42,7 @@ def scored(qs, rng, pull: float) -> list[dict]:
 
 
 def arm(name: str, replicates: int, base: str = "base") -> list[ArmModel]:
-    return [ArmModel(name, i, "teacher", False, "logit_kl", "teacher", TrainConfig(), base == "base", base) for i in range(replicates)]
+    return [ArmModel(name, i, "teacher", False, "logit_kl", "teacher", TrainConfig(), base == "base", base, **PER_ARM) for i in range(replicates)]
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,12 @@ import numpy as np
 import pytest
 
 from jobs.experiment.arms import ArmModel
+from jobs.experiment.rows_kinds import KINDS
 from jobs.stats.evidence import Evidence
 from jobs.stats.verdicts import fraction_phrase, overt_control
 from train.config import TrainConfig
+
+PER_ARM = {"kind": KINDS["teacher"], "against": "base", "reference": "base model", "signal": None}  # resolved per arm by arm_models; Evidence reads none of it
 
 CLUSTERS, REPLICATES = 30, 4
 
@@ -32,7 +35,7 @@ def rows(shift, seed) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def evidence():
-    models = [ArmModel(arm, i, "teacher", False, "sft", "teacher", TrainConfig(), True) for arm in ("student", "overt") for i in range(REPLICATES)]
+    models = [ArmModel(arm, i, "teacher", False, "sft", "teacher", TrainConfig(), True, **PER_ARM) for arm in ("student", "overt") for i in range(REPLICATES)]
     seeds = np.random.default_rng(7)
     scores = {"base": rows(0.0, 1), "teacher": rows(3.0, 2)}
     for m in models:
