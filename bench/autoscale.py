@@ -61,6 +61,7 @@ from multinode import NODE_BYTES, comparable, differences, node_use, one_node, r
 os.environ["RAY_AUTH_MODE"] = "token"
 TOKEN = Path.home() / ".ray" / "auth_token"
 HEAD_TYPE = "ray.head.default"  # the type the fake provider tags its head with
+HEAD = "node:__internal_head__"  # the resource Ray gives the head node alone
 ADDED = re.compile(r"Adding (\d+) node\(s\) of type (\S+?)\.")  # the autoscaler's event (node_launcher.py)
 REMOVED = re.compile(r"Removing (\d+) nodes of type (\S+) \((\w+)\)")  # ... and autoscaler.py's
 
@@ -123,7 +124,7 @@ def node_table(address: str, config: dict) -> list[dict]:
     `ray.io/node-group` label where Ray sets one, else the stand-in type whose CPUs it has."""
     import ray
 
-    by_cpus = {t["resources"]["CPU"]: name for name, t in config["available_node_types"].items()}
+    by_cpus = {t["resources"]["CPU"]: name for name, t in config["available_node_types"].items() if name != HEAD_TYPE}
     ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     try:
         nodes = ray.nodes()
@@ -132,7 +133,7 @@ def node_table(address: str, config: dict) -> list[dict]:
     table = []
     for node in nodes:
         kind = (node.get("Labels") or {}).get("ray.io/node-group") or by_cpus.get(node["Resources"].get("CPU", 0.0), "?")
-        table.append({"id": node["NodeID"], "type": HEAD_TYPE if node.get("IsHeadNode") else kind, "alive": node["Alive"]})
+        table.append({"id": node["NodeID"], "type": HEAD_TYPE if HEAD in node["Resources"] else kind, "alive": node["Alive"]})
     return table
 
 
@@ -144,7 +145,7 @@ def wait_idle_gone(address: str, seconds: float) -> tuple[int, float]:
     ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     try:
         while True:
-            alive = sum(1 for n in ray.nodes() if n["Alive"] and not n.get("IsHeadNode"))
+            alive = sum(1 for n in ray.nodes() if n["Alive"] and HEAD not in n["Resources"])
             if not alive or time.time() - started > seconds:
                 return alive, time.time() - started
             time.sleep(2)
