@@ -155,7 +155,8 @@ def wait_idle_gone(address: str, seconds: float) -> tuple[int, float]:
 
 def autoscaler_events(temp_dir: str) -> dict:
     """Nodes added and removed per type, from the autoscaler's own log (monitor.log)."""
-    text = "".join(p.read_text(errors="replace") for p in Path(temp_dir).glob("session_*/logs/monitor.log"))
+    log = Path(temp_dir) / "session_latest" / "logs" / "monitor.log"  # session_latest: the one session, not also its link
+    text = log.read_text(errors="replace") if log.is_file() else ""
     added: dict[str, int] = {}
     removed: dict[str, int] = {}
     for count, kind in ADDED.findall(text):
