@@ -56,9 +56,6 @@ sys.path.insert(2, str(ROOT / "tests"))  # conftest's free_port and stop_head, o
 from conftest import free_port, stop_head  # noqa: E402
 from multinode import NODE_BYTES, comparable, differences, node_use, one_node, run_pipeline  # noqa: E402
 
-# Token auth, as cluster.yaml's nodes run: `ray start --head` here starts its GCS in token mode, so the
-# pipeline's driver, the nodes the autoscaler starts and the bench's own reads all present the token.
-os.environ["RAY_AUTH_MODE"] = "token"
 TOKEN = Path.home() / ".ray" / "auth_token"
 HEAD_TYPE = "ray.head.default"  # the type the fake provider tags its head with
 HEAD = "node:__internal_head__"  # the resource Ray gives the head node alone
@@ -224,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-minutes", type=float, default=0.5, help="the autoscaler's idle timeout (cluster.yaml: 10)")
     parser.add_argument("--smoke", action="store_true", help="three 1-CPU tasks instead of the pipeline, no reference")
     args = parser.parse_args(argv)
+    # Token auth, as cluster.yaml's nodes run: `ray start --head` here starts its GCS in token mode, so the
+    # pipeline's driver, the nodes the autoscaler starts and the bench's own reads all present the token.
+    os.environ["RAY_AUTH_MODE"] = "token"
     out = args.out or Path(tempfile.mkdtemp(prefix="autoscale-"))
     result = autoscaled(out, args.idle_minutes, args.smoke)  # first: a cluster that does not scale fails before the reference's minutes
     reference, one_node_s = (args.reference, None) if args.reference or args.smoke or result["exit_status"] else one_node(out)
