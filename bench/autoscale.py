@@ -25,7 +25,7 @@ The pipeline runs as a user runs it (`python jobs/pipeline.py` with RAY_ADDRESS,
 `load_launcher_config`) and sizes its requests to them. The reference is the one-node run
 (bench/multinode.py `one_node`, run after the autoscaled one, or `--reference`), compared the same way (timings, timeline and
 provenance aside). `--smoke` runs three 1-CPU tasks instead of the pipeline: the cluster's start,
-scale-up, scale-down and teardown alone, in about a minute.
+scale-up, scale-down and teardown alone (written for checking the cluster; its one run here failed at connecting, before token auth was set, and it has not been run since).
 
 The last line printed is a JSON object: the nodes the autoscaler added per type (its log,
 monitor.log), the job log's autoscaler lines, every worker node with its type, the nodes used per
