@@ -201,7 +201,11 @@ def pooled_probes(probes: dict[str, Probes | None], test: str) -> dict[str, Pool
     passing = [pair for pair, p in probes.items() if p.gates_passed]
     known = [pair for pair in passing if probes[pair].statements_known]
     left_out = [pair for pair in probes if pair not in passing]
-    toward = lambda c: c is not None and c.estimate is not None and c.estimate > 0 and c.p_value is not None and c.p_value < 0.05  # noqa: E731
+
+    def toward(c: PooledCell | None) -> bool:
+        """A pooled reading detected above zero: its estimate positive, p below 0.05 (no reading, or no test: False)."""
+        return c is not None and c.estimate is not None and c.estimate > 0 and c.p_value is not None and c.p_value < 0.05
+
     out = {}
     for arm in next(iter(probes.values())).arms:
         if len(passing) < 2:
