@@ -241,8 +241,11 @@ def pooled_summary(run_dir: Path, cfg: ExperimentConfig) -> None:
 
 
 def summary(run_dir: Path) -> Report:
-    """report.json, with its headline figures printed."""
+    """report.json, with its headline figures printed: where the minutes went first, then each model's
+    accuracy, and last the preset's primary verdicts and the report's path, so the log ends on them."""
     report = Report.load(run_dir / "report.json")
+    for line in overhead_lines(report.timeline):  # where the minutes went that were not compute (timeline.png)
+        print(line, flush=True)
     for name, m in report.models.items():
         ci = f"95% CI {m.ci95[0]:.3f}-{m.ci95[1]:.3f}" if m.ci95 else "no CI with one replicate"
         print(f"[report] {name}: accuracy {m.overall:.3f} ({ci})", flush=True)
@@ -254,8 +257,6 @@ def summary(run_dir: Path) -> Report:
         if name in family:
             print(f"[report] contrast {name}: {c.verdict}", flush=True)
     print(f"[report] {run_dir / 'report.md'}", flush=True)
-    for line in overhead_lines(report.timeline):  # where the minutes went that were not compute (timeline.png)
-        print(line, flush=True)
     return report
 
 

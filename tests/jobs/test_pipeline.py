@@ -237,6 +237,9 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
                  "[arms] 4 stage(s) done in", "[evaluate] eval/base done in", "[report] report done in"):  # fmt: skip
         assert line in everything, line
     assert re.search(r"^\[evaluate\] (\d+)/\1 scored, \d+ questions/s$", log, re.M)  # progress ends at the total
+    # The driver's log ends on the preset's primary verdicts, then the report's path (lines Ray forwards from workers aside).
+    own = [line for line in log.splitlines() if line.startswith("[")]
+    assert own[-1] == f"[report] {run_dir / 'report.md'}" and "primary test" in own[-2], own[-6:]
     # Where each phase ran, as bench/gpu_job.py reads it: every training run and Serve app names its device,
     # and on this CPU cluster the GPU run's check would fail on each phase.
     phases = phases_of([(0.0, line) for line in everything.splitlines()])
