@@ -29,7 +29,7 @@ class Stream:
     thread asks for its first batch while the job before it trains, so Ray Data's start of the
     stream (about 2 s a job on 2 CPUs: BENCHMARKS.md, "The pipeline's overhead") is not waited for."""
 
-    def __init__(self, job, pad_id: int, one_row: bool):  # job: a train.loop.WorkerJob
+    def __init__(self, job, pad_id: int, one_row: bool):  # job: a train.worker_job.WorkerJob
         import ray.train
 
         from train.collate import PackBatch

@@ -35,11 +35,12 @@ from train.config import TrainConfig, resolve_batch
 from train.data import read_parquet, same_tokenizer, tokenize_to_cache
 from train.distill import number_token_ids, teacher_targets
 from train.divergence import divergence_scores, masked_rows
-from train.loop import WorkerJob, WorkerRun, train_loop
+from train.loop import train_loop
 from train.model import check_hardware, check_model_path
 from train.outputs import finished_by, staging_dir
 from train.results import Marks, TrainFacts, TrainResult
 from train.teacher_pass import TeacherPass
+from train.worker_job import WorkerJob, WorkerRun
 
 # Settings of the worker group itself, which every job of a run must share (and `method`: a LoRA
 # run keeps one frozen base for all its jobs, a full one loads a base of its own per job).
