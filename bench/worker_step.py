@@ -103,7 +103,7 @@ def main() -> None:
     from train.cluster import cluster_capacity
     from train.config import TrainConfig
     from train.data import tokenize_to_cache
-    from train.trainer import worker_resources
+    from train.ray_run import worker_resources
     from train.worker_job import WorkerJob, WorkerRun
 
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")

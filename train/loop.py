@@ -50,7 +50,7 @@ GAUGES = ("loss", "lr", "tokens_per_s", "padding_fraction", "step_time_s", "gpu_
 def quiet_report_lines() -> None:
     """Ray Train 2.60 logs "Reporting training result ..." at INFO for every report of every worker
     through a logger named after its source file, outside `ray.train`, which its LoggingConfig
-    (train/trainer.py) does not reach: that logger's level, here in the worker that logs it."""
+    (train/ray_run.py) does not reach: that logger's level, here in the worker that logs it."""
     from ray.train.v2._internal.execution import context
 
     logging.getLogger(context.__file__).setLevel(logging.WARNING)

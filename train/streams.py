@@ -18,7 +18,7 @@ import threading
 
 def shard_name(job) -> str:
     """The dataset this worker reads `job`'s rows from: its own part of rows cut per worker, or its
-    split of a dataset Ray Data streams (train.trainer.job_datasets)."""
+    split of a dataset Ray Data streams (train.ray_run.job_datasets)."""
     import ray.train
 
     return f"{job.name}@{ray.train.get_context().get_world_rank()}" if job.split_by_rank else job.name

@@ -48,7 +48,7 @@ class WorkerJob:
     facts: TrainFacts  # its rows and settings, reported with its result
     distil: bool = False  # logit_kl: its batches carry the teacher's targets
     init_a_from: str | None = None  # lora_init teacher_a: the adapter whose A it starts from, frozen
-    split_by_rank: bool = False  # its rows come cut per worker, a dataset "<name>@<rank>" each (trainer.job_datasets)
+    split_by_rank: bool = False  # its rows come cut per worker, a dataset "<name>@<rank>" each (ray_run.job_datasets)
 
 
 @dataclass(frozen=True)
