@@ -6,7 +6,7 @@ Starts a local cluster with `ray.cluster_utils.Cluster` (each node a raylet of i
 own CPUs and object store): a head of 0 CPUs, where the driver runs (as on a cluster whose head
 takes no work), and three worker nodes of 1 CPU each. The spread comes from those sizes alone,
 no placement code of the bench's: on 3 CPUs each of the preset's 2 training workers asks for 1
-CPU (train/trainer.py worker_resources), so no node holds two of them and one CPU stays for Ray
+CPU (train/ray_run.py worker_resources), so no node holds two of them and one CPU stays for Ray
 Data; each Serve replica asks for 1 CPU, which the head has none of. The pipeline runs there as a
 user runs it (`python jobs/pipeline.py` with RAY_ADDRESS) into a fresh run directory.
 

@@ -308,7 +308,7 @@ def arm_groups(pairs: list, runs: int, base_of) -> list[list]:
     """(stage, AdapterJob) pairs split into training runs: jobs that can share a worker group (the same
     base model, `base_of(stage)`, worker count, hardware, strategy...) go together, `runs` runs' worth
     at a time; under FSDP one job per run, since FSDP2 shards the adapter in place once."""
-    from train.trainer import SHARED_KEYS
+    from train.adapter_job import SHARED_KEYS
 
     kinds: dict[tuple, list] = {}
     for pair in pairs:

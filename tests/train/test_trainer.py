@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from common.config import ConfigError
+from train.adapter_job import AdapterJob, check_jobs
 from train.config import TrainConfig, resolve_batch
 from train.data import DataError
 from train.results import Marks, TrainResult
-from train.trainer import AdapterJob, check_jobs, clear_stale_outputs, run_id_of, snapshot_steps, train_lora, train_lora_many
+from train.trainer import clear_stale_outputs, run_id_of, snapshot_steps, train_lora, train_lora_many
 
 pytestmark = pytest.mark.own_ports  # no fixed port: runs beside the tests on port 8000 (tests/suite.sh)
 
@@ -401,14 +402,14 @@ def split_coordinators() -> int:
 
 @pytest.mark.timeout(300)
 def test_rows_cut_per_worker_train_what_ray_datas_streaming_split_trains(many_run, tiny_model, tmp_path, cache_dir, monkeypatch):
-    """Small data reaches each worker as its own contiguous part, cut in the driver (train.trainer.job_datasets),
+    """Small data reaches each worker as its own contiguous part, cut in the driver (train.ray_run.job_datasets),
     with no split coordinator actor: job b's adapter equals the one trained on the same rows streamed from
     parquet and split by Ray Data, which starts a coordinator."""
-    import train.trainer
+    import train.ray_run
 
     _, (_, b) = many_run
     assert split_coordinators() == 0  # every run so far cut its rows per worker
-    monkeypatch.setattr(train.trainer, "MATERIALIZE_BYTES", -1)  # every dataset streams
+    monkeypatch.setattr(train.ray_run, "MATERIALIZE_BYTES", -1)  # every dataset streams
     streamed = train_lora(tiny_model, b.data, tmp_path / "b", b.cfg, cache_dir=cache_dir)
     assert split_coordinators() == 1 and streamed.step == 8
     assert_same_adapter(tmp_path / "b", b.output_dir)
