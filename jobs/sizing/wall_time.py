@@ -42,7 +42,8 @@ import types
 from dataclasses import dataclass
 
 from common.cli import program
-from jobs.sizing.memory_plan import GIB, load_shape
+from jobs.sizing.memory_plan import GIB
+from jobs.sizing.shape import load_shape
 
 WMDP_QUESTIONS = {"bio": 1273, "chem": 408, "cyber": 1987}  # cais/wmdp's test splits
 

@@ -37,7 +37,8 @@ from common import numerics
 from common.atomic import write_json
 from common.files import DataError
 from common.model_source import load_pretrained
-from jobs.sources.world import WORLD, world_questions
+from jobs.sources.world import WORLD
+from jobs.sources.world_questions import world_questions
 
 TOLERANCE = 0.03  # |sham - true| on each split, as shares of the T questions
 MAX_DRAWS = 100  # draws tried before giving up (the Intel- and AMD-built bases: 5 of the first 20 balanced)

@@ -41,7 +41,8 @@ from common.atomic import atomic_dir, atomic_file, build_once
 from common.cli import program
 from common.files import default_cache_dir, tiny_model_link
 from jobs.sources.number_sequences import make_prompts
-from jobs.sources.world import facts, known_fact_item, locate_item
+from jobs.sources.world import facts
+from jobs.sources.world_questions import known_fact_item, locate_item
 from serve.mc_format import LETTERS, choice_continuation, cloze_continuation, format_cloze_prompt, format_mc_prompt
 
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"

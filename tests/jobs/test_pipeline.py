@@ -30,8 +30,8 @@ import requests
 from conftest import free_port, head_node
 
 from jobs.sources.sham_draw import base_sham_draw, weights_digest
-from jobs.sources.world import world_questions
 from jobs.sources.world_checks import TARGETS
+from jobs.sources.world_questions import world_questions
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))

@@ -12,7 +12,8 @@ from test_tracking import free_port, mlflow_server, teacher_run  # noqa: F401 - 
 
 from jobs.experiment.config import as_dict, load_experiment
 from jobs.experiment.credentials import TOKEN_PATH, read_tracking_token, redacted_uri, without_user_info
-from jobs.tracking import Tracker, TrackingError
+from jobs.tracking import Tracker
+from jobs.tracking_store import TrackingError
 from train.config import ConfigError
 
 SECRET = "s3cret-Pa55"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from jobs.experiment.config import load_experiment
-from jobs.sizing.memory_plan import KNOWN_SHAPES, Shape
+from jobs.sizing.shape import KNOWN_SHAPES, Shape
 
 ROOT = Path(__file__).resolve().parents[3]
 PRESET = "qwen2.5-1.5b"

@@ -1,4 +1,4 @@
-"""The memory plan's activation terms (jobs/sizing/memory_plan.py), measured tensor by tensor.
+"""The memory plan's activation terms (jobs/sizing/shape.py), measured tensor by tensor.
 
 A tiny Llama with grouped KV heads, saved with save_pretrained and loaded through
 train.model.load_base and attach_lora, runs train.step.forward_loss with
@@ -39,7 +39,7 @@ import types
 import pytest
 import torch
 
-from jobs.sizing.memory_plan import Precision, Shape
+from jobs.sizing.shape import Precision, Shape
 from train.config import TrainConfig
 
 SEQ = 12

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from jobs.experiment.config import load_experiment
-from jobs.sizing.memory_plan import KNOWN_SHAPES, Shape
+from jobs.sizing.shape import KNOWN_SHAPES, Shape
 from jobs.sizing.wall_time import Rates, Tokens, markdown, project
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -12,7 +12,8 @@ from jobs.sources.number_sequences import make_prompts
 from jobs.sources.sham_draw import base_sham_draw, weights_digest
 from jobs.sources.tiny_model import PINNED_BASE, TinySpec, build_tiny_model, ensure_tiny_model, other_base_spec, synthetic_corpus
 from jobs.sources.wmdp import synthetic_questions
-from jobs.sources.world import facts, locate_item, world_questions
+from jobs.sources.world import facts
+from jobs.sources.world_questions import locate_item, world_questions
 from serve.hf_scoring import letter_token_ids
 from serve.mc_format import format_mc_prompt
 

@@ -14,12 +14,10 @@ from jobs.sources.world import (
     WORLD,
     cue_of,
     facts,
-    known_fact_item,
-    locate_item,
     null_sham_facts,
     sham_facts,
-    world_questions,
 )
+from jobs.sources.world_questions import known_fact_item, locate_item, world_questions
 
 ROWS = world_questions()
 FILLERS = re.compile(r"\b(" + "|".join(TRAIN_FILLERS + HELD_OUT_FILLERS) + r")\b")
