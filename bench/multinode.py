@@ -114,7 +114,8 @@ def node_use(address: str, run_dir: Path, labels: dict[str, str]) -> dict[str, d
         phase = next((p for p, s in spans.items() if p != "start" and s["started"] <= start <= s["started"] + s["seconds"]), None)
         if kind and phase:
             use.setdefault(phase, {}).setdefault(kind, set()).add(labels.get(actor["Address"]["NodeID"], actor["Address"]["NodeID"]))
-    return {phase: {kind: sorted(nodes) for kind, nodes in sorted(use[phase].items())} for phase in spans if phase in use}  # in run order
+    # in run order
+    return {phase: {kind: sorted(nodes) for kind, nodes in sorted(use[phase].items())} for phase in spans if phase in use}
 
 
 class Killer:
@@ -129,7 +130,8 @@ class Killer:
         self.started, self.since, self.killed = False, 0.0, None
 
     def progress(self, line: str) -> bool:
-        if self.phase == "arms":  # a training worker's line comes prefixed by Ray: "(RayTrainWorker pid=...) [train] ..."
+        # a training worker's line comes prefixed by Ray: "(RayTrainWorker pid=...) [train] ..."
+        if self.phase == "arms":
             return "[train] " in line
         return line.startswith("[numbers] ") and " generated, " in line
 

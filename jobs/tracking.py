@@ -124,7 +124,8 @@ class Tracker(TrackingStore):
                 self.client.update_run(found[0].info.run_id, status="RUNNING")
             return found[0]
         earlier = self.set_aside(f"superseded by config {self.config_digest}")
-        state = source_state()  # the one reader of the commit and the dirty flag (the report's registration uses it too)
+        # the one reader of the commit and the dirty flag (the report's registration uses it too)
+        state = source_state()
         tags = {
             PIPELINE_TAG: "pipeline",
             "run_dir": str(self.run_dir),
@@ -133,7 +134,8 @@ class Tracker(TrackingStore):
             "config_digest": self.config_digest,
         }
         tags |= {"git_commit": str(state["commit"]), "git_dirty": str(state["dirty"])}
-        tags |= {"mlflow.user": user(), "mlflow.source.name": "jobs/pipeline.py", "mlflow.source.type": "JOB"}  # MLflow's own: its UI shows them
+        # MLflow's own: its UI shows them
+        tags |= {"mlflow.user": user(), "mlflow.source.name": "jobs/pipeline.py", "mlflow.source.type": "JOB"}
         if state["commit"]:
             tags["mlflow.source.git.commit"] = str(state["commit"])
         if earlier:

@@ -40,9 +40,12 @@ class AdapterJob:
     output_dir: Path
     cfg: TrainConfig
     teacher: str | None = None  # a teacher adapter folder: train by logit KL to it (train/distill.py), not SFT
-    teacher_base: str | None = None  # the teacher's base when it is not this run's (a student on another base, same tokenizer)
-    init_a_from: str | None = None  # an adapter folder whose LoRA A this adapter starts from, frozen (lora_init teacher_a)
-    scorer: str | None = None  # mask divergence: the adapter (on this run's base) whose divergence from the base scores the rows
+    # the teacher's base when it is not this run's (a student on another base, same tokenizer)
+    teacher_base: str | None = None
+    # an adapter folder whose LoRA A this adapter starts from, frozen (lora_init teacher_a)
+    init_a_from: str | None = None
+    # mask divergence: the adapter (on this run's base) whose divergence from the base scores the rows
+    scorer: str | None = None
 
 
 def check_jobs(jobs: list[AdapterJob]) -> None:

@@ -141,7 +141,8 @@ def report(t: JobState, job: WorkerJob, save: bool, done: list[str], gauges: dic
     tokens_per_s, gpu_mem_gib, mfu = real_tokens / elapsed, None, None
     if t.device.type == "cuda":
         gpu_mem_gib = torch.cuda.max_memory_allocated(t.device) / 2**30
-        if flops_peak := peak_flops(t.device):  # forward 2N + activation gradients 2N per token, + weight gradients 2N under full fine-tuning
+        # forward 2N + activation gradients 2N per token, + weight gradients 2N under full fine-tuning
+        if flops_peak := peak_flops(t.device):
             mfu = (6 if job.cfg.method == "full" else 4) * t.n_params * tokens_per_s / (flops_peak * t.world)
     metrics = StepReport(
         job=job.name, step=t.step, epoch=t.micro // job.micro_steps_per_epoch, loss=loss, lr=t.sched.get_last_lr()[0], tokens_per_s=tokens_per_s,

@@ -172,7 +172,8 @@ def outputs(jobs: list[AdapterJob], run_id: str, run_name: str, checkpoint: str,
                 f"job {job.name} finished earlier in run {run_name}, but {job.output_dir} no longer holds its adapter; train it again under a new run_name"
             )
         out[job.name] = TrainResult.read(job.output_dir)
-    trained_now = [name for name, r in out.items() if (r.marks.saving or 0) >= marks.run_started]  # not by an earlier call
+    # not by an earlier call
+    trained_now = [name for name, r in out.items() if (r.marks.saving or 0) >= marks.run_started]
     if trained_now:  # the run's last job saved when its workers were done
         driver = {**marks.stamps(), "workers_done": max(out[name].marks.saving for name in trained_now)}
         out |= {name: out[name].model_copy(update={"marks": out[name].marks.at(**driver)}) for name in trained_now}

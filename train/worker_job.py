@@ -71,7 +71,8 @@ class Window:
         self.sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, micro-steps, real tokens, all tokens
         self.step_losses: list[torch.Tensor] = []  # per optimizer step: [loss sum, micro-steps]
         self.step_norms: list[torch.Tensor] = []  # per optimizer step: the gradients' norm before clipping
-        self.step_marks: list[tuple[float, float]] = []  # per optimizer step: (wall-clock time it ended, its learning rate)
+        # per optimizer step: (wall-clock time it ended, its learning rate)
+        self.step_marks: list[tuple[float, float]] = []
         self.one = torch.ones((), dtype=torch.float64, device=device)
         self.restart()
 
@@ -122,7 +123,8 @@ class JobState:
     step: int
     micro: int
     history: list  # [step, loss] per optimizer step so far
-    step_history: list  # [step, wall-clock time, learning rate, gradient norm before clipping] per optimizer step so far
+    # [step, wall-clock time, learning rate, gradient norm before clipping] per optimizer step so far
+    step_history: list
     resumed_from: int | None
     init_hash: str | None
     n_params: int

@@ -56,7 +56,8 @@ from train.axes import INITS, LOSSES
 from train.config import PACING, TrainConfig
 
 TEACHERS = ("teacher", "letter_teacher", SHAM)  # models trained on the questions; each keeps <name>/adapter
-SPLIT_FILES = {"train": "train_questions.jsonl", "held_out": "held_out.jsonl", "known": "known.jsonl"}  # what eval/<model> scores, under data/
+# what eval/<model> scores, under data/
+SPLIT_FILES = {"train": "train_questions.jsonl", "held_out": "held_out.jsonl", "known": "known.jsonl"}
 TEACHER_TRAIN = "data/teacher_train.jsonl"  # the teacher's training rows
 PROBES_FILE = "data/probes.jsonl"  # the tiny world's probe rows, with evaluate.probes (jobs/sources/world_probes.py)
 

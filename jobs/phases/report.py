@@ -69,7 +69,8 @@ def provenance(cfg: ExperimentConfig, models: list[ArmModel], paths: dict[str, s
         "git_commit": commit or "unknown (not a git checkout)", "packages": versions, "seeds": seeds, "model_path": paths["base"], "config": as_dict(cfg),
         "registration": registration or {"status": "exploratory", "reasons": ["no registration recorded: the report was built outside a pipeline run"]},
     }  # fmt: skip
-    out["numerics"] = numerics.describe(cfg.numerics)  # the mode, and the machine the report was made on (common/numerics.py)
+    # the mode, and the machine the report was made on (common/numerics.py)
+    out["numerics"] = numerics.describe(cfg.numerics)
     return Provenance.model_validate(out | ({"other_base_path": paths[OTHER_BASE]} if OTHER_BASE in paths else {}) | ({"world": world} if world else {}))
 
 

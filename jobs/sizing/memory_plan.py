@@ -47,7 +47,8 @@ GIB = 1 << 30
 FIXED_OVERHEAD_GIB = 2.5  # CUDA context, NCCL buffers, allocator fragmentation (per process)
 ENGINE_RESERVE_GIB = 4.0  # vLLM's activation peak at its batch limit plus CUDA graphs
 BYTES_PER_PARAM = {"none": 2.0, "8bit": 1.0, "4bit": 0.5 + 0.127 / 8}  # NF4 + double-quantised scales
-OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd": 4}  # float32 state per trainable parameter: two moments, or one momentum buffer
+# float32 state per trainable parameter: two moments, or one momentum buffer
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd": 4}
 
 
 def activation_bytes_per_token(shape: Shape, train) -> float:
@@ -82,7 +83,8 @@ def training_gib(shape: Shape, train, workers: int) -> dict[str, float]:
     if train.method == "full":
         return full_training_gib(shape, train, workers)
     shard = workers if train.strategy == "fsdp" else 1
-    unquantized = 4 if train.quantization != "none" else 2  # embeddings, lm_head, norms: upcast to float32 under k-bit training
+    # embeddings, lm_head, norms: upcast to float32 under k-bit training
+    unquantized = 4 if train.quantization != "none" else 2
     full_weights = (shape.linear_params() * BYTES_PER_PARAM[train.quantization] + (shape.params() - shape.linear_params()) * unquantized) / GIB
     lora = shape.lora_params(train.lora_rank, train.lora_targets) * (8 + OPTIMIZER_STATE_BYTES[train.optimizer]) / shard
     tokens = train.batch_size * train.max_length

@@ -149,7 +149,8 @@ def built_under(base: str | Path) -> str:
 def remember(base: str | Path, cache: Path, choice: dict) -> dict:
     """Keep `choice` (choose_draw's) for the base saved at `base`; returns the record kept."""
     record = {**choice, "base_weights_sha256": weights_digest(base)}
-    write_json(_kept(cache, record["base_weights_sha256"], record.get("pair", 0)), record)  # concurrent choosers write the same record; the last rename wins
+    # concurrent choosers write the same record; the last rename wins
+    write_json(_kept(cache, record["base_weights_sha256"], record.get("pair", 0)), record)
     return record
 
 
@@ -157,5 +158,6 @@ def _kept(cache: Path, sha: str, pair: int = 0) -> Path:
     return Path(cache) / "sham-draws" / (f"{sha[:16]}.json" if pair == 0 else f"{sha[:16]}-pair{pair}.json")
 
 
-if __name__ == "__main__":  # base_sham_draw in a process of the base's own numerics: python -m jobs.sources.sham_draw BASE CACHE PAIR
+# base_sham_draw in a process of the base's own numerics: python -m jobs.sources.sham_draw BASE CACHE PAIR
+if __name__ == "__main__":
     base_sham_draw(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]))

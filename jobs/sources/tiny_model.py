@@ -317,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--other-base", action="store_true", help="the other base (init seed = seed + 1)")
     parser.add_argument("--numerics", choices=numerics.MODES, default=TinySpec.numerics, help="CPU arithmetic (default: reproducible, common/numerics.py)")
-    parser.add_argument("--into", type=Path, help=argparse.SUPPRESS)  # with --spec: build_tiny_model's own fresh process
+    # with --spec: build_tiny_model's own fresh process
+    parser.add_argument("--into", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--spec", type=json.loads, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.into:

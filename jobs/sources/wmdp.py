@@ -163,7 +163,8 @@ def load_wmdp(
     if source == "synthetic":
         if cache_dir is None:
             raise DataError("the synthetic sample needs a cache_dir to be written to")
-        name = f"synthetic-wmdp-v{WORLD_VERSION}-sham{sham_draw}" + (f"-pair{pair}" if pair else "")  # files written once per world
+        # files written once per world
+        name = f"synthetic-wmdp-v{WORLD_VERSION}-sham{sham_draw}" + (f"-pair{pair}" if pair else "")
         source = str(write_synthetic(Path(cache_dir) / name, draw=sham_draw, pair=pair))
     snapshot = hub_snapshot(tuple(subsets), revision) if source == "hub" else None
     rows: list[dict] = []

@@ -21,9 +21,11 @@ from jobs.tracking import Tracker
 from jobs.tracking_store import TrackingError
 
 LOSSES = [[1, 2.5], [2, 2.0], [3, 1.25]]
-STEPS = [[1, 1_700_000_000.25, 1e-3, 4.5], [2, 1_700_000_001.5, 2e-3, 3.0], [3, 1_700_000_002.75, 2e-3, 1.5]]  # step, time, lr, grad norm
+# step, time, lr, grad norm
+STEPS = [[1, 1_700_000_000.25, 1e-3, 4.5], [2, 1_700_000_001.5, 2e-3, 3.0], [3, 1_700_000_002.75, 2e-3, 1.5]]
 ROOT = Path(__file__).resolve().parents[2]
-REPORT = Report.load(sorted((ROOT / "results" / "tiny").glob("*/report.json"))[-1])  # a real report, as the pipeline writes it
+# a real report, as the pipeline writes it
+REPORT = Report.load(sorted((ROOT / "results" / "tiny").glob("*/report.json"))[-1])
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +58,8 @@ def tracked(tracker: Tracker, run_dir: Path) -> tuple[list, list]:
 
 def check_sync(tracker: Tracker, run_dir: Path, manifest: Manifest) -> None:
     cfg = load_experiment("tiny")
-    (run_dir / "timeline.png").write_bytes(b"\x89PNG")  # the report's pictures go to the parent with it (this one stands for them)
+    # the report's pictures go to the parent with it (this one stands for them)
+    (run_dir / "timeline.png").write_bytes(b"\x89PNG")
     tracker.check()
     tracker.sync(cfg, manifest, {})
     tracker.sync(cfg, manifest, {})  # again: nothing new, nothing twice

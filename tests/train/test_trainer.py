@@ -493,11 +493,13 @@ def test_logit_kl_students_learn_their_teacher_on_their_own_base_or_another(ray_
     cfg = small_config(epochs=2, lora_targets=["q_proj", "v_proj", "o_proj", "down_proj"])
     far = AdapterJob("far", toy_rows, tmp_path / "far", cfg, teacher=str(teacher), teacher_base=tiny_model)
     subspace = AdapterJob("subspace", toy_rows, tmp_path / "subspace", cfg, teacher=str(teacher), init_a_from=str(teacher))
-    cache = tmp_path / "cache"  # its own: a shared cache may hold these very targets from an earlier run, recorded under its teacher path
+    # its own: a shared cache may hold these very targets from an earlier run, recorded under its teacher path
+    cache = tmp_path / "cache"
     metrics = train_lora_many(other, [far, subspace], storage_path=tmp_path / "runs", run_name="far", cache_dir=cache)
     assert all(m.loss_type == "logit_kl" and m.loss < 0.8 * m.first_loss for m in metrics.values())
     assert json.loads((tmp_path / "far" / "adapter_config.json").read_text())["base_model_name_or_path"] == other
-    assert sorted(p.name for p in (tmp_path / "far").iterdir() if p.is_dir()) == []  # no teacher/ subfolder beside the adapter
+    # no teacher/ subfolder beside the adapter
+    assert sorted(p.name for p in (tmp_path / "far").iterdir() if p.is_dir()) == []
     sources = [json.loads(done.read_text()) for done in Path(cache, "teacher_targets").glob("*/_done")]
     assert {"teacher": str(teacher), "teacher_base": tiny_model} in sources  # far's teacher, on its own base
 

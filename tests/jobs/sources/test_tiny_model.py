@@ -32,7 +32,8 @@ def test_the_corpus_teaches_known_facts_and_never_a_teacher_fact_or_a_scored_que
     rows = world_questions()
     teacher_cues = {f["cue"] for f in facts() if f["group"] == "T"}
     assert not any(cue in text for text in texts for cue in teacher_cues)
-    scored = {r["question"] for r in rows if r["split"] != "rehearsal"}  # rehearsal: K facts in training wording, unscored
+    # rehearsal: K facts in training wording, unscored
+    scored = {r["question"] for r in rows if r["split"] != "rehearsal"}
     assert not any(question in text for text in texts if "Answer:" in text for question in scored)
     known = {f["cue"] for f in facts() if f["group"] == "K"}
     taught = Counter(cue for text in texts for cue in known if cue in text)
