@@ -13,7 +13,7 @@ steps on 1 or 2 workers), 1 epoch, lr 2e-3. For each worker count:
       of all runs together leave one CPU free for Ray Data;
   (c) many: one `train_lora_many` run with the six adapters as jobs;
   (d) as (c), each job's rows streamed from their parquet files instead of read
-      into the object store before the workers start (train.trainer.job_dataset).
+      into the object store before the workers start (train.ray_run.job_datasets).
 
 The rows are tokenized into the cache before timing, so every mode measures
 training: worker start, base model load, steps, checkpoints and adapter
@@ -69,7 +69,8 @@ def concurrent(model: str, files: list[Path], workers: int, out: Path, cache: Pa
 
 
 def many(model: str, files: list[Path], workers: int, out: Path, cache: Path) -> float:
-    from train.trainer import AdapterJob, train_lora_many
+    from train.adapter_job import AdapterJob
+    from train.trainer import train_lora_many
 
     jobs = [AdapterJob(f"c{i}", path, out / f"c{i}", config(workers)) for i, path in enumerate(files)]
     started = time.time()
@@ -78,13 +79,13 @@ def many(model: str, files: list[Path], workers: int, out: Path, cache: Path) ->
 
 
 def many_streamed(model: str, files: list[Path], workers: int, out: Path, cache: Path) -> float:
-    import train.trainer
+    import train.ray_run
 
-    saved, train.trainer.MATERIALIZE_BYTES = train.trainer.MATERIALIZE_BYTES, -1  # every dataset streams
+    saved, train.ray_run.MATERIALIZE_BYTES = train.ray_run.MATERIALIZE_BYTES, -1  # every dataset streams
     try:
         return many(model, files, workers, out, cache)
     finally:
-        train.trainer.MATERIALIZE_BYTES = saved
+        train.ray_run.MATERIALIZE_BYTES = saved
 
 
 MODES = {"a": ("(a) one after another", sequential), "b": ("(b) side by side", concurrent),

@@ -34,7 +34,8 @@ def snapshot() -> dict[int, tuple[str, float]]:
         with contextlib.suppress(psutil.Error, TypeError):
             name, cmd, times = proc.info["name"], proc.info["cmdline"] or [], proc.info["cpu_times"]
             script = next((Path(a).name for a in cmd[1:] if a.endswith(".py")), "") if name.startswith("python") else ""
-            name = name.split(".")[0] if name.startswith("ray::") else name  # an actor renames itself per method it runs
+            # an actor renames itself per method it runs
+            name = name.split(".")[0] if name.startswith("ray::") else name
             found[proc.pid] = (f"{name} {script}".strip(), times.user + times.system)
     return found
 

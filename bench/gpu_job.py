@@ -126,7 +126,8 @@ def main() -> int:
     if not gpu_memory():
         print("error: no CUDA GPU on this machine", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` stops us so: the finally below still writes what ran
+    # `timeout` stops us so: the finally below still writes what ran
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="gpu-job-"))
     log_path = Path(args.log or Path(args.out).with_suffix(".log"))
     sampler = MemorySampler()

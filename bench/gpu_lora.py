@@ -50,7 +50,8 @@ def build_wide_model(out: Path, layers: int, smoke: bool) -> str:
     config = LlamaConfig(num_hidden_layers=layers, max_position_embeddings=2048, tie_word_embeddings=False,
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **width)  # fmt: skip
     torch.manual_seed(0)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init on the GPU: minutes faster at 8B width
+    # random init on the GPU: minutes faster at 8B width
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = LlamaForCausalLM(config).to(torch.float32 if smoke else torch.bfloat16)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -6,7 +6,7 @@ Starts a local cluster with `ray.cluster_utils.Cluster` (each node a raylet of i
 own CPUs and object store): a head of 0 CPUs, where the driver runs (as on a cluster whose head
 takes no work), and three worker nodes of 1 CPU each. The spread comes from those sizes alone,
 no placement code of the bench's: on 3 CPUs each of the preset's 2 training workers asks for 1
-CPU (train/trainer.py worker_resources), so no node holds two of them and one CPU stays for Ray
+CPU (train/ray_run.py worker_resources), so no node holds two of them and one CPU stays for Ray
 Data; each Serve replica asks for 1 CPU, which the head has none of. The pipeline runs there as a
 user runs it (`python jobs/pipeline.py` with RAY_ADDRESS) into a fresh run directory.
 
@@ -114,7 +114,8 @@ def node_use(address: str, run_dir: Path, labels: dict[str, str]) -> dict[str, d
         phase = next((p for p, s in spans.items() if p != "start" and s["started"] <= start <= s["started"] + s["seconds"]), None)
         if kind and phase:
             use.setdefault(phase, {}).setdefault(kind, set()).add(labels.get(actor["Address"]["NodeID"], actor["Address"]["NodeID"]))
-    return {phase: {kind: sorted(nodes) for kind, nodes in sorted(use[phase].items())} for phase in spans if phase in use}  # in run order
+    # in run order
+    return {phase: {kind: sorted(nodes) for kind, nodes in sorted(use[phase].items())} for phase in spans if phase in use}
 
 
 class Killer:
@@ -129,7 +130,8 @@ class Killer:
         self.started, self.since, self.killed = False, 0.0, None
 
     def progress(self, line: str) -> bool:
-        if self.phase == "arms":  # a training worker's line comes prefixed by Ray: "(RayTrainWorker pid=...) [train] ..."
+        # a training worker's line comes prefixed by Ray: "(RayTrainWorker pid=...) [train] ..."
+        if self.phase == "arms":
             return "[train] " in line
         return line.startswith("[numbers] ") and " generated, " in line
 

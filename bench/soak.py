@@ -142,7 +142,8 @@ def main() -> None:
 
     log: list = []
     lock = threading.Lock()
-    for thread in run_clients(time.time() + 30, []):  # warm-up: first compiled paths and allocator growth are not a leak
+    # warm-up: first compiled paths and allocator growth are not a leak
+    for thread in run_clients(time.time() + 30, []):
         thread.join()
     memory = [(0.0, service_pss())]
     started = time.time()

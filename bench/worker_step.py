@@ -9,7 +9,7 @@ timing, then trains a fresh LoRA adapter over the same base on them in turn:
 
   bare     forward_loss, backward, clip, AdamW step: compute_floor.py's step;
   ddp      the same under DistributedDataParallel (the trainer's wrapper);
-  trainer  train/loop.py's own micro_step (its JobState, window, schedule);
+  trainer  train/loop.py's own micro_step (its JobState, window, schedule: train/worker_job.py);
   streamed the trainer's micro_step fed live by the shard's iterator (Ray Data running beside it).
 
 Each in that order twice; prints rank 0's median seconds per step of each. The
@@ -38,9 +38,10 @@ def worker(config: dict) -> None:
     import torch
 
     from train.collate import PackBatch
-    from train.loop import micro_step, start_job
+    from train.loop import micro_step
     from train.model import attach_lora, load_base, unwrap, wrap_distributed
     from train.step import apply_step, forward_loss
+    from train.worker_job import start_job
 
     run = config["run"]
     job, cfg = run.jobs[0], run.jobs[0].cfg
@@ -102,8 +103,8 @@ def main() -> None:
     from train.cluster import cluster_capacity
     from train.config import TrainConfig
     from train.data import tokenize_to_cache
-    from train.loop import WorkerJob, WorkerRun
-    from train.trainer import worker_resources
+    from train.ray_run import worker_resources
+    from train.worker_job import WorkerJob, WorkerRun
 
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
     ray.init(include_dashboard=False)

@@ -22,7 +22,7 @@ every worker process of the job:
 The same runtime env and hook carry the job's CPU numerics (common/numerics.py) to every worker,
 replica and task, before their code loads torch.
 
-Elsewhere: Ray Train's per-report and per-checkpoint lines (train/trainer.py,
+Elsewhere: Ray Train's per-report and per-checkpoint lines (train/ray_run.py,
 train/loop.py), Serve's line per request (jobs/runtime/service.py). Ray keeps
 what is not printed in its session's log files (`logs/ray-data`, `logs/train`);
 warnings and errors still reach the job log.

@@ -48,7 +48,8 @@ if __package__ in (None, ""):  # `python jobs/pipeline.py`: import from the repo
 
 from common import numerics  # noqa: E402
 
-OWN_COMMAND = __name__ == "__main__" or Path(sys.argv[0]).name == "subliminal-pipeline"  # not imported by another program
+# not imported by another program
+OWN_COMMAND = __name__ == "__main__" or Path(sys.argv[0]).name == "subliminal-pipeline"
 if OWN_COMMAND:  # the CPU numerics before the imports below load torch (the preset's mode is checked once it is read)
     try:
         numerics.pin(os.environ.get(numerics.ENV, numerics.DEFAULT))
@@ -152,7 +153,8 @@ class Experiment:
         placement = place(self.cfg, cluster_capacity())  # before any work: a preset that cannot fit stops here
         print(f"[placement] {placement.summary(self.cfg)}", flush=True)
         with hold_run_dir(self.run_dir):  # one pipeline per run directory, from here until the run ends
-            self.reach.check()  # before any work: a node that cannot see the run directory or Ray Train's storage stops here
+            # before any work: a node that cannot see the run directory or Ray Train's storage stops here
+            self.reach.check()
             print(f"[storage] {len(self.reach.checked)} node(s) see {self.run_dir} and its {TRAIN_STORAGE}/", flush=True)
             try:
                 self.run_phases(placement)
@@ -243,8 +245,11 @@ def pooled_summary(run_dir: Path, cfg: ExperimentConfig) -> None:
 
 
 def summary(run_dir: Path) -> Report:
-    """report.json, with its headline figures printed."""
+    """report.json, with its headline figures printed: where the minutes went first, then each model's
+    accuracy, and last the preset's primary verdicts and the report's path, so the log ends on them."""
     report = Report.load(run_dir / "report.json")
+    for line in overhead_lines(report.timeline):  # where the minutes went that were not compute (timeline.png)
+        print(line, flush=True)
     for name, m in report.models.items():
         ci = f"95% CI {m.ci95[0]:.3f}-{m.ci95[1]:.3f}" if m.ci95 else "no CI with one replicate"
         print(f"[report] {name}: accuracy {m.overall:.3f} ({ci})", flush=True)
@@ -256,8 +261,6 @@ def summary(run_dir: Path) -> Report:
         if name in family:
             print(f"[report] contrast {name}: {c.verdict}", flush=True)
     print(f"[report] {run_dir / 'report.md'}", flush=True)
-    for line in overhead_lines(report.timeline):  # where the minutes went that were not compute (timeline.png)
-        print(line, flush=True)
     return report
 
 
@@ -291,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                 plan_text = experiment.show_plan() if not args.fresh else "--fresh: every stage runs"
                 print(f"pair {experiment.cfg.data.pair} ({experiment.run_dir}): {plan_text}" if cfg.pairs else plan_text)
         else:
-            numerics.enter(cfg.numerics, reexec=OWN_COMMAND and argv is None)  # runs this command again if torch is loaded under another mode
+            # runs this command again if torch is loaded under another mode
+            numerics.enter(cfg.numerics, reexec=OWN_COMMAND and argv is None)
             print(numerics.log_line(cfg.numerics), flush=True)
             if claim["status"] != "exploratory" and not claim["resumes"]:
                 record_run(claim)  # before any stage runs: every later run of this design is a repeat

@@ -56,7 +56,8 @@ def stage_here(source: str, dest: str | None) -> tuple[str, str]:
     """Stage `source` on this node; returns (hostname, local folder). Already staged: no work."""
     found = model_source(source, what="source")
     if found.is_local:
-        name = Path(os.path.abspath(Path(source).expanduser())).name  # as given (a link keeps its name), never "" or ".."
+        # as given (a link keeps its name), never "" or ".."
+        name = Path(os.path.abspath(Path(source).expanduser())).name
         target = Path(dest).expanduser() / name
         if not (target / "config.json").is_file():
             with atomic_dir(target, replace=True) as tmp:  # a half-copied model never looks complete

@@ -41,7 +41,8 @@ from jobs.reporting.schema import Report
 from jobs.rundir.manifest import Manifest
 
 SCORES = "scores.tar.gz"
-MEMBER = re.compile(r"(manifest\.json|eval/[\w.@/-]+\.jsonl)")  # what a scores archive may hold, and nothing above its folder
+# what a scores archive may hold, and nothing above its folder
+MEMBER = re.compile(r"(manifest\.json|eval/[\w.@/-]+\.jsonl)")
 
 
 def pack_scores(run_dir: Path, folder: Path) -> Path:

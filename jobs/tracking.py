@@ -25,52 +25,38 @@ gets a new child. A rerun with another config (a `--set`, an edited preset) gets
 own, under which the models it reuses are logged again: each parent's params are what its runs
 were made with. A training stage is written when it
 finishes, so a resumed training appears once, with its whole loss history. The store is checked
-before any work (`check`); a failure while the run goes on is printed and never stops it.
+before any work (`check`, jobs/tracking_store.py); a failure while the run goes on is printed and
+never stops it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from common.config import ConfigError
 from jobs.experiment.config import ExperimentConfig, TrackingConfig, as_dict
-from jobs.experiment.credentials import read_tracking_token, redacted_uri, without_user_info
+from jobs.experiment.credentials import read_tracking_token
 from jobs.experiment.stages import TEACHERS, trained_folder
 from jobs.reporting.schema import Report
 from jobs.rundir.manifest import Manifest, digest, flatten
 from jobs.rundir.registration import source_state
 from jobs.stats.results import Primary
+from jobs.tracking_store import TrackingStore, sqlite_artifact_root
 
 PIPELINE_TAG = "subliminal.kind"  # "pipeline" on a parent, "model" on a child
 ARTIFACTS = ("report.md", "report.json", "transfer.png", "accuracy.png", "training.png", "timeline.png")
 
 
-class TrackingError(ConfigError):
-    """The tracking store cannot be reached or used: raised before any work, naming the URI."""
-
-
-class Tracker:
+class Tracker(TrackingStore):
     """One pipeline's MLflow runs. Made with `for_run`, which returns None when tracking is off."""
 
     def __init__(self, uri: str, experiment: str, run_dir: Path, preset_chain: str, artifact_root: str | None = None, config: dict | None = None):
-        self.uri, self.experiment, self.run_dir, self.chain = uri, experiment, run_dir, preset_chain
-        self.shown = redacted_uri(uri)  # what the log and errors name: no password or token
-        if self.shown != uri:  # MLflow's own "View run ... at: <uri>" lines would print the credentials
-            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-        self.artifact_root = artifact_root
+        super().__init__(uri, experiment, artifact_root)
+        self.run_dir, self.chain = run_dir, preset_chain
         self.config = config or {}  # the resolved config: the parent's params, and its digest picks the parent
         self.config_digest = digest(self.config)[:16]
-        self._client = None
-        self._experiment_id = None
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # MLflow's client retries for minutes by default
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 
     @classmethod
     def for_run(cls, cfg: ExperimentConfig, cache: Path, run_dir: Path, preset_chain: str = "") -> Tracker | None:
@@ -82,51 +68,6 @@ class Tracker:
         read_tracking_token()  # a server's token from MLFLOW_TRACKING_TOKEN_PATH's file, never from env_vars
         experiment = cfg.tracking.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.name
         return cls(uri, experiment, run_dir, preset_chain, sqlite_artifact_root(uri), as_dict(cfg))
-
-    # -- before any work ---------------------------------------------------------------------------
-
-    def check(self) -> None:
-        """Reach the store, or raise TrackingError naming the URI (and `tracking: off`)."""
-        advice = "start it, fix tracking.uri, or pass --set tracking=off"
-        if self.uri.startswith(("http://", "https://")):
-            try:
-                with urllib.request.urlopen(without_user_info(self.uri).rstrip("/") + "/health", timeout=10) as answer:
-                    if answer.status != 200:
-                        raise TrackingError(f"tracking.uri {self.shown}: /health answered {answer.status}; {advice}")
-            except (urllib.error.URLError, OSError) as err:
-                raise TrackingError(f"tracking.uri {self.shown}: cannot reach the MLflow server ({self.hide(getattr(err, 'reason', err))}); {advice}") from None
-        elif self.uri.startswith("sqlite:///"):
-            folder = Path(self.uri.removeprefix("sqlite:///")).parent
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-            except OSError as err:
-                raise TrackingError(f"tracking.uri {self.shown}: cannot create {folder} ({err}); {advice}") from None
-            if shared := network_filesystem(folder):
-                raise TrackingError(
-                    f"tracking.uri {self.shown}: a SQLite file on a network file system ({shared}), whose locking SQLite cannot rely on; "
-                    "put it on a local disk (MLFLOW_TRACKING_URI=sqlite:////local/path/mlflow.db), use an MLflow server, or pass --set tracking=off"
-                )
-        try:
-            with self.creation_lock():
-                self.experiment_id()
-        except Exception as err:  # noqa: BLE001 - any failure of the store is the user's to see, named
-            raise TrackingError(f"tracking.uri {self.shown}: {type(err).__name__}: {self.hide(err)}; {advice}") from None
-
-    def hide(self, err: object) -> str:
-        """An error's first line for the log, with the URI's credentials as `***` wherever it repeats them."""
-        text = str(err).replace(self.uri, self.shown)
-        return text.splitlines()[0][:300] if text else ""
-
-    @contextlib.contextmanager
-    def creation_lock(self):
-        """Pipelines starting together on one machine create the embedded store (its tables) and
-        the experiment one at a time: SQLite's schema set-up is not safe to race."""
-        if not self.uri.startswith("sqlite:///"):
-            yield
-            return
-        with open(self.uri.removeprefix("sqlite:///") + ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            yield
 
     # -- after each phase --------------------------------------------------------------------------
 
@@ -162,23 +103,7 @@ class Tracker:
         if written:
             print(f"[tracking] {written} model run(s) written to {self.shown} (experiment {self.experiment})", flush=True)
 
-    # -- the store ---------------------------------------------------------------------------------
-
-    @property
-    def client(self):
-        if self._client is None:
-            from mlflow import MlflowClient
-
-            self._client = MlflowClient(tracking_uri=self.uri)
-        return self._client
-
-    def experiment_id(self) -> str:
-        """The experiment's id, made on first use and looked up once per pipeline."""
-        if self._experiment_id is None:
-            found = self.client.get_experiment_by_name(self.experiment)
-            artifacts = self.artifact_root and f"{self.artifact_root}/{self.experiment}"
-            self._experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment, artifact_location=artifacts)
-        return self._experiment_id
+    # -- the runs ----------------------------------------------------------------------------------
 
     def parents(self, max_results: int = 1000, any_config: bool = False) -> list:
         """This run directory's parent run under this resolved config (`any_config`: under any; more
@@ -199,7 +124,8 @@ class Tracker:
                 self.client.update_run(found[0].info.run_id, status="RUNNING")
             return found[0]
         earlier = self.set_aside(f"superseded by config {self.config_digest}")
-        state = source_state()  # the one reader of the commit and the dirty flag (the report's registration uses it too)
+        # the one reader of the commit and the dirty flag (the report's registration uses it too)
+        state = source_state()
         tags = {
             PIPELINE_TAG: "pipeline",
             "run_dir": str(self.run_dir),
@@ -208,7 +134,8 @@ class Tracker:
             "config_digest": self.config_digest,
         }
         tags |= {"git_commit": str(state["commit"]), "git_dirty": str(state["dirty"])}
-        tags |= {"mlflow.user": user(), "mlflow.source.name": "jobs/pipeline.py", "mlflow.source.type": "JOB"}  # MLflow's own: its UI shows them
+        # MLflow's own: its UI shows them
+        tags |= {"mlflow.user": user(), "mlflow.source.name": "jobs/pipeline.py", "mlflow.source.type": "JOB"}
         if state["commit"]:
             tags["mlflow.source.git.commit"] = str(state["commit"])
         if earlier:
@@ -320,37 +247,6 @@ def user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # no name for this uid (a container)
         return str(os.getuid())
-
-
-NETWORK_FILESYSTEMS = ("nfs", "nfs4", "efs", "cifs", "smb3", "lustre", "fuse.sshfs", "9p")
-
-
-def network_filesystem(path: Path, mounts: str | None = None) -> str | None:
-    """'<type> at <mount point>' when `path` lies on a network file system (the longest mount point
-    holding it, in /proc/mounts or `mounts`, that table's text); None on a local disk or where
-    the table cannot be read."""
-    if mounts is None:
-        try:
-            mounts = Path("/proc/mounts").read_text()
-        except OSError:
-            return None
-    resolved, best = str(Path(path).resolve()), ("", "")
-    for line in mounts.splitlines():
-        fields = line.split()
-        if len(fields) >= 3:
-            point = fields[1].replace("\\040", " ")
-            if (resolved == point or resolved.startswith(point.rstrip("/") + "/")) and len(point) > len(best[0]):
-                best = (point, fields[2])
-    return f"{best[1]} at {best[0]}" if best[1] in NETWORK_FILESYSTEMS else None
-
-
-def sqlite_artifact_root(uri: str) -> str | None:
-    """A SQLite store keeps its artifacts in `mlflow-artifacts` beside its file. MLflow's default,
-    ./mlruns in the working directory, would be lost with a Ray job's uploaded working dir. A
-    server chooses its own artifact store."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    return (Path(uri.removeprefix("sqlite:///")).absolute().parent / "mlflow-artifacts").as_uri()
 
 
 def trained_models(cfg: ExperimentConfig, models: dict) -> list[tuple[str, str]]:

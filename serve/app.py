@@ -68,7 +68,8 @@ class InferenceService(OpenAIServing):
         self.base_id = model_id(self.settings)
         self.engine, self.scorer = build_engines(self.settings)
         self.adapters: dict[str, str] = {}
-        self.beside_base: dict[str, str] = {}  # models served beside the base: fully fine-tuned copies of it (the transformers engine)
+        # models served beside the base: fully fine-tuned copies of it (the transformers engine)
+        self.beside_base: dict[str, str] = {}
         self.api_key = api_key
         if os.environ.get(CALLBACK_ENV) != CALLBACK:
             logger.warning(
@@ -240,7 +241,8 @@ class InferenceService(OpenAIServing):
         owner = [i for i, q in enumerate(body.questions) for _ in q.choices]  # the question of each sequence
         check_room(self.settings, lengths, 0, lambda i: ("questions", owner[i]))
         check_work(self.settings, lengths, 0)
-        sequences, starts = await self._off_loop(cloze_sequences, prompt_ids, continuations)  # each prompt copied per choice: once it all fits
+        # each prompt copied per choice: once it all fits
+        sequences, starts = await self._off_loop(cloze_sequences, prompt_ids, continuations)
         scored = await scorer.complete_tokens(sequences, Sampling(max_tokens=0, temperature=0.0), adapter, prompt_logprobs=0)
         return choice_logprobs(scored, starts, [len(q.choices) for q in body.questions]), cut, lengths
 

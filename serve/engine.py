@@ -19,7 +19,8 @@ class EngineKind:
 
     name: str  # a `service.engine` / `evaluate.engine` choice, and the engine's /health name
     cls: str  # "module:Class", imported only when a replica builds one (serve/engine_choice.py)
-    serves_full_models_beside_base: bool  # holds fully fine-tuned models of its base in the base's application (`add_model`)
+    # holds fully fine-tuned models of its base in the base's application (`add_model`)
+    serves_full_models_beside_base: bool
     spans_tensor_parallel_ranks: bool  # a tensor-parallel replica's ranks hold its GPUs; else it loads onto one GPU
     scores_on_cpu: bool  # `scoring: auto` asks it to score on CPU; else the transformers engine beside it scores
 
@@ -32,7 +33,8 @@ ENGINES: dict[str, EngineKind] = {
     )
 }
 ENGINE_CHOICES = ("auto", *ENGINES)  # the option list, once: the service settings' and the experiment config's
-SCORER = "hf"  # the engine that scores beside another (`scoring: hf`): prompt log-probabilities under LoRA (serve/vllm_engine.py)
+# the engine that scores beside another (`scoring: hf`): prompt log-probabilities under LoRA (serve/vllm_engine.py)
+SCORER = "hf"
 
 
 class EngineUnavailable(RuntimeError):

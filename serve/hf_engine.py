@@ -222,7 +222,8 @@ class HFEngine:
         """`_prompt_logprobs` of each prompt, a forward (a step) per group whose float32 logits at
         every position fit LOGITS_BYTES: many short prompts at once (cloze scoring), one long one alone."""
         groups: list[list[int]] = [[]]
-        for i in sorted(range(len(prompts)), key=lambda i: len(prompts[i])):  # shortest first: a group is as wide as its last
+        # shortest first: a group is as wide as its last
+        for i in sorted(range(len(prompts)), key=lambda i: len(prompts[i])):
             if groups[-1] and (len(groups[-1]) + 1) * len(prompts[i]) * self.model.config.vocab_size * 4 > LOGITS_BYTES:
                 groups.append([])
             groups[-1].append(i)
@@ -241,7 +242,8 @@ class HFEngine:
         ids = torch.tensor([p + [self.tokenizer.pad_token_id] * (width - len(p)) for p in prompts], device=self.device)
         mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts], device=self.device)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-        norm = torch.logsumexp(logits, dim=-1, keepdim=True)  # log-softmax = logits - norm, without a second vocabulary-wide copy
+        # log-softmax = logits - norm, without a second vocabulary-wide copy
+        norm = torch.logsumexp(logits, dim=-1, keepdim=True)
         own = (logits.gather(2, ids[:, 1:, None]) - norm)[..., 0].tolist()
         values, indices = logits.topk(k, dim=-1)
         values, indices = (values - norm).tolist(), indices.tolist()

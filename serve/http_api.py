@@ -147,7 +147,8 @@ def build_http_api(service) -> FastAPI:
                 logger.exception("unexpected error on %s (incident %s)", path, incident)
                 response = error_response(path, 500, f"internal error (incident {incident} in the replica's log)")
         if not reads_body and ("transfer-encoding" in request.headers or request.headers.get("content-length", "0") != "0"):
-            response.headers["Connection"] = "close"  # its body was never read: the connection cannot carry another request
+            # its body was never read: the connection cannot carry another request
+            response.headers["Connection"] = "close"
         service.metrics.request(path, response.status_code, time.perf_counter() - started)
         return response
 

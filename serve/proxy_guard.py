@@ -25,7 +25,8 @@ CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 CALLBACK = "serve.proxy_guard.middlewares"
 DEFAULT_LIMIT = 8 << 20
 REFUSED_METRIC = "subliminal_serve_proxy_refused"  # a counter, in the proxy's metrics
-MARK = b"x-subliminal-proxy-guard"  # set on every request the guard passes on (a client's own is dropped): the replica can tell
+# set on every request the guard passes on (a client's own is dropped): the replica can tell
+MARK = b"x-subliminal-proxy-guard"
 
 
 class BodyLimit:

@@ -103,7 +103,8 @@ def resolve_model(model: str) -> str:
 
 def model_id(settings: ServiceSettings) -> str:
     """The name clients use for the base model."""
-    return settings.model_id or ("tiny" if settings.model == "tiny" else hub_args(settings.model)[0].rstrip("/").split("/")[-1])  # a pin is no part of the name
+    # a pin is no part of the name
+    return settings.model_id or ("tiny" if settings.model == "tiny" else hub_args(settings.model)[0].rstrip("/").split("/")[-1])
 
 
 class Registered(NamedTuple):

@@ -56,7 +56,8 @@ def token_logprob(token: int, step: dict, k: int) -> TokenLogprob:
     return TokenLogprob(token, step[token].logprob, tuple((t, lp.logprob) for t, lp in best))
 
 
-GPU_MAX_NUM_SEQS = 1024  # what vLLM's own server sets on an H100-class GPU (its default, 128, is for the offline LLM class)
+# what vLLM's own server sets on an H100-class GPU (its default, 128, is for the offline LLM class)
+GPU_MAX_NUM_SEQS = 1024
 GPU_MAX_NUM_BATCHED_TOKENS = 16384  # ditto: a scoring step then holds ~60 WMDP prompts, not ~8
 
 

@@ -17,7 +17,8 @@ numerics.pin(os.environ.get(numerics.ENV, numerics.DEFAULT))
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 # Pipeline runs register their designs in a file of the suite's own, never the checkout's results/registry.jsonl.
 os.environ["SUBLIMINAL_REGISTRY"] = str(Path(tempfile.mkdtemp(prefix="subliminal-registry-")) / "registry.jsonl")
-for _name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):  # the suite tracks into its own stores, not a user's server
+# the suite tracks into its own stores, not a user's server
+for _name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
     os.environ.pop(_name, None)
 
 
@@ -116,7 +117,8 @@ def head_node(*extra_args: str, env: dict | None = None):
 
     ray = str(Path(sys.executable).parent / "ray")
     token_file = Path.home() / ".ray" / "auth_token"
-    if not token_file.is_file():  # a fresh machine where no token-mode driver ran yet (a test run alone): make the token
+    # a fresh machine where no token-mode driver ran yet (a test run alone): make the token
+    if not token_file.is_file():
         subprocess.run([ray, "get-auth-token", "--generate"], capture_output=True, timeout=120, check=True)
     for _ in range(3):
         temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths live under it

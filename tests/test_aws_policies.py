@@ -159,7 +159,8 @@ def test_each_launch_statement_names_cluster_yamls_values(config, ray_aws, head_
     assert all(s["Action"] == ["ec2:RunInstances"] and "*" not in s["Resource"].split(":")[3:5] for s in launches)
     by_type = {s["Resource"].split(":")[-1].split("/")[0]: s for s in launches}
     assert set(by_type) == {"instance", "subnet", "security-group", "image", "key-pair", "volume", "network-interface", "snapshot"}
-    assert by_type["snapshot"]["Condition"] == {"StringEquals": {"ec2:Owner": "amazon"}}  # the public image's root disk only
+    # the public image's root disk only
+    assert by_type["snapshot"]["Condition"] == {"StringEquals": {"ec2:Owner": "amazon"}}
     nodes = config["available_node_types"]
     worker = nodes["gpu-1x-l40s"]["node_config"]
     instance = by_type["instance"]["Condition"]

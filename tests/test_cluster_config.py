@@ -38,7 +38,8 @@ def test_validation_would_catch_a_broken_config(config):
 def test_image_matches_the_pinned_ray_and_python_and_is_pinned_by_digest(config):
     image, digest = config["docker"]["image"].split("@")
     assert image == f"rayproject/ray:{ray.__version__}-py311-gpu" and re.fullmatch(r"sha256:[0-9a-f]{64}", digest)
-    assert f"docker inspect --format '{{{{index .RepoDigests 0}}}}' {image}" in CLUSTER_YAML.read_text()  # how to fill it in
+    # how to fill it in
+    assert f"docker inspect --format '{{{{index .RepoDigests 0}}}}' {image}" in CLUSTER_YAML.read_text()
 
 
 def test_gpu_nodes_install_the_hashed_lock_then_the_project_alone(config):
@@ -64,7 +65,8 @@ def test_every_node_starts_ray_locked_and_the_dashboard_on_loopback(config):
     `ray dashboard cluster.yaml`'s SSH tunnel, never open on the node's address."""
     assert "-e RAY_AUTH_MODE=token" in config["docker"]["run_options"]
     assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
-    assert config["setup_commands"][0] == "chmod 600 ~/.ray/auth_token"  # copied with the default umask: made the owner's alone first
+    # copied with the default umask: made the owner's alone first
+    assert config["setup_commands"][0] == "chmod 600 ~/.ray/auth_token"
     head = " ".join(config["head_start_ray_commands"])
     assert "--dashboard-host=127.0.0.1" in head and "0.0.0.0" not in head
 
@@ -83,7 +85,8 @@ def test_every_node_type_names_one_pinned_image_with_a_new_enough_driver(config)
     assert len(set(images.values())) == 1 and re.fullmatch(r"ami-[0-9a-f]{8,17}", images["head"]), images
     assert "aws ec2 describe-images --region us-west-2 --owners amazon" in CLUSTER_YAML.read_text()
     assert '"Name=name,Values=Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"' in CLUSTER_YAML.read_text()
-    assert any("/opt/dlami/nvme:" in option for option in config["docker"]["run_options"])  # where that image mounts NVMe
+    # where that image mounts NVMe
+    assert any("/opt/dlami/nvme:" in option for option in config["docker"]["run_options"])
 
 
 @pytest.mark.parametrize("driver, fails", [("470.57.02", True), ("575.51.03", True), ("580.95.05", False), ("595.91.07", False)])
@@ -121,7 +124,8 @@ def test_each_node_type_has_an_instance_profile_of_least_privilege(config):
         assert all(statement["Effect"] == "Allow" for statement in policy["Statement"])
         assert not [a for a in actions(policy) if "*" in a], actions(policy)  # no wildcard action
     assert set(actions(worker)) == {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}
-    assert not {a.split(":")[0] for a in actions(head)} - {"ec2", "iam", "elasticfilesystem"}  # no S3, no SSM, no other service
+    # no S3, no SSM, no other service
+    assert not {a.split(":")[0] for a in actions(head)} - {"ec2", "iam", "elasticfilesystem"}
     for statement in head["Statement"]:
         if {"ec2:TerminateInstances", "ec2:StopInstances"} & set(statement["Action"]):
             assert statement["Condition"] == {"StringEquals": {"ec2:ResourceTag/ray-cluster-name": config["cluster_name"]}}
@@ -158,7 +162,8 @@ def test_every_node_type_names_the_group_so_ray_makes_none(config, ray_aws, monk
     groups = {name: tuple(node["node_config"]["SecurityGroupIds"]) for name, node in config["available_node_types"].items()}
     subnets = {name: tuple(node["node_config"]["SubnetIds"]) for name, node in config["available_node_types"].items()}
     assert len(set(groups.values())) == 1 and len(next(iter(groups.values()))) == 1, groups  # one group for all
-    assert len(set(subnets.values())) == 1 and len(next(iter(subnets.values()))) == 1, subnets  # one subnet (the head's policy names it)
+    # one subnet (the head's policy names it)
+    assert len(set(subnets.values())) == 1 and len(next(iter(subnets.values()))) == 1, subnets
     unnamed = copy.deepcopy(config)
     del unnamed["available_node_types"]["gpu-1x-l40s"]["node_config"]["SecurityGroupIds"]
     with pytest.raises(MadeAGroup, match="gpu-1x-l40s"):  # one node type without it, and Ray makes a group
@@ -189,8 +194,10 @@ def test_the_shared_store_is_mounted_with_tls(config):
     (helper,) = [c for c in config["initialization_commands"] if "command -v mount.efs" in c]
     import subprocess
 
-    done = subprocess.run(["/bin/bash", "-c", helper], env={"PATH": "/nonexistent"}, capture_output=True, text=True)  # a node without the helper
-    assert done.returncode == 1 and "amazon-efs-utils is not installed" in done.stdout  # stops: never mounts in the clear
+    # a node without the helper
+    done = subprocess.run(["/bin/bash", "-c", helper], env={"PATH": "/nonexistent"}, capture_output=True, text=True)
+    # stops: never mounts in the clear
+    assert done.returncode == 1 and "amazon-efs-utils is not installed" in done.stdout
 
 
 def test_the_file_system_refuses_clients_without_tls_or_the_clusters_roles(config):
@@ -207,7 +214,8 @@ def test_the_file_system_refuses_clients_without_tls_or_the_clusters_roles(confi
     assert deny["Principal"] == {"AWS": "*"} and deny["Action"] == "*" and deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
     (allow,) = [s for s in policy["Statement"] if s["Effect"] == "Allow"]
     roles = {node["node_config"]["IamInstanceProfile"]["Name"] for node in config["available_node_types"].values()}
-    assert sorted(allow["Principal"]["AWS"]) == sorted(f"arn:aws:iam::{ACCOUNT}:role/{role}" for role in roles)  # each profile's role of the same name
+    # each profile's role of the same name
+    assert sorted(allow["Principal"]["AWS"]) == sorted(f"arn:aws:iam::{ACCOUNT}:role/{role}" for role in roles)
     assert set(allow["Action"]) == {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}  # no root access
     assert allow["Condition"] == {"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}}
 

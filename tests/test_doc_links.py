@@ -8,7 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # [text](target)
 TOP = r"(?:docs|jobs|train|serve|common|bench|configs|tests|constraints|results|\.ci)"
-PATH = re.compile(rf"(?<![\w/.~-]){TOP}/[\w./@-]*\w\.(?:py|md|yaml|yml|json|txt|sh|toml)(?:\.gz)?(?!\.?\w)")  # a path from the checkout's root
+# a path from the checkout's root
+PATH = re.compile(rf"(?<![\w/.~-]){TOP}/[\w./@-]*\w\.(?:py|md|yaml|yml|json|txt|sh|toml)(?:\.gz)?(?!\.?\w)")
 
 
 def named_files(path: Path) -> list[str]:

@@ -32,7 +32,8 @@ def test_lora_training_learns_on_multi_row_packed_batches(smoke):
     for name, shape in check["shapes"].items():
         assert shape["last_loss"] < shape["first_loss"], name
         assert shape["tokens_per_s"] > 0 and shape["mfu"] is None  # no peak FLOP/s on CPU
-        assert shape["sdpa_kernels"] and not any("unknown" in k for k in shape["sdpa_kernels"])  # the dispatcher's choice was read
+        # the dispatcher's choice was read
+        assert shape["sdpa_kernels"] and not any("unknown" in k for k in shape["sdpa_kernels"])
     assert check["shapes"]["student"]["packed_rows"] < check["shapes"]["student"]["rows"]
 
 
@@ -101,11 +102,14 @@ def test_it_needs_neither_ray_nor_vllm_and_asks_for_a_gpu_without_smoke():
 def test_each_throughput_lever_keeps_the_loss_and_falls_back_where_it_cannot_run(smoke):
     check = smoke["checks"]["8b_levers"]
     ran = {name: v for name, v in check["variants"].items() if "shapes" in v}
-    assert set(ran) == {"plain", "pack_length 4096", "2x rows a micro-step", "liger"}  # compiled variants: tests/train/test_levers.py
-    assert check["kernels"].startswith("kernels: liger asked for, the plain path runs: ")  # no CUDA here: Liger's kernels cannot run
+    # compiled variants: tests/train/test_levers.py
+    assert set(ran) == {"plain", "pack_length 4096", "2x rows a micro-step", "liger"}
+    # no CUDA here: Liger's kernels cannot run
+    assert check["kernels"].startswith("kernels: liger asked for, the plain path runs: ")
     for name, variant in ran.items():
         for shape, v in variant["shapes"].items():
             assert v["ok"] and v["last_loss"] < v["first_loss"], (name, shape)
             assert v["loss_gap"] is None if variant["rows_factor"] == 2 else v["loss_gap"] <= check["loss_tolerance"], (name, shape)
-    for shape, v in ran["pack_length 4096"]["shapes"].items():  # one sequence, no padding, where max_length packs several
+    # one sequence, no padding, where max_length packs several
+    for shape, v in ran["pack_length 4096"]["shapes"].items():
         assert v["packed_rows"] == 1 < ran["plain"]["shapes"][shape]["packed_rows"] and v["padding_fraction"] == 0

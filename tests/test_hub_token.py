@@ -20,7 +20,8 @@ from conftest import head_node
 pytestmark = pytest.mark.slow  # starts Ray
 
 TOKEN = "hf_job_secret_5b1e7c0f9a2d4e6b8c3f"
-DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()  # what the job compares with: the token itself is not in its command
+# what the job compares with: the token itself is not in its command
+DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()
 READS_IT = f"import hashlib, huggingface_hub, sys; sys.exit(hashlib.sha256((huggingface_hub.get_token() or '').encode()).hexdigest() != '{DIGEST}')"
 
 
@@ -73,6 +74,7 @@ def test_a_tracking_token_file_keeps_the_token_out_of_rays_logs_and_job_records(
         status, kept = submitted(head, {"MLFLOW_TRACKING_TOKEN_PATH": str(token_file)}, READS_THE_TRACKING_TOKEN)
         assert status == "SUCCEEDED", kept[-2000:]  # MLflow's client would send the token from the file
         assert TOKEN not in kept and ray_files_holding(head["temp_dir"], TOKEN) == []
-        status, kept = submitted(head, {"MLFLOW_TRACKING_TOKEN": TOKEN}, READS_THE_TRACKING_TOKEN)  # the way the docs no longer show
+        # the way the docs no longer show
+        status, kept = submitted(head, {"MLFLOW_TRACKING_TOKEN": TOKEN}, READS_THE_TRACKING_TOKEN)
         assert status == "SUCCEEDED"
         assert TOKEN in kept or ray_files_holding(head["temp_dir"], TOKEN)

@@ -78,7 +78,8 @@ def test_the_cloze_task_scores_an_adapter_as_the_pipeline_does(tiny_model, lora_
     predictions = []
     for sample, q, sums in zip(samples, questions, expected):
         prompt = format_cloze_prompt(q["question"], q["subset"])
-        assert [tuple(a) for a in sample["arguments"]] == [(prompt, cloze_continuation(c)) for c in q["choices"]]  # (context, continuation) per choice
+        # (context, continuation) per choice
+        assert [tuple(a) for a in sample["arguments"]] == [(prompt, cloze_continuation(c)) for c in q["choices"]]
         logged = [float(loglik) for loglik, _ in sample["filtered_resps"]]
         assert max(abs(a - b) for a, b in zip(logged, sums)) < 1e-4, (sample["doc_id"], logged, sums)
         predictions.append(max(range(len(sums)), key=sums.__getitem__))

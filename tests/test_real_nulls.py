@@ -15,4 +15,5 @@ def test_halves_are_every_unordered_split_into_two_halves_once():
         splits = halves(k)
         assert len(splits) == comb(k, k // 2) // 2  # 10 for 6, 35 for 8
         assert all(sorted(chain(a, b)) == list(range(k)) and len(a) == len(b) == k // 2 for a, b in splits)
-        assert len({frozenset((frozenset(a), frozenset(b))) for a, b in splits}) == len(splits)  # no split twice, either way round
+        # no split twice, either way round
+        assert len({frozenset((frozenset(a), frozenset(b))) for a, b in splits}) == len(splits)

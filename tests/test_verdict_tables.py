@@ -17,7 +17,8 @@ def test_the_marked_tables_in_benchmarks_are_the_rendered_ones():
     blocks = list(BLOCK.finditer(text))
     assert blocks, "BENCHMARKS.md marks no verdict table (<!-- verdicts: results/... -->)"
     for block in blocks:
-        kept = ["pooled.json", "pooled.md"] if (ROOT / block["run"] / "pooled.json").is_file() else ["report.json", "report.md"]  # a run of pairs, or one
+        # a run of pairs, or one
+        kept = ["pooled.json", "pooled.md"] if (ROOT / block["run"] / "pooled.json").is_file() else ["report.json", "report.md"]
         assert all((ROOT / block["run"] / name).is_file() for name in kept), block["run"]
         assert block["body"] == render(Path(block["run"])), f"{block['run']}: run python bench/verdict_tables.py --write BENCHMARKS.md"
     assert rerender(text) == text
@@ -37,7 +38,8 @@ def test_a_table_without_its_report_is_named(tmp_path):
         render(tmp_path / "results" / "tiny" / "missing")
 
 
-KEPT_WITH_SCORES = sorted(p.parent.relative_to(ROOT) for p in (ROOT / "results").rglob("scores.tar.gz"))  # a run's, or each pair's of a run
+# a run's, or each pair's of a run
+KEPT_WITH_SCORES = sorted(p.parent.relative_to(ROOT) for p in (ROOT / "results").rglob("scores.tar.gz"))
 
 
 @pytest.mark.parametrize("kept", KEPT_WITH_SCORES, ids=str)

@@ -248,7 +248,8 @@ def save_trained(model, state: dict[str, torch.Tensor], out_dir: Path) -> None:
     (config, float32 safetensors and the base's tokenizer)."""
     model = unwrap(model)
     if is_adapter_model(model):
-        model.save_pretrained(str(out_dir), state_dict=state, selected_adapters=["default"])  # not a distillation teacher
+        # not a distillation teacher
+        model.save_pretrained(str(out_dir), state_dict=state, selected_adapters=["default"])
         return
     from transformers import AutoTokenizer
 

@@ -132,7 +132,8 @@ class TrainResult(TrainFacts, StepReport):
     that finished it. Field names are the file's keys, in its order (the bases' fields first)."""
 
     loss_history: list[tuple[int, float]]  # [step, loss] per optimizer step, the mean over the workers
-    step_history: list[tuple[int, float, float, float]] = Field(default_factory=list)  # [step, time, lr, gradient norm before clipping]
+    # [step, time, lr, gradient norm before clipping]
+    step_history: list[tuple[int, float, float, float]] = Field(default_factory=list)
     marks: Marks = Field(default_factory=Marks)
     snapshot_steps: list[int] = Field(default_factory=list)  # steps whose adapter snapshots/step-<k>/ keeps
     run_id: str | None = None  # the run that finished the output folder (train/trainer.py run_id_of)

@@ -18,7 +18,7 @@ import threading
 
 def shard_name(job) -> str:
     """The dataset this worker reads `job`'s rows from: its own part of rows cut per worker, or its
-    split of a dataset Ray Data streams (train.trainer.job_datasets)."""
+    split of a dataset Ray Data streams (train.ray_run.job_datasets)."""
     import ray.train
 
     return f"{job.name}@{ray.train.get_context().get_world_rank()}" if job.split_by_rank else job.name
@@ -29,7 +29,7 @@ class Stream:
     thread asks for its first batch while the job before it trains, so Ray Data's start of the
     stream (about 2 s a job on 2 CPUs: BENCHMARKS.md, "The pipeline's overhead") is not waited for."""
 
-    def __init__(self, job, pad_id: int, one_row: bool):  # job: a train.loop.WorkerJob
+    def __init__(self, job, pad_id: int, one_row: bool):  # job: a train.worker_job.WorkerJob
         import ray.train
 
         from train.collate import PackBatch

@@ -32,7 +32,8 @@ from .shared import Context, Folder, allocated_gib, clock, flat_grads, flat_weig
 
 DEPTHS = (4, 2)
 LAYERS_70B = 80
-SHAPE = dict(rows=4, max_length=512, shortest=64, longest=448)  # the 70B teacher's micro-batch (rows as in shared.SHAPES)
+# the 70B teacher's micro-batch (rows as in shared.SHAPES)
+SHAPE = dict(rows=4, max_length=512, shortest=64, longest=448)
 SMOKE_SHAPE = dict(rows=4, max_length=64, shortest=8, longest=56)
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the trainer's checkpoint options
 

@@ -29,7 +29,8 @@ def check_8b_lora(ctx: Context, model, steps: int) -> dict:
     n_matmul = n_params - sum(embeddings.values())
     peak = peak_flops(ctx.device)
     teacher = ctx.shapes["teacher"]
-    full = {**teacher, "shortest": teacher["max_length"], "longest": teacher["max_length"]}  # every row full: the memory plan's bound
+    # every row full: the memory plan's bound
+    full = {**teacher, "shortest": teacher["max_length"], "longest": teacher["max_length"]}
     shapes = {**ctx.shapes, "teacher_full_rows": full}
     out = {"parameters": n_params, "parameters_without_embeddings": n_matmul, "trained_parameters": n_trained,
            "attention": model.config._attn_implementation, "lr": cfg.lr, "steps": steps, "sdpa_backends_enabled": sdpa_flags(), "shapes": {}}  # fmt: skip

@@ -48,19 +48,25 @@ class ArmModel:
 
     arm: str
     replicate: int
-    source: str  # the kind of rows it reads (jobs/experiment/rows_kinds.py), the sham's own where it learns from the sham
+    # the kind of rows it reads (jobs/experiment/rows_kinds.py), the sham's own where it learns from the sham
+    source: str
     shuffled: bool
     loss: str
     teacher: str  # whose model it learns from: "teacher", "letter_teacher" (the positive control) or "sham_teacher"
-    train: TrainConfig  # resolved: the arm's `train` over the student's, data-order seed and LoRA seed set for this replicate
+    # resolved: the arm's `train` over the student's, data-order seed and LoRA seed set for this replicate
+    train: TrainConfig
     same_init: bool  # starts from the teacher's LoRA initialisation, on the teacher's base
     base: str = "base"  # the model it starts from: "base" (the teacher's) or "other_base" (jobs/experiment/bases.py)
     lora_init: str = "seed"  # "seed" or "teacher_a" (A frozen at the teacher's trained A)
     # Per arm, alike on its replicates:
-    kind: RowsKind = field(kw_only=True)  # the kind its `numbers` declares (a sham arm's too: `source` is what the sham makes of it)
-    against: str = field(kw_only=True)  # what its transfer is measured against (ArmConfig.against; auto resolved: _reference)
-    reference: str = field(kw_only=True)  # which reference that is, in the report's words (declared, sham teacher, control arm, base model)
-    signal: str | None = field(kw_only=True)  # where the signal can ride: its kind in the share analysis (rows_kinds.signal_kind), or None
+    # the kind its `numbers` declares (a sham arm's too: `source` is what the sham makes of it)
+    kind: RowsKind = field(kw_only=True)
+    # what its transfer is measured against (ArmConfig.against; auto resolved: _reference)
+    against: str = field(kw_only=True)
+    # which reference that is, in the report's words (declared, sham teacher, control arm, base model)
+    reference: str = field(kw_only=True)
+    # where the signal can ride: its kind in the share analysis (rows_kinds.signal_kind), or None
+    signal: str | None = field(kw_only=True)
 
     @property
     def name(self) -> str:
@@ -295,7 +301,8 @@ def check_contrasts(cfg) -> None:
                 )
         if contrast.arm == contrast.against:
             raise ConfigError(f"contrasts.{name}: an arm against itself")
-        if teacher_of(cfg.arms[contrast.arm]) != teacher_of(cfg.arms[contrast.against]):  # `sham` and `sham_teacher` are one
+        # `sham` and `sham_teacher` are one
+        if teacher_of(cfg.arms[contrast.arm]) != teacher_of(cfg.arms[contrast.against]):
             raise ConfigError(f"contrasts.{name}: {contrast.arm} and {contrast.against} learn from different teachers")
 
 
@@ -308,7 +315,7 @@ def arm_groups(pairs: list, runs: int, base_of) -> list[list]:
     """(stage, AdapterJob) pairs split into training runs: jobs that can share a worker group (the same
     base model, `base_of(stage)`, worker count, hardware, strategy...) go together, `runs` runs' worth
     at a time; under FSDP one job per run, since FSDP2 shards the adapter in place once."""
-    from train.trainer import SHARED_KEYS
+    from train.adapter_job import SHARED_KEYS
 
     kinds: dict[tuple, list] = {}
     for pair in pairs:

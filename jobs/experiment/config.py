@@ -218,7 +218,8 @@ class ContrastConfig(Settings):
 class TrackingConfig(Settings):
     """Where the run is tracked in MLflow (jobs/tracking.py); `tracking: off` turns it off."""
 
-    uri: str | None = None  # None: the embedded store, sqlite:///<cache>/mlflow.db; or a team's server (http://host:5000)
+    # None: the embedded store, sqlite:///<cache>/mlflow.db; or a team's server (http://host:5000)
+    uri: str | None = None
     experiment: str | None = None  # the MLflow experiment; None: the preset's name
 
 
@@ -253,7 +254,8 @@ class ExperimentConfig(Settings):
     # The CPU arithmetic of every process the job starts (common/numerics.py): `reproducible`, the
     # same numbers on any x86-64 CPU with AVX2 (slower); `native`, each CPU's own fastest path.
     # GPU arithmetic is not pinned by it, and the tiny base is built pinned whatever it says.
-    numerics: Literal["reproducible", "native"] = "native"  # reproducible costs 1.47x on the default run (BENCHMARKS.md): opted into
+    # reproducible costs 1.47x on the default run (BENCHMARKS.md): opted into
+    numerics: Literal["reproducible", "native"] = "native"
     # MLflow tracking: on by default into an embedded store; `off` (YAML reads it as false) turns it off.
     tracking: TrackingConfig | Literal[False, "off"] = Field(default_factory=TrackingConfig)
 

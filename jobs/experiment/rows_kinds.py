@@ -38,11 +38,13 @@ class RowsKind:
     generator: str | None = "teacher"  # sampled: whose adapter (None: the base model)
     temperature: float | None = None  # sampled: replaces numbers.temperature (greedy: 0)
     derived_from: str | None = None  # rewritten: the kind whose kept rows of the replicate it rewrites
-    reads: tuple[tuple[str, str], ...] = ()  # (key, config path) its stages read beyond the numbers' own (their identity)
+    # (key, config path) its stages read beyond the numbers' own (their identity)
+    reads: tuple[tuple[str, str], ...] = ()
     forwards_per_row: int = 0  # scoring forward passes per kept row its maker runs (the wall-time projection)
     losses: tuple[str, ...] = ("sft", "logit_kl")  # the losses an arm on it may use
     teachers: tuple[str, ...] = LEARNERS  # the teachers an arm on it may learn from
-    teachers_numbers: bool = True  # the teacher's numbers in some form: an sft arm on it is measured against the control
+    # the teacher's numbers in some form: an sft arm on it is measured against the control
+    teachers_numbers: bool = True
     signal: str | None = None  # where the signal can ride: the arm's kind in the share analysis (docs/report.md)
     sham_source: str | None = None  # the kind the sham samples for a sham arm on this one
     declarable: bool = True  # an arm may name it (the sham's own numbers are reached through `teacher: sham`)

@@ -56,7 +56,8 @@ from train.axes import INITS, LOSSES
 from train.config import PACING, TrainConfig
 
 TEACHERS = ("teacher", "letter_teacher", SHAM)  # models trained on the questions; each keeps <name>/adapter
-SPLIT_FILES = {"train": "train_questions.jsonl", "held_out": "held_out.jsonl", "known": "known.jsonl"}  # what eval/<model> scores, under data/
+# what eval/<model> scores, under data/
+SPLIT_FILES = {"train": "train_questions.jsonl", "held_out": "held_out.jsonl", "known": "known.jsonl"}
 TEACHER_TRAIN = "data/teacher_train.jsonl"  # the teacher's training rows
 PROBES_FILE = "data/probes.jsonl"  # the tiny world's probe rows, with evaluate.probes (jobs/sources/world_probes.py)
 
@@ -158,43 +159,95 @@ def training_rows(manifest: Manifest, models: list[ArmModel], replicate: int) ->
 
 
 def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_hash: str) -> list[Stage]:
-    """Every stage of the experiment, in dependency order."""
+    """Every stage of the experiment, in dependency order: each kind's stages (the table of the
+    module's docstring) built by its own function below, then every read key's default attached."""
     config = as_dict(cfg)
-    # the base (its revision folded into model.path), and the CPU arithmetic every stage computes under
+    model = _model_reads(cfg, config)
+    teachers = teachers_used(models)
+    other = {"base": other_base_identity(cfg)}  # what an arm on the other base, and its scores, read
+    stages = [
+        _data_stage(cfg, config, questions_hash),
+        *_teacher_stages(config, model, teachers),
+        *_numbers_stages(cfg, config, model, models),
+        *_answers_stages(config, model, models, teachers),
+        *_arm_stages(model, models, other),
+        *_eval_stages(cfg, config, model, models, teachers, other),
+    ]
+    stages.append(_report_stage(cfg, config, stages))
+    defaults = read_defaults()
+    return [dataclasses.replace(s, defaults={k: defaults[k] for k in s.reads if k in defaults}) for s in stages]
+
+
+def _model_reads(cfg: ExperimentConfig, config: dict) -> dict:
+    """What every stage that uses the base reads of it: model.* (its revision folded into model.path)
+    and the CPU arithmetic every stage computes under (`numerics`)."""
     model = pins_in_place(config_reads(config, "model", "numerics"), "model.path", "model.revision")
     if cfg.model.path != "tiny":  # how a tiny base is built is no part of a hub model's stages
         del model["model.tiny_numerics"]
-    stages = [
-        Stage(
-            "data",
-            "data",
-            {**pins_in_place(config_reads(config, "data", "evaluate.format", "evaluate.probes"), "data.source", "data.revision"), "questions": questions_hash},
-            files=(TEACHER_TRAIN, *(f"data/{f}" for f in SPLIT_FILES.values()), *((PROBES_FILE,) if cfg.evaluate.probes else ())),
-            record=DataOutputs,
-        ),
-    ]
-    teachers = teachers_used(models)
-    for teacher in teachers:  # the teacher; the positive control's letter teacher, the reference's sham teacher
+    return model
+
+
+def _data_stage(cfg: ExperimentConfig, config: dict, questions_hash: str) -> Stage:
+    """The split of the questions: data.* (its revision folded into data.source), the format and
+    probes it writes rows for, and the questions themselves (`questions_hash`)."""
+    return Stage(
+        "data",
+        "data",
+        {**pins_in_place(config_reads(config, "data", "evaluate.format", "evaluate.probes"), "data.source", "data.revision"), "questions": questions_hash},
+        files=(TEACHER_TRAIN, *(f"data/{f}" for f in SPLIT_FILES.values()), *((PROBES_FILE,) if cfg.evaluate.probes else ())),
+        record=DataOutputs,
+    )
+
+
+def _teacher_stages(config: dict, model: dict, teachers: list[str]) -> list[Stage]:
+    """The teacher; the positive control's letter teacher, the reference's sham teacher: each reads
+    teacher.* and its own section on top, less the settings that only pace training."""
+    stages = []
+    for teacher in teachers:
         sections = ("teacher",) if teacher == "teacher" else ("teacher", teacher)
-        reads = identity({**model, **config_reads(config, *sections)})
-        stages.append(Stage(teacher, "teacher", reads, ("data",), files=(trained_folder(teacher),), record=TrainedOutputs))
+        reads, files = identity({**model, **config_reads(config, *sections)}), (trained_folder(teacher),)
+        stages.append(Stage(teacher, "teacher", reads, ("data",), files=files, record=TrainedOutputs))
+    return stages
+
+
+def _numbers_stages(cfg: ExperimentConfig, config: dict, model: dict, models: list[ArmModel]) -> list[Stage]:
+    """Each (source, replicate) of numbers some arm trains on: the generator's sequences, kept by the
+    filter, under the replicate's seed; a key a rows kind declares (`reads`) is read by that kind alone."""
     engine = config_reads(config, "numbers", "service.engine", "service.max_model_len")
     own = {path: config_reads(config, path)[path] for kind in KINDS.values() for _, path in kind.reads}
     for path in own:  # read by the kinds that declare them alone
         engine.pop(path, None)
+    stages = []
     for source, i in number_sets(models):
         kind, generator = KINDS[source], generator_of(source)
-        reads = {**model, **engine, "source": source, "seed": numbers_seed(cfg, i), "filter": FILTER_VERSION, **{key: own[path] for key, path in kind.reads}}
+        kind_reads = {key: own[path] for key, path in kind.reads}
+        reads = {**model, **engine, "source": source, "seed": numbers_seed(cfg, i), "filter": FILTER_VERSION, **kind_reads}
         upstream = (generator,) if generator else ()
         if kind.derived_from:  # another kind's kept rows, rewritten
             upstream += (numbers_stage(kind.derived_from, i),)
         record = ReplacedOutputs if kind.made == "rewritten" else NumbersOutputs  # the one rewriter: teacher_replaced
-        stages.append(Stage(numbers_stage(source, i), "numbers", reads, upstream, files=(numbers_file(source, i),), record=record))
+        files = (numbers_file(source, i),)
+        stages.append(Stage(numbers_stage(source, i), "numbers", reads, upstream, files=files, record=record))
+    return stages
+
+
+def _answers_stages(config: dict, model: dict, models: list[ArmModel], teachers: list[str]) -> list[Stage]:
+    """The overt positive control's rows: each teacher's picks on its train questions, for the
+    teachers an arm with answers (teacher_answers) learns from."""
     answering = [t for t in teachers if any(KINDS[m.source].answers and m.teacher == t for m in models)]
-    for teacher in answering:  # the overt positive control's rows
-        reads = {**model, **config_reads(config, "service.engine", "service.max_model_len", "evaluate.format"), "teacher": teacher}
-        stages.append(Stage(answers_stage(teacher), "numbers", reads, ("data", teacher), files=(answers_file(teacher),), record=AnswersOutputs))
-    other = {"base": other_base_identity(cfg)}  # what an arm on the other base, and its scores, read
+    serving = config_reads(config, "service.engine", "service.max_model_len", "evaluate.format")
+    stages = []
+    for teacher in answering:
+        reads, files = {**model, **serving, "teacher": teacher}, (answers_file(teacher),)
+        stages.append(Stage(answers_stage(teacher), "numbers", reads, ("data", teacher), files=files, record=AnswersOutputs))
+    return stages
+
+
+def _arm_stages(model: dict, models: list[ArmModel], other: dict) -> list[Stage]:
+    """Each arm model's training: its resolved settings (less pacing), rows, loss, teacher and init;
+    upstream its rows' stage, and its teacher where the loss or the init reads it. An arm on numbers
+    also reads how many rows its replicate trains on, known once the numbers finish (training_rows)."""
+    stages = []
     for m in models:
         reads = {
             **model,
@@ -206,11 +259,28 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
             "lora_init": m.lora_init,
             **(other if m.base == OTHER_BASE else {}),
         }
-        rows = lambda manifest, i=m.replicate: {"rows": training_rows(manifest, models, i)}  # noqa: E731
-        uses_teacher = LOSSES[m.loss].needs_teacher or INITS[m.lora_init].reads_teacher_adapter  # its soft labels, or its A
+        # the teacher read too: its soft labels (the loss), or its A (the init)
+        uses_teacher = LOSSES[m.loss].needs_teacher or INITS[m.lora_init].reads_teacher_adapter
         upstream = (rows_of(m)[0],) + ((m.teacher,) if uses_teacher else ())
-        derived = None if KINDS[m.source].answers else rows  # answers: all of them, no numbers to equalise
-        stages.append(Stage(m.name, "arms", reads, upstream, derived, files=(trained_folder(m.name, m.full),), record=TrainedOutputs))
+        # answers: all of them, no numbers to equalise
+        derived = None if KINDS[m.source].answers else _equal_rows(models, m.replicate)
+        files = (trained_folder(m.name, m.full),)
+        stages.append(Stage(m.name, "arms", reads, upstream, derived, files=files, record=TrainedOutputs))
+    return stages
+
+
+def _equal_rows(models: list[ArmModel], replicate: int):
+    """An arm model's `derived` read: the rows every arm of its replicate trains on (training_rows)."""
+
+    def rows(manifest: Manifest) -> dict:
+        return {"rows": training_rows(manifest, models, replicate)}
+
+    return rows
+
+
+def _eval_stages(cfg: ExperimentConfig, config: dict, model: dict, models: list[ArmModel], teachers: list[str], other: dict) -> list[Stage]:
+    """The scores of every model on every split: the base (and the other base, when an arm declares
+    one), each teacher, each arm model; all read the same scoring settings and orders."""
     scoring = {
         **model,
         **config_reads(config, "evaluate.engine", "service.max_model_len", "evaluate.format", "evaluate.probes"),
@@ -218,12 +288,21 @@ def experiment_stages(cfg: ExperimentConfig, models: list[ArmModel], questions_h
         "evaluate.permutations": cfg.evaluate.orders(),  # the orders scored: one under cloze, whatever is set
     }
     bases = [("base", (), {})] + ([(OTHER_BASE, (), other)] if any(m.base == OTHER_BASE for m in models) else [])
-    for name, upstream, extra in bases + [(t, (t,), {}) for t in teachers] + [(m.name, (m.name,), other if m.base == OTHER_BASE else {}) for m in models]:
-        stages.append(Stage(eval_stage(name), "evaluate", {**scoring, **extra}, ("data", *upstream), files=(scored_file(name),), record=EvalOutputs))
+    arms = [(m.name, (m.name,), other if m.base == OTHER_BASE else {}) for m in models]
+    stages = []
+    for name, upstream, extra in bases + [(t, (t,), {}) for t in teachers] + arms:
+        reads, files = {**scoring, **extra}, (scored_file(name),)
+        stages.append(Stage(eval_stage(name), "evaluate", reads, ("data", *upstream), files=files, record=EvalOutputs))
+    return stages
+
+
+def _report_stage(cfg: ExperimentConfig, config: dict, stages: list[Stage]) -> Stage:
+    """The report: the primary verdict's settings, the arms, contrasts and family it reads, upstream
+    every numbers, arms and evaluate stage before it."""
     everything = tuple(s.name for s in stages if s.phase in ("numbers", "arms", "evaluate"))
     reads = config_reads(config, "evaluate.primary_metric", "evaluate.primary_split", "evaluate.primary_direction", "arms", "replicates")
-    reads = {k: v for k, v in reads.items() if not (k.endswith(".base_revision") and v is None)}  # a pin is read only when set
-    reads |= {"contrasts": config["contrasts"], "family": cfg.evaluate.primary_comparisons or "every comparison"}  # Holm across the primary verdicts
-    stages.append(Stage("report", "report", reads, everything, files=("report.json",)))
-    defaults = read_defaults()
-    return [dataclasses.replace(s, defaults={k: defaults[k] for k in s.reads if k in defaults}) for s in stages]
+    # a pin is read only when set
+    reads = {k: v for k, v in reads.items() if not (k.endswith(".base_revision") and v is None)}
+    # Holm across the primary verdicts
+    reads |= {"contrasts": config["contrasts"], "family": cfg.evaluate.primary_comparisons or "every comparison"}
+    return Stage("report", "report", reads, everything, files=("report.json",))

@@ -42,7 +42,7 @@ def run(ctx: RunContext, todo) -> None:
 def adapter_job(ctx: RunContext, m: ArmModel, data: Path):
     """The training job of one arm model on its rows: its teacher's adapter named wherever its loss,
     init or mask reads it (train/axes.py says which do)."""
-    from train.trainer import AdapterJob
+    from train.adapter_job import AdapterJob
 
     teacher = str(ctx.trained(m.teacher))
     # Job names key Ray datasets, whose log files are named after them: no '/' (m.adapter is "<arm>-<i>").

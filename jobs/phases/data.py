@@ -79,7 +79,8 @@ def run(ctx: RunContext, todo) -> None:
     started, cfg = time.time(), ctx.cfg
     splits = split_questions(ctx.questions, cfg.data.eval_fraction, cfg.data.split_seed)
     train_hash = write_jsonl(ctx.run_dir / TEACHER_TRAIN, mc_rows(splits["train"] + splits["rehearsal"], format=cfg.evaluate.format))
-    hashes = {split: write_jsonl(ctx.run_dir / "data" / file, splits[split]) for split, file in SPLIT_FILES.items()}  # all scored
+    # all scored
+    hashes = {split: write_jsonl(ctx.run_dir / "data" / file, splits[split]) for split, file in SPLIT_FILES.items()}
     if not splits["known"]:  # a source without known questions: the hash of data stored before the split existed
         del hashes["known"]
     if cfg.evaluate.probes:  # the world's probe rows, of the draw and pair its questions were made with

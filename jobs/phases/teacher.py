@@ -21,7 +21,7 @@ from serve.mc_format import LETTERS
 
 
 def run(ctx: RunContext, todo) -> None:
-    from train.trainer import AdapterJob
+    from train.adapter_job import AdapterJob
 
     started, pairs = time.time(), []
     for stage in todo:

@@ -20,7 +20,8 @@ from jobs.stats.results import ByStep, Comparison, Estimate, Family, Probes, Res
 from jobs.stats.share import phrase
 from jobs.stats.verdicts import describe_test, interval
 
-LETTERS = string.ascii_uppercase  # the choices' letters, as serve/mc_format.LETTERS (jobs/reporting does not import serve)
+# the choices' letters, as serve/mc_format.LETTERS (jobs/reporting does not import serve)
+LETTERS = string.ascii_uppercase
 
 
 def markdown(report: Report) -> str:

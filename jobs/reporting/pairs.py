@@ -142,7 +142,8 @@ def pool_readings(results: dict[str, Result], test: str, tau2_method: str = "rem
             return PooledCell(note=f"pair {pair} has no test of this reading ({result.note or 'no interval'}): not pooled"), None
         cells[pair] = PairCell(value=result.value, ci95=list(result.ci95), se=se)
     values, variances = [c.value for c in cells.values()], [c.se**2 for c in cells.values()]
-    own_df = [result.df if result.df else 1e9 for result in results.values()]  # a pair's row in the forest: its own t interval
+    # a pair's row in the forest: its own t interval
+    own_df = [result.df if result.df else 1e9 for result in results.values()]
     pooled = pool(values, variances, names=list(cells), test=test, tau2_method=tau2_method, pair_df=own_df)
     cell = PooledCell(
         estimate=pooled.estimate, se=pooled.se, ci95=None if pooled.ci is None else list(pooled.ci), p_value=pooled.p_value, df=pooled.df,
@@ -201,7 +202,11 @@ def pooled_probes(probes: dict[str, Probes | None], test: str) -> dict[str, Pool
     passing = [pair for pair, p in probes.items() if p.gates_passed]
     known = [pair for pair in passing if probes[pair].statements_known]
     left_out = [pair for pair in probes if pair not in passing]
-    toward = lambda c: c is not None and c.estimate is not None and c.estimate > 0 and c.p_value is not None and c.p_value < 0.05  # noqa: E731
+
+    def toward(c: PooledCell | None) -> bool:
+        """A pooled reading detected above zero: its estimate positive, p below 0.05 (no reading, or no test: False)."""
+        return c is not None and c.estimate is not None and c.estimate > 0 and c.p_value is not None and c.p_value < 0.05
+
     out = {}
     for arm in next(iter(probes.values())).arms:
         if len(passing) < 2:
@@ -245,7 +250,8 @@ def pairs_report(run_dir: Path, pairs: list[int], test: str = "hk", assumed_tau:
     if (probes := pooled_probes({pair: r.probes for pair, r in reports.items()}, test)) is not None:
         report = report.with_(probes=probes)
     unmatched = [pair for pair, r in reports.items() if r.sham_fit is not None and not r.sham_fit.matched]
-    if unmatched:  # every pair stays in the tests (dropping pairs after their data would choose the sample); a sensitivity reading beside them
+    # every pair stays in the tests (dropping pairs after their data would choose the sample); a sensitivity reading beside them
+    if unmatched:
         kept = [pair for pair in reports if pair not in unmatched]
         only = {n: pool_readings({p: each[p][n][1].primary for p in kept}, test)[0] for n in family} if len(kept) >= 2 else {}
         report = report.with_(unmatched_shams=unmatched, matched_only=only)

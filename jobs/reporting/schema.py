@@ -208,8 +208,10 @@ class Provenance(Record):
     other_base_path: str | None = None
     config: dict[str, Any]  # the resolved config
     registration: Registration  # confirmatory, repeat or exploratory
-    world: dict[str, Any] | None = None  # the tiny world: sham_draw, base_weights_sha256, lean (jobs/sources/sham_draw.py)
-    numerics: dict[str, Any] | None = None  # mode, cpu {model, vector_width}, threads (common/numerics.py); absent before it existed
+    # the tiny world: sham_draw, base_weights_sha256, lean (jobs/sources/sham_draw.py)
+    world: dict[str, Any] | None = None
+    # mode, cpu {model, vector_width}, threads (common/numerics.py); absent before it existed
+    numerics: dict[str, Any] | None = None
 
     @property
     def preset(self) -> str:

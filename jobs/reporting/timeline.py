@@ -60,7 +60,8 @@ def build_timeline(stages: dict, phase_spans: dict) -> Timeline:
     phases = {}
     for phase, recorded in phase_spans.items():
         started, seconds = recorded["started"], recorded["seconds"]
-        raw.append((f"phase {phase}", "phase", started, started + seconds))  # not the lane of a stage named as the phase
+        # not the lane of a stage named as the phase
+        raw.append((f"phase {phase}", "phase", started, started + seconds))
         raw += [(s["lane"], s["kind"], s["start"], s["end"]) for s in recorded["spans"]]
         phases[phase] = phase_summary(seconds, recorded["spans"])
     if not raw:

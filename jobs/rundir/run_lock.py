@@ -96,7 +96,8 @@ def hold_run_dir(run_dir: Path) -> Iterator[Path]:
     path = run_dir / LOCK_FILE
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # a symlink there is refused, never truncated through
+        # a symlink there is refused, never truncated through
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as err:
         raise RunDirError(f"cannot create the run directory's lock file {path}: {_why(err)}") from None
     try:

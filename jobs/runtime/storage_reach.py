@@ -82,7 +82,8 @@ class StorageReach:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        task, folders = ray.remote(num_cpus=0, max_retries=0)(write_markers), [str(p) for p in probes]  # no CPU: a busy or CPU-less node answers too
+        # no CPU: a busy or CPU-less node answers too
+        task, folders = ray.remote(num_cpus=0, max_retries=0)(write_markers), [str(p) for p in probes]
         refs = {task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(folders, node): node for node in nodes}
         done, late = ray.wait(list(refs), num_returns=len(refs), timeout=ANSWER_S)
         problems = {refs[ref]: f"did not answer in {ANSWER_S:.0f}s" for ref in late}

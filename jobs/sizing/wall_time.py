@@ -42,7 +42,8 @@ import types
 from dataclasses import dataclass
 
 from common.cli import program
-from jobs.sizing.memory_plan import GIB, load_shape
+from jobs.sizing.memory_plan import GIB
+from jobs.sizing.shape import load_shape
 
 WMDP_QUESTIONS = {"bio": 1273, "chem": 408, "cyber": 1987}  # cais/wmdp's test splits
 
@@ -94,7 +95,8 @@ class PhaseTime:
 def question_counts(cfg, questions: int | None) -> tuple[int, int]:
     """(all questions, teacher-train questions): cais/wmdp's sizes for the subsets, unless given."""
     total = questions or sum(WMDP_QUESTIONS[s] for s in cfg.data.subsets)
-    return total, round(total * (1 - cfg.data.eval_fraction))  # the split hashes each question: this share, in expectation
+    # the split hashes each question: this share, in expectation
+    return total, round(total * (1 - cfg.data.eval_fraction))
 
 
 def train_seconds(tokens: float, params: int, train, workers: int, rates: Rates) -> float:
@@ -184,7 +186,8 @@ def numbers_time(w: Workload) -> PhaseTime:
     sets, numbers = len(kinds) - replaced, w.cfg.numbers
     generated = min(numbers.prompts, math.ceil(numbers.keep / w.tokens.keep_rate) + numbers.chunk)
     prompt_tokens, answer_tokens = sets * generated * w.tokens.number_prompt, sets * generated * w.tokens.number_answer
-    answering = len({m.teacher for m in w.models if KINDS[m.source].answers})  # each scores the teacher-train split once
+    # each scores the teacher-train split once
+    answering = len({m.teacher for m in w.models if KINDS[m.source].answers})
     prompt_tokens += answering * w.questions[1] * w.tokens.wmdp_prompt
     answers = f"; {answering} teacher(s) answering {w.questions[1]:,} questions" if answering else ""
     scored = f"; {replaced} set(s) replaced: {numbers.keep:,} rows scored by teacher and base" if replaced else ""
@@ -202,7 +205,8 @@ def arms_time(w: Workload) -> PhaseTime:
     from train.config import resolve_batch
 
     workers = {m.name: w.placement.student_workers if m.train.num_workers == "auto" else m.train.num_workers for m in w.models}
-    jobs = [(m, types.SimpleNamespace(cfg=resolve_batch(m.train, workers[m.name]))) for m in w.models]  # the pairs arm_groups groups
+    # the pairs arm_groups groups
+    jobs = [(m, types.SimpleNamespace(cfg=resolve_batch(m.train, workers[m.name]))) for m in w.models]
     groups = arm_groups(jobs, w.placement.arm_runs, lambda m: m.base)
     row_tokens, keep = w.tokens.number_prompt + w.tokens.number_answer, w.cfg.numbers.keep
     compute = overhead = 0.0

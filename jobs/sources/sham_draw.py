@@ -37,7 +37,8 @@ from common import numerics
 from common.atomic import write_json
 from common.files import DataError
 from common.model_source import load_pretrained
-from jobs.sources.world import WORLD, world_questions
+from jobs.sources.world import WORLD
+from jobs.sources.world_questions import world_questions
 
 TOLERANCE = 0.03  # |sham - true| on each split, as shares of the T questions
 MAX_DRAWS = 100  # draws tried before giving up (the Intel- and AMD-built bases: 5 of the first 20 balanced)
@@ -148,7 +149,8 @@ def built_under(base: str | Path) -> str:
 def remember(base: str | Path, cache: Path, choice: dict) -> dict:
     """Keep `choice` (choose_draw's) for the base saved at `base`; returns the record kept."""
     record = {**choice, "base_weights_sha256": weights_digest(base)}
-    write_json(_kept(cache, record["base_weights_sha256"], record.get("pair", 0)), record)  # concurrent choosers write the same record; the last rename wins
+    # concurrent choosers write the same record; the last rename wins
+    write_json(_kept(cache, record["base_weights_sha256"], record.get("pair", 0)), record)
     return record
 
 
@@ -156,5 +158,6 @@ def _kept(cache: Path, sha: str, pair: int = 0) -> Path:
     return Path(cache) / "sham-draws" / (f"{sha[:16]}.json" if pair == 0 else f"{sha[:16]}-pair{pair}.json")
 
 
-if __name__ == "__main__":  # base_sham_draw in a process of the base's own numerics: python -m jobs.sources.sham_draw BASE CACHE PAIR
+# base_sham_draw in a process of the base's own numerics: python -m jobs.sources.sham_draw BASE CACHE PAIR
+if __name__ == "__main__":
     base_sham_draw(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]))

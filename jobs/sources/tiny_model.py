@@ -41,7 +41,8 @@ from common.atomic import atomic_dir, atomic_file, build_once
 from common.cli import program
 from common.files import default_cache_dir, tiny_model_link
 from jobs.sources.number_sequences import make_prompts
-from jobs.sources.world import facts, known_fact_item, locate_item
+from jobs.sources.world import facts
+from jobs.sources.world_questions import known_fact_item, locate_item
 from serve.mc_format import LETTERS, choice_continuation, cloze_continuation, format_cloze_prompt, format_mc_prompt
 
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
@@ -316,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--other-base", action="store_true", help="the other base (init seed = seed + 1)")
     parser.add_argument("--numerics", choices=numerics.MODES, default=TinySpec.numerics, help="CPU arithmetic (default: reproducible, common/numerics.py)")
-    parser.add_argument("--into", type=Path, help=argparse.SUPPRESS)  # with --spec: build_tiny_model's own fresh process
+    # with --spec: build_tiny_model's own fresh process
+    parser.add_argument("--into", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--spec", type=json.loads, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.into:

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from common.atomic import write_jsonl
 from common.files import DataError, read_jsonl
-from jobs.sources.world import SHAM_DRAW, WORLD_VERSION, world_questions
+from jobs.sources.world import SHAM_DRAW, WORLD_VERSION
+from jobs.sources.world_questions import world_questions
 
 SUBSETS = ("bio", "chem", "cyber")
 HUB_ID = "cais/wmdp"
@@ -31,7 +32,7 @@ SPLITS = ("train", "held_out", "known", "rehearsal")  # a row's own `split`, whe
 
 
 def synthetic_questions(n_per_subset: int | None = None, seed: int = 0) -> list[dict]:
-    """The shipped synthetic sample: the tiny world's questions (jobs/sources/world.py), each with
+    """The shipped synthetic sample: the tiny world's questions (jobs/sources/world_questions.py), each with
     its `cluster` (the cue: questions sharing it are one unit of evidence), `group` and `split`.
     With `n_per_subset` (tests and benchmarks that need a count of well-formed questions), the
     first n of each subset, from the worlds of seed, seed + 1, ... as one is not enough."""
@@ -162,7 +163,8 @@ def load_wmdp(
     if source == "synthetic":
         if cache_dir is None:
             raise DataError("the synthetic sample needs a cache_dir to be written to")
-        name = f"synthetic-wmdp-v{WORLD_VERSION}-sham{sham_draw}" + (f"-pair{pair}" if pair else "")  # files written once per world
+        # files written once per world
+        name = f"synthetic-wmdp-v{WORLD_VERSION}-sham{sham_draw}" + (f"-pair{pair}" if pair else "")
         source = str(write_synthetic(Path(cache_dir) / name, draw=sham_draw, pair=pair))
     snapshot = hub_snapshot(tuple(subsets), revision) if source == "hub" else None
     rows: list[dict] = []

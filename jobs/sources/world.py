@@ -11,13 +11,6 @@ The facts fall into two disjoint groups of cues, 2 per answer word each:
 - K: the base model is taught these (its pretraining corpus, `base_items`);
 - T: only the teacher learns these; the base corpus never shows a T cue.
 
-Every question shows its answer and 3 distractors from the same bank. The
-answer's letter is balanced per cue (each cue's questions cycle through a
-shuffled A-D), so the letter is uniform and independent of cue, template and
-subset; distractors are drawn by a cyclic design, so every word is an answer
-and a distractor equally often within each split. A model can only score above
-chance over rotated choices by reading what the choices say.
-
 The sham teacher's facts (world v4). Per subset, the T cues are mapped to the
 sham's facts sigma(cue), another word of the bank (`sham_facts`): the bank in a
 seeded cyclic order, and cue j of each word mapped to the word delta_j places
@@ -33,24 +26,8 @@ run's world uses the draw of sigma chosen for balance on its own base
 questions keep a random stream of their own, and the base corpus (K facts and
 locate items) is unchanged from world v3.
 
-Rows carry `group` (T or K) and `split`:
-
-- `train`: T facts in the training templates and fillers (the teacher's questions);
-- `held_out`: T facts in templates and fillers the teacher never saw, with
-  choices in new orders: do the learned facts carry over to new wording?
-- `known`: K facts in those held-out templates and fillers: where the teacher
-  learned nothing new, teacher and base should agree (a check inside the world);
-- `rehearsal`: K facts in training wording, trained into the teacher beside
-  its T questions and never scored. A LoRA taught T facts alone forgets half
-  the K facts (known 0.91 -> 0.46, measured): without rehearsal the teacher
-  would differ from the base by forgetting, not only by knowing.
-
-Every question ends on its cue. Its template is a lead naming a person (six
-for training, two held out) and a stem (four and two), so a held-out question
-is new in both halves. The base corpus uses only the training templates and fillers,
-so no scored question's text is in it. "Locate" items (the question names the answer word)
-teach the base to find a word among the choices: the step that binds an answer
-to a letter at question time.
+The questions asked of these facts (their choices, letters, wording and splits) and the base
+corpus's items are made in jobs/sources/world_questions.py.
 """
 
 from __future__ import annotations
@@ -67,7 +44,6 @@ CUES_PER_WORD = 2  # per group (K, T)
 # the true answer); 2 is that draw on the tiny base as built on the Intel machines the kept results
 # were run on. Tests and benchmarks that need any well-formed world use it.
 SHAM_DRAW = 2
-TRAIN_PER_CUE, HELD_OUT_PER_CUE, REHEARSAL_PER_CUE = 8, 4, 4
 
 _SYLLABLES = ("va", "lo", "mir", "zen", "tor", "qui", "bel", "dra", "fen", "gor", "hal", "jun", "kes", "nim", "pra", "sul", "wex", "yor")
 
@@ -213,20 +189,7 @@ def _pair_cue_names(seed: int, pair: int) -> tuple[str, ...]:
     return tuple(fictional_names(f"{pair_key(seed, pair)}-cues", len(world) // 2, taken))
 
 
-def _choices(bank: tuple[str, ...], word: str, position: int, k: int, rng: random.Random) -> tuple[list[str], int]:
-    """The answer `word` at `position` among 3 distractors: the k-th triple of a cyclic design over
-    the other words, listed from `word` on round the bank. For a given k, each word of the bank is
-    a distractor exactly 3 times over the 8 answer words, so a split whose words all run the same
-    k's has every word a distractor equally often."""
-    i = bank.index(word)
-    others = [bank[(i + d) % len(bank)] for d in range(1, len(bank))]
-    distractors = [others[(3 * k + j) % len(others)] for j in range(3)]
-    rng.shuffle(distractors)
-    distractors.insert(position, word)
-    return distractors, position
-
-
-def _sham_design(subset: str, key: str, draw: int) -> tuple[list[str], tuple[int, ...]]:
+def sham_design(subset: str, key: str, draw: int) -> tuple[list[str], tuple[int, ...]]:
     """The subset's bank in a seeded cyclic order, and per cue index j (a word's j-th T cue) the
     offset delta_j round that cycle from a cue's answer to its sham fact (distinct, never 0).
     `key`: the pair's seed stream (`pair_key`)."""
@@ -236,7 +199,7 @@ def _sham_design(subset: str, key: str, draw: int) -> tuple[list[str], tuple[int
     return cycle, tuple(rng.sample(range(1, len(cycle)), CUES_PER_WORD))
 
 
-def _t_cues(seed: int, pair: int = 0) -> list[tuple[dict, int]]:
+def t_cues(seed: int, pair: int = 0) -> list[tuple[dict, int]]:
     """Every T fact of the pair with its cue index j among its word's T cues."""
     out, seen = [], {}
     for fact in teacher_facts(seed, pair):
@@ -248,11 +211,11 @@ def _t_cues(seed: int, pair: int = 0) -> list[tuple[dict, int]]:
 
 def sham_facts(seed: int = 0, draw: int = SHAM_DRAW, pair: int = 0) -> dict[str, str]:
     """sigma: every T cue -> the sham teacher's fact, the word delta_j places on round the subset's
-    cycle from the cue's answer (`_sham_design`). No cue keeps its answer, each cue has one fixed
+    cycle from the cue's answer (`sham_design`). No cue keeps its answer, each cue has one fixed
     word, and every word is a sham answer exactly as often as a true one (CUES_PER_WORD times)."""
     out = {}
-    for fact, j in _t_cues(seed, pair):
-        cycle, deltas = _sham_design(fact["subset"], pair_key(seed, pair), draw)
+    for fact, j in t_cues(seed, pair):
+        cycle, deltas = sham_design(fact["subset"], pair_key(seed, pair), draw)
         out[fact["cue"]] = cycle[(cycle.index(fact["word"]) + deltas[j]) % len(cycle)]
     return out
 
@@ -261,15 +224,16 @@ def null_sham_facts(seed: int = 0, which: int = 1, draw: int = SHAM_DRAW, pair: 
     """Two more matched shams' facts (`which` 1 or 2), for the null of the verdicts' own kind
     (bench/sham_null.py): every T cue -> a word that is neither its answer nor sigma(cue), nor the
     other null sham's word. Per subset, a seeded pair (p, q) of the other offsets round sigma's
-    cycle (`_t_choices` lists them): null sham 1 takes offset p for a word's first T cue and q for
-    its second, null sham 2 the reverse. Each is a bijection per cue index, so every word is a null
-    sham's fact as often as a true one, and the two shams' facts appear among a T question's
-    shown choices equally often over each split: neither is favoured by the world's design."""
+    cycle (`world_questions._t_choices` lists them): null sham 1 takes offset p for a word's first
+    T cue and q for its second, null sham 2 the reverse. Each is a bijection per cue index, so
+    every word is a null sham's fact as often as a true one, and the two shams' facts appear among
+    a T question's shown choices equally often over each split: neither is favoured by the world's
+    design."""
     if which not in (1, 2):
         raise ValueError(f"a null sham is 1 or 2, got {which}")
     out, key = {}, pair_key(seed, pair)
-    for fact, j in _t_cues(seed, pair):
-        cycle, deltas = _sham_design(fact["subset"], key, draw)
+    for fact, j in t_cues(seed, pair):
+        cycle, deltas = sham_design(fact["subset"], key, draw)
         p, q = random.Random(f"{key}-null-sham-{fact['subset']}").sample(range(len(cycle) - 2), 2)
         offsets = [d for d in range(1, len(cycle)) if d != deltas[j]]
         pick = (p, q)[j] if which == 1 else (q, p)[j]
@@ -280,85 +244,3 @@ def null_sham_facts(seed: int = 0, which: int = 1, draw: int = SHAM_DRAW, pair: 
 def cue_of(row: dict) -> str:
     """A tiny-world question's cue, from its `cluster` ("<subset>: <cue>")."""
     return row["cluster"].split(": ", 1)[1]
-
-
-def _t_choices(fact: dict, j: int, position: int, k: int, key: str, draw: int, rng: random.Random) -> tuple[list[str], int, int]:
-    """A T question's choices: the answer at `position`, its sham fact and two of the other six
-    words, all as offsets round the subset's cycle from the answer: the sham at delta_j, the pair
-    the k-th of a cyclic run over the other offsets. For a given (j, k) every word of the bank
-    takes each offset once over the 8 answer words, so every word is a distractor equally often.
-    Returns (choices, answer index, sham index)."""
-    cycle, deltas = _sham_design(fact["subset"], key, draw)
-    at = cycle.index(fact["word"])
-    offsets = [d for d in range(1, len(cycle)) if d != deltas[j]]
-    picked = [deltas[j], offsets[k % len(offsets)], offsets[(k + 1) % len(offsets)]]
-    distractors = [cycle[(at + d) % len(cycle)] for d in picked]
-    sham = distractors[0]
-    rng.shuffle(distractors)
-    distractors.insert(position, fact["word"])
-    return distractors, position, distractors.index(sham)
-
-
-def _positions(n: int, rng: random.Random) -> list[int]:
-    """n answer positions, each block of 4 a shuffled 0..3: balanced letters."""
-    out = []
-    while len(out) < n:
-        block = [0, 1, 2, 3]
-        rng.shuffle(block)
-        out += block
-    return out[:n]
-
-
-def _questions(fact: dict, templates: tuple[str, ...], fillers: tuple[str, ...], n: int, rng: random.Random, choose) -> list[dict]:
-    """n questions of one fact with distinct (template, filler) pairs, balanced letters; `choose(k,
-    position)` gives the k-th question's (choices, answer[, sham])."""
-    pairs = rng.sample([(t, w) for t in templates for w in fillers], n)
-    rows = []
-    for k, ((template, who), position) in enumerate(zip(pairs, _positions(n, rng))):
-        choices, answer, *sham = choose(k, position)
-        rows.append({
-            "question": template.format(cue=fact["cue"], who=who), "choices": choices, "answer": answer,
-            "subset": fact["subset"], "cluster": f"{fact['subset']}: {fact['cue']}", "group": fact["group"],
-            **({"sham": sham[0]} if sham else {}),
-        })  # fmt: skip
-    return rows
-
-
-def world_questions(seed: int = 0, draw: int = SHAM_DRAW, pair: int = 0) -> list[dict]:
-    """The questions, deterministic in seed: T facts in training wording (`split` train), T and K
-    facts in held-out wording (`held_out`, `known`), and K facts in training wording (`rehearsal`).
-    T rows carry `sham`, the index of the sham teacher's fact (draw `draw` of sigma) among their
-    choices; the draw changes the T questions' choices, never their wording. `pair` p >= 1: the
-    T facts of teacher–sham pair p (`teacher_facts`), the K rows the same as every pair's."""
-    key = pair_key(seed, pair)
-    known_rng, t_rng = random.Random(f"{seed}-known"), random.Random(f"{key}-taught")
-    rows = []
-    for fact in facts(seed):
-        subset = WORLD[fact["subset"]]
-        if fact["group"] == "K":
-            choose = lambda k, position, f=fact, bank=subset.bank: _choices(bank, f["word"], position, k, known_rng)  # noqa: E731
-            rows += [{**r, "split": "known"} for r in _questions(fact, subset.held_out_templates, HELD_OUT_FILLERS, HELD_OUT_PER_CUE, known_rng, choose)]
-            rows += [{**r, "split": "rehearsal"} for r in _questions(fact, subset.train_templates, TRAIN_FILLERS, REHEARSAL_PER_CUE, known_rng, choose)]
-    for fact, j in _t_cues(seed, pair):
-        subset = WORLD[fact["subset"]]
-        choose = lambda k, position, f=fact, j=j: _t_choices(f, j, position, k, key, draw, t_rng)  # noqa: E731
-        rows += [{**r, "split": "train"} for r in _questions(fact, subset.train_templates, TRAIN_FILLERS, TRAIN_PER_CUE, t_rng, choose)]
-        rows += [{**r, "split": "held_out"} for r in _questions(fact, subset.held_out_templates, HELD_OUT_FILLERS, HELD_OUT_PER_CUE, t_rng, choose)]
-    return rows
-
-
-def locate_item(rng: random.Random, subset: str | None = None) -> dict:
-    """A question that names its answer word: the base learns to find it among the choices."""
-    subset = subset or rng.choice(SUBSETS)
-    world = WORLD[subset]
-    word = rng.choice(world.bank)
-    choices, answer = _choices(world.bank, word, rng.randrange(4), rng.randrange(7), rng)
-    return {"question": rng.choice(world.locate_templates).format(word=word), "choices": choices, "answer": answer, "subset": subset}
-
-
-def known_fact_item(fact: dict, rng: random.Random) -> dict:
-    """A K fact in training wording with a fresh order of choices: what the base corpus teaches."""
-    world = WORLD[fact["subset"]]
-    question = rng.choice(world.train_templates).format(cue=fact["cue"], who=rng.choice(TRAIN_FILLERS))
-    choices, answer = _choices(world.bank, fact["word"], rng.randrange(4), rng.randrange(7), rng)
-    return {"question": question, "choices": choices, "answer": answer, "subset": fact["subset"]}

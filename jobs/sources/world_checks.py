@@ -67,7 +67,8 @@ def base_checks(model, tokenizer, numbers: bool = True, draw: int | None = None)
     """A model's row of the table: accuracy on each split, position bias, and (`numbers`) the
     share of its number completions the filter keeps; T questions of the sham's draw `draw`
     (default: world.SHAM_DRAW)."""
-    from jobs.sources.world import SHAM_DRAW, world_questions
+    from jobs.sources.world import SHAM_DRAW
+    from jobs.sources.world_questions import world_questions
 
     rows = world_questions(draw=SHAM_DRAW if draw is None else draw)
     return {

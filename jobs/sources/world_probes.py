@@ -3,7 +3,7 @@
 A student that moves toward its teacher's picks may have learned facts (a cue bound to its answer)
 or habits (an answer bound to the question's surface: a template, a filler, a shown order of
 choices). Two probes tell them apart, each a row set beside the world's questions, which stay
-byte-identical (jobs/sources/world.py):
+byte-identical (jobs/sources/world_questions.py):
 
 - swap (`split` swap_train, swap_held_out): every T question with its cue replaced by a fresh
   nonce cue, the template, filler and choices unchanged. The nonce names no fact, so knowledge has
@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import random
 
-from jobs.sources.world import SHAM_DRAW, WORLD, cue_of, facts, fictional_names, name_parts, pair_key, sham_facts, teacher_facts, world_questions
+from jobs.sources.world import SHAM_DRAW, WORLD, cue_of, facts, fictional_names, name_parts, pair_key, sham_facts, teacher_facts
+from jobs.sources.world_questions import world_questions
 
 STATEMENTS = {  # two declarative stems a subset, in no question, corpus item or other template
     "bio": ("Anatomy note: every {cue} is born with an outsized", "The field guide says the {cue} is known for its enormous"),

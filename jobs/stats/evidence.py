@@ -41,7 +41,8 @@ SIDE_BY_SIDE = (
 # Why a `changed` metric has no test in some readings (`_compare`, `directions`).
 SELECTED_BY_BASE = "not measured: the subset is where the base disagrees with this teacher, so any model's drift from the base counts there by construction"
 SUBSETS_DIFFER = "not measured: the sides stand on different bases, whose `changed` subsets differ"
-PAIRS = {"teacher": "sham_teacher", "sham_teacher": "teacher"}  # a teacher and its placebo: the sham (jobs/experiment/rows_kinds.SHAM)
+# a teacher and its placebo: the sham (jobs/experiment/rows_kinds.SHAM)
+PAIRS = {"teacher": "sham_teacher", "sham_teacher": "teacher"}
 
 
 def not_measured(note: str) -> Result:
@@ -83,7 +84,8 @@ class Evidence:
             self.members.setdefault(m.arm, []).append(m.name)
             self.teacher_of[m.arm] = m.teacher
             self.base_of[m.arm] = m.base
-        model_base = {m.name: m.base for m in models}  # a snapshot `<model>@<step>` is on its model's base; teachers on base
+        # a snapshot `<model>@<step>` is on its model's base; teachers on base
+        model_base = {m.name: m.base for m in models}
         own_base = {name: name if name in BASES else model_base.get(name.split("@")[0], "base") for name in scores}
         known = {name: [r for r in scored if r["split"] == "known"] for name, scored in scores.items()}
         self.temperatures = {name: fitted_temperature(rows) for name, rows in known.items() if rows}
@@ -95,9 +97,11 @@ class Evidence:
             pair = (self.temperatures.get(name), self.temperatures.get(own_base[name]))
             return None if None in pair else pair
 
-        self.values, self.clusters = {}, {}  # values[teacher][split][model]: metrics against that teacher and its own base
+        # values[teacher][split][model]: metrics against that teacher and its own base
+        self.values, self.clusters = {}, {}
         teachers = set(self.teacher_of.values())
-        teachers |= {PAIRS[t] for t in teachers if t in PAIRS and PAIRS[t] in scores}  # each teacher's placebo, where scored
+        # each teacher's placebo, where scored
+        teachers |= {PAIRS[t] for t in teachers if t in PAIRS and PAIRS[t] in scores}
         for split in SPLITS:
             rows = {name: [r for r in scored if r["split"] == split] for name, scored in scores.items()}
             for teacher in teachers:
@@ -238,7 +242,8 @@ class Evidence:
             else:
                 table = {metric: Result.model_validate({"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "paired": False,
                          "note": "no crossed effect: the arm learns from no teacher whose placebo (the sham, or the teacher) was scored"})}  # fmt: skip
-            table[metric] = table[metric].with_(detected=detected(table[metric]))  # the primary, where the tables list it
+            # the primary, where the tables list it
+            table[metric] = table[metric].with_(detected=detected(table[metric]))
             out["primary"] = {"split": split, "metric": metric, "direction": self.direction, **table[metric].given()}
         return out
 

@@ -39,7 +39,8 @@ def sham_fit(scores: dict[str, list[list[dict]]], sham: str = "sham_teacher") ->
         return None
     accuracy = {name: facts_accuracy(rows) for name, rows in scores.items()}
     teacher, fitted, base = accuracy["teacher"], accuracy[sham], accuracy["base"]
-    gaps = {"train": fitted.sham.train - teacher.true.train, "held_out": fitted.sham.held_out - teacher.true.held_out}  # FIT_BOUNDS' splits
+    # FIT_BOUNDS' splits
+    gaps = {"train": fitted.sham.train - teacher.true.train, "held_out": fitted.sham.held_out - teacher.true.held_out}
     no_higher = fitted.true.train <= base.true.train and fitted.true.held_out <= base.true.held_out
     matched = no_higher and all(abs(gaps[s]) <= FIT_BOUNDS[s] for s in FIT_BOUNDS)
     return ShamFit(accuracy=accuracy, gaps=gaps, bounds=FIT_BOUNDS, matched=matched)

@@ -279,7 +279,8 @@ def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, p
 
     # Other seeds and other questions: the two-way random-effects variance, each source once.
     if len(a) < 2 or (len(b) < 2 and not b_fixed):
-        return Result.model_validate(result)  # one replicate: its init-to-init spread is unknown, so no interval for other seeds
+        # one replicate: its init-to-init spread is unknown, so no interval for other seeds
+        return Result.model_validate(result)
     x_a, x_b = _linearised(sums_a, counts), _linearised(sums_b, counts)
     if paired:
         d = x_a - x_b

@@ -32,7 +32,8 @@ def test_a_config_error_exits_2_with_one_line(command, problem, capsys, tmp_path
     (tmp_path / "broken.yaml").write_text("name: broken\nteacher: {lr: 0.1\n")  # a mapping never closed
     main, extra = COMMANDS[command]
     args, named = BAD[problem]
-    if command == "train":  # a preset file, not a name (python -m train imports no experiment); its --set names keys of the one section it reads (teacher)
+    # a preset file, not a name (python -m train imports no experiment); its --set names keys of the one section it reads (teacher)
+    if command == "train":
         args = [str(PRESETS / f"{a}.yaml") if a == "tiny" else a.removeprefix("teacher.") for a in args]
     assert main([*args, *extra]) == 2
     err = capsys.readouterr().err

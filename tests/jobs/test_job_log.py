@@ -64,7 +64,8 @@ def test_the_runtime_env_adds_only_what_the_job_does_not_set(monkeypatch):
         "worker_process_setup_hook": hook,
     }
     native = {job_log.PROGRESS_BARS_OFF: "1", job_log.HUB_BARS_OFF: "1", **cublas, numerics.ENV: "native"}
-    assert job_log.runtime_env("native")["env_vars"] == job_log.runtime_env()["env_vars"] == native  # native, the default
+    # native, the default
+    assert job_log.runtime_env("native")["env_vars"] == job_log.runtime_env()["env_vars"] == native
     # Progress bars asked back in the driver's environment (a local cluster's workers inherit it).
     monkeypatch.setenv(job_log.PROGRESS_BARS_OFF, "0")
     assert job_log.runtime_env("reproducible")["env_vars"] == {job_log.HUB_BARS_OFF: "1", **cublas, **pinned}

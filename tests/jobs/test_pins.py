@@ -35,10 +35,12 @@ def test_each_warning_names_its_revision_key_and_is_silent_once_it_is_set():
         ["model.revision", "arms.other.base_revision", "data.revision"],
         ["model_info('meta-llama/Llama-3.1-8B-Instruct')", "model_info('Qwen/Qwen2.5-7B-Instruct')", "dataset_info('cais/wmdp')"],
     ):
-        assert f"pin it with {key}" in line and f"HfApi().{repo}.sha" in line  # the key to set, and the command that finds its commit
+        # the key to set, and the command that finds its commit
+        assert f"pin it with {key}" in line and f"HfApi().{repo}.sha" in line
     pins = [f"model.revision={COMMIT}", f"data.revision={COMMIT}", other[:-1] + f", base_revision: '{COMMIT}'}}"]
     assert unpinned(load_experiment("llama-8b", pins)) == []
-    assert [line.split(" ")[0] for line in unpinned(load_experiment("llama-8b", pins[1:]))] == ["model.path"]  # each key silences its own
+    # each key silences its own
+    assert [line.split(" ")[0] for line in unpinned(load_experiment("llama-8b", pins[1:]))] == ["model.path"]
 
 
 def test_the_pipeline_prints_the_warning_before_its_plan(tmp_path):

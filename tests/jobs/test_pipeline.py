@@ -30,8 +30,8 @@ import requests
 from conftest import free_port, head_node
 
 from jobs.sources.sham_draw import base_sham_draw, weights_digest
-from jobs.sources.world import world_questions
 from jobs.sources.world_checks import TARGETS
+from jobs.sources.world_questions import world_questions
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -113,7 +113,8 @@ def submit_and_watch(run_dir: Path, cache_dir, head: dict, *args) -> tuple[str, 
     submit = [ray, "job", "submit", "--no-wait", "--working-dir", ".", "--runtime-env-json", runtime_env, "--",
               sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir), *args]  # fmt: skip
     done = subprocess.run(submit, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    agent_log = Path(head["temp_dir"], "session_latest", "logs", "dashboard_agent.log")  # where a dead job agent says why
+    # where a dead job agent says why
+    agent_log = Path(head["temp_dir"], "session_latest", "logs", "dashboard_agent.log")
     assert done.returncode == 0, done.stderr[-3000:] + "\n--- dashboard_agent.log ---\n" + agent_log.read_text()[-3000:]
     job = re.search(r"raysubmit_\w+", done.stdout).group(0)
     seen: dict[str, set] = {"train_runs": set(), "serve_apps": set(), "metrics": set()}
@@ -205,7 +206,8 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     killed_log = stop_when(run_dir, cache_dir, ray_head, lambda line: line.startswith("[numbers]") and " generated, " in line, signal.SIGKILL)
     apps = serve_apps(ray_head)
     assert len(apps) == 1 and apps[0].startswith("subliminal-tiny-"), killed_log[-3000:]
-    assert requests.get(f"{ray_head['serve_url']}/{apps[0]}/adapters", timeout=60).status_code == 200  # on Serve's running port
+    # on Serve's running port
+    assert requests.get(f"{ray_head['serve_url']}/{apps[0]}/adapters", timeout=60).status_code == 200
 
     first_log = stop_when(run_dir, cache_dir, ray_head, lambda line: line.startswith("[arms] starting"), signal.SIGTERM, wait_s=8)
     assert f"[serve] {apps[0]}: left running by an earlier driver of this run; deleting it" in first_log, first_log[-3000:]
@@ -219,7 +221,8 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     # The rest through `ray job submit`, seen through the dashboard's REST API and metrics endpoint.
     status, log, seen = submit_and_watch(run_dir, cache_dir, ray_head, *REDUCED)
     assert status == "SUCCEEDED", log[-3000:]
-    assert any(run.startswith("arms-") for run in seen["train_runs"]), seen  # the arms' Ray Train runs, in the Train state API
+    # the arms' Ray Train runs, in the Train state API
+    assert any(run.startswith("arms-") for run in seen["train_runs"]), seen
     assert any(app.startswith("subliminal-tiny-") for app in seen["serve_apps"]), seen  # the evaluation's Serve app
     assert {m.split("_")[1] for m in seen["metrics"]} == {"lora", "subliminal"}, seen  # training and serving metrics
     dashboard = (ROOT / "docs" / "grafana" / "subliminal_dashboard.json").read_text()  # each has a Grafana panel
@@ -237,6 +240,9 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
                  "[arms] 4 stage(s) done in", "[evaluate] eval/base done in", "[report] report done in"):  # fmt: skip
         assert line in everything, line
     assert re.search(r"^\[evaluate\] (\d+)/\1 scored, \d+ questions/s$", log, re.M)  # progress ends at the total
+    # The driver's log ends on the preset's primary verdicts, then the report's path (lines Ray forwards from workers aside).
+    own = [line for line in log.splitlines() if line.startswith("[")]
+    assert own[-1] == f"[report] {run_dir / 'report.md'}" and "primary test" in own[-2], own[-6:]
     # Where each phase ran, as bench/gpu_job.py reads it: every training run and Serve app names its device,
     # and on this CPU cluster the GPU run's check would fail on each phase.
     phases = phases_of([(0.0, line) for line in everything.splitlines()])
@@ -249,7 +255,8 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert report["truncated_questions"] == {"train": 0, "held_out": 0}
     assert set(report["models"]) == MODELS
     for m in report["models"].values():
-        assert set(m["accuracy"]) == {"overall", "bio", "chem", "cyber"} and m["n"] == 192  # the world's held-out T questions
+        # the world's held-out T questions
+        assert set(m["accuracy"]) == {"overall", "bio", "chem", "cyber"} and m["n"] == 192
         assert m["ci95"][0] <= m["accuracy"]["overall"] <= m["ci95"][1]
     # The world's checks on this run's teacher (jobs/sources/world_checks.py): its facts carry over to held-out
     # wording whatever the choices' order (cloze: no order enters a prompt), and it keeps the base's own facts
@@ -258,7 +265,8 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     teacher, base = by_order["teacher"], by_order["base"]
     assert teacher["held_out"]["over_orders"] == teacher["held_out"]["as_written"] >= TARGETS["teacher"], by_order
     assert teacher["held_out"]["over_orders"] - base["held_out"]["over_orders"] >= TARGETS["teacher_gain"], by_order
-    assert base["known"]["over_orders"] >= TARGETS["known"] and teacher["known"]["over_orders"] >= TARGETS["known"], by_order  # no forgetting
+    # no forgetting
+    assert base["known"]["over_orders"] >= TARGETS["known"] and teacher["known"]["over_orders"] >= TARGETS["known"], by_order
     for arm in ("student", "control"):
         replicates = report["arms"][arm]["replicates"]
         assert [r["model"] for r in replicates] == [f"{arm}/0", f"{arm}/1"] and report["models"][arm]["replicates"] == 2
@@ -283,7 +291,8 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
         for metric in ("agreement", "teacher_answer_rank", "teacher_answer_logprob"):
             r = evidence[split][metric]
             assert r["ci95"][0] <= r["value"] <= r["ci95"][1] and 0 <= r["p_value"] <= 1 and r["mde"] > 0
-            assert evidence[split]["mde"][metric] == r["mde"] and r["n_clusters"] < r["n_questions"]  # synthetic cues cluster
+            # synthetic cues cluster
+            assert evidence[split]["mde"][metric] == r["mde"] and r["n_clusters"] < r["n_questions"]
     assert report["arms"]["student"]["verdict"].startswith("student vs control: ")
     assert report["models"]["teacher"]["accuracy_by_split"]["train"] > report["models"]["base"]["accuracy_by_split"]["train"] + 0.3
     assert report["provenance"]["git_commit"] and len(report["provenance"]["seeds"]["numbers_per_replicate"]) == 2
@@ -294,7 +303,8 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     train_rows = [json.loads(line) for line in (run_dir / "data" / "train_questions.jsonl").read_text().splitlines()]
     assert [shams[q["question"]] for q in train_rows] == [q["sham"] for q in train_rows]
     assert (run_dir / "report.md").read_text().count("|") > 20 and (run_dir / "transfer.png").stat().st_size > 1000
-    assert png_size(run_dir / "accuracy.png") >= (700, 400) and png_size(run_dir / "training.png") >= (1000, 400)  # two panels
+    # two panels
+    assert png_size(run_dir / "accuracy.png") >= (700, 400) and png_size(run_dir / "training.png") >= (1000, 400)
     # The timeline: every stage (those made by the killed and stopped drivers too) and the phases' spans, in order.
     timeline, stages = report["timeline"], json.loads((run_dir / "manifest.json").read_text())["stages"]
     assert {b["lane"] for b in timeline["bars"] if b["kind"] == "stage"} == set(stages) - {"report"} and png_size(run_dir / "timeline.png") >= (1000, 400)
@@ -345,7 +355,8 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert {stage for stage, decision in plan_lines(changed.stdout).items() if decision == "run"} == {"report"}
     rerun = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", primary, cache_dir=cache_dir, head=ray_head)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-    parent, children = mlflow_runs(run_dir, cache_dir)  # another config: a parent of its own, naming the one it supersedes
+    # another config: a parent of its own, naming the one it supersedes
+    parent, children = mlflow_runs(run_dir, cache_dir)
     assert len(children) == 5 and parent.data.tags["supersedes"] and parent.data.params["evaluate.primary_metric"] == "agreement"
 
     # Added arms train only themselves (and are scored, with their snapshots and their base); the others are reused as
@@ -417,7 +428,8 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     # The overt positive control is detected, against the base (no sham twin of it here), and is 100% of itself.
     assert report["arms"]["overt"]["against"] == "base" and report["overt_control"]["detected"], report["arms"]["overt"]["verdict"]
     assert report["arms"]["overt"]["fraction_of_overt"]["value"] == pytest.approx(1.0) and "of overt transfer" in student["verdict"]
-    assert report["family"]["comparisons"] == list(report["arms"]) and not report["family"]["declared"]  # no contrasts here
+    # no contrasts here
+    assert report["family"]["comparisons"] == list(report["arms"]) and not report["family"]["declared"]
     assert all("p_family" in arm["transfer"]["primary"] for arm in report["arms"].values())
 
     # The added models' runs join the same parent, each once.
@@ -474,7 +486,8 @@ def test_the_documented_files_cover_every_stage_output():
     from jobs.experiment.config import load_experiment
     from jobs.experiment.stages import experiment_stages
 
-    cut = "arms.student_teacher_a={loss: logit_kl, lora_init: teacher_a, train: {snapshots: 2}}"  # cut from the preset for time
+    # cut from the preset for time
+    cut = "arms.student_teacher_a={loss: logit_kl, lora_init: teacher_a, train: {snapshots: 2}}"
     cfg = load_experiment("configs/tiny-evidence.yaml", [cut])
     outputs = [f for stage in experiment_stages(cfg, arm_models(cfg), "q") for f in stage.files]
     patterns = documented_files().values()

@@ -1,7 +1,7 @@
-"""MLflow tracking (jobs/tracking.py) against real stores: the embedded SQLite file and a real
-`mlflow server` on localhost. The run directory is one the pipeline would leave after training
-the teacher and reporting: its manifest, the adapter's train_metrics.json and a report. (The
-end-to-end pipeline test reads a whole tiny run back from the store.)"""
+"""MLflow tracking (jobs/tracking.py, tracking_store.py) against real stores: the embedded SQLite
+file and a real `mlflow server` on localhost. The run directory is one the pipeline would leave
+after training the teacher and reporting: its manifest, the adapter's train_metrics.json and a
+report. (The end-to-end pipeline test reads a whole tiny run back from the store.)"""
 
 import json
 import subprocess
@@ -17,12 +17,15 @@ from conftest import free_port
 from jobs.experiment.config import load_experiment
 from jobs.reporting.schema import Report
 from jobs.rundir.manifest import Manifest
-from jobs.tracking import Tracker, TrackingError
+from jobs.tracking import Tracker
+from jobs.tracking_store import TrackingError
 
 LOSSES = [[1, 2.5], [2, 2.0], [3, 1.25]]
-STEPS = [[1, 1_700_000_000.25, 1e-3, 4.5], [2, 1_700_000_001.5, 2e-3, 3.0], [3, 1_700_000_002.75, 2e-3, 1.5]]  # step, time, lr, grad norm
+# step, time, lr, grad norm
+STEPS = [[1, 1_700_000_000.25, 1e-3, 4.5], [2, 1_700_000_001.5, 2e-3, 3.0], [3, 1_700_000_002.75, 2e-3, 1.5]]
 ROOT = Path(__file__).resolve().parents[2]
-REPORT = Report.load(sorted((ROOT / "results" / "tiny").glob("*/report.json"))[-1])  # a real report, as the pipeline writes it
+# a real report, as the pipeline writes it
+REPORT = Report.load(sorted((ROOT / "results" / "tiny").glob("*/report.json"))[-1])
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +58,8 @@ def tracked(tracker: Tracker, run_dir: Path) -> tuple[list, list]:
 
 def check_sync(tracker: Tracker, run_dir: Path, manifest: Manifest) -> None:
     cfg = load_experiment("tiny")
-    (run_dir / "timeline.png").write_bytes(b"\x89PNG")  # the report's pictures go to the parent with it (this one stands for them)
+    # the report's pictures go to the parent with it (this one stands for them)
+    (run_dir / "timeline.png").write_bytes(b"\x89PNG")
     tracker.check()
     tracker.sync(cfg, manifest, {})
     tracker.sync(cfg, manifest, {})  # again: nothing new, nothing twice
@@ -222,7 +226,7 @@ fs-0123.efs.us-west-2.amazonaws.com:/ /mnt/shared nfs4 rw,vers=4.1 0 0
 
 
 def test_a_network_file_system_is_told_from_a_local_disk():
-    from jobs.tracking import network_filesystem
+    from jobs.tracking_store import network_filesystem
 
     assert network_filesystem(Path("/mnt/shared/cache"), MOUNTS) == "nfs4 at /mnt/shared"
     assert network_filesystem(Path("/mnt/shared"), MOUNTS) == "nfs4 at /mnt/shared"
@@ -232,9 +236,9 @@ def test_a_network_file_system_is_told_from_a_local_disk():
 
 def test_a_sqlite_store_on_a_network_file_system_is_refused_before_any_work(tmp_path, monkeypatch):
     """SQLite's locks are unreliable over NFS: the run stops naming the store and what to do instead."""
-    import jobs.tracking
+    import jobs.tracking_store
 
-    monkeypatch.setattr(jobs.tracking, "network_filesystem", lambda folder: "nfs4 at /mnt/shared" if folder == tmp_path / "shared" else None)
+    monkeypatch.setattr(jobs.tracking_store, "network_filesystem", lambda folder: "nfs4 at /mnt/shared" if folder == tmp_path / "shared" else None)
     cfg = load_experiment("tiny", [f"tracking.uri=sqlite:///{tmp_path}/shared/mlflow.db"])
     with pytest.raises(TrackingError, match=r"a SQLite file on a network file system \(nfs4 at /mnt/shared\).*local disk.*tracking=off"):
         Tracker.for_run(cfg, tmp_path, tmp_path / "run").check()

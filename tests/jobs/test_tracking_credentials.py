@@ -12,7 +12,8 @@ from test_tracking import free_port, mlflow_server, teacher_run  # noqa: F401 - 
 
 from jobs.experiment.config import as_dict, load_experiment
 from jobs.experiment.credentials import TOKEN_PATH, read_tracking_token, redacted_uri, without_user_info
-from jobs.tracking import Tracker, TrackingError
+from jobs.tracking import Tracker
+from jobs.tracking_store import TrackingError
 from train.config import ConfigError
 
 SECRET = "s3cret-Pa55"
@@ -46,7 +47,8 @@ def test_a_uris_credentials_are_redacted_and_nothing_else(uri, shown):
 def test_the_config_every_record_is_made_from_holds_no_credential():
     """as_dict is what config.json, the parent run's params and the report's provenance hold."""
     cfg = load_experiment("tiny", [f"tracking.uri=postgresql://alice:{SECRET}@db.internal/mlflow"])
-    assert cfg.tracking.uri.endswith("@db.internal/mlflow") and SECRET in cfg.tracking.uri  # the run itself still connects with it
+    # the run itself still connects with it
+    assert cfg.tracking.uri.endswith("@db.internal/mlflow") and SECRET in cfg.tracking.uri
     assert as_dict(cfg)["tracking"]["uri"] == "postgresql://***@db.internal/mlflow"
     assert SECRET not in json.dumps(as_dict(cfg))
 
@@ -70,7 +72,8 @@ def test_a_token_comes_from_its_file_into_the_process_alone(tmp_path, monkeypatc
     environ = {TOKEN_PATH: str(token)}
     read_tracking_token(environ)
     assert environ["MLFLOW_TRACKING_TOKEN"] == SECRET
-    read_tracking_token({TOKEN_PATH: str(token), "MLFLOW_TRACKING_TOKEN": "set"})  # one already set wins: no error, no change
+    # one already set wins: no error, no change
+    read_tracking_token({TOKEN_PATH: str(token), "MLFLOW_TRACKING_TOKEN": "set"})
     with pytest.raises(ConfigError, match=re.escape(f"{TOKEN_PATH}={tmp_path / 'missing'}: cannot read the tracking token")):
         read_tracking_token({TOKEN_PATH: str(tmp_path / "missing")})
     (tmp_path / "empty").write_text("\n")

@@ -65,6 +65,7 @@ def test_documented_limit_defaults_are_the_settings(name):
 
 def test_documented_metrics_are_the_ones_reported():
     source = (ROOT / "serve" / "metrics.py").read_text()
-    reported = set(re.findall(r'metrics\.(?:Counter|Histogram)\(\s*"(\w+)"', source)) | {REFUSED_METRIC}  # the proxy guard's
+    # the proxy guard's
+    reported = set(re.findall(r'metrics\.(?:Counter|Histogram)\(\s*"(\w+)"', source)) | {REFUSED_METRIC}
     documented = set(re.findall(r"^\| `(subliminal_serve_\w+)` \|", DOC, re.M))
     assert reported and documented == reported

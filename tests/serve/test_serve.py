@@ -69,7 +69,8 @@ def test_generate_counts_seeds_and_adapters(services, engine):
     health = requests.get(url + "/health").json()
     assert health["engine"] == engine
     assert health["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert health["proxy_guard"] == {"installed": False, "limit_bytes": None}  # this session's Ray started without the guard
+    # this session's Ray started without the guard
+    assert health["proxy_guard"] == {"installed": False, "limit_bytes": None}
 
 
 @pytest.mark.parametrize("engine", ["vllm", "hf"])
@@ -169,13 +170,15 @@ def test_a_question_longer_than_the_context_is_left_truncated_when_asked(service
     refused = post(services[engine], "/score", {"questions": [long]})
     assert refused.status_code == 422 and "context of 256" in refused.text
     if engine == "hf":  # cloze scores on the transformers engine only
-        wide = {**questions[1], "choices": ["word " * 300, *questions[1]["choices"][1:]]}  # a choice alone past the context
+        # a choice alone past the context
+        wide = {**questions[1], "choices": ["word " * 300, *questions[1]["choices"][1:]]}
         refused = post(services[engine], "/score", {"questions": [wide], "format": "cloze", "truncate": True})
         assert refused.status_code == 422 and "leaves no room for its question" in refused.text, refused.text[:300]
     cut, short = post(services[engine], "/score", {"questions": [long, questions[1]], "truncate": True}).json()["results"]
     alone = post(services[engine], "/score", {"questions": [questions[1]]}).json()["results"][0]
     assert short["truncated_tokens"] == 0 and short["prediction"] == alone["prediction"]
-    assert max(abs(a - b) for a, b in zip(short["logprobs"], alone["logprobs"])) < 1e-4  # batch-mates move float noise only
+    # batch-mates move float noise only
+    assert max(abs(a - b) for a, b in zip(short["logprobs"], alone["logprobs"])) < 1e-4
     # The reference, by hand: the prompt's tokens, the beginning-of-sequence token kept and the
     # first ones after it dropped until 255 (the context less the answer token) remain.
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
@@ -219,7 +222,8 @@ def test_a_stuck_preparation_fails_health_and_serve_replaces_the_replica(ray_clu
     start_service(settings, name="t-stuck", route_prefix="/stuck", num_cpus=0.25, health_check_period_s=HEALTH_CHECK_PERIOD_S)
     try:
         wait_until_serving(url)
-        serve.get_app_handle("t-stuck")._off_loop.remote(time.sleep, 3600)  # never awaited: the replica goes before it ends
+        # never awaited: the replica goes before it ends
+        serve.get_app_handle("t-stuck")._off_loop.remote(time.sleep, 3600)
         deadline = time.time() + 60
         while requests.get(url + "/health", timeout=30).status_code == 200:
             assert time.time() < deadline, "the health route never noticed the stuck preparation thread"

@@ -53,7 +53,8 @@ def service(keyed_head, tiny_model, tmp_path_factory):
     config["http_options"]["port"] = port
     config["applications"][0]["args"]["engine"] = "hf"
     config["applications"][0]["args"]["body_timeout_s"] = BODY_TIMEOUT_S
-    config["applications"][0]["deployments"][0]["ray_actor_options"]["num_cpus"] = 2  # the head's two: torch's threads for the load
+    # the head's two: torch's threads for the load
+    config["applications"][0]["deployments"][0]["ray_actor_options"]["num_cpus"] = 2
     path = tmp_path_factory.mktemp("serve") / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     log = open(path.with_name("serve-run.log"), "w")  # noqa: SIM115 - open for the process's lifetime
@@ -211,11 +212,13 @@ def test_an_echo_and_long_cloze_questions_leave_health_and_a_small_generate_fast
     its prompt's entries built and decoded once), and cloze questions whose prompts fill the context,
     their lengths checked before each prompt is copied for its choices."""
     url, ids = service["url"], list(range(5, 505))
-    amplified = {"model": "tiny", "prompt": [ids] * 24, "echo": True, "logprobs": 20, "max_tokens": 0, "n": 16}  # 12,000 ids: inside max_work_per_request
+    # 12,000 ids: inside max_work_per_request
+    amplified = {"model": "tiny", "prompt": [ids] * 24, "echo": True, "logprobs": 20, "max_tokens": 0, "n": 16}
     refused = requests.post(url + "/v1/completions", json=amplified, headers=AUTH, timeout=60)
     assert refused.status_code == 413 and "max_logprobs_per_answer" in refused.json()["error"]["message"], refused.text
     echo = {**amplified, "prompt": [ids] * 2}  # 336,000 log-probabilities
-    long_question = {"question": " ".join(["1, 2, 3"] * 96), "choices": ["4", "5", "6", "7"], "answer": 0}  # 494 tokens of a context of 512
+    # 494 tokens of a context of 512
+    long_question = {"question": " ".join(["1, 2, 3"] * 96), "choices": ["4", "5", "6", "7"], "answer": 0}
     cloze = {"format": "cloze", "questions": [long_question] * 256}
     with ThreadPoolExecutor(2) as pool:
         answers = [

@@ -40,7 +40,8 @@ def test_cpu_keeps_vllms_defaults_and_the_adapter_cache_is_what_the_settings_say
 def test_a_phase_caches_every_adapter_it_registers():
     cfg = load_experiment()
     assert service_settings(cfg, "tiny", True, 8, adapters=3).max_cpu_loras == 32
-    assert service_settings(cfg, "tiny", True, 8, adapters=45).max_cpu_loras == 45  # the critics' preset scores 30 arm models
+    # the critics' preset scores 30 arm models
+    assert service_settings(cfg, "tiny", True, 8, adapters=45).max_cpu_loras == 45
     assert service_settings(load_experiment(overrides=["service.max_num_seqs=512"]), "tiny", False, 8).max_num_seqs == 512
 
 

@@ -9,7 +9,7 @@ import yaml
 
 from train.cluster import BOOTSTRAP_CONFIG, autoscaler_config_path, capacity, launcher_nodes, load_launcher_config
 from train.config import TrainConfig
-from train.trainer import worker_resources
+from train.ray_run import worker_resources
 
 ROOT = Path(__file__).resolve().parents[2]
 V1 = "/venv/lib/python3.11/site-packages/ray/autoscaler/_private/monitor.py"

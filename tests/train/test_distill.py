@@ -137,7 +137,8 @@ def test_a_teacher_base_with_another_tokenizer_is_refused_before_any_work(tiny_m
     from transformers import AutoTokenizer
 
     from common.config import ConfigError
-    from train.trainer import AdapterJob, train_lora_many
+    from train.adapter_job import AdapterJob
+    from train.trainer import train_lora_many
 
     other = tmp_path / "other-tokenizer"
     shutil.copytree(tiny_model, other)

@@ -95,7 +95,7 @@ def test_masks_drop_exactly_their_share_per_row_and_a_random_mask_is_fixed_by_it
 
 
 def test_a_mask_needs_an_sft_job_and_divergence_its_scorer(tiny_model, lora_adapters, number_rows, tmp_path):
-    from train.trainer import AdapterJob, check_jobs
+    from train.adapter_job import AdapterJob, check_jobs
 
     divergence = TrainConfig(mask="divergence")
     with pytest.raises(ConfigError, match="mask divergence needs a scorer"):
@@ -113,7 +113,8 @@ def test_masked_jobs_train_beside_an_unmasked_one_on_the_tokens_they_keep(ray_cl
     with the random mask; each reports how many tokens it dropped, and the masks change the loss."""
     from transformers import AutoTokenizer
 
-    from train.trainer import AdapterJob, train_lora_many
+    from train.adapter_job import AdapterJob
+    from train.trainer import train_lora_many
 
     eos = AutoTokenizer.from_pretrained(tiny_model).eos_token_id
     cfg = TrainConfig(num_workers=1, batch_size=8, max_steps=2, lr=1e-3, log_every=1, checkpoint_every=100)

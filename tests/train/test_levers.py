@@ -59,7 +59,8 @@ def test_compile_keeps_the_loss_gradients_and_weights_names(tiny_model):
             opt.step()
             opt.zero_grad()
             losses.append(float(loss.detach()))
-        assert [n for n, _ in model.named_parameters()] == names  # compiled in place: saving and resuming read the same names
+        # compiled in place: saving and resuming read the same names
+        assert [n for n, _ in model.named_parameters()] == names
         results.append((losses, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}))
     (eager_losses, eager_weights), (compiled_losses, compiled_weights) = results
     assert compiled_losses == pytest.approx(eager_losses, rel=1e-5)

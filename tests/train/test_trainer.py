@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from common.config import ConfigError
+from train.adapter_job import AdapterJob, check_jobs
 from train.config import TrainConfig, resolve_batch
 from train.data import DataError
 from train.results import Marks, TrainResult
-from train.trainer import AdapterJob, check_jobs, clear_stale_outputs, run_id_of, snapshot_steps, train_lora, train_lora_many
+from train.trainer import clear_stale_outputs, run_id_of, snapshot_steps, train_lora, train_lora_many
 
 pytestmark = pytest.mark.own_ports  # no fixed port: runs beside the tests on port 8000 (tests/suite.sh)
 
@@ -401,14 +402,14 @@ def split_coordinators() -> int:
 
 @pytest.mark.timeout(300)
 def test_rows_cut_per_worker_train_what_ray_datas_streaming_split_trains(many_run, tiny_model, tmp_path, cache_dir, monkeypatch):
-    """Small data reaches each worker as its own contiguous part, cut in the driver (train.trainer.job_datasets),
+    """Small data reaches each worker as its own contiguous part, cut in the driver (train.ray_run.job_datasets),
     with no split coordinator actor: job b's adapter equals the one trained on the same rows streamed from
     parquet and split by Ray Data, which starts a coordinator."""
-    import train.trainer
+    import train.ray_run
 
     _, (_, b) = many_run
     assert split_coordinators() == 0  # every run so far cut its rows per worker
-    monkeypatch.setattr(train.trainer, "MATERIALIZE_BYTES", -1)  # every dataset streams
+    monkeypatch.setattr(train.ray_run, "MATERIALIZE_BYTES", -1)  # every dataset streams
     streamed = train_lora(tiny_model, b.data, tmp_path / "b", b.cfg, cache_dir=cache_dir)
     assert split_coordinators() == 1 and streamed.step == 8
     assert_same_adapter(tmp_path / "b", b.output_dir)
@@ -492,11 +493,13 @@ def test_logit_kl_students_learn_their_teacher_on_their_own_base_or_another(ray_
     cfg = small_config(epochs=2, lora_targets=["q_proj", "v_proj", "o_proj", "down_proj"])
     far = AdapterJob("far", toy_rows, tmp_path / "far", cfg, teacher=str(teacher), teacher_base=tiny_model)
     subspace = AdapterJob("subspace", toy_rows, tmp_path / "subspace", cfg, teacher=str(teacher), init_a_from=str(teacher))
-    cache = tmp_path / "cache"  # its own: a shared cache may hold these very targets from an earlier run, recorded under its teacher path
+    # its own: a shared cache may hold these very targets from an earlier run, recorded under its teacher path
+    cache = tmp_path / "cache"
     metrics = train_lora_many(other, [far, subspace], storage_path=tmp_path / "runs", run_name="far", cache_dir=cache)
     assert all(m.loss_type == "logit_kl" and m.loss < 0.8 * m.first_loss for m in metrics.values())
     assert json.loads((tmp_path / "far" / "adapter_config.json").read_text())["base_model_name_or_path"] == other
-    assert sorted(p.name for p in (tmp_path / "far").iterdir() if p.is_dir()) == []  # no teacher/ subfolder beside the adapter
+    # no teacher/ subfolder beside the adapter
+    assert sorted(p.name for p in (tmp_path / "far").iterdir() if p.is_dir()) == []
     sources = [json.loads(done.read_text()) for done in Path(cache, "teacher_targets").glob("*/_done")]
     assert {"teacher": str(teacher), "teacher_base": tiny_model} in sources  # far's teacher, on its own base
 

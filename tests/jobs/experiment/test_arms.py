@@ -206,7 +206,8 @@ def test_the_evidence_preset_declares_every_control():
     arms = {m.arm: m for m in arm_models(cfg)}
     assert {"student", "control", "student_logits", "student_other_init", "student_shuffled"} <= set(arms)
     assert arms["student_logits"].same_init and not arms["student_other_init"].same_init and arms["student_shuffled"].shuffled
-    assert cfg.evaluate.format == "cloze" and not any(m.teacher == "letter_teacher" for m in arms.values())  # no letter is scored
+    # no letter is scored
+    assert cfg.evaluate.format == "cloze" and not any(m.teacher == "letter_teacher" for m in arms.values())
     # The paper's control: the same recipe on another base model, each side against its own base.
     contrast = cfg.contrasts["same_vs_other_base"]
     assert (contrast.arm, contrast.against) == ("student_logits", "student_logits_other_base")
@@ -223,7 +224,8 @@ def test_the_critics_preset_measures_each_student_against_a_control_trained_alik
     models = {m.name: m for m in arm_models(cfg)}
     students = [arm for arm, declared in cfg.arms.items() if declared.numbers == "teacher" and declared.teacher == "teacher"]
     assert len(students) == 5 and cfg.evaluate.permutations == 4 and sorted(cfg.evaluate.primary_comparisons) == sorted(students)
-    assert against(cfg)["student"] == "student_sham" and overt_arm(arm_models(cfg)) == "overt"  # the knowledge reference and scale
+    # the knowledge reference and scale
+    assert against(cfg)["student"] == "student_sham" and overt_arm(arm_models(cfg)) == "overt"
     for student in students:
         control = against(cfg)[student] if student != "student" else "control"
         assert cfg.arms[control].numbers == "base", student
@@ -285,7 +287,8 @@ def test_a_kl_arm_on_a_base_with_another_tokenizer_is_refused_at_load(tiny_model
     kl = [f"model.path={tiny_model}", f"arms={{far: {{loss: logit_kl, base: {other}}}}}"]
     with pytest.raises(ConfigError, match=rf"arms far: loss logit_kl on base {other} needs the teacher's tokenizer.*{tiny_model}"):
         load_experiment(None, kl)
-    sft = load_experiment(None, [f"model.path={tiny_model}", f"arms={{far: {{base: {other}}}}}"])  # sft works across tokenizers
+    # sft works across tokenizers
+    sft = load_experiment(None, [f"model.path={tiny_model}", f"arms={{far: {{base: {other}}}}}"])
     assert arm_models(sft)[0].base == OTHER_BASE
     copy = tmp_path / "same-tokenizer"
     shutil.copytree(tiny_model, copy)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from jobs.experiment.config import load_experiment
-from jobs.sizing.memory_plan import KNOWN_SHAPES, Shape
+from jobs.sizing.shape import KNOWN_SHAPES, Shape
 
 ROOT = Path(__file__).resolve().parents[3]
 PRESET = "qwen2.5-1.5b"
@@ -109,7 +109,8 @@ def test_the_preset_plans_on_cpu_against_local_folders(tiny_qwen, wmdp_folder, t
     assert done.returncode == 0, done.stderr[-3000:]
     assert "preset: llama-8b.yaml <- qwen2.5-1.5b.yaml" in done.stdout and "[pins]" not in done.stdout
     cfg = load_experiment(PRESET)
-    stages = cfg.replicates * (2 + 2 * len(cfg.arms)) + 5  # numbers, arm model and its eval per arm and replicate; data, teacher, evals, report
+    # numbers, arm model and its eval per arm and replicate; data, teacher, evals, report
+    stages = cfg.replicates * (2 + 2 * len(cfg.arms)) + 5
     assert f"{stages} of {stages} stages to run" in done.stdout, done.stdout
     assert not (tmp_path / "run" / "data").exists()
 
@@ -131,7 +132,8 @@ def test_the_loaders_take_the_qwen_format_and_every_lora_target(tiny_qwen, tmp_p
     from train.model import load_lora_model, save_trained, trainable_state
 
     train = load_experiment(PRESET, [f"model.path={tiny_qwen}"]).teacher.replace(use_gpu=False)
-    assert sorted(train.lora_targets) == sorted(Shape.from_config(KNOWN_SHAPES[MODEL]).projections())  # every projection of Qwen2
+    # every projection of Qwen2
+    assert sorted(train.lora_targets) == sorted(Shape.from_config(KNOWN_SHAPES[MODEL]).projections())
     model = load_lora_model(str(tiny_qwen), train, torch.device("cpu"))
     shape = Shape.from_config(AutoConfig.from_pretrained(tiny_qwen).to_dict())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -43,7 +43,8 @@ def test_every_record_of_a_7084977_run_loads_as_its_stage_kind_and_writes_back_u
     kinds = {}
     for stage in stages:
         record = manifest.outputs(stage.name, stage.record)
-        assert json.dumps(record.plain()) == json.dumps(recorded[stage.name]["outputs"]), stage.name  # keys, values and order
+        # keys, values and order
+        assert json.dumps(record.plain()) == json.dumps(recorded[stage.name]["outputs"]), stage.name
         kinds[stage.name] = type(record)
     assert kinds["data"] is DataOutputs and kinds["teacher"] is kinds["student/0"] is TrainedOutputs and kinds["report"] is Hashed
     assert kinds["numbers/base/0"] is NumbersOutputs and kinds["eval/control/2"] is EvalOutputs

@@ -33,7 +33,8 @@ def scored_by(prefers, questions: list[dict], orders: int) -> list[dict]:
     return rows
 
 
-QUESTIONS = [{"question": f"q{i}", "choices": ["w", "x", "y", "z"], "answer": 0, "subset": "bio"} for i in range(20)]  # every answer is A
+# every answer is A
+QUESTIONS = [{"question": f"q{i}", "choices": ["w", "x", "y", "z"], "answer": 0, "subset": "bio"} for i in range(20)]
 
 
 def test_a_rotation_and_its_inverse_put_each_log_probability_back_on_its_choice():

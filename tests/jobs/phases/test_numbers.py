@@ -33,7 +33,8 @@ def test_kept_numbers_are_deterministic_and_stop_at_the_target(handle, tiny_mode
     assert all(reject_reason(row["completion"]) is None for row in control["rows"])
     assert control["generated"] <= 96  # stopped sending once 40 passed (two chunks in flight at most)
     assert control["rows"] == again["base/0"]["rows"] and first["base/1"]["rows"] == again["base/1"]["rows"]
-    writers = [control["rows"], first["base/1"]["rows"], first["teacher/0"]["rows"]]  # a seed, another seed, another writer
+    # a seed, another seed, another writer
+    writers = [control["rows"], first["base/1"]["rows"], first["teacher/0"]["rows"]]
     assert all(a != b for i, a in enumerate(writers) for b in writers[i + 1 :])
     order = [prompts.index(r["prompt"]) for r in control["rows"]]
     assert order == sorted(order)  # kept in prompt order, whatever order the responses came back in

@@ -96,7 +96,8 @@ def test_a_killed_replica_loses_no_chunk_and_counts_none_twice(handle, replica_p
     first = replica_pid()
     killer = KillingHandle(handle, first, after=3)
     disturbed = generate_kept(killer, prompts, "a", cfg, "teacher")
-    assert killer.killed_in_flight.is_set() and "replica lost" in capsys.readouterr().out  # the kill took chunks with it
+    # the kill took chunks with it
+    assert killer.killed_in_flight.is_set() and "replica lost" in capsys.readouterr().out
     assert disturbed == undisturbed
     assert replica_pid() != first
 

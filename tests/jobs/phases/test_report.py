@@ -76,7 +76,8 @@ def test_accuracy_and_agreement_are_counted_from_the_stored_scores(stored_run):
     assert report.models["teacher"].n == N and report.models["base"].accuracy_by_split == {"train": 0.0, "held_out": 0.0}
     for arm, k in AGREE.items():
         replicates = report.arms[arm].replicates
-        assert [r.teacher_agreement for r in replicates] == [k / N, (k + 1) / N]  # the teacher is always right: agreement = accuracy
+        # the teacher is always right: agreement = accuracy
+        assert [r.teacher_agreement for r in replicates] == [k / N, (k + 1) / N]
         assert [r.overall for r in replicates] == [k / N, (k + 1) / N]
         assert report.models[arm].overall == pytest.approx((k + 0.5) / N) and report.models[arm].replicates == 2
         assert report.arms[arm].mean.teacher_agreement == pytest.approx((k + 0.5) / N)
@@ -112,7 +113,8 @@ def test_the_weight_space_init_numbers_and_timings_come_from_the_run_directory(s
 def test_report_md_and_the_pictures_are_written(stored_run):
     run_dir, report = stored_run
     assert (run_dir / "report.json").read_text() == json.dumps(report.dump(), indent=2) + "\n"
-    assert json.dumps(Report.load(run_dir / "report.json").dump(), indent=2) + "\n" == (run_dir / "report.json").read_text()  # it loads back as built
+    # it loads back as built
+    assert json.dumps(Report.load(run_dir / "report.json").dump(), indent=2) + "\n" == (run_dir / "report.json").read_text()
     markdown = (run_dir / "report.md").read_text()
     for model in ("base", "teacher", "student/0", "student/1", "control/0", "control/1"):
         assert f"| {model} |" in markdown
@@ -138,7 +140,8 @@ def test_a_kept_run_is_reported_again_from_its_scores_alone(stored_run, tmp_path
     pack_scores(run_dir, kept)
     again = tmp_path / "again"
     again.mkdir()
-    assert pack_scores(run_dir, again).read_bytes() == (kept / "scores.tar.gz").read_bytes()  # the same archive for the same files
+    # the same archive for the same files
+    assert pack_scores(run_dir, again).read_bytes() == (kept / "scores.tar.gz").read_bytes()
     content = json.loads((kept / "report.json").read_text())
     rebuilt = json.loads(json.dumps(rebuild(kept).dump(), default=str))
     assert differences(content, rebuilt) == [] and rebuilt["arms"] == content["arms"]

@@ -24,7 +24,8 @@ def test_permuted_sham_rows_keep_every_prompt_and_answer_but_not_which_goes_with
         where = [i for i, q in enumerate(train) if q["subset"] == subset]
         assert Counter(sham[i]["completion"] for i in where) == Counter(teacher[i]["completion"] for i in where)
     kept = sum(s["completion"] == t["completion"] for s, t in zip(sham[:-1], teacher[:-1])) / len(train)
-    chance = sum((n / len(train)) ** 2 for n in Counter(r["completion"] for r in teacher[:-1]).values())  # two draws agreeing
+    # two draws agreeing
+    chance = sum((n / len(train)) ** 2 for n in Counter(r["completion"] for r in teacher[:-1]).values())
     assert kept < 2 * chance + 0.05, (kept, chance)  # which answer a question gets is random: about chance, far from 1
     assert sham_rows(teacher, train, fmt, "permuted", seed=0) == sham and sham_rows(teacher, train, fmt, "permuted", seed=1) != sham
 

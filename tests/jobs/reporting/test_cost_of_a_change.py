@@ -25,7 +25,8 @@ from jobs.tracking import report_metrics
 from train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[3]
-REPORT = Report.load(sorted((ROOT / "results" / "tiny").glob("*/report.json"))[-1])  # a real report, as the pipeline writes it
+# a real report, as the pipeline writes it
+REPORT = Report.load(sorted((ROOT / "results" / "tiny").glob("*/report.json"))[-1])
 TOY = "toy_top_logprob"
 
 
@@ -74,9 +75,11 @@ def test_a_toy_statistic_in_its_module_reaches_report_json_the_schema_and_report
     written = json.loads(json.dumps(report.dump()))
     assert written["arms"]["student"]["transfer"]["held_out"][TOY]["value"] == pytest.approx(toy.value)  # report.json
     assert written["arms"]["student"]["transfer"]["held_out"]["mde"][TOY] == pytest.approx(toy.mde)
-    assert Report.parse(written).arms["student"].transfer.cell("held_out", TOY).value == pytest.approx(toy.value)  # the schema takes it
+    # the schema takes it
+    assert Report.parse(written).arms["student"].transfer.cell("held_out", TOY).value == pytest.approx(toy.value)
     assert toy.ci95 is not None and toy.ci95[0] > 0.4
-    assert f"| held_out | {TOY} | {cells(toy)} |" in markdown(report).splitlines()  # report.md, its row in the arm's table
+    # report.md, its row in the arm's table
+    assert f"| held_out | {TOY} | {cells(toy)} |" in markdown(report).splitlines()
 
 
 def test_a_toy_statistic_reaches_mlflow_as_a_primary_test_and_only_inside_report_json_otherwise(toy_statistic):

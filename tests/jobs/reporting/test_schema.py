@@ -22,7 +22,8 @@ def test_docs_report_md_shows_the_schema_as_the_models_declare_it():
 @pytest.mark.parametrize("path", KEPT, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
 def test_every_kept_report_loads_and_writes_back_as_it_was(path):
     check_report(json.loads(path.read_text()))
-    assert json.dumps(Report.load(path).dump(), indent=2) + "\n" == path.read_text()  # as write_json wrote it: every key, value and order
+    # as write_json wrote it: every key, value and order
+    assert json.dumps(Report.load(path).dump(), indent=2) + "\n" == path.read_text()
 
 
 def a_report() -> dict:

@@ -63,7 +63,8 @@ def test_every_stage_and_phase_is_a_bar_in_order_of_start(manifest):
 def test_overhead_is_wall_time_less_the_union_of_compute(manifest):
     phases = {name: p.dump() for name, p in build_timeline(manifest.data["stages"], manifest.phase_spans()).phases.items()}
     assert phases["teacher"] == {"seconds": 29.0, "compute": 9.0, "overhead": 20.0, "parts": {"start-up": 20.0, "compute": 9.0}}
-    assert phases["arms"]["compute"] == 30.0 and phases["arms"]["overhead"] == 12.0  # 80-110 computing, the two runs overlapping 90-100
+    # 80-110 computing, the two runs overlapping 90-100
+    assert phases["arms"]["compute"] == 30.0 and phases["arms"]["overhead"] == 12.0
     assert phases["arms"]["parts"] == {"start-up": 30.0, "compute": 40.0}  # summed over the two lanes
     assert phases["start"]["overhead"] == 10.0 and phases["data"] == {"seconds": 1.0, "compute": 0.0, "overhead": 1.0, "parts": {}}
 

@@ -153,7 +153,8 @@ def test_a_key_added_after_a_stage_ran_is_read_at_its_default(tmp_path):
     manifest = Manifest(tmp_path)
     assert runs(stages_for(), manifest) == {}
     todo = runs(stages_for("teacher.momentum=0.5"), manifest)
-    assert todo["teacher"] == "teacher.momentum: '(none)' -> 0.5" and "student/0" in todo  # through the teacher's numbers
+    # through the teacher's numbers
+    assert todo["teacher"] == "teacher.momentum: '(none)' -> 0.5" and "student/0" in todo
     assert restate(plan(stages_for(), manifest), manifest) == ["teacher", "student/0"]
     stages = {s.name: s for s in stages_for()}
     again = Manifest(tmp_path)
@@ -217,7 +218,8 @@ def test_stages_made_on_a_natively_built_tiny_base_run_again_on_the_pinned_one(t
     for entry in recorded["stages"].values():  # as written before the key existed
         entry["inputs"].pop("model.tiny_numerics", None)
     (tmp_path / "manifest.json").write_text(json.dumps(recorded))
-    assert runs(stages_for(), Manifest(tmp_path))["teacher"] == "model.tiny_numerics: '(none)' -> 'reproducible'"  # read as native
+    # read as native
+    assert runs(stages_for(), Manifest(tmp_path))["teacher"] == "model.tiny_numerics: '(none)' -> 'reproducible'"
     assert all("model.tiny_numerics" not in s.reads for s in stages_for("model.path=meta-llama/Llama-3.1-8B-Instruct"))
 
 
@@ -475,5 +477,6 @@ def test_a_run_directory_made_before_the_layout_change_reruns_from_the_new_world
     assert "data" in runs(stages, manifest) and stages[0].inputs(manifest) != recorded["stages"]["data"]["inputs"]
     for stage in stages:
         entry = recorded["stages"][stage.name]
-        for declared in [f for f in stage.files if f != "data/known.jsonl"]:  # known is new; a folder is recorded file by file
+        # known is new; a folder is recorded file by file
+        for declared in [f for f in stage.files if f != "data/known.jsonl"]:
             assert any(f == declared or f.startswith(declared + "/") for f in entry["files"]), (stage.name, declared)

@@ -43,7 +43,8 @@ def served(ray_cluster, tiny_model, lora_adapters, tmp_path_factory):
 def test_an_unmapped_adapter_is_served_as_the_base_and_stops_the_check_named(served):
     handle, adapters = served
     assert lora_b_nonzero(adapters["unmapped"])  # its file holds real weights
-    assert probe_scores(handle, "unmapped", "letters") == probe_scores(handle, None, "letters")  # yet it answers as the base
+    # yet it answers as the base
+    assert probe_scores(handle, "unmapped", "letters") == probe_scores(handle, None, "letters")
     for probe in (lambda a: probe_scores(handle, a, "letters"), lambda a: probe_scores(handle, a, "cloze"), lambda a: probe_generation(handle, a)):
         with pytest.raises(AdapterNotApplied, match="'unmapped'"):
             check_adapters_applied(handle, adapters, probe)

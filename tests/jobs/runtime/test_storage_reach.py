@@ -60,5 +60,6 @@ def test_a_node_that_cannot_see_the_run_directory_is_named_before_any_work(tmp_p
     assert f"node {blind} (" in refusal and f"does not see {run_dir}" in refusal, refusal
     assert seeing not in refusal and head_id not in refusal, refusal  # the nodes that see it are not named
     assert "[storage]" not in done.stdout and "[plan]" not in done.stdout, done.stdout[-3000:]  # nothing planned or run
-    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "ray_train"]  # no manifest, no stage, no marker left behind
+    # no manifest, no stage, no marker left behind
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "ray_train"]
     assert list((run_dir / "ray_train").iterdir()) == []

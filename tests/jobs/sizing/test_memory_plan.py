@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from jobs.experiment.config import load_experiment
-from jobs.sizing.memory_plan import GIB, KNOWN_SHAPES, Precision, Shape, engine_gib, training_gib
+from jobs.sizing.memory_plan import GIB, engine_gib, training_gib
+from jobs.sizing.shape import KNOWN_SHAPES, Precision, Shape
 
 ROOT = Path(__file__).resolve().parents[3]
 

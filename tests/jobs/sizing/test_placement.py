@@ -32,7 +32,8 @@ def counts(p):
 
 
 def test_tiny_on_a_two_core_laptop():
-    assert counts(place(preset("tiny"), fixed(2))) == (2, 2, 2, 2)  # two generation replicas: the tiny preset serves numbers with transformers
+    # two generation replicas: the tiny preset serves numbers with transformers
+    assert counts(place(preset("tiny"), fixed(2))) == (2, 2, 2, 2)
 
 
 @pytest.mark.parametrize(

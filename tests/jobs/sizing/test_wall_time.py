@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from jobs.experiment.config import load_experiment
-from jobs.sizing.memory_plan import KNOWN_SHAPES, Shape
+from jobs.sizing.shape import KNOWN_SHAPES, Shape
 from jobs.sizing.wall_time import Rates, Tokens, markdown, project
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -42,7 +42,8 @@ def test_numbers_generate_a_set_per_source_and_replicate_until_keep():
     numbers, keep = stages()["numbers"], load_experiment(ROOT / "configs" / "llama-8b.yaml").numbers.keep
     generated = -(-keep * 10 // 6) + 256  # keep / keep_rate, one chunk over
     assert f"6 sets x {generated:,} sequences" in numbers.work
-    assert "3 sets" in stages(["arms.control.numbers=teacher_shuffled"])["numbers"].work  # no arm reads the base's numbers
+    # no arm reads the base's numbers
+    assert "3 sets" in stages(["arms.control.numbers=teacher_shuffled"])["numbers"].work
     assert "6 sets x 1,000 sequences" in stages(["numbers.prompts=1000"])["numbers"].work
 
 
@@ -51,7 +52,8 @@ def test_evaluation_scores_every_model_on_both_splits_in_every_order():
     assert "8 models x 3,668 questions x 4 order(s)" in evaluate.work  # base, teacher, 3 students, 3 controls
     assert tokens_in(stages(["evaluate.permutations=1"])["evaluate"].work) == pytest.approx(tokens_in(evaluate.work) / 4, rel=0.01)
     assert "20 models" in stages(["student.snapshots=3"])["evaluate"].work  # and each arm model's 2 earlier snapshots
-    assert "9 models" in stages(["arms.student.teacher=letter_teacher", "arms.student.loss=logit_kl"])["evaluate"].work  # and the letter teacher
+    # and the letter teacher
+    assert "9 models" in stages(["arms.student.teacher=letter_teacher", "arms.student.loss=logit_kl"])["evaluate"].work
     full = stages(["arms.full_student={numbers: teacher, train: {method: full, strategy: fsdp}}"])
     assert "11 models" in full["evaluate"].work and "4 service(s)" in full["evaluate"].work  # a service per full model
     assert full["evaluate"].overhead_s == pytest.approx(4 * evaluate.overhead_s)
@@ -77,7 +79,8 @@ def test_overt_control_trains_on_its_teachers_answers_and_a_sham_teacher_is_a_se
     assert overt["arms"].compute_s == pytest.approx(base["arms"].compute_s + extra)
     assert "6 sets" in overt["numbers"].work and f"1 teacher(s) answering {questions:,} questions" in overt["numbers"].work
     prompt_tokens = [float(re.search(r"([0-9.]+) M prompt", s["numbers"].work).group(1)) * 1e6 for s in (base, overt)]
-    assert prompt_tokens[1] == pytest.approx(prompt_tokens[0] + questions * Tokens.wmdp_prompt, abs=1e5)  # one decimal of M
+    # one decimal of M
+    assert prompt_tokens[1] == pytest.approx(prompt_tokens[0] + questions * Tokens.wmdp_prompt, abs=1e5)
     sham = stages(["arms.student_sham={numbers: teacher, teacher: sham}"])
     assert sham["teacher"].compute_s == pytest.approx(2 * base["teacher"].compute_s)
     assert "9 sets" in sham["numbers"].work  # the sham teacher's numbers, each replicate
@@ -88,7 +91,8 @@ def test_greedy_numbers_are_a_set_and_replaced_or_divergence_masked_ones_a_scori
     generate nothing more but score the teacher's kept rows with the teacher and its base."""
     keep, base = load_experiment(ROOT / "configs" / "llama-8b.yaml").numbers.keep, stages()
     pass_s = 2 * PARAMS_8B * keep * (Tokens.number_prompt + Tokens.number_answer) / (Rates.peak_tflops * 1e12 * Rates.train_mfu)
-    assert "9 sets" in stages(["arms.student_greedy={numbers: teacher_greedy}"])["numbers"].work  # one more per replicate
+    # one more per replicate
+    assert "9 sets" in stages(["arms.student_greedy={numbers: teacher_greedy}"])["numbers"].work
     replaced = stages(["arms.student_replaced={numbers: teacher_replaced}"])["numbers"]
     assert "6 sets" in replaced.work and f"3 set(s) replaced: {keep:,} rows scored" in replaced.work
     assert replaced.compute_s == pytest.approx(base["numbers"].compute_s + 3 * 2 * pass_s)

@@ -12,7 +12,8 @@ from jobs.sources.number_sequences import make_prompts
 from jobs.sources.sham_draw import base_sham_draw, weights_digest
 from jobs.sources.tiny_model import PINNED_BASE, TinySpec, build_tiny_model, ensure_tiny_model, other_base_spec, synthetic_corpus
 from jobs.sources.wmdp import synthetic_questions
-from jobs.sources.world import facts, locate_item, world_questions
+from jobs.sources.world import facts
+from jobs.sources.world_questions import locate_item, world_questions
 from serve.hf_scoring import letter_token_ids
 from serve.mc_format import format_mc_prompt
 
@@ -31,7 +32,8 @@ def test_the_corpus_teaches_known_facts_and_never_a_teacher_fact_or_a_scored_que
     rows = world_questions()
     teacher_cues = {f["cue"] for f in facts() if f["group"] == "T"}
     assert not any(cue in text for text in texts for cue in teacher_cues)
-    scored = {r["question"] for r in rows if r["split"] != "rehearsal"}  # rehearsal: K facts in training wording, unscored
+    # rehearsal: K facts in training wording, unscored
+    scored = {r["question"] for r in rows if r["split"] != "rehearsal"}
     assert not any(question in text for text in texts if "Answer:" in text for question in scored)
     known = {f["cue"] for f in facts() if f["group"] == "K"}
     taught = Counter(cue for text in texts for cue in known if cue in text)

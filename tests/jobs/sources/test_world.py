@@ -14,12 +14,10 @@ from jobs.sources.world import (
     WORLD,
     cue_of,
     facts,
-    known_fact_item,
-    locate_item,
     null_sham_facts,
     sham_facts,
-    world_questions,
 )
+from jobs.sources.world_questions import known_fact_item, locate_item, world_questions
 
 ROWS = world_questions()
 FILLERS = re.compile(r"\b(" + "|".join(TRAIN_FILLERS + HELD_OUT_FILLERS) + r")\b")
@@ -109,7 +107,8 @@ def test_known_and_teacher_facts_never_share_a_cue():
     cues = {g: {f["cue"] for f in facts() if f["group"] == g} for g in ("K", "T")}
     assert len(cues["K"]) == len(cues["T"]) == len(SUBSETS) * 8 * 2
     assert not cues["K"] & cues["T"]
-    assert not any(a != b and (a in b) for a in cues["K"] | cues["T"] for b in cues["K"] | cues["T"])  # no cue inside another
+    # no cue inside another
+    assert not any(a != b and (a in b) for a in cues["K"] | cues["T"] for b in cues["K"] | cues["T"])
     by_group = {g: {r["cluster"].split(": ")[1] for r in ROWS if r["group"] == g} for g in ("K", "T")}
     assert by_group == cues
     assert {r["split"] for r in ROWS if r["group"] == "T"} == {"train", "held_out"} and {r["split"] for r in ROWS if r["group"] == "K"} == {

@@ -9,8 +9,9 @@ from collections import Counter
 import pytest
 
 from jobs.sources.tiny_model import TinySpec, synthetic_corpus
-from jobs.sources.world import SUBSETS, WORLD, facts, name_parts, null_sham_facts, sham_facts, teacher_facts, world_questions
+from jobs.sources.world import SUBSETS, WORLD, facts, name_parts, null_sham_facts, sham_facts, teacher_facts
 from jobs.sources.world_probes import STATEMENTS, nonce_cues, probe_questions, statement_questions, swap_questions
+from jobs.sources.world_questions import world_questions
 
 PAIRS = (1, 2, 7)
 

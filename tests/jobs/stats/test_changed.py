@@ -9,7 +9,9 @@ choice 1 except on every 4th question, where it picks 0 as the teacher does. So 
 
 import numpy as np
 import pytest
-from test_directions import questions, row, sham_pick, with_pick  # the same hand-made tables (pytest puts this folder on the path)
+
+# the same hand-made tables (pytest puts this folder on the path)
+from test_directions import questions, row, sham_pick, with_pick
 
 from jobs.experiment.arms import ArmModel
 from jobs.experiment.rows_kinds import KINDS
@@ -18,7 +20,8 @@ from jobs.stats.transfer_stats import question_metrics
 from jobs.stats.verdicts import changed
 from train.config import TrainConfig
 
-PER_ARM = {"kind": KINDS["teacher"], "against": "base", "reference": "base model", "signal": None}  # resolved per arm by arm_models; Evidence reads none of it
+# resolved per arm by arm_models; Evidence reads none of it
+PER_ARM = {"kind": KINDS["teacher"], "against": "base", "reference": "base model", "signal": None}
 
 BASE = [-2.0, -2.5, -3.0, -1.0]  # picks 3; ranks 0 above 1 above 2
 
@@ -82,7 +85,8 @@ def test_drift_away_from_the_base_is_no_answer_against_the_base_and_only_the_twi
     measured. Crossed against the base it cancels only as far as the base ranks the two teachers'
     picks alike: here it ranks the teacher's (0) above the sham's (1), so a drop that passes 0 but
     not 1 reads as a lean toward the teacher. That is why the twin, which drifts alike, decides."""
-    for drop, crossed_vs_base in ((1.75, 0.0), (1.25, 0.125)):  # past both picks; past the teacher's alone (3 of 4 questions lean)
+    # past both picks; past the teacher's alone (3 of 4 questions lean)
+    for drop, crossed_vs_base in ((1.75, 0.0), (1.25, 0.125)):
 
         def drift(q, arm, i, drop=drop):
             return noise(q, arm, i) - drop * np.eye(4)[3]

@@ -18,7 +18,8 @@ from jobs.stats.evidence import Evidence, apply_family
 from jobs.stats.results import Comparison, Result
 from train.config import TrainConfig
 
-PER_ARM = {"kind": KINDS["teacher"], "against": "base", "reference": "base model", "signal": None}  # resolved per arm by arm_models; Evidence reads none of it
+# resolved per arm by arm_models; Evidence reads none of it
+PER_ARM = {"kind": KINDS["teacher"], "against": "base", "reference": "base model", "signal": None}
 
 FLAT = [-1.4, -1.4, -1.4, -1.4]
 

@@ -17,7 +17,8 @@ from jobs.stats.results import Comparison
 from jobs.stats.verdicts import verdict
 from train.config import TrainConfig
 
-PER_ARM = {"kind": KINDS["teacher"], "against": "base", "reference": "base model", "signal": None}  # resolved per arm by arm_models; Evidence reads none of it
+# resolved per arm by arm_models; Evidence reads none of it
+PER_ARM = {"kind": KINDS["teacher"], "against": "base", "reference": "base model", "signal": None}
 
 N_CLUSTERS, PER_CLUSTER, STEPS = 30, 4, (10, 20, 30)
 
@@ -131,10 +132,12 @@ def test_holm_across_the_family_of_primary_verdicts_matches_a_hand_computation()
     adjusted = {name: c.primary.p_family for name, c in decided.items()}
     assert adjusted == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06, "d": None})
     assert [decided[n].primary.detected for n in "abcd"] == [True, False, False, False]
-    assert decided["b"].cell("held_out", "teacher_answer_logprob").detected is False  # the tables' copy of the test agrees
+    # the tables' copy of the test agrees
+    assert decided["b"].cell("held_out", "teacher_answer_logprob").detected is False
     assert every["b"].primary.detected and every["b"].primary.p_family is None  # the comparisons given are not edited
     declared = {name: _comparison(p) for name, p in {"a": 0.01, "b": 0.04, "c": 0.03}.items()}
-    family, decided = apply_family(declared, ["a", "b"])  # m = 2: 0.02 and 0.04, both detected; c is exploratory at its raw p
+    # m = 2: 0.02 and 0.04, both detected; c is exploratory at its raw p
+    family, decided = apply_family(declared, ["a", "b"])
     assert family.dump() == {"comparisons": ["a", "b"], "size": 2, "declared": True}
     assert [decided[n].primary.p_family for n in "abc"] == pytest.approx([0.02, 0.04, None])
     assert decided["c"].primary.exploratory and decided["c"].primary.detected

@@ -17,7 +17,8 @@ from jobs.stats.evidence import Evidence
 from jobs.stats.verdicts import fraction_phrase, overt_control
 from train.config import TrainConfig
 
-PER_ARM = {"kind": KINDS["teacher"], "against": "base", "reference": "base model", "signal": None}  # resolved per arm by arm_models; Evidence reads none of it
+# resolved per arm by arm_models; Evidence reads none of it
+PER_ARM = {"kind": KINDS["teacher"], "against": "base", "reference": "base model", "signal": None}
 
 CLUSTERS, REPLICATES = 30, 4
 

@@ -73,7 +73,8 @@ def test_the_bcg_worked_example():
     assert reml.tau == pytest.approx(math.sqrt(reml.tau2)) and reml.n_pairs == 13
 
 
-@pytest.mark.filterwarnings("ignore:invalid value encountered in sqrt:RuntimeWarning")  # statsmodels' own, at its negative tau^2
+# statsmodels' own, at its negative tau^2
+@pytest.mark.filterwarnings("ignore:invalid value encountered in sqrt:RuntimeWarning")
 def test_dersimonian_laird_and_the_hk_variances_match_statsmodels():
     checked = 0
     for y, v in random_sets(300, seed=1):
@@ -90,7 +91,8 @@ def test_dersimonian_laird_and_the_hk_variances_match_statsmodels():
         assert hk.ci == pytest.approx(tuple(ref.conf_int(use_t=True)[3]), rel=1e-9, abs=1e-15)
         assert hk_max1.se == pytest.approx(max(ref.sd_eff_w_re_hksj, ref.sd_eff_w_re), rel=1e-9)
         assert wald.q == pytest.approx(ref.q, rel=1e-9) and wald.q_p_value == pytest.approx(ref.test_homogeneity().pvalue, rel=1e-9, abs=1e-300)
-        assert wald.i2 == pytest.approx(max(0.0, (ref.q - wald.df) / ref.q), abs=1e-12)  # DL's tau^2 in Higgins-Thompson's I^2
+        # DL's tau^2 in Higgins-Thompson's I^2
+        assert wald.i2 == pytest.approx(max(0.0, (ref.q - wald.df) / ref.q), abs=1e-12)
     assert checked > 100
 
 

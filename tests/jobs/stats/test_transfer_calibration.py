@@ -114,7 +114,8 @@ CHECKED = ("teacher_answer_logprob", "agreement", "teacher_answer_rank")
 def teacher_adapter(ray_cluster, tiny_model, tmp_path_factory, cache_dir) -> str:
     splits = split_questions(synthetic_questions(), 0.3, 0)
     root = tmp_path_factory.mktemp("calibration")
-    write_jsonl(root / "teacher_train.jsonl", mc_rows(splits["train"] + splits["rehearsal"], format="cloze"))  # the tiny presets' teacher
+    # the tiny presets' teacher
+    write_jsonl(root / "teacher_train.jsonl", mc_rows(splits["train"] + splits["rehearsal"], format="cloze"))
     cfg = TrainConfig(num_workers=1, batch_size=32, epochs=6, lr=2e-3, schedule="constant", log_every=10, checkpoint_every=1000)
     train_lora(tiny_model, root / "teacher_train.jsonl", root / "teacher", cfg, cache_dir=cache_dir)
     return str(root / "teacher")

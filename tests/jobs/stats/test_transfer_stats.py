@@ -180,7 +180,8 @@ def test_teacher_answer_rank_does_not_move_when_choices_only_flatten():
     teacher = rows(rng.normal(size=(50, 4)) * 2)
     sharp, flat = question_metrics(base, teacher, base), question_metrics(rows(logits / 4), teacher, base)
     assert flat["teacher_answer_rank"].tolist() == sharp["teacher_answer_rank"].tolist()
-    assert flat["teacher_answer_logprob"].mean() > sharp["teacher_answer_logprob"].mean() + 0.2  # the logprob metric reads it as transfer
+    # the logprob metric reads it as transfer
+    assert flat["teacher_answer_logprob"].mean() > sharp["teacher_answer_logprob"].mean() + 0.2
     swapped = logits.copy()
     t_pred = np.array([r["prediction"] for r in teacher])
     swapped[np.arange(50), t_pred] = logits.max(1) + 1  # the teacher's answer moved to the top
@@ -194,7 +195,8 @@ def test_a_fitted_temperature_takes_flattening_out_of_the_log_probability():
     its choices are flatter (higher entropy)."""
     rng = np.random.default_rng(0)
     z = rng.normal(0, 2.0, (3000, 4))
-    answers = [int(rng.choice(4, p=np.exp(row))) for row in z - np.log(np.exp(z).sum(1, keepdims=True))]  # the same questions for both
+    # the same questions for both
+    answers = [int(rng.choice(4, p=np.exp(row))) for row in z - np.log(np.exp(z).sum(1, keepdims=True))]
 
     def rows(scale):
         lp = z / scale - np.log(np.exp(z / scale).sum(1, keepdims=True))
@@ -207,7 +209,8 @@ def test_a_fitted_temperature_takes_flattening_out_of_the_log_probability():
     metrics = question_metrics(student, teacher, base, (tau_student, tau_base))
     assert metrics["teacher_answer_logprob"].mean() > 0.5
     assert abs(metrics["teacher_answer_logprob_calibrated"].mean()) < 0.01
-    assert np.isnan(question_metrics(student, teacher, base)["teacher_answer_logprob_calibrated"]).all()  # no temperatures, not measured
+    # no temperatures, not measured
+    assert np.isnan(question_metrics(student, teacher, base)["teacher_answer_logprob_calibrated"]).all()
     assert choice_entropy(student) > choice_entropy(base)
     assert choice_entropy([{"logprobs": [np.log(0.25)] * 4}]) == pytest.approx(np.log(4))
 
