@@ -72,8 +72,18 @@ def stand_in_config(launcher: dict, gcs_address: str, idle_minutes: float) -> di
         if name != head:
             cpus = max(1, int(node.get("resources", {}).get("GPU", 0)))
             resources = {"CPU": cpus, "object_store_memory": NODE_BYTES}
-            types[name] = {"resources": resources, "node_config": {}, "min_workers": node.get("min_workers", 0), "max_workers": node["max_workers"]}
-    provider = {"type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True, "disable_launch_config_check": True}
+            types[name] = {
+                "resources": resources,
+                "node_config": {},
+                "min_workers": node.get("min_workers", 0),
+                "max_workers": node["max_workers"],
+            }
+    provider = {
+        "type": "fake_multinode",
+        "use_node_id_as_ip": True,
+        "disable_node_updaters": True,
+        "disable_launch_config_check": True,
+    }
     return {
         "cluster_name": f"{launcher['cluster_name']}-stand-in",
         "max_workers": launcher["max_workers"],
@@ -85,7 +95,10 @@ def stand_in_config(launcher: dict, gcs_address: str, idle_minutes: float) -> di
         "auth": {},
         "docker": {},
         "file_mounts": {},
-        **{key: [] for key in ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands")},
+        **{
+            key: []
+            for key in ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands")
+        },
         **{key: [] for key in ("head_start_ray_commands", "worker_start_ray_commands", "cluster_synced_files")},
     }
 
@@ -96,7 +109,8 @@ def autoscaling_cluster(launcher: dict, idle_minutes: float):
     from ray._private.services import get_node_ip_address
 
     ray = str(Path(sys.executable).parent / "ray")
-    if not TOKEN.is_file():  # a fresh machine where no token-mode driver ran yet: make the token (as conftest's head_node)
+    # a fresh machine where no token-mode driver ran yet: make the token (as conftest's head_node)
+    if not TOKEN.is_file():
         subprocess.run([ray, "get-auth-token", "--generate"], capture_output=True, timeout=120, check=True)
     temp_dir = tempfile.mkdtemp(prefix="as", dir="/tmp")  # short: Ray's socket paths live under it
     port, dashboard, metrics, agent, client = (free_port() for _ in range(5))
@@ -104,14 +118,36 @@ def autoscaling_cluster(launcher: dict, idle_minutes: float):
     config_path = Path(temp_dir) / "autoscaling.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}  # as AutoscalingCluster.start
-    command = [ray, "start", "--head", f"--port={port}", "--num-cpus=0", f"--object-store-memory={NODE_BYTES}", f"--temp-dir={temp_dir}"]
-    command += [f"--autoscaling-config={config_path}", "--disable-usage-stats", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}"]
-    command += [f"--metrics-export-port={metrics}", f"--dashboard-agent-listen-port={agent}", f"--ray-client-server-port={client}"]
+    command = [
+        ray,
+        "start",
+        "--head",
+        f"--port={port}",
+        "--num-cpus=0",
+        f"--object-store-memory={NODE_BYTES}",
+        f"--temp-dir={temp_dir}",
+    ]
+    command += [
+        f"--autoscaling-config={config_path}",
+        "--disable-usage-stats",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard}",
+    ]
+    command += [
+        f"--metrics-export-port={metrics}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--ray-client-server-port={client}",
+    ]
     try:
         started = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env)
         if started.returncode != 0:
             raise RuntimeError(f"ray start --head failed:\n{started.stdout[-2000:]}\n{started.stderr[-2000:]}")
-        yield {"address": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dashboard}", "temp_dir": temp_dir, "config": config}
+        yield {
+            "address": f"127.0.0.1:{port}",
+            "dashboard": f"http://127.0.0.1:{dashboard}",
+            "temp_dir": temp_dir,
+            "config": config,
+        }
     finally:
         stop_head(temp_dir)  # its processes and the nodes the autoscaler started (they name its folder), no one else's
 
@@ -129,8 +165,12 @@ def node_table(address: str, config: dict) -> list[dict]:
         ray.shutdown()
     table = []
     for node in nodes:
-        kind = (node.get("Labels") or {}).get("ray.io/node-group") or by_cpus.get(node["Resources"].get("CPU", 0.0), "?")
-        table.append({"id": node["NodeID"], "type": HEAD_TYPE if HEAD in node["Resources"] else kind, "alive": node["Alive"]})
+        kind = (node.get("Labels") or {}).get("ray.io/node-group") or by_cpus.get(
+            node["Resources"].get("CPU", 0.0), "?"
+        )
+        table.append(
+            {"id": node["NodeID"], "type": HEAD_TYPE if HEAD in node["Resources"] else kind, "alive": node["Alive"]}
+        )
     return table
 
 
@@ -152,7 +192,8 @@ def wait_idle_gone(address: str, seconds: float) -> tuple[int, float]:
 
 def autoscaler_events(temp_dir: str) -> dict:
     """Nodes added and removed per type, from the autoscaler's own log (monitor.log)."""
-    log = Path(temp_dir) / "session_latest" / "logs" / "monitor.log"  # session_latest: the one session, not also its link
+    # session_latest: the one session, not also its link
+    log = Path(temp_dir) / "session_latest" / "logs" / "monitor.log"
     text = log.read_text(errors="replace") if log.is_file() else ""
     added: dict[str, int] = {}
     removed: dict[str, int] = {}
@@ -165,7 +206,9 @@ def autoscaler_events(temp_dir: str) -> dict:
 
 def dashboard_nodes(url: str) -> dict:
     """What the dashboard lists (its /nodes API, which the Cluster page shows): nodes by state."""
-    request = urllib.request.Request(f"{url}/nodes?view=summary", headers={"Authorization": f"Bearer {TOKEN.read_text().strip()}"})
+    request = urllib.request.Request(
+        f"{url}/nodes?view=summary", headers={"Authorization": f"Bearer {TOKEN.read_text().strip()}"}
+    )
     with urllib.request.urlopen(request, timeout=30) as reply:
         summary = json.load(reply)["data"]["summary"]
     states: dict[str, int] = {}
@@ -179,7 +222,13 @@ def smoke(address: str) -> tuple[int, str, float]:
     """Three 1-CPU tasks at once on the 0-CPU head: the autoscaler must add CPUs for them."""
     code = "import ray, time; ray.init(); f = ray.remote(num_cpus=1)(lambda: (time.sleep(5), ray.get_runtime_context().get_node_id())[1]); print(ray.get([f.remote() for _ in range(3)]))"
     started = time.time()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "RAY_ADDRESS": address}, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RAY_ADDRESS": address},
+        timeout=600,
+    )
     print(done.stdout + done.stderr[-3000:], flush=True)
     return done.returncode, done.stdout + done.stderr, time.time() - started
 
@@ -216,17 +265,24 @@ def autoscaled(out: Path, idle_minutes: float, is_smoke: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reference", type=Path, help="a finished one-node run directory of this commit (default: run it first)")
+    parser.add_argument(
+        "--reference", type=Path, help="a finished one-node run directory of this commit (default: run it first)"
+    )
     parser.add_argument("--out", type=Path, help="where the run directories go (default: a new temporary folder)")
-    parser.add_argument("--idle-minutes", type=float, default=0.5, help="the autoscaler's idle timeout (cluster.yaml: 10)")
+    parser.add_argument(
+        "--idle-minutes", type=float, default=0.5, help="the autoscaler's idle timeout (cluster.yaml: 10)"
+    )
     parser.add_argument("--smoke", action="store_true", help="three 1-CPU tasks instead of the pipeline, no reference")
     args = parser.parse_args(argv)
     # Token auth, as cluster.yaml's nodes run: `ray start --head` here starts its GCS in token mode, so the
     # pipeline's driver, the nodes the autoscaler starts and the bench's own reads all present the token.
     os.environ["RAY_AUTH_MODE"] = "token"
     out = args.out or Path(tempfile.mkdtemp(prefix="autoscale-"))
-    result = autoscaled(out, args.idle_minutes, args.smoke)  # first: a cluster that does not scale fails before the reference's minutes
-    reference, one_node_s = (args.reference, None) if args.reference or args.smoke or result["exit_status"] else one_node(out)
+    # first: a cluster that does not scale fails before the reference's minutes
+    result = autoscaled(out, args.idle_minutes, args.smoke)
+    reference, one_node_s = (
+        (args.reference, None) if args.reference or args.smoke or result["exit_status"] else one_node(out)
+    )
     ok = result["exit_status"] == 0 and not args.smoke
     ours, theirs = (comparable(Path(result["run_dir"])), comparable(reference)) if ok else ({}, {})
     found = differences(theirs, ours) + differences(ours, theirs)

@@ -22,7 +22,8 @@ from pathlib import Path
 import yaml
 
 BOOTSTRAP_CONFIG = Path.home() / "ray_bootstrap_config.yaml"
-MONITOR = "ray/autoscaler/"  # the autoscaler's entry points: ray/autoscaler/_private/monitor.py (v1), ray/autoscaler/v2/monitor.py
+# the autoscaler's entry points: ray/autoscaler/_private/monitor.py (v1), ray/autoscaler/v2/monitor.py
+MONITOR = "ray/autoscaler/"
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,9 @@ def load_launcher_config(gcs_address: str | None = None, proc: Path = Path("/pro
 
 def capacity(nodes: list[dict], cpus: float, config: dict | None) -> Capacity:
     """A cluster's capacity from its node table (`ray.nodes()`), its CPUs now and its launcher config."""
-    node_gpus = tuple(sorted((g for n in nodes if n.get("Alive") and (g := n["Resources"].get("GPU", 0.0)) > 0), reverse=True))
+    node_gpus = tuple(
+        sorted((g for n in nodes if n.get("Alive") and (g := n["Resources"].get("GPU", 0.0)) > 0), reverse=True)
+    )
     max_node_gpus = launcher_node_gpus(config) if config else ()
     if sum(max_node_gpus) < sum(node_gpus):
         max_node_gpus = node_gpus
@@ -127,7 +130,9 @@ def cluster_capacity(launcher_config: dict | None = None) -> Capacity:
     """The connected Ray cluster's capacity (call after ray.init)."""
     import ray
 
-    config = launcher_config if launcher_config is not None else load_launcher_config(ray.get_runtime_context().gcs_address)
+    config = (
+        launcher_config if launcher_config is not None else load_launcher_config(ray.get_runtime_context().gcs_address)
+    )
     return capacity(ray.nodes(), ray.cluster_resources().get("CPU", 0), config)
 
 

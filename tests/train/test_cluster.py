@@ -52,7 +52,14 @@ def test_the_config_is_the_one_the_clusters_autoscaler_runs_with(tmp_path):
     proc = processes(
         tmp_path / "proc",
         monitor(V1, "10.0.0.5:6379", theirs),  # another cluster on this machine, on Ray's default port
-        ["/venv/bin/python", "/venv/bin/ray", "start", "--head", "--port=41234", f"--autoscaling-config={ours}"],  # not the monitor
+        [
+            "/venv/bin/python",
+            "/venv/bin/ray",
+            "start",
+            "--head",
+            "--port=41234",
+            f"--autoscaling-config={ours}",
+        ],  # not the monitor
         monitor(V2, "10.0.0.5:41234", ours),
         monitor(V1, "10.0.0.5:50000", None),  # a cluster whose autoscaler has no config (a fixed cluster)
     )
