@@ -37,9 +37,16 @@ def config(workers: int, cpus_per_worker: float | None = None):
     from train.config import TrainConfig
 
     return TrainConfig(
-        num_workers=workers, batch_size=32 // workers, global_batch_size=32, epochs=1, lr=2e-3, max_length=128,
-        log_every=10, checkpoint_every=40, cpus_per_worker=cpus_per_worker,
-    )  # fmt: skip
+        num_workers=workers,
+        batch_size=32 // workers,
+        global_batch_size=32,
+        epochs=1,
+        lr=2e-3,
+        max_length=128,
+        log_every=10,
+        checkpoint_every=40,
+        cpus_per_worker=cpus_per_worker,
+    )
 
 
 def sequential(model: str, files: list[Path], workers: int, out: Path, cache: Path) -> float:
@@ -47,7 +54,15 @@ def sequential(model: str, files: list[Path], workers: int, out: Path, cache: Pa
 
     started = time.time()
     for i, path in enumerate(files):
-        train_lora(model, path, out / f"a{i}", config(workers), storage_path=out / "ray_train", run_name=f"a{i}", cache_dir=cache)
+        train_lora(
+            model,
+            path,
+            out / f"a{i}",
+            config(workers),
+            storage_path=out / "ray_train",
+            run_name=f"a{i}",
+            cache_dir=cache,
+        )
     return time.time() - started
 
 
@@ -61,7 +76,15 @@ def concurrent(model: str, files: list[Path], workers: int, out: Path, cache: Pa
     run = ray.remote(num_cpus=0)(train_lora)
     started = time.time()
     refs = [
-        run.remote(model, str(path), out / f"b{i}", config(workers, each), storage_path=out / "ray_train", run_name=f"b{i}", cache_dir=cache)
+        run.remote(
+            model,
+            str(path),
+            out / f"b{i}",
+            config(workers, each),
+            storage_path=out / "ray_train",
+            run_name=f"b{i}",
+            cache_dir=cache,
+        )
         for i, path in enumerate(files)
     ]
     ray.get(refs)
@@ -88,8 +111,12 @@ def many_streamed(model: str, files: list[Path], workers: int, out: Path, cache:
         train.ray_run.MATERIALIZE_BYTES = saved
 
 
-MODES = {"a": ("(a) one after another", sequential), "b": ("(b) side by side", concurrent),
-         "c": ("(c) one many-run", many), "d": ("(d) one many-run, streamed from parquet", many_streamed)}  # fmt: skip
+MODES = {
+    "a": ("(a) one after another", sequential),
+    "b": ("(b) side by side", concurrent),
+    "c": ("(c) one many-run", many),
+    "d": ("(d) one many-run, streamed from parquet", many_streamed),
+}
 
 
 def main() -> None:
@@ -97,7 +124,9 @@ def main() -> None:
     parser.add_argument("--adapters", type=int, default=6)
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--modes", nargs="+", choices=sorted(MODES), default=sorted(MODES), help="ratios are to the first")
+    parser.add_argument(
+        "--modes", nargs="+", choices=sorted(MODES), default=sorted(MODES), help="ratios are to the first"
+    )
     parser.add_argument("--out", default="/tmp/arms_training.md")
     args = parser.parse_args()
 

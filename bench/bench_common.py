@@ -41,4 +41,7 @@ def mc_questions(n: int, seed: int = 5) -> list[dict]:
     while len(rows) < n:
         rows += synthetic_questions(n_per_subset=500, seed=seed)
         seed += 1
-    return [{"question": r["question"], "choices": r["choices"], "answer": r["answer"], "subject": r["subset"]} for r in rows[:n]]
+    return [
+        {"question": r["question"], "choices": r["choices"], "answer": r["answer"], "subject": r["subset"]}
+        for r in rows[:n]
+    ]

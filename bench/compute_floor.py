@@ -50,7 +50,9 @@ def step_seconds(model_path: str, rows_file: Path, cfg: TrainConfig, global_batc
     model = attach_lora(load_base(model_path, cfg, torch.device("cpu")), cfg)
     tokenize = Tokenize(model_path, cfg.max_length, cfg.too_long)
     rows = read_jsonl(rows_file)
-    tokens = tokenize({"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}).to_pydict()
+    tokens = tokenize(
+        {"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}
+    ).to_pydict()
     pad = tokenize.tok.pad_token_id if tokenize.tok.pad_token_id is not None else tokenize.tok.eos_token_id
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr)
@@ -86,9 +88,13 @@ def scoring_rate(engine: HFEngine, questions: list[dict], adapter: str, chunk: i
 
     def score(part: list[dict]) -> None:
         prompts = [format_cloze_prompt(q["question"], q["subset"]) for q in part]
-        ids, continuations, _ = cloze_parts(engine.counting_tokenizer, prompts, [q["choices"] for q in part], max_len, True)
+        ids, continuations, _ = cloze_parts(
+            engine.counting_tokenizer, prompts, [q["choices"] for q in part], max_len, True
+        )
         sequences, _ = cloze_sequences(ids, continuations)
-        asyncio.run(engine.complete_tokens(sequences, Sampling(max_tokens=0, temperature=0.0), adapter, prompt_logprobs=0))
+        asyncio.run(
+            engine.complete_tokens(sequences, Sampling(max_tokens=0, temperature=0.0), adapter, prompt_logprobs=0)
+        )
 
     score(questions[:chunk])  # warm-up
     started = time.perf_counter()
@@ -109,8 +115,12 @@ def floors(run_dir: Path, sample_steps: int, sample_prompts: int) -> dict:
     scored = sum(len(read_jsonl(path)) for path in (run_dir / "eval").rglob("*.jsonl"))
     one_arm = next(iter(arms))
 
-    per_teacher_step = step_seconds(model_path, run_dir / "data" / "teacher_train.jsonl", cfg.teacher, cfg.teacher.global_batch_size, sample_steps)
-    per_arm_step = step_seconds(model_path, run_dir / "arms" / one_arm / "train.jsonl", cfg.student, cfg.student.global_batch_size, sample_steps)
+    per_teacher_step = step_seconds(
+        model_path, run_dir / "data" / "teacher_train.jsonl", cfg.teacher, cfg.teacher.global_batch_size, sample_steps
+    )
+    per_arm_step = step_seconds(
+        model_path, run_dir / "arms" / one_arm / "train.jsonl", cfg.student, cfg.student.global_batch_size, sample_steps
+    )
     engine = HFEngine(model_path, ServiceSettings(engine="hf", model=model_path))
     asyncio.run(engine.add_adapter("teacher", str(run_dir / "teacher" / "adapter")))
     per_sequence = 1 / generation_rate(engine, cfg, "teacher", sample_prompts)
@@ -119,18 +129,40 @@ def floors(run_dir: Path, sample_steps: int, sample_prompts: int) -> dict:
     engine.shutdown()
     return {
         "data": {"work": "split the questions", "floor_s": timings.get("data", 0.0), "run_s": timings.get("data", 0.0)},
-        "teacher": {"work": f"{teacher_steps} steps x {cfg.teacher.global_batch_size} rows at {per_teacher_step:.3f} s", "floor_s": teacher_steps * per_teacher_step, "run_s": timings["teacher"]},
-        "numbers": {"work": f"{generated} sequences at {per_sequence * 1000:.1f} ms", "floor_s": generated * per_sequence, "run_s": timings["numbers"]},
-        "arms": {"work": f"{sum(arms.values())} steps x {cfg.student.global_batch_size} rows at {per_arm_step:.3f} s", "floor_s": sum(arms.values()) * per_arm_step, "run_s": timings["arms"]},
-        "evaluate": {"work": f"{scored} questions at {per_question * 1000:.2f} ms", "floor_s": scored * per_question, "run_s": timings["evaluate"]},
-        "report": {"work": "tables and plots", "floor_s": timings.get("report", 0.0), "run_s": timings.get("report", 0.0)},
-    }  # fmt: skip
+        "teacher": {
+            "work": f"{teacher_steps} steps x {cfg.teacher.global_batch_size} rows at {per_teacher_step:.3f} s",
+            "floor_s": teacher_steps * per_teacher_step,
+            "run_s": timings["teacher"],
+        },
+        "numbers": {
+            "work": f"{generated} sequences at {per_sequence * 1000:.1f} ms",
+            "floor_s": generated * per_sequence,
+            "run_s": timings["numbers"],
+        },
+        "arms": {
+            "work": f"{sum(arms.values())} steps x {cfg.student.global_batch_size} rows at {per_arm_step:.3f} s",
+            "floor_s": sum(arms.values()) * per_arm_step,
+            "run_s": timings["arms"],
+        },
+        "evaluate": {
+            "work": f"{scored} questions at {per_question * 1000:.2f} ms",
+            "floor_s": scored * per_question,
+            "run_s": timings["evaluate"],
+        },
+        "report": {
+            "work": "tables and plots",
+            "floor_s": timings.get("report", 0.0),
+            "run_s": timings.get("report", 0.0),
+        },
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, required=True, help="a finished run directory of the default preset")
-    parser.add_argument("--steps", type=int, default=6, help="optimizer steps timed per training phase (the best is kept)")
+    parser.add_argument(
+        "--steps", type=int, default=6, help="optimizer steps timed per training phase (the best is kept)"
+    )
     parser.add_argument("--prompts", type=int, default=256, help="number prompts generated to time generation")
     parser.add_argument("--json", type=Path, help="also write the table here")
     args = parser.parse_args()
@@ -147,7 +179,9 @@ def main() -> None:
     floor, run = sum(r["floor_s"] for r in table.values()), sum(r["run_s"] for r in table.values())
     print(f"{'total':<9} {floor:8.1f} {run:7.1f} {run / floor:6.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"run_dir": str(args.run_dir), "phases": table, "floor_s": floor, "run_s": run}, indent=2))
+        args.json.write_text(
+            json.dumps({"run_dir": str(args.run_dir), "phases": table, "floor_s": floor, "run_s": run}, indent=2)
+        )
 
 
 if __name__ == "__main__":

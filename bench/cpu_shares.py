@@ -85,7 +85,9 @@ def main() -> int:
         seconds, used = shares(samples, start, end)
         if not seconds:
             continue
-        print(f"\n{phase}: compute window {seconds:.1f} s, {sum(used.values()):.1f} of {cpus * seconds:.1f} CPU-seconds used")
+        print(
+            f"\n{phase}: compute window {seconds:.1f} s, {sum(used.values()):.1f} of {cpus * seconds:.1f} CPU-seconds used"
+        )
         for kind, cpu in used.most_common(args.top):
             print(f"  {cpu:7.2f} CPU-s  {cpu / seconds:6.1%} of a CPU  {kind}")
     return 0

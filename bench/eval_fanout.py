@@ -38,10 +38,15 @@ def main() -> None:
     model = tiny_model()
     questions = [{**q, "subset": q.pop("subject")} for q in mc_questions(args.questions)]
     work = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
-    adapters = {name: str(random_lora_adapter(model, work / name, seed=i)) for i, name in enumerate(["teacher", "student", "control"])}
+    adapters = {
+        name: str(random_lora_adapter(model, work / name, seed=i))
+        for i, name in enumerate(["teacher", "student", "control"])
+    }
     models = {"base": None, **{name: name for name in adapters}}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    handle = start_service(ServiceSettings(model=model, engine="hf"), adapters, replicas=args.replicas, num_cpus=2 / args.replicas)
+    handle = start_service(
+        ServiceSettings(model=model, engine="hf"), adapters, replicas=args.replicas, num_cpus=2 / args.replicas
+    )
     score_models(handle, {"base": None}, questions[: args.chunk], args.chunk, 1)  # warm-up
 
     started = time.perf_counter()
@@ -54,11 +59,20 @@ def main() -> None:
     parallel_s = time.perf_counter() - started
     stop_service()
     same = all([r["prediction"] for r in sequential[n]] == [r["prediction"] for r in parallel[n]] for n in models)
-    print(json.dumps({
-        "questions": len(questions), "models": len(models), "replicas": args.replicas,
-        "sequential_s": round(sequential_s, 1), "parallel_s": round(parallel_s, 1),
-        "speedup": round(sequential_s / parallel_s, 2), "same_predictions": same,
-    }, indent=2))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "questions": len(questions),
+                "models": len(models),
+                "replicas": args.replicas,
+                "sequential_s": round(sequential_s, 1),
+                "parallel_s": round(parallel_s, 1),
+                "speedup": round(sequential_s / parallel_s, 2),
+                "same_predictions": same,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

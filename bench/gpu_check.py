@@ -65,17 +65,35 @@ from common.atomic import write_json  # noqa: E402
 from train.model import attach_lora, load_base  # noqa: E402
 
 # 8b_levers last: Liger patches transformers' Llama classes for the rest of the process.
-CHECKS = ("8b_lora", "packing", "8b_scoring", "logit_kl_ddp", "gradient_checkpointing", "fsdp2_world_size_1", "70b_slice_4bit_ddp", "handoff", "8b_levers")
+CHECKS = (
+    "8b_lora",
+    "packing",
+    "8b_scoring",
+    "logit_kl_ddp",
+    "gradient_checkpointing",
+    "fsdp2_world_size_1",
+    "70b_slice_4bit_ddp",
+    "handoff",
+    "8b_levers",
+)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="CPU, narrow models, few steps")
     parser.add_argument("--out", default="gpu_check.json")
-    parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per shape (the 70B slice takes half)")
+    parser.add_argument(
+        "--steps", type=int, default=10, help="timed optimizer steps per shape (the 70B slice takes half)"
+    )
     parser.add_argument("--only", default=",".join(CHECKS), help="comma-separated checks to run")
-    parser.add_argument("--levers", default=None, help="8b_levers: comma-separated variants only (plain is always measured: the others compare with it)")
-    parser.add_argument("--workdir", default=None, help="where the models are written (27 GB on GPU; default: the temp folder)")
+    parser.add_argument(
+        "--levers",
+        default=None,
+        help="8b_levers: comma-separated variants only (plain is always measured: the others compare with it)",
+    )
+    parser.add_argument(
+        "--workdir", default=None, help="where the models are written (27 GB on GPU; default: the temp folder)"
+    )
     args = parser.parse_args()
     only = [name for name in CHECKS if name in args.only.split(",")]
     if not args.smoke and not torch.cuda.is_available():
@@ -88,13 +106,20 @@ def main() -> int:
         torch.backends.cuda.matmul.allow_tf32 = True  # as train/loop.py sets them
         torch.backends.cudnn.allow_tf32 = True
     started = time.time()
-    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "smoke": args.smoke, "steps": steps,
-              "versions": versions(), "checks": {}}  # fmt: skip
+    result = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "smoke": args.smoke,
+        "steps": steps,
+        "versions": versions(),
+        "checks": {},
+    }
     if args.workdir:
         Path(args.workdir).mkdir(parents=True, exist_ok=True)  # a fresh machine's scratch folder may not exist yet
     with tempfile.TemporaryDirectory(dir=args.workdir, prefix="gpu-check-") as tmp:
         ctx = Context(device, args.smoke, Path(tmp))
-        torch.distributed.init_process_group("nccl" if ctx.gpu else "gloo", init_method=f"file://{tmp}/process-group", rank=0, world_size=1)
+        torch.distributed.init_process_group(
+            "nccl" if ctx.gpu else "gloo", init_method=f"file://{tmp}/process-group", rank=0, world_size=1
+        )
         loaded: dict = {}
 
         def lora_8b():
@@ -105,13 +130,17 @@ def main() -> int:
         plan = {
             "8b_lora": lambda: throughput.check_8b_lora(ctx, lora_8b(), steps),
             "packing": lambda: packing.check_packing(ctx, lora_8b()),
-            "8b_scoring": lambda: scoring.check_8b_scoring(ctx, None if args.smoke else ctx.model("8b"), *((64, 32) if args.smoke else (2048, 1024))),
+            "8b_scoring": lambda: scoring.check_8b_scoring(
+                ctx, None if args.smoke else ctx.model("8b"), *((64, 32) if args.smoke else (2048, 1024))
+            ),
             "logit_kl_ddp": lambda: logit_kl.check_logit_kl(ctx, ctx.model("8b", layers=2)),
             "gradient_checkpointing": lambda: wrappers.check_gradient_checkpointing(ctx, ctx.model("8b", layers=2)),
             "fsdp2_world_size_1": lambda: wrappers.check_fsdp(ctx, ctx.model("8b", layers=2)),
             "70b_slice_4bit_ddp": lambda: slice70b.check_70b_slice(ctx, max(2, steps // 2)),
             "handoff": lambda: handoff.check_handoff(ctx, ctx.model("8b")),
-            "8b_levers": lambda: levers.check_levers(ctx, lora_8b(), steps, args.levers.split(",") if args.levers else None),
+            "8b_levers": lambda: levers.check_levers(
+                ctx, lora_8b(), steps, args.levers.split(",") if args.levers else None
+            ),
         }
         try:
             for name in only:
@@ -124,7 +153,10 @@ def main() -> int:
         finally:
             torch.distributed.destroy_process_group()
     failed = [name for name, c in result["checks"].items() if c["ok"] is False]
-    print(f"{args.out}: {len(only) - len(failed)} of {len(only)} checks not failed, {round(time.time() - started, 1)} s", flush=True)
+    print(
+        f"{args.out}: {len(only) - len(failed)} of {len(only)} checks not failed, {round(time.time() - started, 1)} s",
+        flush=True,
+    )
     return 1 if failed else 0
 
 
@@ -142,7 +174,11 @@ def verdict(check: dict) -> str:
     """ok / FAILED (with the error) / skipped, naming the parts skipped in a check that ran."""
     if check["ok"] is False:
         return "FAILED" + (f": {check['error']}" if "error" in check else "")
-    parts = [f"{name} skipped: {part['skipped']}" for name, part in check.items() if isinstance(part, dict) and part.get("ok", 0) is None]
+    parts = [
+        f"{name} skipped: {part['skipped']}"
+        for name, part in check.items()
+        if isinstance(part, dict) and part.get("ok", 0) is None
+    ]
     return ("skipped" if check["ok"] is None else "ok") + (f" ({'; '.join(parts)})" if parts else "")
 
 
@@ -151,7 +187,13 @@ def versions() -> dict:
     import transformers
 
     found = {name: importlib.util.find_spec(name) is not None for name in ("bitsandbytes", "flash_attn", "pynvml")}
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__, "cuda": torch.version.cuda, "installed": found}
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "cuda": torch.version.cuda,
+        "installed": found,
+    }
 
 
 if __name__ == "__main__":

@@ -147,14 +147,24 @@ def summarize(args, lines: list, code: int | None, wall: float, peak_gib: float,
     first = min((p["started_s"] for p in phases.values() if p["started_s"] is not None), default=None)
     fell_back = off_gpu(phases)
     result = {
-        "config": args.config, "set": args.set, "gpu": gpu_name(), "exit_code": code, "wall_s": round(wall, 1),
-        "before_first_phase_s": first, "phases": phases, "off_gpu": fell_back, "peak_gpu_memory_gib": round(peak_gib, 2),
-        "run_dir": str(run_dir), "log": str(log_path),
-    }  # fmt: skip
+        "config": args.config,
+        "set": args.set,
+        "gpu": gpu_name(),
+        "exit_code": code,
+        "wall_s": round(wall, 1),
+        "before_first_phase_s": first,
+        "phases": phases,
+        "off_gpu": fell_back,
+        "peak_gpu_memory_gib": round(peak_gib, 2),
+        "run_dir": str(run_dir),
+        "log": str(log_path),
+    }
     write_json(args.out, result)
     print(f"\n{'phase':<10} {'seconds':>8}  ran on")
     for name, phase in phases.items():
-        print(f"{name:<10} {phase['seconds'] if phase['seconds'] is not None else '-':>8}  {', '.join(phase['devices']) or '-'}")
+        print(
+            f"{name:<10} {phase['seconds'] if phase['seconds'] is not None else '-':>8}  {', '.join(phase['devices']) or '-'}"
+        )
     print(f"wall {wall:.0f} s, {first} s before the first phase, peak GPU memory {peak_gib:.1f} GiB; {args.out}")
     if code != 0:
         print(f"FAILED: the pipeline {'was cut short' if code is None else f'exited {code}'}", file=sys.stderr)

@@ -43,12 +43,23 @@ def build_wide_model(out: Path, layers: int, smoke: bool) -> str:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    width = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=4, vocab_size=1024) if smoke else dict(
-        hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, vocab_size=128256
-    )  # fmt: skip
+    width = (
+        dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=4, vocab_size=1024)
+        if smoke
+        else dict(
+            hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, vocab_size=128256
+        )
+    )
     tokenizer = AutoTokenizer.from_pretrained(tiny_model())  # ids < 1,024: valid in any larger vocabulary
-    config = LlamaConfig(num_hidden_layers=layers, max_position_embeddings=2048, tie_word_embeddings=False,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **width)  # fmt: skip
+    config = LlamaConfig(
+        num_hidden_layers=layers,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **width,
+    )
     torch.manual_seed(0)
     # random init on the GPU: minutes faster at 8B width
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
@@ -58,12 +69,24 @@ def build_wide_model(out: Path, layers: int, smoke: bool) -> str:
     return str(out)
 
 
-def train_variant(model_path: str, rows: Path, overrides: dict, steps: int, batch_size: int, use_gpu: bool, tmp: Path) -> dict:
+def train_variant(
+    model_path: str, rows: Path, overrides: dict, steps: int, batch_size: int, use_gpu: bool, tmp: Path
+) -> dict:
     from train.config import TrainConfig
     from train.trainer import train_lora
 
-    cfg = TrainConfig(num_workers=1, use_gpu=use_gpu, lora_rank=16, lora_alpha=32, batch_size=batch_size, max_length=512,
-                      max_steps=steps, log_every=max(1, steps // 4), checkpoint_every=steps, **overrides)  # fmt: skip
+    cfg = TrainConfig(
+        num_workers=1,
+        use_gpu=use_gpu,
+        lora_rank=16,
+        lora_alpha=32,
+        batch_size=batch_size,
+        max_length=512,
+        max_steps=steps,
+        log_every=max(1, steps // 4),
+        checkpoint_every=steps,
+        **overrides,
+    )
     started = time.time()
     metrics = train_lora(model_path, rows, tmp / f"adapter-{len(list(tmp.iterdir()))}", cfg, cache_dir=tmp / "cache")
     return {**metrics.metrics(), "wall_s": time.time() - started}
@@ -112,8 +135,16 @@ def main() -> None:
         questions = mc_questions(args.questions if use_gpu else 128)
         from serve.mc_format import choice_continuation, format_mc_prompt
 
-        rows = write_rows([{"prompt": format_mc_prompt(q["question"], q["choices"], q["subject"]), "completion": choice_continuation(q["answer"])}
-                           for q in mc_questions(4000, seed=50)], tmp / "rows.jsonl")  # fmt: skip
+        rows = write_rows(
+            [
+                {
+                    "prompt": format_mc_prompt(q["question"], q["choices"], q["subject"]),
+                    "completion": choice_continuation(q["answer"]),
+                }
+                for q in mc_questions(4000, seed=50)
+            ],
+            tmp / "rows.jsonl",
+        )
         ray.init(include_dashboard=False, log_to_driver=False)
         results = {}
         for name, overrides in VARIANTS.items():
@@ -121,7 +152,9 @@ def main() -> None:
                 continue
             if not use_gpu and "quantization" in overrides:
                 continue  # bitsandbytes needs CUDA
-            results[name] = train_variant(model_path, rows, overrides, args.steps if use_gpu else 4, args.batch_size, use_gpu, tmp)
+            results[name] = train_variant(
+                model_path, rows, overrides, args.steps if use_gpu else 4, args.batch_size, use_gpu, tmp
+            )
             log(started, f"{name}: {results[name]['tokens_per_s']:,.0f} tokens/s")
             write_figures(args.out, device, args.layers, args.batch_size, results)
         ray.shutdown()
@@ -130,23 +163,36 @@ def main() -> None:
         log(started, f"scoring: {rate:,.0f} questions/s")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"Device: {device}; model: {args.layers} layers at Llama-3.1-8B width{' (smoke: narrow)' if args.smoke else ''}\n")
-    print("| variant | tokens/s | real tokens a step | step s | MFU | peak GPU GiB | wall s |\n|---|---|---|---|---|---|---|")
+    print(
+        f"Device: {device}; model: {args.layers} layers at Llama-3.1-8B width{' (smoke: narrow)' if args.smoke else ''}\n"
+    )
+    print(
+        "| variant | tokens/s | real tokens a step | step s | MFU | peak GPU GiB | wall s |\n|---|---|---|---|---|---|---|"
+    )
     for name, m in results.items():
         mfu = f"{m['mfu']:.1%}" if m.get("mfu") else "-"
         mem = f"{m['gpu_mem_gib']:.1f}" if m.get("gpu_mem_gib") else "-"
         per_step = m["tokens_per_s"] * m["step_time_s"]
-        print(f"| {name} | {m['tokens_per_s']:,.0f} | {per_step:,.0f} | {m['step_time_s']:.3f} | {mfu} | {mem} | {m['wall_s']:.0f} |")
+        print(
+            f"| {name} | {m['tokens_per_s']:,.0f} | {per_step:,.0f} | {m['step_time_s']:.3f} | {mfu} | {mem} | {m['wall_s']:.0f} |"
+        )
     print(f"\nOne-pass scoring, transformers engine, batch 64: {rate:,.0f} questions/s")
 
 
-def write_figures(out: Path | None, device: str, layers: int, batch_size: int, results: dict, scoring_rate: float | None = None) -> None:
+def write_figures(
+    out: Path | None, device: str, layers: int, batch_size: int, results: dict, scoring_rate: float | None = None
+) -> None:
     """The figures so far as JSON (a run cut short keeps what finished)."""
     if out is None:
         return
     keep = ("tokens_per_s", "step_time_s", "padding_fraction", "mfu", "gpu_mem_gib", "loss", "wall_s")
-    figures = {"device": device, "layers": layers, "batch_size": batch_size, "variants": {name: {k: m.get(k) for k in keep} for name, m in results.items()},
-               "scoring_questions_per_s": scoring_rate}  # fmt: skip
+    figures = {
+        "device": device,
+        "layers": layers,
+        "batch_size": batch_size,
+        "variants": {name: {k: m.get(k) for k in keep} for name, m in results.items()},
+        "scoring_questions_per_s": scoring_rate,
+    }
     out.write_text(json.dumps(figures, indent=2))
 
 

@@ -79,7 +79,9 @@ def read_predictions(output_dir: Path, n: int) -> list[int]:
     return preds  # type: ignore[return-value]
 
 
-def run_lm_eval(model_path: str, adapter_path: str | None, questions: list[dict], workdir: Path, batch_size: int = 16) -> tuple[list[int], float]:
+def run_lm_eval(
+    model_path: str, adapter_path: str | None, questions: list[dict], workdir: Path, batch_size: int = 16
+) -> tuple[list[int], float]:
     """Run lm-eval (hf backend, float32, CPU) on `questions`; return (predictions, wall seconds).
 
     Each question has question, choices (4 strings), answer (0-based; optional, it
@@ -93,12 +95,32 @@ def run_lm_eval(model_path: str, adapter_path: str | None, questions: list[dict]
     if adapter_path:
         model_args += f",peft={adapter_path}"
     cmd = [
-        sys.executable, "-m", "lm_eval", "run", "--model", "hf", "--model_args", model_args,
-        "--device", "cpu", "--tasks", TASK, "--include_path", str(task_dir), "--batch_size", str(batch_size),
-        "--log_samples", "--output_path", str(output_dir),
-    ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "HF_DATASETS_CACHE": str(workdir / "hf_datasets_cache")}  # fmt: skip
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "run",
+        "--model",
+        "hf",
+        "--model_args",
+        model_args,
+        "--device",
+        "cpu",
+        "--tasks",
+        TASK,
+        "--include_path",
+        str(task_dir),
+        "--batch_size",
+        str(batch_size),
+        "--log_samples",
+        "--output_path",
+        str(output_dir),
+    ]
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_DATASETS_CACHE": str(workdir / "hf_datasets_cache"),
+    }
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start

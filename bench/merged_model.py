@@ -51,7 +51,9 @@ def adapter_record(base_path: str, adapter_path: str) -> dict:
     adapter = Path(adapter_path)
     weights = adapter / ADAPTER_WEIGHTS
     if not weights.is_file():
-        raise FileNotFoundError(f"{adapter} has no {ADAPTER_WEIGHTS} (not a PEFT adapter folder saved with safetensors)")
+        raise FileNotFoundError(
+            f"{adapter} has no {ADAPTER_WEIGHTS} (not a PEFT adapter folder saved with safetensors)"
+        )
     return {
         "adapter_sha256": file_digest(weights),  # the same hash the pipeline's manifest records for the adapter
         "adapter_config_sha256": file_digest(adapter / ADAPTER_CONFIG),  # alpha and r set the merge's scale
@@ -85,7 +87,9 @@ def merge_adapter(base_path: str, adapter_path: str, out_dir: Path) -> Path:
     """The merged model of `adapter_path` on `base_path` in `out_dir` (reused when already there); returns out_dir."""
     out_dir = Path(out_dir)
     record = adapter_record(base_path, adapter_path)
-    build_once(out_dir, lambda: merged_record(out_dir) == record, lambda: _merge_into(base_path, adapter_path, out_dir, record))
+    build_once(
+        out_dir, lambda: merged_record(out_dir) == record, lambda: _merge_into(base_path, adapter_path, out_dir, record)
+    )
     return out_dir
 
 

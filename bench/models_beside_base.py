@@ -46,10 +46,18 @@ def perturbed_copies(base: str, root: Path, count: int) -> dict[str, str]:
     return folders
 
 
-def served(model: str, names: dict[str, str | None], questions: list[Question], models: dict | None = None) -> tuple[float, float, float, dict]:
+def served(
+    model: str, names: dict[str, str | None], questions: list[Question], models: dict | None = None
+) -> tuple[float, float, float, dict]:
     """(start-up s, scoring s, teardown s, {name: log-probabilities}) of one application."""
     marks = [time.perf_counter()]
-    handle = start_service(ServiceSettings(engine="hf", model=model, max_model_len=256), models=models, name="bench-beside", replicas=2, num_cpus=1)
+    handle = start_service(
+        ServiceSettings(engine="hf", model=model, max_model_len=256),
+        models=models,
+        name="bench-beside",
+        replicas=2,
+        num_cpus=1,
+    )
     handle.health.remote().result()
     marks.append(time.perf_counter())
     scores = {}
@@ -68,19 +76,26 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     base = str(tiny_model_link())
-    questions = [Question(question=q["question"], choices=q["choices"], answer=q["answer"], subject=q["subset"]) for q in synthetic_questions(32)]
+    questions = [
+        Question(question=q["question"], choices=q["choices"], answer=q["answer"], subject=q["subset"])
+        for q in synthetic_questions(32)
+    ]
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     with tempfile.TemporaryDirectory() as tmp:
         folders = perturbed_copies(base, Path(tmp), args.models)
         print("| way | repeat | start-up s | scoring s | teardown s | total s |\n|---|---|---|---|---|---|")
         for repeat in range(args.repeats):
-            apart = [served(base, {"base": None}, questions)] + [served(folder, {name: None}, questions) for name, folder in folders.items()]
+            apart = [served(base, {"base": None}, questions)] + [
+                served(folder, {name: None}, questions) for name, folder in folders.items()
+            ]
             beside = served(base, {"base": None} | {name: name for name in folders}, questions, models=folders)
             apart_scores = {k: v for run in apart for k, v in run[3].items()}
             assert apart_scores == beside[3], "a model scored beside the base differs from the same model served alone"
             for way, runs in (("one application per model", apart), ("models beside the base", [beside])):
                 parts = [sum(run[i] for run in runs) for i in range(3)]
-                print(f"| {way} ({len(runs)} app(s)) | {repeat + 1} | {parts[0]:.1f} | {parts[1]:.1f} | {parts[2]:.1f} | {sum(parts):.1f} |")
+                print(
+                    f"| {way} ({len(runs)} app(s)) | {repeat + 1} | {parts[0]:.1f} | {parts[1]:.1f} | {parts[2]:.1f} | {sum(parts):.1f} |"
+                )
     ray.shutdown()
 
 

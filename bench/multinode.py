@@ -63,7 +63,10 @@ def local_cluster(head_cpus: int, workers: int):
     from ray.cluster_utils import Cluster
 
     os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="mn", dir="/tmp")  # its logs and address file, no one else's
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, "include_dashboard": False, "object_store_memory": NODE_BYTES})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": head_cpus, "include_dashboard": False, "object_store_memory": NODE_BYTES},
+    )
     try:
         nodes = {"head": cluster.head_node}
         for i in range(workers):
@@ -81,11 +84,21 @@ def run_pipeline(address: str, run_dir: Path, on_line=None) -> tuple[int, str, f
     # Each run registers its design and tracks into files of its own: both runs are a first run of the
     # design (a repeat's report says so), and neither touches results/registry.jsonl or the user's MLflow store.
     # Ray Train's state tracking asks the dashboard's API, which these clusters do not start (CPU for the run).
-    env = {**os.environ, "RAY_ADDRESS": address, "SUBLIMINAL_REGISTRY": f"{run_dir}.registry.jsonl", "MLFLOW_TRACKING_URI": f"sqlite:///{run_dir}.mlflow.db"}
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": address,
+        "SUBLIMINAL_REGISTRY": f"{run_dir}.registry.jsonl",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{run_dir}.mlflow.db",
+    }
     env["RAY_TRAIN_ENABLE_STATE_TRACKING"] = "0"
     started, log = time.time(), []
     with subprocess.Popen(
-        [sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     ) as proc:
         for line in proc.stdout:
             log.append(line)
@@ -111,11 +124,17 @@ def node_use(address: str, run_dir: Path, labels: dict[str, str]) -> dict[str, d
     for actor in table:
         kind = next((k for prefix, k in KINDS.items() if actor["ActorClassName"].startswith(prefix)), None)
         start = actor["StartTime"] / 1000
-        phase = next((p for p, s in spans.items() if p != "start" and s["started"] <= start <= s["started"] + s["seconds"]), None)
+        phase = next(
+            (p for p, s in spans.items() if p != "start" and s["started"] <= start <= s["started"] + s["seconds"]), None
+        )
         if kind and phase:
-            use.setdefault(phase, {}).setdefault(kind, set()).add(labels.get(actor["Address"]["NodeID"], actor["Address"]["NodeID"]))
+            use.setdefault(phase, {}).setdefault(kind, set()).add(
+                labels.get(actor["Address"]["NodeID"], actor["Address"]["NodeID"])
+            )
     # in run order
-    return {phase: {kind: sorted(nodes) for kind, nodes in sorted(use[phase].items())} for phase in spans if phase in use}
+    return {
+        phase: {kind: sorted(nodes) for kind, nodes in sorted(use[phase].items())} for phase in spans if phase in use
+    }
 
 
 class Killer:
@@ -150,7 +169,11 @@ class Killer:
 
         ray.init(address=self.cluster.address, logging_level="ERROR", log_to_driver=False)
         try:
-            holders = [a["Address"]["NodeID"] for a in actors(actor_state_name="ALIVE").values() if a["ActorClassName"].startswith(self.HELD[self.phase])]
+            holders = [
+                a["Address"]["NodeID"]
+                for a in actors(actor_state_name="ALIVE").values()
+                if a["ActorClassName"].startswith(self.HELD[self.phase])
+            ]
         finally:
             ray.shutdown()
         workers = {node.node_id: label for label, node in self.nodes.items() if label != "head"}
@@ -159,8 +182,16 @@ class Killer:
             return
         label = held[0]
         self.cluster.remove_node(self.nodes[label], allow_graceful=False)
-        self.killed = {"node": label, "id": self.nodes[label].node_id, "held": self.HELD[self.phase], "seconds_into_phase": round(time.time() - self.since, 1)}
-        print(f"[multinode] killed {label} ({self.nodes[label].node_id}): it held a {self.HELD[self.phase]} in the {self.phase} phase", flush=True)
+        self.killed = {
+            "node": label,
+            "id": self.nodes[label].node_id,
+            "held": self.HELD[self.phase],
+            "seconds_into_phase": round(time.time() - self.since, 1),
+        }
+        print(
+            f"[multinode] killed {label} ({self.nodes[label].node_id}): it held a {self.HELD[self.phase]} in the {self.phase} phase",
+            flush=True,
+        )
 
 
 def planned_runs(log: str) -> list[str]:
@@ -201,8 +232,10 @@ def multi_node(out: Path, kill: str | None) -> dict:
         "nodes": {label: node.node_id for label, node in nodes.items()},
         "driver_node": "head",
         "phases": phases,
-        "train_workers_spread": all(len(p["train_workers"]) >= 2 for p in phases.values() if "train_workers" in p) and bool(phases),
-        "replicas_off_driver_node": all("head" not in p["replicas"] for p in phases.values() if "replicas" in p) and bool(phases),
+        "train_workers_spread": all(len(p["train_workers"]) >= 2 for p in phases.values() if "train_workers" in p)
+        and bool(phases),
+        "replicas_off_driver_node": all("head" not in p["replicas"] for p in phases.values() if "replicas" in p)
+        and bool(phases),
         "killed": killer.killed if killer else None,
         "first_exit_status": first_status,
         "stages_rerun": rerun,
@@ -214,7 +247,9 @@ def multi_node(out: Path, kill: str | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reference", type=Path, help="a finished one-node run directory of this commit (default: run it first)")
+    parser.add_argument(
+        "--reference", type=Path, help="a finished one-node run directory of this commit (default: run it first)"
+    )
     parser.add_argument("--out", type=Path, help="where the run directories go (default: a new temporary folder)")
     what = "SIGKILL the node holding a training worker (arms) or a generating replica (numbers) mid-phase"
     parser.add_argument("--kill", choices=sorted(Killer.HELD), help=what)
@@ -227,7 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     found = differences(theirs, ours) + differences(ours, theirs)
     for line in found[:20]:
         print(f"[multinode] differs: {line}", flush=True)
-    result |= {"one_node_seconds": one_node_s and round(one_node_s, 1), "reference": str(reference), "report_equal": ok and not found}
+    result |= {
+        "one_node_seconds": one_node_s and round(one_node_s, 1),
+        "reference": str(reference),
+        "report_equal": ok and not found,
+    }
     result["differences"] = len(found)
     print(json.dumps(result), flush=True)
     return 0 if result["report_equal"] and result["train_workers_spread"] and result["replicas_off_driver_node"] else 1

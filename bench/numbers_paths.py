@@ -129,7 +129,13 @@ def start_apps(config: Config) -> dict:
     if not config.together:  # as the pipeline deploys today: one start_service, each blocking until healthy
         return {
             app.key: start_service(
-                settings(app), app.adapters, name=app_name(app), route_prefix=f"/{app_name(app)}", replicas=app.replicas, num_cpus=app.cpus, port=PORT
+                settings(app),
+                app.adapters,
+                name=app_name(app),
+                route_prefix=f"/{app_name(app)}",
+                replicas=app.replicas,
+                num_cpus=app.cpus,
+                port=PORT,
             )
             for app in config.apps
         }
@@ -144,7 +150,7 @@ def start_apps(config: Config) -> dict:
             ),
             name=app_name(app),
             route_prefix=f"/{app_name(app)}",
-        )  # fmt: skip
+        )
         for app in config.apps
     ]
     return dict(zip((app.key for app in config.apps), serve.run_many(targets)))
@@ -202,10 +208,13 @@ def run_config(config: Config, work: list[tuple[list[str], NumbersConfig]]) -> d
         start_s = time.perf_counter() - t0
         quiet = io.StringIO()  # generate_kept prints a progress line per chunk
         cpu0, t0 = tree_cpu_s(), time.perf_counter()
-        jobs = [(name, i, app_key, adapter) for name, (app_key, adapter) in config.sources.items() for i in range(len(work))]
+        jobs = [
+            (name, i, app_key, adapter) for name, (app_key, adapter) in config.sources.items() for i in range(len(work))
+        ]
         with contextlib.redirect_stdout(quiet), ThreadPoolExecutor(len(jobs)) as pool:
             futures = [
-                (name, i, pool.submit(generate_kept, handles[app_key], work[i][0], adapter, work[i][1], f"{name}/{i}")) for name, i, app_key, adapter in jobs
+                (name, i, pool.submit(generate_kept, handles[app_key], work[i][0], adapter, work[i][1], f"{name}/{i}"))
+                for name, i, app_key, adapter in jobs
             ]
             made: dict[str, dict] = {}
             for name, i, future in futures:
@@ -218,7 +227,14 @@ def run_config(config: Config, work: list[tuple[list[str], NumbersConfig]]) -> d
     finally:
         for app in config.apps:
             stop_service(app_name(app))
-    return {"start_s": start_s, "generate_s": generate_s, "cpu_s": cpu_s, "pss_gib": pss_gib, "made": made, "load": (load_before, os.getloadavg()[0])}
+    return {
+        "start_s": start_s,
+        "generate_s": generate_s,
+        "cpu_s": cpu_s,
+        "pss_gib": pss_gib,
+        "made": made,
+        "load": (load_before, os.getloadavg()[0]),
+    }
 
 
 def pass_rate(result: dict) -> tuple[float, float]:
@@ -245,9 +261,18 @@ def configs(base: str, adapter: str, merged: str) -> list[Config]:
         Config("d", "d: teacher, transformers, merged model", [hm], {"teacher": ("hm", None)}, twin="c"),
         Config("bv", "bv: base, vLLM (row a's app, as today)", [vl], {"control": ("vl", None)}),
         Config("bh", "bh: base, transformers", [hb], {"control": ("hb", None)}),
-        Config("s0", "s0: today, 1 vLLM app (base + adapter)", [vl], {"teacher": ("vl", "teacher"), "control": ("vl", None)}),
         Config(
-            "s1", "s1: 2 vLLM apps (merged, base), start_service each, auto binding", [vm, vb], {"teacher": ("vm", None), "control": ("vb", None)}, twin="s0"
+            "s0",
+            "s0: today, 1 vLLM app (base + adapter)",
+            [vl],
+            {"teacher": ("vl", "teacher"), "control": ("vl", None)},
+        ),
+        Config(
+            "s1",
+            "s1: 2 vLLM apps (merged, base), start_service each, auto binding",
+            [vm, vb],
+            {"teacher": ("vm", None), "control": ("vb", None)},
+            twin="s0",
         ),
         Config(
             "s1x",
@@ -313,10 +338,21 @@ def table(runs: dict[str, list[dict]], all_configs: list[Config], header: str) -
         return ["", title, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
 
     if single:
-        lines += table("One source at a time:", [
-            "row", "start s", "generate s: median (passes)", "sequences/s", "CPU s", "pass rate +- 1 SE",
-            "kept rows word for word as unmerged", "vs today: wall", "vs today: CPU", "load 1-min before->after",
-        ])  # fmt: skip
+        lines += table(
+            "One source at a time:",
+            [
+                "row",
+                "start s",
+                "generate s: median (passes)",
+                "sequences/s",
+                "CPU s",
+                "pass rate +- 1 SE",
+                "kept rows word for word as unmerged",
+                "vs today: wall",
+                "vs today: CPU",
+                "load 1-min before->after",
+            ],
+        )
     for c in single:
         ((source, result),) = first(c.name).items()
         today = "a" if source == "teacher" else "bv"
@@ -327,11 +363,24 @@ def table(runs: dict[str, list[dict]], all_configs: list[Config], header: str) -
             f"| {ratio(today, c.name, 'cpu_s')} | {loads(c.name)} |"
         )
     if stage:
-        lines += table("The stage's shape, teacher and base model at the same time:", [
-            "row", "start s", "generate s: median (passes)", "sequences/s, all", "CPU s", "PSS GiB", "teacher pass rate",
-            "base pass rate", "teacher rows word for word as unmerged", "vs today: start + generate", "vs today: generate",
-            "vs today: CPU", "load 1-min before->after",
-        ])  # fmt: skip
+        lines += table(
+            "The stage's shape, teacher and base model at the same time:",
+            [
+                "row",
+                "start s",
+                "generate s: median (passes)",
+                "sequences/s, all",
+                "CPU s",
+                "PSS GiB",
+                "teacher pass rate",
+                "base pass rate",
+                "teacher rows word for word as unmerged",
+                "vs today: start + generate",
+                "vs today: generate",
+                "vs today: CPU",
+                "load 1-min before->after",
+            ],
+        )
     for c in stage:
         made = first(c.name)
         gen, start = med(c.name, "generate_s"), med(c.name, "start_s")
@@ -349,7 +398,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=768)
     parser.add_argument("--reps", type=int, default=2, help="interleaved passes over the configurations")
-    parser.add_argument("--replicates", type=int, default=1, help="stage rows: each source this many times at once (seeds numbers.seed + i)")
+    parser.add_argument(
+        "--replicates",
+        type=int,
+        default=1,
+        help="stage rows: each source this many times at once (seeds numbers.seed + i)",
+    )
     parser.add_argument("--only", default=None, help="comma-separated rows (a,b,c,d,bv,bh,s0,s1,s1x,s2,s3,s4)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/numbers_paths.md"))
     args = parser.parse_args()
@@ -387,8 +441,21 @@ def main() -> None:
     finally:
         ray.shutdown()
     load_after = Path("/proc/loadavg").read_text().split()[:3]
-    flags = " ".join(f"--{k} {v}" for k, v in [("prompts", args.prompts), ("reps", args.reps), ("replicates", args.replicates), ("only", args.only)] if v)
-    shape = f"; the stage rows send each source {args.replicates} times at once (replicate seeds)" if args.replicates > 1 else ""
+    flags = " ".join(
+        f"--{k} {v}"
+        for k, v in [
+            ("prompts", args.prompts),
+            ("reps", args.reps),
+            ("replicates", args.replicates),
+            ("only", args.only),
+        ]
+        if v
+    )
+    shape = (
+        f"; the stage rows send each source {args.replicates} times at once (replicate seeds)"
+        if args.replicates > 1
+        else ""
+    )
     header = (
         f"`python bench/numbers_paths.py {flags}`: {args.prompts} number prompts per source{shape}, "
         f"up to {cfg.max_tokens} tokens, T={cfg.temperature}, chunks of {cfg.chunk}, {cfg.in_flight} in flight per request, "

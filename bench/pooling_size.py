@@ -62,12 +62,16 @@ def main() -> None:
         for tau in (0.0, TYPICAL_SE):
             rates = simulate_rejection(within_ses("mixed", 6), tau=tau, reps=args.reps, seed=args.seed, within_df=df)
             print(row([6, tau, "mixed", f"df {df}"], rates))
-    print(f"\nPower at the MDE (true effect = mde(P, {TYPICAL_SE}, assumed_tau=tau), drawn at that tau, mixed SEs, variances known)\n")
+    print(
+        f"\nPower at the MDE (true effect = mde(P, {TYPICAL_SE}, assumed_tau=tau), drawn at that tau, mixed SEs, variances known)\n"
+    )
     print("| P | tau | MDE " + header + "|---|---|---|---|---|---|")
     for pairs in (3, 6, 10):
         for tau in (0.0, TYPICAL_SE):
             effect = mde(pairs, TYPICAL_SE, assumed_tau=tau)
-            rates = simulate_rejection(within_ses("mixed", pairs), tau=tau, effect=effect, reps=args.reps, seed=args.seed + 1)
+            rates = simulate_rejection(
+                within_ses("mixed", pairs), tau=tau, effect=effect, reps=args.reps, seed=args.seed + 1
+            )
             print(row([pairs, tau, f"{effect:.4f}"], rates))
 
 

@@ -87,7 +87,9 @@ def scoring(engine: HFEngine) -> tuple:
     def reference():
         with torch.inference_mode():
             for start in range(0, len(prompts), 64):
-                engine.model(**engine.tokenizer(prompts[start : start + 64], return_tensors="pt", padding=True), logits_to_keep=1)
+                engine.model(
+                    **engine.tokenizer(prompts[start : start + 64], return_tensors="pt", padding=True), logits_to_keep=1
+                )
 
     return lambda: asyncio.run(engine.score(prompts, n_choices, None)), reference
 
@@ -98,7 +100,9 @@ def training(model_path: str, teacher: Path | None) -> tuple:
     model = attach_lora(load_base(model_path, cfg, torch.device("cpu")), cfg)
     tokenize = Tokenize(model_path, cfg.max_length, cfg.too_long)
     rows = number_rows(32, seed=3)
-    tokens = tokenize({"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}).to_pydict()
+    tokens = tokenize(
+        {"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}
+    ).to_pydict()
     pad = tokenize.tok.pad_token_id if tokenize.tok.pad_token_id is not None else tokenize.tok.eos_token_id
     number_ids = None
     if teacher is not None:  # the targets the pipeline computes before training (train/distill.py)

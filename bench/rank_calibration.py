@@ -96,9 +96,11 @@ def summary(results: list[Result]) -> dict:
         se = (r.ci95[1] - r.ci95[0]) / 2 / stats.t.ppf(0.975, r.df)
         shifted.append(2 * stats.t.sf(abs(r.value + mde) / se, r.df) < 0.05 and r.value + mde > 0)
     return {
-        "fp": float(np.mean(p < 0.05)), "cover": float(np.mean([r.ci95[0] <= 0 <= r.ci95[1] for r in tested])),
-        "median_p": float(np.median(p)), "power": float(np.mean(shifted) * len(tested) / len(results)),
-    }  # fmt: skip
+        "fp": float(np.mean(p < 0.05)),
+        "cover": float(np.mean([r.ci95[0] <= 0 <= r.ci95[1] for r in tested])),
+        "median_p": float(np.median(p)),
+        "power": float(np.mean(shifted) * len(tested) / len(results)),
+    }
 
 
 def run(regime: str, replicates: int, draws: int, clusters: int, per_cluster: int, seed: int = 0) -> dict:
@@ -116,7 +118,11 @@ def run(regime: str, replicates: int, draws: int, clusters: int, per_cluster: in
         for name, (a, b) in (("rank", (ra, rb)), ("continuous", (ca, cb))):
             out[f"{name} paired"].append(effect(a, b, cluster, binary=False, paired=True))
             out[f"{name} unpaired"].append(effect(a, b, cluster, binary=False))
-    return {"differ": float(np.mean(differ)), "flip": float(np.mean(np.array(flips) < 0.05)), **{k: summary(v) for k, v in out.items()}}
+    return {
+        "differ": float(np.mean(differ)),
+        "flip": float(np.mean(np.array(flips) < 0.05)),
+        **{k: summary(v) for k, v in out.items()},
+    }
 
 
 def gaussian_scan(draws: int, clusters: int, replicates: list[int]) -> None:
@@ -129,10 +135,17 @@ def gaussian_scan(draws: int, clusters: int, replicates: list[int]) -> None:
             current, kept = [], []
             for _ in range(draws):
                 d = rng.normal(0, np.sqrt(rho / clusters), (r, 1)) + rng.normal(0, 1, (r, clusters))
-                current.append(effect(d, np.zeros_like(d), np.arange(clusters), binary=False, paired=True).p_value < 0.05)
+                current.append(
+                    effect(d, np.zeros_like(d), np.arange(clusters), binary=False, paired=True).p_value < 0.05
+                )
                 ms_r, ms_c, ms_e = _mean_squares(d)
-                kept.append(2 * stats.t.sf(abs(d.mean()) / np.sqrt((ms_r + max(ms_c - ms_e, 0)) / d.size), r - 1) < 0.05)
-            print(f"R={r} rho={rho:5.2f}: effect {np.mean(current):.3f}  replicate mean square kept {np.mean(kept):.3f}", flush=True)
+                kept.append(
+                    2 * stats.t.sf(abs(d.mean()) / np.sqrt((ms_r + max(ms_c - ms_e, 0)) / d.size), r - 1) < 0.05
+                )
+            print(
+                f"R={r} rho={rho:5.2f}: effect {np.mean(current):.3f}  replicate mean square kept {np.mean(kept):.3f}",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -149,11 +162,17 @@ def main() -> None:
         gaussian_scan(args.draws, args.clusters, args.replicates)
         print(f"{time.time() - start:.0f} s")
         return
-    print(f"{args.draws} nulls a row, {args.clusters} clusters of {args.per_cluster}; fp / coverage / median p / power at median MDE")
+    print(
+        f"{args.draws} nulls a row, {args.clusters} clusters of {args.per_cluster}; fp / coverage / median p / power at median MDE"
+    )
     for regime in args.regimes:
         for r in args.replicates:
             res = run(regime, r, args.draws, args.clusters, args.per_cluster)
-            cells = "  ".join(f"{k}: {v['fp']:.3f} {v['cover']:.3f} {v['median_p']:.2f} {v['power']:.2f}" for k, v in res.items() if isinstance(v, dict))
+            cells = "  ".join(
+                f"{k}: {v['fp']:.3f} {v['cover']:.3f} {v['median_p']:.2f} {v['power']:.2f}"
+                for k, v in res.items()
+                if isinstance(v, dict)
+            )
             print(f"{regime:14s} R={r} differ {res['differ']:.3f} flip {res['flip']:.3f} | {cells}", flush=True)
     print(f"{time.time() - start:.0f} s")
 

@@ -47,9 +47,15 @@ def halves(k: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
 
 def test_split(scores: dict, primary: tuple[str, str], first, second) -> dict:
     """The report's comparison of one half against the other: every split's and metric's p-value."""
-    models = [types.SimpleNamespace(arm=arm, name=f"control/{i}", teacher="teacher", base="base") for arm, half in (("A", first), ("B", second)) for i in half]
+    models = [
+        types.SimpleNamespace(arm=arm, name=f"control/{i}", teacher="teacher", base="base")
+        for arm, half in (("A", first), ("B", second))
+        for i in half
+    ]
     result = Evidence(scores, models, primary).compare("A", "B")
-    return {f"{split}/{metric}": result.cell(split, metric).p_value for split in SPLITS for metric in METRICS} | {"paired": result.primary.paired}
+    return {f"{split}/{metric}": result.cell(split, metric).p_value for split in SPLITS for metric in METRICS} | {
+        "paired": result.primary.paired
+    }
 
 
 def main() -> int:
@@ -68,7 +74,9 @@ def main() -> int:
     cfg = load_experiment(None, overrides)
     primary = (cfg.evaluate.primary_split, cfg.evaluate.primary_metric)
     run_dir = Path(args.run_dir)
-    scores = {name: read_scores(run_dir, name) for name in ["base", "teacher", *(f"control/{i}" for i in range(args.k))]}
+    scores = {
+        name: read_scores(run_dir, name) for name in ["base", "teacher", *(f"control/{i}" for i in range(args.k))]
+    }
     tests = [test_split(scores, primary, first, second) for first, second in halves(args.k)]
     key = "/".join(primary)
     rates = {}
@@ -77,12 +85,25 @@ def main() -> int:
             continue
         ps = [t[name] for t in tests if t[name] is not None]
         hits = sum(p < 0.05 for p in ps)
-        rates[name] = {"detections": hits, "splits": len(ps), "rate": hits / len(ps) if ps else None, "wilson95": wilson_ci(hits, len(ps))}
+        rates[name] = {
+            "detections": hits,
+            "splits": len(ps),
+            "rate": hits / len(ps) if ps else None,
+            "wilson95": wilson_ci(hits, len(ps)),
+        }
     print("| test | detections | splits | rate | Wilson 95% (splits not independent) |\n|---|---|---|---|---|")
     for name, r in sorted(rates.items(), key=lambda item: item[0] != key):
         rate = "-" if r["rate"] is None else f"{r['rate']:.3f}"
-        print(f"| {name}{' (primary)' if name == key else ''} | {r['detections']} | {r['splits']} | {rate} | {r['wilson95'][0]:.3f}-{r['wilson95'][1]:.3f} |")
-    summary = {"k": args.k, "primary": key, "paired": all(t["paired"] for t in tests), "rates": rates, "p_values": tests}
+        print(
+            f"| {name}{' (primary)' if name == key else ''} | {r['detections']} | {r['splits']} | {rate} | {r['wilson95'][0]:.3f}-{r['wilson95'][1]:.3f} |"
+        )
+    summary = {
+        "k": args.k,
+        "primary": key,
+        "paired": all(t["paired"] for t in tests),
+        "rates": rates,
+        "p_values": tests,
+    }
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=1))
     return 0

@@ -30,7 +30,9 @@ URL = "http://127.0.0.1:8000"
 CHUNK = 250
 
 
-def score_with_service(model: str, adapters: dict, questions: list[dict], settings: dict, replicas: int) -> tuple[dict, float]:
+def score_with_service(
+    model: str, adapters: dict, questions: list[dict], settings: dict, replicas: int
+) -> tuple[dict, float]:
     """Per-model predictions and wall seconds, from `ray.init` to the last answer."""
     import ray
 
@@ -61,8 +63,15 @@ def score_with_service(model: str, adapters: dict, questions: list[dict], settin
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--questions", type=int, default=3000)
-    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="the service's generation engine (scoring is transformers on CPU either way)")
-    parser.add_argument("--scoring", choices=["auto", "engine"], default="auto", help="engine: score on vLLM too (its CPU LoRA path)")
+    parser.add_argument(
+        "--engine",
+        choices=["hf", "vllm"],
+        default="hf",
+        help="the service's generation engine (scoring is transformers on CPU either way)",
+    )
+    parser.add_argument(
+        "--scoring", choices=["auto", "engine"], default="auto", help="engine: score on vLLM too (its CPU LoRA path)"
+    )
     parser.add_argument("--replicas", type=int, default=2)
     args = parser.parse_args()
     model = tiny_model()

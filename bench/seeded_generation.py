@@ -46,7 +46,12 @@ def transformers_generate(engine: HFEngine, prompts: list[str], s: Sampling) -> 
         for i in range(0, len(prompts), 64):
             enc = tok(prompts[i : i + 64], return_tensors="pt", padding=True)
             out = engine.model.generate(
-                **enc, max_new_tokens=s.max_tokens, do_sample=True, top_k=0, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+                **enc,
+                max_new_tokens=s.max_tokens,
+                do_sample=True,
+                top_k=0,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
             )
             new = out[:, enc.input_ids.shape[1] :]
             tokens += int(((new != tok.pad_token_id).cumprod(1)).sum())  # up to each row's end of sequence
@@ -63,7 +68,11 @@ def main() -> None:
     seeded, unseeded = Sampling(max_tokens=48, temperature=1.0, seed=0), Sampling(max_tokens=48, temperature=1.0)
     run(engine, prompts[:64], seeded, 64)  # warm-up
     rows = {}
-    for name, s, batch_size in [("seeded, batches of 64", seeded, 64), ("unseeded, batches of 64", unseeded, 64), ("seeded, one at a time", seeded, 1)]:
+    for name, s, batch_size in [
+        ("seeded, batches of 64", seeded, 64),
+        ("unseeded, batches of 64", unseeded, 64),
+        ("seeded, one at a time", seeded, 1),
+    ]:
         seconds, completions = run(engine, prompts, s, batch_size)
         rows[name] = (seconds, sum(c.completion_tokens for c in completions), [c.text for c in completions])
     seconds, tokens = transformers_generate(engine, prompts, unseeded)

@@ -62,7 +62,12 @@ def service_part(model: str, prompts: list[str], questions: list[dict]) -> dict:
     stop_service()
     ray.shutdown()
     predictions = [r["prediction"] for body in scored for r in body["results"]]
-    return {"gen_tokens_per_s": tokens / gen_s, "gen_s": gen_s, "score_q_per_s": len(questions) / score_s, "predictions": predictions}
+    return {
+        "gen_tokens_per_s": tokens / gen_s,
+        "gen_s": gen_s,
+        "score_q_per_s": len(questions) / score_s,
+        "predictions": predictions,
+    }
 
 
 def four_sequences_per_question(model, tokenizer, prompts: list[str], batch: int = 64) -> list[int]:
@@ -113,7 +118,9 @@ def in_process_part(model_path: str, prompts: list[str], mc_prompts: list[str], 
         timed[f"hf_{name}_tokens_per_s"] = sum(c.completion_tokens for c in out) / (time.perf_counter() - started)
     model, tokenizer = engine.model, engine.tokenizer
     started = time.perf_counter()
-    one_pass = [max(range(4), key=lp.__getitem__) for lp in mc_logprobs(model, tokenizer, mc_prompts, [4] * len(mc_prompts), 64)]
+    one_pass = [
+        max(range(4), key=lp.__getitem__) for lp in mc_logprobs(model, tokenizer, mc_prompts, [4] * len(mc_prompts), 64)
+    ]
     timed["one_pass_q_per_s"] = len(mc_prompts) / (time.perf_counter() - started)
     started = time.perf_counter()
     four = four_sequences_per_question(model, tokenizer, mc_prompts)

@@ -27,13 +27,17 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--draws", type=int, default=20)
-    parser.add_argument("--model", default=None, help="a base model folder (default: the tiny preset's, built if needed)")
+    parser.add_argument(
+        "--model", default=None, help="a base model folder (default: the tiny preset's, built if needed)"
+    )
     args = parser.parse_args(argv)
     path = args.model or ensure_tiny_model()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     table = sham_draw.draw_table(sham_draw.word_scores(model, AutoTokenizer.from_pretrained(path)), args.draws)
     print(f"base {path}, weights sha256 {sham_draw.weights_digest(path)[:16]}")
-    print("| draw | base on true, train | on sham, train | true, held out | sham, held out | balanced |\n|---|---|---|---|---|---|")
+    print(
+        "| draw | base on true, train | on sham, train | true, held out | sham, held out | balanced |\n|---|---|---|---|---|---|"
+    )
     for row in table:
         cells = " | ".join(f"{row['lean'][s][k]:.3f}" for s in ("train", "held_out") for k in ("answer", "sham"))
         print(f"| {row['draw']} | {cells} | {row['balanced']} |")

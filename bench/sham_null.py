@@ -46,7 +46,11 @@ sys.path.insert(1, str(ROOT))
 
 PRESET = ROOT / "bench" / "presets" / "sham-null.yaml"
 ARM = "student_logits_sham"
-RUNS = (("null1", ["sham_teacher.kind=null1"]), ("null2", ["sham_teacher.kind=null2"]), ("registered", ["replicates=1"]))
+RUNS = (
+    ("null1", ["sham_teacher.kind=null1"]),
+    ("null2", ["sham_teacher.kind=null2"]),
+    ("registered", ["replicates=1"]),
+)
 OUT = ROOT / "bench" / "results" / "sham_null.json"
 
 
@@ -57,7 +61,14 @@ def run_pipelines(root: Path) -> None:
         run_dir = root / folder
         if previous is not None and not run_dir.exists():
             shutil.copytree(previous, run_dir, ignore=shutil.ignore_patterns(".lock", "report.*"))
-        command = [sys.executable, str(ROOT / "jobs" / "pipeline.py"), "--config", str(PRESET), "--run-dir", str(run_dir)]
+        command = [
+            sys.executable,
+            str(ROOT / "jobs" / "pipeline.py"),
+            "--config",
+            str(PRESET),
+            "--run-dir",
+            str(run_dir),
+        ]
         command += [arg for o in overrides for arg in ("--set", o)]
         print("+", " ".join(command), flush=True)
         subprocess.run(command, check=True, cwd=ROOT)
@@ -72,7 +83,11 @@ def scores_of(root: Path, replicates: int) -> tuple[dict[str, list[dict]], list[
     from jobs.phases.report import read_scores
 
     one, two, registered = (root / folder for folder, _ in RUNS)
-    scores = {"base": read_scores(one, "base"), "teacher": read_scores(one, "teacher"), "sham_teacher": read_scores(registered, "sham_teacher")}
+    scores = {
+        "base": read_scores(one, "base"),
+        "teacher": read_scores(one, "teacher"),
+        "sham_teacher": read_scores(registered, "sham_teacher"),
+    }
     scores |= {"null_sham_1": read_scores(one, "sham_teacher"), "null_sham_2": read_scores(two, "sham_teacher")}
     if read_scores(two, "teacher") != scores["teacher"] or read_scores(registered, "teacher") != scores["teacher"]:
         raise SystemExit("the three runs do not share one teacher: rerun from an empty --root")
@@ -102,7 +117,9 @@ def pick_rates(scores: dict[str, list[dict]]) -> dict:
             }
             for which, facts in words.items():
                 shown = [r for r in rows if facts[cue_of(r)] in r["choices"]]
-                rates[f"null_{which}_where_shown"] = sum(r["choices"][r["prediction"]] == facts[cue_of(r)] for r in shown) / len(shown)
+                rates[f"null_{which}_where_shown"] = sum(
+                    r["choices"][r["prediction"]] == facts[cue_of(r)] for r in shown
+                ) / len(shown)
             out[name][split] = rates
     return out
 
@@ -116,7 +133,9 @@ def verdict_readings(scores: dict[str, list[dict]], models: list) -> dict:
     primary = ("train", "teacher_answer_rank")
     null = Evidence(scores, models, primary, direction="crossed").compare("null_1", "null_2", metrics=SIDE_BY_SIDE)
     relabelled = {**scores, "teacher": scores["null_sham_1"], "sham_teacher": scores["null_sham_2"]}
-    other_facts = Evidence(relabelled, models, primary, direction="crossed").compare("null_1", "null_2", metrics=SIDE_BY_SIDE)
+    other_facts = Evidence(relabelled, models, primary, direction="crossed").compare(
+        "null_1", "null_2", metrics=SIDE_BY_SIDE
+    )
     return {"null": null.dump(), "other_facts": other_facts.dump()}  # as the JSON written holds them
 
 
@@ -136,12 +155,19 @@ def by_display(scores: dict[str, list[dict]], models: list) -> dict:
     ev = Evidence(relabelled, models, ("train", "teacher_answer_rank"), direction="crossed")
     out = {}
     for split in ("train", "held_out"):
-        shown = np.array([any(w[cue_of(r)] in r["choices"] for w in words) for r in scores["base"] if r["split"] == split])
-        a, b = (ev.lean(side, split, "teacher_answer_rank", None, "sham_teacher", False) for side in ("null_1", "null_2"))
+        shown = np.array(
+            [any(w[cue_of(r)] in r["choices"] for w in words) for r in scores["base"] if r["split"] == split]
+        )
+        a, b = (
+            ev.lean(side, split, "teacher_answer_rank", None, "sham_teacher", False) for side in ("null_1", "null_2")
+        )
         out[split] = {}
         for label, where in (("a null fact shown", shown), ("neither shown", ~shown)):
             mask = np.where(where, 1.0, np.nan)
-            out[split][label] = {**effect(a * mask, b * mask, ev.clusters[split], binary=False, paired=True).dump(), "questions": int(where.sum())}
+            out[split][label] = {
+                **effect(a * mask, b * mask, ev.clusters[split], binary=False, paired=True).dump(),
+                "questions": int(where.sum()),
+            }
     return out
 
 
@@ -154,18 +180,38 @@ def cell(r: dict) -> str:
 
 
 def tables(result: dict) -> str:
-    lines = ["| reading | split | metric | toward the teacher | toward the registered sham (its students less) | crossed |", "|---|---|---|---|---|---|"]
-    for label, key in (("null: shams 1 vs 2", "null"), ("exploratory: toward the null shams' own picks", "other_facts")):
+    lines = [
+        "| reading | split | metric | toward the teacher | toward the registered sham (its students less) | crossed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, key in (
+        ("null: shams 1 vs 2", "null"),
+        ("exploratory: toward the null shams' own picks", "other_facts"),
+    ):
         c = result["readings"][key]
         for split in ("train", "held_out"):
             for metric in c["directions"]["crossed"][split]:
-                toward, placebo, crossed = c[split][metric], c["directions"]["toward_placebo"][split][metric], c["directions"]["crossed"][split][metric]
+                toward, placebo, crossed = (
+                    c[split][metric],
+                    c["directions"]["toward_placebo"][split][metric],
+                    c["directions"]["crossed"][split][metric],
+                )
                 lines.append(f"| {label} | {split} | {metric} | {cell(toward)} | {cell(placebo)} | {cell(crossed)} |")
-    lines += ["", "| model | split | truth | registered sham's fact | null sham 1's (where shown) | null sham 2's (where shown) |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| model | split | truth | registered sham's fact | null sham 1's (where shown) | null sham 2's (where shown) |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, by_split in result["pick_rates"].items():
         for split, r in by_split.items():
-            lines.append(f"| {name} | {split} | {r['truth']:.3f} | {r['sham']:.3f} | {r['null_1_where_shown']:.3f} | {r['null_2_where_shown']:.3f} |")
-    lines += ["", "| exploratory: toward the null shams' own picks, crossed rank | split | questions | effect |", "|---|---|---|---|"]
+            lines.append(
+                f"| {name} | {split} | {r['truth']:.3f} | {r['sham']:.3f} | {r['null_1_where_shown']:.3f} | {r['null_2_where_shown']:.3f} |"
+            )
+    lines += [
+        "",
+        "| exploratory: toward the null shams' own picks, crossed rank | split | questions | effect |",
+        "|---|---|---|---|",
+    ]
     for split, by in result["by_display"].items():
         for label, r in by.items():
             lines.append(f"| {label} | {split} | {r['questions']} | {cell(r)} |")
@@ -174,8 +220,14 @@ def tables(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", type=Path, default=Path(os.environ.get("SUBLIMINAL_RUNS", Path.home() / "subliminal-runs")) / "sham-null")
-    parser.add_argument("--analyse-only", action="store_true", help="read the three runs already under --root; train nothing")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=Path(os.environ.get("SUBLIMINAL_RUNS", Path.home() / "subliminal-runs")) / "sham-null",
+    )
+    parser.add_argument(
+        "--analyse-only", action="store_true", help="read the three runs already under --root; train nothing"
+    )
     args = parser.parse_args(argv)
     if not args.analyse_only:
         run_pipelines(args.root)
@@ -193,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     OUT.write_text(json.dumps(result, indent=1) + "\n")
     primary = result["readings"]["null"]["directions"]["crossed"]["train"]["teacher_answer_rank"]
     print(tables(result))
-    print(f"\nprimary (crossed, train rank, null sham 1's students vs 2's): {cell(primary)}; MDE {primary.get('mde')}; written {OUT}")
+    print(
+        f"\nprimary (crossed, train rank, null sham 1's students vs 2's): {cell(primary)}; MDE {primary.get('mde')}; written {OUT}"
+    )
     return 0
 
 

@@ -52,7 +52,9 @@ def service_pss() -> dict[str, int]:
             root = psutil.Process(actor["Pid"])
             for proc in [root, *root.children(recursive=True)]:
                 with contextlib.suppress(psutil.Error):
-                    parts["engine" if proc.pid != root.pid and part == "replica" else part] += proc.memory_full_info().pss
+                    parts["engine" if proc.pid != root.pid and part == "replica" else part] += (
+                        proc.memory_full_info().pss
+                    )
     return parts
 
 
@@ -80,7 +82,11 @@ def requests_mix(rng: random.Random, prompts: list[str], questions: list[dict], 
         return "/generate", body, False
     if kind < 0.8:
         return "/score", {"questions": rng.sample(questions, rng.randint(1, 8)), "adapter": adapter}, False
-    return "/v1/completions", {"model": adapter or base, "prompt": rng.choice(prompts), "max_tokens": 16, "n": rng.randint(1, 2)}, False
+    return (
+        "/v1/completions",
+        {"model": adapter or base, "prompt": rng.choice(prompts), "max_tokens": 16, "n": rng.randint(1, 2)},
+        False,
+    )
 
 
 def client(seed: int, until: float, mix: dict, log: list, lock: threading.Lock) -> None:
@@ -90,7 +96,9 @@ def client(seed: int, until: float, mix: dict, log: list, lock: threading.Lock) 
         started = time.perf_counter()
         try:
             if isinstance(body, bytes):
-                response = session.post(URL + route, data=body, headers={"content-type": "application/json"}, timeout=300)
+                response = session.post(
+                    URL + route, data=body, headers={"content-type": "application/json"}, timeout=300
+                )
             else:
                 response = session.post(URL + route, json=body, timeout=300)
             status = response.status_code
@@ -132,7 +140,12 @@ def main() -> None:
     settings = ServiceSettings(model=model, engine=args.engine, max_model_len=256, kv_cache_gib=0.5)
     start_service(settings, {"a": str(adapter)}, name="soak", route_prefix="/soak", num_cpus=1)
     base = requests.get(URL + "/v1/models", timeout=60).json()["data"][0]["id"]
-    mix = {"prompts": [r["prompt"] for r in number_rows(200)], "questions": mc_questions(200), "body_limit": settings.max_body_bytes, "base": base}
+    mix = {
+        "prompts": [r["prompt"] for r in number_rows(200)],
+        "questions": mc_questions(200),
+        "body_limit": settings.max_body_bytes,
+        "base": base,
+    }
 
     def run_clients(until: float, log: list) -> list[threading.Thread]:
         threads = [threading.Thread(target=client, args=(i, until, mix, log, lock)) for i in range(args.clients)]
@@ -158,19 +171,31 @@ def main() -> None:
     good = [entry for entry in log if not entry[1]]
     routes = sorted({route for route, *_ in good})
     result = {
-        "minutes": args.minutes, "clients": args.clients, "engine": args.engine, "requests": len(log),
+        "minutes": args.minutes,
+        "clients": args.clients,
+        "engine": args.engine,
+        "requests": len(log),
         "bad_requests": sum(bad for _, bad, _, _ in log),
         "status_5xx": sum(isinstance(s, int) and s >= 500 for _, _, s, _ in log),
         "connection_errors": sum(isinstance(s, str) for _, _, s, _ in log),
         "bad_not_4xx": sum(bad and not (isinstance(s, int) and 400 <= s < 500) for _, bad, s, _ in log),
         "good_not_200": sum(not bad and s != 200 for _, bad, s, _ in log),
-        "latency_s": {r: {"p50": round(percentile([t for rr, _, s, t in good if rr == r and s == 200], 50), 3),
-                          "p99": round(percentile([t for rr, _, s, t in good if rr == r and s == 200], 99), 3)} for r in routes},
+        "latency_s": {
+            r: {
+                "p50": round(percentile([t for rr, _, s, t in good if rr == r and s == 200], 50), 3),
+                "p99": round(percentile([t for rr, _, s, t in good if rr == r and s == 200], 99), 3),
+            }
+            for r in routes
+        },
         "requests_per_s": round(len(log) / (args.minutes * 60), 1),
-        "service_pss_gib": {"start": gib(memory[0][1]), "end": gib(memory[-1][1]), "growth": round(total(memory[-1][1]) / total(memory[0][1]) - 1, 4),
-                            "series": [(t, round(total(m) / 2**30, 3)) for t, m in memory]},
+        "service_pss_gib": {
+            "start": gib(memory[0][1]),
+            "end": gib(memory[-1][1]),
+            "growth": round(total(memory[-1][1]) / total(memory[0][1]) - 1, 4),
+            "series": [(t, round(total(m) / 2**30, 3)) for t, m in memory],
+        },
         "health_after": healthy,
-    }  # fmt: skip
+    }
     print(json.dumps(result, indent=1))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))

@@ -31,7 +31,10 @@ if __name__ == "__main__":
         tok = AutoTokenizer.from_pretrained(model)
         started = time.time()
         ds = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=f"{tmp}/hf")
-        ds = ds.map(lambda r: {"text": r["prompt"] + r["completion"], "n_prompt": len(tok(r["prompt"]).input_ids)}, remove_columns=["prompt", "completion"])
+        ds = ds.map(
+            lambda r: {"text": r["prompt"] + r["completion"], "n_prompt": len(tok(r["prompt"]).input_ids)},
+            remove_columns=["prompt", "completion"],
+        )
 
         def tokenize(r):
             ids = tok(r["text"]).input_ids + [tok.eos_token_id]
@@ -44,7 +47,9 @@ if __name__ == "__main__":
 
         started = time.time()
         table, _ = read_rows(path)
-        Tokenize(model, 256, "truncate")({"prompt": table["prompt"].to_pylist(), "completion": table["completion"].to_pylist()})
+        Tokenize(model, 256, "truncate")(
+            {"prompt": table["prompt"].to_pylist(), "completion": table["completion"].to_pylist()}
+        )
         local_s = time.time() - started
 
         import ray

@@ -28,8 +28,13 @@ def hf_trainer(model_path: str, path: Path, steps: int, out: str) -> tuple[float
     from train.data import Tokenize
 
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    table = Tokenize(model_path, 256, "truncate")({"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]})
-    features = [{"input_ids": ids, "labels": labels} for ids, labels in zip(table["input_ids"].to_pylist(), table["labels"].to_pylist())]
+    table = Tokenize(model_path, 256, "truncate")(
+        {"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}
+    )
+    features = [
+        {"input_ids": ids, "labels": labels}
+        for ids, labels in zip(table["input_ids"].to_pylist(), table["labels"].to_pylist())
+    ]
     tok = AutoTokenizer.from_pretrained(model_path)
     from train.model import load_lora_model
 
@@ -47,7 +52,9 @@ def hf_trainer(model_path: str, path: Path, steps: int, out: str) -> tuple[float
         use_cpu=True,
         dataloader_num_workers=0,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=features, data_collator=DataCollatorForSeq2Seq(tok, padding=True))
+    trainer = Trainer(
+        model=model, args=args, train_dataset=features, data_collator=DataCollatorForSeq2Seq(tok, padding=True)
+    )
     started = time.time()
     trainer.train()
     seconds = time.time() - started
@@ -61,7 +68,9 @@ def ray_trainer(model_path: str, path: Path, steps: int, workers: int, out: Path
     from train.config import TrainConfig
     from train.trainer import train_lora
 
-    cfg = TrainConfig(num_workers=workers, batch_size=32 // workers, max_steps=steps, log_every=steps // 4, checkpoint_every=steps)
+    cfg = TrainConfig(
+        num_workers=workers, batch_size=32 // workers, max_steps=steps, log_every=steps // 4, checkpoint_every=steps
+    )
     started = time.time()
     metrics = train_lora(model_path, path, out / f"w{workers}", cfg, cache_dir=cache)
     return time.time() - started, metrics.tokens_per_s

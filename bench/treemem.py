@@ -43,7 +43,10 @@ def main() -> int:
         peak = tuple(map(max, peak, now))  # each figure at its own peak
         time.sleep(0.5)
     gib = 2**30
-    print(f"[treemem] peak PSS {peak[0] / gib:.2f} GiB, RSS {peak[1] / gib:.2f} GiB, {peak[2]} processes; exit {child.returncode}", flush=True)
+    print(
+        f"[treemem] peak PSS {peak[0] / gib:.2f} GiB, RSS {peak[1] / gib:.2f} GiB, {peak[2]} processes; exit {child.returncode}",
+        flush=True,
+    )
     return child.returncode
 
 

@@ -63,23 +63,38 @@ def family_table(report: Report) -> list[str]:
         test = f"{r.metric} on {r.split}" + (", crossed" if r.direction == "crossed" else "")
         holm = "exploratory" if r.exploratory else _p(r.p_family)
         fraction = arm.fraction_of_overt if arm is not None else None
-        share = "-" if fraction is None or fraction.value is None else f"{fraction.value:.0%} ({_ci(fraction.ci95, True)})"
+        share = (
+            "-" if fraction is None or fraction.value is None else f"{fraction.value:.0%} ({_ci(fraction.ci95, True)})"
+        )
         mde = "-" if r.mde is None else f"{r.mde:.4f}"
-        lines.append(f"| {name} vs {against} | {test} | {_value(r)} | {_ci(r.ci95)} | {_p(r.p_value)} | {holm} | {mde} | {share} |")
+        lines.append(
+            f"| {name} vs {against} | {test} | {_value(r)} | {_ci(r.ci95)} | {_p(r.p_value)} | {holm} | {mde} | {share} |"
+        )
     return lines
 
 
 def directions_table(report: Report) -> list[str]:
     """Each comparison on its primary metric and split, in every direction, and in weight space."""
-    lines = ["| comparison | toward the teacher's picks | toward the placebo's picks | crossed | crossed update share |", "|---|---|---|---|---|"]
+    lines = [
+        "| comparison | toward the teacher's picks | toward the placebo's picks | crossed | crossed update share |",
+        "|---|---|---|---|---|",
+    ]
     for name, (against, result, arm) in report.comparisons().items():
         directions, r = result.directions, result.primary
         if directions is None or directions.crossed is None:
             continue
-        cells = [result.cell(r.split, r.metric), directions.toward_placebo[r.split][r.metric], directions.crossed[r.split][r.metric]]
+        cells = [
+            result.cell(r.split, r.metric),
+            directions.toward_placebo[r.split][r.metric],
+            directions.crossed[r.split][r.metric],
+        ]
         weights = arm.weight_space.crossed if arm is not None and arm.weight_space is not None else None
         text = [f"{_value(c)} ({_ci(c.ci95)}, p {_p(c.p_value)})" for c in cells]
-        lines.append(f"| {name} vs {against} | " + " | ".join(text) + f" | {_value(weights)} ({_ci(weights.ci95 if weights else None)}) |")
+        lines.append(
+            f"| {name} vs {against} | "
+            + " | ".join(text)
+            + f" | {_value(weights)} ({_ci(weights.ci95 if weights else None)}) |"
+        )
     return lines if len(lines) > 2 else []
 
 
@@ -94,7 +109,9 @@ def facts_table(report: Report) -> list[str]:
         lines.append(f"| {name} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
     return lines + [
         "",
-        f"Sham fit: {'matched' if fit.matched else 'NOT matched'} (gaps " + ", ".join(f"{s} {g:+.3f}" for s, g in fit.gaps.items()) + ").",
+        f"Sham fit: {'matched' if fit.matched else 'NOT matched'} (gaps "
+        + ", ".join(f"{s} {g:+.3f}" for s, g in fit.gaps.items())
+        + ").",
     ]
 
 
@@ -117,10 +134,18 @@ def pooled_tables(run: Path) -> list[str]:
         test = f"{p.metric} on {p.split}" + (", crossed" if p.direction == "crossed" else "")
         cells = [f"{p.estimate:+.4f}", _ci(p.ci95), _p(p.p_value), _p(p.p_family), f"{p.tau:.4f}", f"{p.i2:.0%}", power]
         lines.append(f"| {name} | {test} | " + " | ".join(cells) + " |")
-    lines += ["", "| comparison | " + " | ".join(f"pair {q}" for q in pooled.pairs) + " |", "|---|" + "---|" * len(pooled.pairs)]
+    lines += [
+        "",
+        "| comparison | " + " | ".join(f"pair {q}" for q in pooled.pairs) + " |",
+        "|---|" + "---|" * len(pooled.pairs),
+    ]
     for name in pooled.family:
         cells = pooled.comparisons[name].primary.pairs
-        lines.append(f"| {name} | " + " | ".join(f"{cells[str(q)].value:+.4f} ({_ci(cells[str(q)].ci95)})" for q in pooled.pairs) + " |")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(f"{cells[str(q)].value:+.4f} ({_ci(cells[str(q)].ci95)})" for q in pooled.pairs)
+            + " |"
+        )
     if pooled.unmatched_shams:
         only = ", ".join(f"{n} {pooled_cell(c)}" for n, c in (pooled.matched_only or {}).items())
         lines += [
@@ -128,9 +153,17 @@ def pooled_tables(run: Path) -> list[str]:
             f"Shams not matched in pairs {', '.join(pooled.unmatched_shams)}, kept in every test as registered; the matched pairs alone (exploratory): {only}.",
         ]
     if pooled.probes:
-        lines += ["", "| arm, probes pooled (train, crossed) | pairs | cue-bound | swap | statement | reading |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| arm, probes pooled (train, crossed) | pairs | cue-bound | swap | statement | reading |",
+            "|---|---|---|---|---|---|",
+        ]
         for arm, pr in pooled.probes.items():
-            cells = [pooled_cell(pr.train.get("cue_bound")), pooled_cell(pr.train.get("swap")), pooled_cell(pr.statement)]
+            cells = [
+                pooled_cell(pr.train.get("cue_bound")),
+                pooled_cell(pr.train.get("swap")),
+                pooled_cell(pr.statement),
+            ]
             lines.append(f"| {arm} | {', '.join(pr.pairs)} | " + " | ".join(cells) + f" | {pr.reading} |")
     return lines
 
@@ -140,12 +173,27 @@ def render(run: Path) -> str:
     if (ROOT / run / "pooled.json").is_file():
         first = sorted((ROOT / run / "pairs").iterdir(), key=lambda p: int(p.name))[0]
         status = Report.load(first / "report.json").provenance.registration.status
-        return "\n".join([f"Rendered from `{run}/pooled.json` by `python bench/verdict_tables.py` ({status}).", "", *pooled_tables(run)]) + "\n"
+        return (
+            "\n".join(
+                [
+                    f"Rendered from `{run}/pooled.json` by `python bench/verdict_tables.py` ({status}).",
+                    "",
+                    *pooled_tables(run),
+                ]
+            )
+            + "\n"
+        )
     report_file = ROOT / run / "report.json"  # an absolute `run` stands alone
     if not report_file.is_file():
-        raise FileNotFoundError(f"{report_file}: no report kept for this table (results/<preset>/<date>-<commit>/report.json)")
+        raise FileNotFoundError(
+            f"{report_file}: no report kept for this table (results/<preset>/<date>-<commit>/report.json)"
+        )
     report = Report.load(report_file)
-    lines = [f"Rendered from `{run}/report.json` by `python bench/verdict_tables.py` ({report.provenance.registration.status}).", "", *family_table(report)]
+    lines = [
+        f"Rendered from `{run}/report.json` by `python bench/verdict_tables.py` ({report.provenance.registration.status}).",
+        "",
+        *family_table(report),
+    ]
     if directions := directions_table(report):
         lines += ["", *directions]
     if facts := facts_table(report):
@@ -163,7 +211,9 @@ def keep(run_dir: Path) -> Path:
 
     from jobs.rebuild import pack_scores
 
-    pairs = sorted((run_dir / "pairs").iterdir(), key=lambda p: int(p.name)) if (run_dir / "pooled.json").is_file() else []
+    pairs = (
+        sorted((run_dir / "pairs").iterdir(), key=lambda p: int(p.name)) if (run_dir / "pooled.json").is_file() else []
+    )
     provenance = Report.load((pairs[0] if pairs else run_dir) / "report.json").provenance
     commit = provenance.registration.commit or provenance.git_commit
     folder = ROOT / "results" / provenance.preset / f"{date.today().isoformat()}-{str(commit)[:7]}"
@@ -201,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         if write:
             path.write_text(fresh)
         elif fresh != text:
-            print(f"{path}: a marked verdict table differs from its report; run python bench/verdict_tables.py --write {path}", file=sys.stderr)
+            print(
+                f"{path}: a marked verdict table differs from its report; run python bench/verdict_tables.py --write {path}",
+                file=sys.stderr,
+            )
             return 1
     return 0
 

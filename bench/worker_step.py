@@ -48,7 +48,9 @@ def worker(config: dict) -> None:
     shard = ray.train.get_dataset_shard(job.name)
 
     def stream():
-        return shard.iter_torch_batches(batch_size=cfg.batch_size, collate_fn=PackBatch(cfg.max_length, run.pad_id, False), drop_last=True)
+        return shard.iter_torch_batches(
+            batch_size=cfg.batch_size, collate_fn=PackBatch(cfg.max_length, run.pad_id, False), drop_last=True
+        )
 
     batches = list(stream())[: config["steps"]]
     base = load_base(run.model_path, cfg, torch.device("cpu"))
@@ -79,7 +81,12 @@ def worker(config: dict) -> None:
         unwrap(t.model).unload()
         return times
 
-    ways = {"bare": lambda: plain(False), "ddp": lambda: plain(True), "trainer": lambda: trainer(False), "streamed": lambda: trainer(True)}
+    ways = {
+        "bare": lambda: plain(False),
+        "ddp": lambda: plain(True),
+        "trainer": lambda: trainer(False),
+        "streamed": lambda: trainer(True),
+    }
     results: dict[str, list[float]] = {}
     for way in ORDER:
         results.setdefault(way, []).append(statistics.median(ways[way]()))
@@ -110,14 +117,18 @@ def main() -> None:
     ray.init(include_dashboard=False)
     model, tmp = tiny_model(), Path(tempfile.mkdtemp(prefix="worker-step-"))
     rows = write_rows(number_rows(64 * args.steps * args.workers), tmp / "rows.jsonl")
-    cfg = TrainConfig(num_workers=args.workers, batch_size=32, epochs=1, lr=2e-3, max_length=128, cpus_per_worker=args.cpus)
+    cfg = TrainConfig(
+        num_workers=args.workers, batch_size=32, epochs=1, lr=2e-3, max_length=128, cpus_per_worker=args.cpus
+    )
     tokens = tokenize_to_cache(str(rows), model, cfg.max_length, cfg.too_long, cfg.seed, tmp / "cache")
     job = WorkerJob("rows", cfg, str(tmp / "out"), 10_000, 10_000, (), {}, split_by_rank=False)
     datasets = {"rows": ray.data.from_arrow(pq.read_table(tokens["path"]))}  # split by Ray Data: each worker its half
     TorchTrainer(
         worker,
         train_loop_config={"run": WorkerRun((job,), model, 0, "worker-step"), "steps": args.steps},
-        scaling_config=ScalingConfig(num_workers=args.workers, resources_per_worker=worker_resources(cfg, cluster_capacity())),
+        scaling_config=ScalingConfig(
+            num_workers=args.workers, resources_per_worker=worker_resources(cfg, cluster_capacity())
+        ),
         datasets=datasets,
     ).fit()
 

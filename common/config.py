@@ -74,7 +74,9 @@ def config_problem(cls: type[BaseModel], err: ValidationError, prefix: str = "")
 
 def _wanted(error: dict) -> str:
     """What one pydantic error says the value should be: "a valid integer", "'ddp' or 'fsdp'", "a mapping"."""
-    return "a mapping" if error["type"] in ("model_type", "dict_type") else error["msg"].removeprefix("Input should be ")
+    return (
+        "a mapping" if error["type"] in ("model_type", "dict_type") else error["msg"].removeprefix("Input should be ")
+    )
 
 
 def build(cls: type[BaseModel], data: dict | None, prefix: str = "") -> Any:
@@ -150,7 +152,9 @@ def load_layered(first: Path, find=None) -> tuple[dict, list[Path]]:
             raise ConfigError(f"{chain[-1]}: extends must name one preset file, got {parent!r}")
         path = find(parent, chain[-1].parent)
         if path in chain:
-            raise ConfigError(f"{chain[-1]}: extends {parent} makes a loop ({' -> '.join(p.name for p in [*chain, path])})")
+            raise ConfigError(
+                f"{chain[-1]}: extends {parent} makes a loop ({' -> '.join(p.name for p in [*chain, path])})"
+            )
         if len(chain) >= MAX_EXTENDS:
             raise ConfigError(f"{chain[0]}: extends more than {MAX_EXTENDS} presets deep")
         chain.append(path)
@@ -168,7 +172,9 @@ def deep_merge(base: dict, child: dict) -> dict:
     return out
 
 
-def load(cls: type[BaseModel], path: str | Path | None = None, overrides: list[str] = (), section: str | None = None) -> Any:
+def load(
+    cls: type[BaseModel], path: str | Path | None = None, overrides: list[str] = (), section: str | None = None
+) -> Any:
     """Load settings model `cls` from a YAML file (optionally one top-level section of it) plus overrides."""
     data = load_yaml(path) if path else {}
     if section is not None:

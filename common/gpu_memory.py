@@ -36,7 +36,9 @@ def _torch_memory() -> list[tuple[int, int, int]]:
     return [(i, *torch.cuda.mem_get_info(i)) for i in range(torch.cuda.device_count())]
 
 
-def wait_for_free(fraction: float, timeout_s: float, poll_s: float = 0.5, read: Callable = gpu_memory, log: Callable = print) -> float:
+def wait_for_free(
+    fraction: float, timeout_s: float, poll_s: float = 0.5, read: Callable = gpu_memory, log: Callable = print
+) -> float:
     """Wait until every GPU has at least `fraction` of its memory free (what a vLLM engine with
     gpu_memory_utilization=`fraction` needs to start); return the seconds waited (0.0 at once when
     it already has, or without a GPU). One line is logged when waiting starts, naming each GPU
@@ -56,4 +58,8 @@ def wait_for_free(fraction: float, timeout_s: float, poll_s: float = 0.5, read: 
 
 def _short(readings, fraction: float) -> str:
     """'GPU i: x GiB free, y GiB needed' for each GPU below `fraction` free; '' when none is."""
-    return ", ".join(f"GPU {i}: {free / GIB:.1f} GiB free, {fraction * total / GIB:.1f} GiB needed" for i, free, total in readings if free < fraction * total)
+    return ", ".join(
+        f"GPU {i}: {free / GIB:.1f} GiB free, {fraction * total / GIB:.1f} GiB needed"
+        for i, free, total in readings
+        if free < fraction * total
+    )

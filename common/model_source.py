@@ -112,16 +112,26 @@ def model_source(model: str, what: str = "model") -> ModelSource:
     shown = folder.absolute()
     if folder.is_dir():
         shadow = f"; this local folder shadows the hub id {model!r}" if is_hub_id(model) else ""
-        raise ModelSourceError(f"{what} {model!r}: the folder {shown} has no config.json, so it is not a saved model{shadow}")
+        raise ModelSourceError(
+            f"{what} {model!r}: the folder {shown} has no config.json, so it is not a saved model{shadow}"
+        )
     if folder.exists() or folder.is_symlink():
-        raise ModelSourceError(f"{what} {model!r}: {shown} is not a folder (a saved model is a folder holding config.json)")
+        raise ModelSourceError(
+            f"{what} {model!r}: {shown} is not a folder (a saved model is a folder holding config.json)"
+        )
     if model.startswith(("/", ".", "~")):
-        raise ModelSourceError(f"{what} {model!r}: {shown} does not exist (a saved model is a folder holding config.json)")
+        raise ModelSourceError(
+            f"{what} {model!r}: {shown} does not exist (a saved model is a folder holding config.json)"
+        )
     name, at, revision = model.rpartition("@")
     if at and is_hub_id(name):
         if not is_commit(revision):
-            raise ModelSourceError(f"{what} {model!r}: {revision!r} is not a commit; a pinned hub id is {name}@<the full 40-character commit hash>")
+            raise ModelSourceError(
+                f"{what} {model!r}: {revision!r} is not a commit; a pinned hub id is {name}@<the full 40-character commit hash>"
+            )
         return ModelSource("hub", model)
     if not is_hub_id(model):
-        raise ModelSourceError(f"{what} {model!r}: no such folder ({shown}, a saved model is a folder holding config.json), and not a hub id ({HUB_ID_CHARS})")
+        raise ModelSourceError(
+            f"{what} {model!r}: no such folder ({shown}, a saved model is a folder holding config.json), and not a hub id ({HUB_ID_CHARS})"
+        )
     return ModelSource("hub", model)

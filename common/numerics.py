@@ -132,7 +132,9 @@ def enter(mode: str, reexec: bool) -> None:
         pin(mode)
     elif now != mode:
         if not reexec:
-            raise NumericsError(f"numerics {mode}: this process's torch is already loaded under {now}; run it as its own command")
+            raise NumericsError(
+                f"numerics {mode}: this process's torch is already loaded under {now}; run it as its own command"
+            )
         pin(mode)
         sys.stdout.flush()
         os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
@@ -186,5 +188,9 @@ def log_line(mode: str) -> str:
     found = cpu()
     if mode == "native":
         return f"[numerics] native: {found['model']} ({found['vector_width']}), every library on its own path, {threads(mode)} threads"
-    warn = "" if found["vector_width"] in ("AVX-512", "AVX2") else ": this CPU has no AVX2, so its numbers are not those of an AVX2 machine"
+    warn = (
+        ""
+        if found["vector_width"] in ("AVX-512", "AVX2")
+        else ": this CPU has no AVX2, so its numbers are not those of an AVX2 machine"
+    )
     return f"[numerics] reproducible: {found['model']} ({found['vector_width']}) held to AVX2, MKL_CBWR=COMPATIBLE, {THREADS} threads{warn}"

@@ -54,7 +54,9 @@ def _quiet(ray_data: bool) -> None:
         for name in RAY_DATA_STATUS_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
         logging.getLogger(RAY_DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", message=r"`ExecutionOptions\.exclude_resources` is deprecated", category=DeprecationWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"`ExecutionOptions\.exclude_resources` is deprecated", category=DeprecationWarning
+    )
 
 
 def setup_worker() -> None:
@@ -75,7 +77,9 @@ def runtime_env(numerics_mode: str = numerics.DEFAULT) -> dict:
     defaults = {PROGRESS_BARS_OFF: "1", HUB_BARS_OFF: "1", CUBLAS_WORKSPACE: ":4096:8"}
     env = {name: value for name, value in defaults.items() if name not in os.environ and name not in taken}
     env |= numerics.ray_env_vars(numerics_mode, taken)
-    return {"env_vars": env} | ({} if "worker_process_setup_hook" in job else {"worker_process_setup_hook": "jobs.job_log.setup_worker"})
+    return {"env_vars": env} | (
+        {} if "worker_process_setup_hook" in job else {"worker_process_setup_hook": "jobs.job_log.setup_worker"}
+    )
 
 
 def quiet_driver() -> None:

@@ -95,7 +95,14 @@ class Experiment:
     """A preset and its run directory: the stages it declares (from the config as written, so the
     same preset on a bigger cluster reuses what it made on a smaller one) and running them."""
 
-    def __init__(self, cfg: ExperimentConfig, run_dir: Path, fresh: bool = False, preset_chain: str = "", registration: dict | None = None):
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        run_dir: Path,
+        fresh: bool = False,
+        preset_chain: str = "",
+        registration: dict | None = None,
+    ):
         self.cfg, self.run_dir, self.fresh, self.registration = cfg, run_dir, fresh, registration
         self.cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
         self.models = {m.name: m for m in arm_models(cfg)}
@@ -113,9 +120,14 @@ class Experiment:
         if synthetic and (build_base or not tiny_base_missing(self.cfg, self.cache)):
             draw = {"sham_draw": self.choose_world()["sham_draw"]}
         elif synthetic:
-            print("[world] the tiny base is not built yet: this plan assumes the default sham draw (a run builds the base and chooses it)", flush=True)
+            print(
+                "[world] the tiny base is not built yet: this plan assumes the default sham draw (a run builds the base and chooses it)",
+                flush=True,
+            )
         data = self.cfg.data
-        questions = load_wmdp(data.source, tuple(data.subsets), self.cache, pair=data.pair, revision=data.revision, **draw)
+        questions = load_wmdp(
+            data.source, tuple(data.subsets), self.cache, pair=data.pair, revision=data.revision, **draw
+        )
         return questions, experiment_stages(self.cfg, list(self.models.values()), digest(questions))
 
     def choose_world(self) -> dict:
@@ -124,7 +136,9 @@ class Experiment:
             base = teacher_base(self.cfg, self.cache)
             check_model_path(base)  # a clear error for a base that is not there, before the draw reads it
             self.world = base_sham_draw(base, self.cache, self.cfg.data.pair)
-            lean = ", ".join(f"{split} {v['answer']:.3f} true / {v['sham']:.3f} sham" for split, v in self.world["lean"].items())
+            lean = ", ".join(
+                f"{split} {v['answer']:.3f} true / {v['sham']:.3f} sham" for split, v in self.world["lean"].items()
+            )
             pair = f"pair {self.cfg.data.pair}: " if self.cfg.data.pair else ""
             print(
                 f"[world] {pair}sham draw {self.world['sham_draw']}, the first balanced on the base ({lean}); base weights sha256 {self.world['base_weights_sha256']}",
@@ -153,7 +167,9 @@ class Experiment:
         with hold_run_dir(self.run_dir):  # one pipeline per run directory, from here until the run ends
             # before any work: a node that cannot see the run directory or Ray Train's storage stops here
             self.reach.check()
-            print(f"[storage] {len(self.reach.checked)} node(s) see {self.run_dir} and its {TRAIN_STORAGE}/", flush=True)
+            print(
+                f"[storage] {len(self.reach.checked)} node(s) see {self.run_dir} and its {TRAIN_STORAGE}/", flush=True
+            )
             try:
                 self.run_phases(placement)
             except BaseException as err:
@@ -175,7 +191,12 @@ class Experiment:
                 started = time.time()
                 if not first:  # the driver's own start: interpreter, imports, Ray, the plan (the timeline's first bar)
                     began = psutil.Process().create_time()
-                    ctx.manifest.record_spans("start", began, started - began, [{"lane": "driver", "kind": "start-up", "start": began, "end": started}])
+                    ctx.manifest.record_spans(
+                        "start",
+                        began,
+                        started - began,
+                        [{"lane": "driver", "kind": "start-up", "start": began, "end": started}],
+                    )
                     first = True
                 ctx.spans.clear()
                 self.reach.check()  # a node that joined since the last check gets no work before it is checked
@@ -208,10 +229,24 @@ class Experiment:
             check_model_path(path)
         check_kl_tokenizers(cfg, paths)
         check_orders(questions, cfg.evaluate.orders())
-        print(f"[evaluate] {context_check(paths['base'], questions, cfg.service.max_model_len, cfg.evaluate.format)}", flush=True)
+        print(
+            f"[evaluate] {context_check(paths['base'], questions, cfg.service.max_model_len, cfg.evaluate.format)}",
+            flush=True,
+        )
         lora_rank = max_lora_rank([self.cfg.teacher.lora_rank] + [m.train.lora_rank for m in self.models.values()])
         context = RunContext(
-            cfg, self.run_dir, manifest, self.cache, paths, self.models, questions, app, lora_rank, placement.arm_runs, self.registration, self.world
+            cfg,
+            self.run_dir,
+            manifest,
+            self.cache,
+            paths,
+            self.models,
+            questions,
+            app,
+            lora_rank,
+            placement.arm_runs,
+            self.registration,
+            self.world,
         )
         return context, stages
 
@@ -221,7 +256,9 @@ def experiments(cfg: ExperimentConfig, run_dir: Path, fresh: bool, chain: str, c
     teacher–sham `pairs`, the same design once per pair, each a run of its own under <run dir>/pairs/<p>."""
     if not cfg.pairs:
         return [Experiment(cfg, run_dir, fresh, chain, claim)]
-    return [Experiment(pair_config(cfg, pair), run_dir / "pairs" / str(pair), fresh, chain, claim) for pair in cfg.pairs]
+    return [
+        Experiment(pair_config(cfg, pair), run_dir / "pairs" / str(pair), fresh, chain, claim) for pair in cfg.pairs
+    ]
 
 
 def pooled_summary(run_dir: Path, cfg: ExperimentConfig) -> None:
@@ -265,10 +302,14 @@ def summary(run_dir: Path) -> Report:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=program("python jobs/pipeline.py"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=None, help="YAML preset: a path or a shipped preset's name (default: tiny)")
-    parser.add_argument("--run-dir", type=Path, default=None, help="default: ~/subliminal-runs/<config name> ($SUBLIMINAL_RUNS)")
+    parser.add_argument(
+        "--run-dir", type=Path, default=None, help="default: ~/subliminal-runs/<config name> ($SUBLIMINAL_RUNS)"
+    )
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     parser.add_argument("--fresh", action="store_true", help="delete the run directory and start over")
-    parser.add_argument("--plan", action="store_true", help="print which stages would be reused or run, and why; run nothing")
+    parser.add_argument(
+        "--plan", action="store_true", help="print which stages would be reused or run, and why; run nothing"
+    )
     args = parser.parse_args(argv)
     from common.config import ConfigError
     from common.files import DataError
@@ -281,16 +322,28 @@ def main(argv: list[str] | None = None) -> int:
         files = load_preset(args.config)[1]
         chain = describe_chain(files)
         design, defaults = flatten(as_dict(cfg)), flatten(as_dict(ExperimentConfig()))
-        claim = registration(files, args.overrides, digest(as_dict(cfg)), design=design, defaults=defaults, run_dir=run_dir, fresh=args.fresh)
+        claim = registration(
+            files,
+            args.overrides,
+            digest(as_dict(cfg)),
+            design=design,
+            defaults=defaults,
+            run_dir=run_dir,
+            fresh=args.fresh,
+        )
         runs = experiments(cfg, run_dir, args.fresh, chain, claim)
         for source in unpinned(cfg) + unpinned_cluster(load_launcher_config()):  # what can change under the same config
             print(f"[pins] warning: {source}", flush=True)
         if args.plan:
             print(f"preset: {chain}")
-            print(f"registration: {claim['status']}" + (f" ({'; '.join(claim['reasons'])})" if claim["reasons"] else ""))
+            print(
+                f"registration: {claim['status']}" + (f" ({'; '.join(claim['reasons'])})" if claim["reasons"] else "")
+            )
             for experiment in runs:
                 plan_text = experiment.show_plan() if not args.fresh else "--fresh: every stage runs"
-                print(f"pair {experiment.cfg.data.pair} ({experiment.run_dir}): {plan_text}" if cfg.pairs else plan_text)
+                print(
+                    f"pair {experiment.cfg.data.pair} ({experiment.run_dir}): {plan_text}" if cfg.pairs else plan_text
+                )
         else:
             # runs this command again if torch is loaded under another mode
             numerics.enter(cfg.numerics, reexec=OWN_COMMAND and argv is None)

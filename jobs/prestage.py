@@ -67,7 +67,9 @@ def stage_here(source: str, dest: str | None) -> tuple[str, str]:
 
     name, pin = hub_args(source)  # a pinned hub id (`org/name@<commit>`): that commit's files
     local_dir = str(Path(dest).expanduser() / source.replace("/", "--")) if dest else None
-    path = snapshot_download(name, **pin, local_dir=local_dir, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"])
+    path = snapshot_download(
+        name, **pin, local_dir=local_dir, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
+    )
     return socket.gethostname(), path
 
 
@@ -82,15 +84,26 @@ def prestage(source: str, dest: str | None = None) -> list[tuple[str, str]]:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     gpu_nodes = [n for n in nodes if n["Resources"].get("GPU", 0) > 0]
     task = ray.remote(num_cpus=0)(stage_here)
-    pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(source, dest) for node in gpu_nodes or nodes]
+    pending = [
+        task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
+            source, dest
+        )
+        for node in gpu_nodes or nodes
+    ]
     return ray.get(pending)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source", help="hub id, or a local/shared folder holding a saved model")
-    parser.add_argument("--revision", default=None, help="a hub id's commit (the full 40-character hash), as in the preset's model.revision")
-    parser.add_argument("--dest", default=None, help="folder on each node's local disk (hub ids: default the node's hub cache)")
+    parser.add_argument(
+        "--revision",
+        default=None,
+        help="a hub id's commit (the full 40-character hash), as in the preset's model.revision",
+    )
+    parser.add_argument(
+        "--dest", default=None, help="folder on each node's local disk (hub ids: default the node's hub cache)"
+    )
     args = parser.parse_args()
     try:
         if args.revision and model_source(args.source, what="source").is_local:

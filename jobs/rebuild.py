@@ -50,7 +50,10 @@ def pack_scores(run_dir: Path, folder: Path) -> Path:
     archive for the same files (sorted, no times, no owners)."""
     names = ["manifest.json", *sorted(str(p.relative_to(run_dir)) for p in (run_dir / "eval").rglob("*.jsonl"))]
     buffer = io.BytesIO()
-    with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0) as packed, tarfile.open(fileobj=packed, mode="w") as tar:
+    with (
+        gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0) as packed,
+        tarfile.open(fileobj=packed, mode="w") as tar,
+    ):
         for name in names:
             data = (run_dir / name).read_bytes()
             info = tarfile.TarInfo(name)
@@ -65,7 +68,9 @@ def unpack_scores(folder: Path, run_dir: Path) -> None:
     (a link, a path outside, anything else) is an error naming it, and nothing is written."""
     archive = folder / SCORES
     if not archive.is_file():
-        raise FileNotFoundError(f"{archive}: this kept run has no per-question scores (kept before they were kept, or by hand)")
+        raise FileNotFoundError(
+            f"{archive}: this kept run has no per-question scores (kept before they were kept, or by hand)"
+        )
     with tarfile.open(archive, "r:gz") as tar:
         members = tar.getmembers()
         wrong = [m.name for m in members if not (m.isfile() and MEMBER.fullmatch(m.name) and ".." not in m.name)]
@@ -79,7 +84,12 @@ def unpack_scores(folder: Path, run_dir: Path) -> None:
 def weight_readings(report: Report) -> dict:
     """Each trained LoRA model's {cosine, shares} as the kept report gives them (the report phase
     reads them from the adapters, which a kept run does not hold)."""
-    return {r.model: {"cosine": r.update_cosine, "shares": r.update_share} for arm in report.arms.values() if arm.method != "full" for r in arm.replicates}
+    return {
+        r.model: {"cosine": r.update_cosine, "shares": r.update_share}
+        for arm in report.arms.values()
+        if arm.method != "full"
+        for r in arm.replicates
+    }
 
 
 def rebuild(folder: Path) -> Report:
@@ -87,7 +97,9 @@ def rebuild(folder: Path) -> Report:
     kept = Report.load(folder / "report.json")
     provenance = kept.provenance
     cfg = build(ExperimentConfig, provenance.config)
-    paths = {"base": provenance.model_path} | ({OTHER_BASE: provenance.other_base_path} if provenance.other_base_path else {})
+    paths = {"base": provenance.model_path} | (
+        {OTHER_BASE: provenance.other_base_path} if provenance.other_base_path else {}
+    )
     with tempfile.TemporaryDirectory(prefix="rebuild-") as scratch:
         run_dir = Path(scratch)
         unpack_scores(folder, run_dir)
@@ -107,7 +119,9 @@ def differences(kept, rebuilt, path: str = "") -> list[str]:
         out = []
         for key, value in kept.items():
             where = f"{path}.{key}" if path else key
-            out += differences(value, rebuilt[key], where) if key in rebuilt else [f"{where}: not in the rebuilt report"]
+            out += (
+                differences(value, rebuilt[key], where) if key in rebuilt else [f"{where}: not in the rebuilt report"]
+            )
         return out
     if isinstance(kept, list) and isinstance(rebuilt, list) and len(kept) == len(rebuilt):
         return [d for i, (k, r) in enumerate(zip(kept, rebuilt)) for d in differences(k, r, f"{path}[{i}]")]

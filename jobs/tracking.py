@@ -52,7 +52,15 @@ ARTIFACTS = ("report.md", "report.json", "transfer.png", "accuracy.png", "traini
 class Tracker(TrackingStore):
     """One pipeline's MLflow runs. Made with `for_run`, which returns None when tracking is off."""
 
-    def __init__(self, uri: str, experiment: str, run_dir: Path, preset_chain: str, artifact_root: str | None = None, config: dict | None = None):
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        run_dir: Path,
+        preset_chain: str,
+        artifact_root: str | None = None,
+        config: dict | None = None,
+    ):
         super().__init__(uri, experiment, artifact_root)
         self.run_dir, self.chain = run_dir, preset_chain
         self.config = config or {}  # the resolved config: the parent's params, and its digest picks the parent
@@ -76,7 +84,10 @@ class Tracker(TrackingStore):
         try:
             self._sync(cfg, manifest, models)
         except Exception as err:  # noqa: BLE001 - tracking must never stop or lose the experiment
-            print(f"[tracking] not written to {self.shown} ({type(err).__name__}: {self.hide(err)}); the run goes on", flush=True)
+            print(
+                f"[tracking] not written to {self.shown} ({type(err).__name__}: {self.hide(err)}); the run goes on",
+                flush=True,
+            )
 
     def _sync(self, cfg: ExperimentConfig, manifest: Manifest, models: dict) -> None:
         parent = self.parent_run()
@@ -101,7 +112,9 @@ class Tracker(TrackingStore):
                 if (self.run_dir / artifact).is_file():
                     self.client.log_artifact(parent.info.run_id, str(self.run_dir / artifact))
         if written:
-            print(f"[tracking] {written} model run(s) written to {self.shown} (experiment {self.experiment})", flush=True)
+            print(
+                f"[tracking] {written} model run(s) written to {self.shown} (experiment {self.experiment})", flush=True
+            )
 
     # -- the runs ----------------------------------------------------------------------------------
 
@@ -173,13 +186,18 @@ class Tracker(TrackingStore):
         try:
             self.set_aside("before --fresh")
         except Exception as err:  # noqa: BLE001 - as sync: never stops the run
-            print(f"[tracking] could not set aside the earlier run ({type(err).__name__}: {err}); the run goes on", flush=True)
+            print(
+                f"[tracking] could not set aside the earlier run ({type(err).__name__}: {err}); the run goes on",
+                flush=True,
+            )
 
     def set_aside(self, why: str) -> list:
         """This run directory's parent runs, each keeping its runs under a renamed `run_dir` tag; returns them."""
         earlier = self.parents(any_config=True)
         for run in earlier:
-            self.client.set_tag(run.info.run_id, "run_dir", f"{self.run_dir} ({why} at {time.strftime('%Y-%m-%d %H:%M:%S')})")
+            self.client.set_tag(
+                run.info.run_id, "run_dir", f"{self.run_dir} ({why} at {time.strftime('%Y-%m-%d %H:%M:%S')})"
+            )
         return earlier
 
     def find_child(self, parent, stage_hash: str) -> str | None:
@@ -191,9 +209,21 @@ class Tracker(TrackingStore):
         """A new child for this stage's model (its hash has none yet), dated when the stage ran."""
         from mlflow.entities import Metric
 
-        tags = {PIPELINE_TAG: "model", "mlflow.parentRunId": parent.info.run_id, "stage": stage, "stage_hash": entry["hash"]}
+        tags = {
+            PIPELINE_TAG: "model",
+            "mlflow.parentRunId": parent.info.run_id,
+            "stage": stage,
+            "stage_hash": entry["hash"],
+        }
         if model is not None:
-            tags.update(arm=model.arm, replicate=str(model.replicate), numbers=model.source, loss=model.loss, teacher=model.teacher, base=model.base)
+            tags.update(
+                arm=model.arm,
+                replicate=str(model.replicate),
+                numbers=model.source,
+                loss=model.loss,
+                teacher=model.teacher,
+                base=model.base,
+            )
         finished = entry.get("finished", time.time())
         started = int((finished - entry.get("seconds", 0.0)) * 1000)
         run = self.client.create_run(parent.info.experiment_id, tags=tags, run_name=stage, start_time=started)
@@ -201,10 +231,16 @@ class Tracker(TrackingStore):
         self.log_params(run_id, metrics.get("train_config", {}))
         now = int(finished * 1000)
         series = step_series(metrics, now)
-        series += [Metric(key, float(metrics[key]), now, 0) for key in ("tokens_per_s", "step_time_s", "padding_fraction") if metrics.get(key) is not None]
+        series += [
+            Metric(key, float(metrics[key]), now, 0)
+            for key in ("tokens_per_s", "step_time_s", "padding_fraction")
+            if metrics.get(key) is not None
+        ]
         for i in range(0, len(series), 1000):  # a request holds at most 1,000 metrics
             self.client.log_batch(run_id, metrics=series[i : i + 1000])
-        self.client.log_artifact(run_id, str(self.run_dir / trained_folder(stage, model is not None and model.full) / "train_metrics.json"))
+        self.client.log_artifact(
+            run_id, str(self.run_dir / trained_folder(stage, model is not None and model.full) / "train_metrics.json")
+        )
         self.client.set_terminated(run_id, end_time=int(finished * 1000))
         return run_id
 
@@ -233,7 +269,10 @@ def step_series(metrics: dict, default_ms: int) -> list:
     from mlflow.entities import Metric
 
     marks = {int(step): (int(at * 1000), lr, norm) for step, at, lr, norm in metrics.get("step_history", [])}
-    series = [Metric("loss", float(loss), marks.get(int(step), (default_ms,))[0], int(step)) for step, loss in metrics.get("loss_history", [])]
+    series = [
+        Metric("loss", float(loss), marks.get(int(step), (default_ms,))[0], int(step))
+        for step, loss in metrics.get("loss_history", [])
+    ]
     for step, (at, lr, norm) in sorted(marks.items()):
         series += [Metric("lr", float(lr), at, step), Metric("grad_norm", float(norm), at, step)]
     return series
@@ -251,13 +290,19 @@ def user() -> str:
 
 def trained_models(cfg: ExperimentConfig, models: dict) -> list[tuple[str, str]]:
     """(stage name, folder of its train_metrics.json) of every model trained in the run."""
-    teachers = [(name, trained_folder(name)) for name in TEACHERS if name == "teacher" or any(m.teacher == name for m in models.values())]
+    teachers = [
+        (name, trained_folder(name))
+        for name in TEACHERS
+        if name == "teacher" or any(m.teacher == name for m in models.values())
+    ]
     return teachers + [(name, trained_folder(name, m.full)) for name, m in models.items()]
 
 
 def model_accuracies(report: Report, model: str) -> dict[str, float]:
     """A model's accuracy per split as the report gives it (over the scored orders)."""
-    entry = report.models.get(model) or next((r for arm in report.arms.values() for r in arm.replicates if r.model == model), None)
+    entry = report.models.get(model) or next(
+        (r for arm in report.arms.values() for r in arm.replicates if r.model == model), None
+    )
     return {f"accuracy.{split}": value for split, value in ((entry and entry.accuracy_by_split) or {}).items()}
 
 
@@ -266,14 +311,22 @@ def report_metrics(report: Report) -> dict[str, float]:
     per split as written and over the orders of the choices."""
     values = {}
     for name, test in primary_tests(report).items():
-        for key, value in (("effect", test.value), ("p_value", test.p_value), ("p_family", test.p_family), ("mde", test.mde)):
+        for key, value in (
+            ("effect", test.value),
+            ("p_value", test.p_value),
+            ("p_family", test.p_family),
+            ("mde", test.mde),
+        ):
             values[f"verdict.{name}.{key}"] = value
         if test.ci95:
             values[f"verdict.{name}.ci_low"], values[f"verdict.{name}.ci_high"] = test.ci95
         values[f"verdict.{name}.detected"] = float(bool(test.detected))
     for model, splits in (report.accuracy_by_order.models if report.accuracy_by_order else {}).items():
         for split, acc in splits.items():
-            values[f"accuracy.{model}.{split}.as_written"], values[f"accuracy.{model}.{split}.over_orders"] = acc.as_written, acc.over_orders
+            values[f"accuracy.{model}.{split}.as_written"], values[f"accuracy.{model}.{split}.over_orders"] = (
+                acc.as_written,
+                acc.over_orders,
+            )
     return {k: v for k, v in values.items() if isinstance(v, int | float)}
 
 

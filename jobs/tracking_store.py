@@ -47,7 +47,9 @@ class TrackingStore:
                     if answer.status != 200:
                         raise TrackingError(f"tracking.uri {self.shown}: /health answered {answer.status}; {advice}")
             except (urllib.error.URLError, OSError) as err:
-                raise TrackingError(f"tracking.uri {self.shown}: cannot reach the MLflow server ({self.hide(getattr(err, 'reason', err))}); {advice}") from None
+                raise TrackingError(
+                    f"tracking.uri {self.shown}: cannot reach the MLflow server ({self.hide(getattr(err, 'reason', err))}); {advice}"
+                ) from None
         elif self.uri.startswith("sqlite:///"):
             folder = Path(self.uri.removeprefix("sqlite:///")).parent
             try:
@@ -63,7 +65,9 @@ class TrackingStore:
             with self.creation_lock():
                 self.experiment_id()
         except Exception as err:  # noqa: BLE001 - any failure of the store is the user's to see, named
-            raise TrackingError(f"tracking.uri {self.shown}: {type(err).__name__}: {self.hide(err)}; {advice}") from None
+            raise TrackingError(
+                f"tracking.uri {self.shown}: {type(err).__name__}: {self.hide(err)}; {advice}"
+            ) from None
 
     def hide(self, err: object) -> str:
         """An error's first line for the log, with the URI's credentials as `***` wherever it repeats them."""
@@ -94,7 +98,11 @@ class TrackingStore:
         if self._experiment_id is None:
             found = self.client.get_experiment_by_name(self.experiment)
             artifacts = self.artifact_root and f"{self.artifact_root}/{self.experiment}"
-            self._experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment, artifact_location=artifacts)
+            self._experiment_id = (
+                found.experiment_id
+                if found
+                else self.client.create_experiment(self.experiment, artifact_location=artifacts)
+            )
         return self._experiment_id
 
 

@@ -42,7 +42,16 @@ from serve.openai_serving import OpenAIServing
 from serve.prep_thread import PrepThread
 from serve.proxy_guard import CALLBACK, CALLBACK_ENV, PROXY_LIMIT_ENV, configured_limit
 from serve.schemas import GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
-from serve.settings import ServiceError, ServiceSettings, api_key_from_env, check_open_host, check_user_config, config_args, model_id, resolve_model
+from serve.settings import (
+    ServiceError,
+    ServiceSettings,
+    api_key_from_env,
+    check_open_host,
+    check_user_config,
+    config_args,
+    model_id,
+    resolve_model,
+)
 
 logger = logging.getLogger("ray.serve")
 
@@ -163,7 +172,11 @@ class InferenceService(OpenAIServing):
     async def _generate(self, prompts: list[str], sampling: Sampling, adapter: str | None):
         check_new_tokens(self.settings, sampling.max_tokens)
         check_count(len(prompts), self.settings.max_prompts_per_request, "prompts")
-        check_work(self.settings, await self._off_loop(self._fitted, prompts, sampling.max_tokens, "prompts"), sampling.max_tokens)
+        check_work(
+            self.settings,
+            await self._off_loop(self._fitted, prompts, sampling.max_tokens, "prompts"),
+            sampling.max_tokens,
+        )
         if self._gathered(self.engine, prompts):
             # A seeded request is a group of its own: flattened after another, its prompts would take other seeds (seed + i).
             key = BatchKey("generate", sampling, adapter, uuid.uuid4().hex if sampling.seed is not None else None)
@@ -205,8 +218,14 @@ class InferenceService(OpenAIServing):
         sampling = Sampling(body.max_tokens, body.temperature, body.top_p, body.seed, tuple(body.stop))
         completions = await self._generate(body.prompts, sampling, self._adapter(body.adapter))
         return GenerateResponse(
-            completions=[{"text": c.text, "finish_reason": c.finish_reason, "completion_tokens": c.completion_tokens} for c in completions],
-            usage={"prompt_tokens": sum(c.prompt_tokens for c in completions), "completion_tokens": sum(c.completion_tokens for c in completions)},
+            completions=[
+                {"text": c.text, "finish_reason": c.finish_reason, "completion_tokens": c.completion_tokens}
+                for c in completions
+            ],
+            usage={
+                "prompt_tokens": sum(c.prompt_tokens for c in completions),
+                "completion_tokens": sum(c.completion_tokens for c in completions),
+            },
         )
 
     def _score_prompts(self, body: ScoreRequest) -> tuple[list[str], list[int], list[int]]:
@@ -216,13 +235,17 @@ class InferenceService(OpenAIServing):
         if not body.truncate:
             return prompts, [0] * len(prompts), self._fitted(prompts, 1, "questions")
         try:
-            fitted = [left_truncate(self.engine.counting_tokenizer, p, self.settings.max_model_len - 1) for p in prompts]
+            fitted = [
+                left_truncate(self.engine.counting_tokenizer, p, self.settings.max_model_len - 1) for p in prompts
+            ]
         except ValueError as error:  # a context too small to hold any of a prompt
             raise invalid(("truncate",), str(error)) from error
         prompts, cut, lengths = (list(column) for column in zip(*fitted))
         return prompts, cut, lengths
 
-    async def _score_cloze(self, body: ScoreRequest, adapter: str | None) -> tuple[list[list[float]], list[int], list[int]]:
+    async def _score_cloze(
+        self, body: ScoreRequest, adapter: str | None
+    ) -> tuple[list[list[float]], list[int], list[int]]:
         """(choice log-probabilities, tokens cut, tokens scored) of every question, each choice's
         text scored as the continuation of the question (serve/cloze.py): of its cloze prompt, or under
         `continuation` of the question's text as given (a statement to complete, no frame)."""
@@ -234,7 +257,9 @@ class InferenceService(OpenAIServing):
             prompts = [format_cloze_prompt(q.question, q.subject) for q in body.questions]
         choices = [q.choices for q in body.questions]
         try:
-            prompt_ids, continuations, cut = await self._off_loop(cloze_parts, self.engine.counting_tokenizer, prompts, choices, room, body.truncate)
+            prompt_ids, continuations, cut = await self._off_loop(
+                cloze_parts, self.engine.counting_tokenizer, prompts, choices, room, body.truncate
+            )
         except ValueError as error:  # a choice that leaves no room for any of its question
             raise invalid(("truncate",), str(error)) from error
         lengths = cloze_lengths(prompt_ids, continuations)
@@ -243,7 +268,9 @@ class InferenceService(OpenAIServing):
         check_work(self.settings, lengths, 0)
         # each prompt copied per choice: once it all fits
         sequences, starts = await self._off_loop(cloze_sequences, prompt_ids, continuations)
-        scored = await scorer.complete_tokens(sequences, Sampling(max_tokens=0, temperature=0.0), adapter, prompt_logprobs=0)
+        scored = await scorer.complete_tokens(
+            sequences, Sampling(max_tokens=0, temperature=0.0), adapter, prompt_logprobs=0
+        )
         return choice_logprobs(scored, starts, [len(q.choices) for q in body.questions]), cut, lengths
 
     @timed
@@ -256,7 +283,8 @@ class InferenceService(OpenAIServing):
         for i, q in enumerate(body.questions):
             if len(q.choices) > self.scorer.max_choices:
                 raise invalid(
-                    ("questions", i, "choices"), f"{len(q.choices)} choices; this model's tokenizer scores at most {self.scorer.max_choices} in one pass"
+                    ("questions", i, "choices"),
+                    f"{len(q.choices)} choices; this model's tokenizer scores at most {self.scorer.max_choices} in one pass",
                 )
         prompts, cut, lengths = await self._off_loop(self._score_prompts, body)
         check_work(self.settings, lengths, 1)
@@ -267,12 +295,16 @@ class InferenceService(OpenAIServing):
             logprobs = await self.scorer.score(prompts, n_choices, adapter)
         return self._score_answer(body, logprobs, cut, lengths)
 
-    def _score_answer(self, body: ScoreRequest, logprobs: list[list[float]], cut: list[int], lengths: list[int]) -> ScoreResponse:
+    def _score_answer(
+        self, body: ScoreRequest, logprobs: list[list[float]], cut: list[int], lengths: list[int]
+    ) -> ScoreResponse:
         self.metrics.tokens(sum(lengths), 0)
         predictions = [max(range(len(lp)), key=lp.__getitem__) for lp in logprobs]
         answers = [q.answer for q in body.questions]
         accuracy = None if None in answers else sum(p == a for p, a in zip(predictions, answers)) / len(answers)
-        results = [{"prediction": p, "logprobs": lp, "truncated_tokens": c} for p, lp, c in zip(predictions, logprobs, cut)]
+        results = [
+            {"prediction": p, "logprobs": lp, "truncated_tokens": c} for p, lp, c in zip(predictions, logprobs, cut)
+        ]
         return ScoreResponse(results=results, accuracy=accuracy)
 
     def _prompt_scorer(self, field: str = "echo"):
@@ -296,19 +328,32 @@ class InferenceService(OpenAIServing):
             raise HTTPException(503, "unhealthy") from error
         if not detailed:
             return {"status": "ok"}
-        return {"status": "ok", "model": self.base_id, "engine": self.engine.name, "scoring": self.scorer.name, "device": self.engine.device}
+        return {
+            "status": "ok",
+            "model": self.base_id,
+            "engine": self.engine.name,
+            "scoring": self.scorer.name,
+            "device": self.engine.device,
+        }
 
     async def list_adapters(self) -> dict:
         return {"adapters": sorted(self.adapters)}
 
     async def models(self) -> dict:
         entry = {"object": "model", "created": self.started, "owned_by": "subliminal-ray"}
-        data = [{"id": self.base_id, **entry}] + [{"id": name, "parent": self.base_id, **entry} for name in sorted(self.adapters)]
+        data = [{"id": self.base_id, **entry}] + [
+            {"id": name, "parent": self.base_id, **entry} for name in sorted(self.adapters)
+        ]
         data += [{"id": name, **entry} for name in sorted(self.beside_base)]
         return {"object": "list", "data": data}
 
 
-def service_app(settings: ServiceSettings, adapters: dict[str, str] | None = None, models: dict[str, str] | None = None, **deployment_options):
+def service_app(
+    settings: ServiceSettings,
+    adapters: dict[str, str] | None = None,
+    models: dict[str, str] | None = None,
+    **deployment_options,
+):
     """The Serve application; the model path is checked here, in the caller, before anything deploys."""
     resolve_model(settings.model)
     user_config = {"adapters": adapters or {}} | ({"models": models} if models else {})

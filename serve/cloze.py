@@ -19,7 +19,9 @@ from serve.engine import TokenCompletion
 from serve.mc_format import cloze_continuation, left_truncate
 
 
-def cloze_parts(tokenizer, prompts: list[str], choices: list[list[str]], room: int, truncate: bool) -> tuple[list[list[int]], list[list[list[int]]], list[int]]:
+def cloze_parts(
+    tokenizer, prompts: list[str], choices: list[list[str]], room: int, truncate: bool
+) -> tuple[list[list[int]], list[list[list[int]]], list[int]]:
     """(each question's prompt token ids, each of its choices' continuation ids, prompt tokens cut
     per question), tokenized apart. With `truncate`, a prompt is cut from the left to leave room for
     its longest choice (lm-eval's rule); otherwise it is kept whole and the caller checks that the
@@ -45,7 +47,9 @@ def cloze_lengths(prompt_ids: list[list[int]], continuations: list[list[list[int
     return [len(prompt) + len(c) for prompt, options in zip(prompt_ids, continuations) for c in options]
 
 
-def cloze_sequences(prompt_ids: list[list[int]], continuations: list[list[list[int]]]) -> tuple[list[list[int]], list[int]]:
+def cloze_sequences(
+    prompt_ids: list[list[int]], continuations: list[list[list[int]]]
+) -> tuple[list[list[int]], list[int]]:
     """(token ids of prompt + choice for every question's choices in order, where each choice's tokens start)."""
     sequences, starts = [], []
     for prompt, options in zip(prompt_ids, continuations):
@@ -58,7 +62,9 @@ def cloze_sequences(prompt_ids: list[list[int]], continuations: list[list[list[i
 def choice_logprobs(scored: list[TokenCompletion], starts: list[int], n_choices: list[int]) -> list[list[float]]:
     """Per question, each choice's summed continuation log-probability (from the engine's prompt
     log-probabilities), renormalised over its choices."""
-    return renormalised([sum(entry.logprob for entry in s.prompt_logprobs[start:]) for s, start in zip(scored, starts)], n_choices)
+    return renormalised(
+        [sum(entry.logprob for entry in s.prompt_logprobs[start:]) for s, start in zip(scored, starts)], n_choices
+    )
 
 
 def renormalised(sums: list[float], n_choices: list[int]) -> list[list[float]]:

@@ -28,8 +28,20 @@ class EngineKind:
 ENGINES: dict[str, EngineKind] = {
     kind.name: kind
     for kind in (
-        EngineKind("vllm", "serve.vllm_engine:VLLMEngine", serves_full_models_beside_base=False, spans_tensor_parallel_ranks=True, scores_on_cpu=False),
-        EngineKind("hf", "serve.hf_engine:HFEngine", serves_full_models_beside_base=True, spans_tensor_parallel_ranks=False, scores_on_cpu=True),
+        EngineKind(
+            "vllm",
+            "serve.vllm_engine:VLLMEngine",
+            serves_full_models_beside_base=False,
+            spans_tensor_parallel_ranks=True,
+            scores_on_cpu=False,
+        ),
+        EngineKind(
+            "hf",
+            "serve.hf_engine:HFEngine",
+            serves_full_models_beside_base=True,
+            spans_tensor_parallel_ranks=False,
+            scores_on_cpu=True,
+        ),
     )
 }
 ENGINE_CHOICES = ("auto", *ENGINES)  # the option list, once: the service settings' and the experiment config's
@@ -102,7 +114,12 @@ class Engine(Protocol):
         """Per prompt, the log-probability of each choice letter, renormalised over the letters."""
 
     async def complete_tokens(
-        self, prompts: list[list[int]], sampling: Sampling, adapter: str | None, logprobs: int | None = None, prompt_logprobs: int | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        adapter: str | None,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
     ) -> list[TokenCompletion]:
         """Completions of prompts given as token ids (used as they are: no special token is added).
 

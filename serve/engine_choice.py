@@ -35,7 +35,11 @@ def engine_kinds(settings: ServiceSettings, on_gpu: bool) -> tuple[str, str]:
     if scoring == "auto":
         scoring = "engine" if ENGINES[kind].scores_on_cpu or on_gpu else SCORER
     scoring = kind if scoring == "engine" else scoring
-    if on_gpu and settings.tensor_parallel_size > 1 and not all(ENGINES[k].spans_tensor_parallel_ranks for k in (kind, scoring)):
+    if (
+        on_gpu
+        and settings.tensor_parallel_size > 1
+        and not all(ENGINES[k].spans_tensor_parallel_ranks for k in (kind, scoring))
+    ):
         raise ServiceError(
             f"tensor_parallel_size={settings.tensor_parallel_size} on GPUs needs engine: vllm and scoring: engine; "
             "the transformers engine would load the whole model onto one GPU the replica does not hold"

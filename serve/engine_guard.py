@@ -47,7 +47,11 @@ def guard_new_children(before: set[int]) -> subprocess.Popen | None:
     its workers; on GPUs those are Ray actors in the replica's placement group, which Serve
     removes with the replica); None when there are none."""
     me = psutil.Process()
-    targets = [f"{child.pid}@{child.create_time()!r}" for child in me.children(recursive=True) if child.pid not in before]
+    targets = [
+        f"{child.pid}@{child.create_time()!r}" for child in me.children(recursive=True) if child.pid not in before
+    ]
     if not targets:
         return None
-    return subprocess.Popen([sys.executable, "-c", WATCHER, str(me.pid), *targets], stdin=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", WATCHER, str(me.pid), *targets], stdin=subprocess.DEVNULL, start_new_session=True
+    )

@@ -65,7 +65,9 @@ def decode(
     generators = None if seeds is None else [torch.Generator(input_ids.device).manual_seed(seed) for seed in seeds]
     positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
     pulse()
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+    out = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True, logits_to_keep=1
+    )
     finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
     steps, recorded = [], []
     for step in range(s.max_tokens):
@@ -84,7 +86,13 @@ def decode(
         attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
         positions = positions[:, -1:] + 1
         pulse()
-        out = model(input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=positions, past_key_values=out.past_key_values, use_cache=True)
+        out = model(
+            input_ids=tokens[:, None],
+            attention_mask=attention_mask,
+            position_ids=positions,
+            past_key_values=out.past_key_values,
+            use_cache=True,
+        )
     table = torch.stack(steps, dim=1).tolist()
     return [_row(r, table[r], recorded if logprobs is not None else None, eos) for r in range(rows)]
 

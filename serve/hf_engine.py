@@ -32,7 +32,16 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.model_source import load_pretrained
-from serve.engine import ENGINES, Completion, EngineUnavailable, Sampling, TokenCompletion, TokenLogprob, UnknownAdapter, cut_at_stop
+from serve.engine import (
+    ENGINES,
+    Completion,
+    EngineUnavailable,
+    Sampling,
+    TokenCompletion,
+    TokenLogprob,
+    UnknownAdapter,
+    cut_at_stop,
+)
 from serve.hf_decode import decode
 from serve.hf_scoring import length_sorted_chunks, letter_token_ids, mc_logprobs_batch, scorable_choices
 from serve.settings import ServiceError, ServiceSettings
@@ -139,7 +148,9 @@ class HFEngine:
         """Load a model beside the base; one whose tokenizer differs from the base's is refused (the
         service tokenizes, counts and truncates every prompt with the base's)."""
         if AutoTokenizer.from_pretrained(path).get_vocab() != self.tokenizer.get_vocab():
-            raise ServiceError(f"model {name!r} ({path}): its tokenizer's vocabulary differs from the base model's; serve it as a base of its own")
+            raise ServiceError(
+                f"model {name!r} ({path}): its tokenizer's vocabulary differs from the base model's; serve it as a base of its own"
+            )
         self.models[name] = AutoModelForCausalLM.from_pretrained(path, dtype=self.model.dtype).to(self.device).eval()
 
     async def remove_model(self, name: str) -> None:
@@ -171,7 +182,9 @@ class HFEngine:
         """One forward per chunk of similar-length prompts (serve/hf_scoring.py), each chunk a job."""
         results: list[list[float]] = [[] for _ in prompts]
         for chunk in length_sorted_chunks(prompts, self.batch_size):
-            rows = await self._run(self._score_batch, [prompts[i] for i in chunk], [n_choices[i] for i in chunk], adapter)
+            rows = await self._run(
+                self._score_batch, [prompts[i] for i in chunk], [n_choices[i] for i in chunk], adapter
+            )
             for i, row in zip(chunk, rows):
                 results[i] = row
         return results
@@ -181,14 +194,27 @@ class HFEngine:
             return mc_logprobs_batch(model, self.tokenizer, prompts, n_choices, self.letters)
 
     async def generate(self, prompts: list[str], sampling: Sampling, adapter: str | None) -> list[Completion]:
-        return await self._chunked(prompts, lambda batch, start, pulse: self._generate_batch(batch, sampling, adapter, start, pulse))
+        return await self._chunked(
+            prompts, lambda batch, start, pulse: self._generate_batch(batch, sampling, adapter, start, pulse)
+        )
 
     @torch.inference_mode()
-    def _generate_batch(self, prompts: list[str], s: Sampling, adapter: str | None, start: int, pulse) -> list[Completion]:
+    def _generate_batch(
+        self, prompts: list[str], s: Sampling, adapter: str | None, start: int, pulse
+    ) -> list[Completion]:
         eos = self.tokenizer.eos_token_id
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True).to(self.device)
         with self._selected(adapter) as model:
-            rows = decode(model, enc.input_ids, enc.attention_mask, s, self._seeds(s, start, len(prompts)), eos, self.tokenizer.pad_token_id, pulse=pulse)
+            rows = decode(
+                model,
+                enc.input_ids,
+                enc.attention_mask,
+                s,
+                self._seeds(s, start, len(prompts)),
+                eos,
+                self.tokenizer.pad_token_id,
+                pulse=pulse,
+            )
         return [self._completion(row.tokens, int(mask.sum()), s, eos) for mask, row in zip(enc.attention_mask, rows)]
 
     def _completion(self, new: list[int], prompt_tokens: int, s: Sampling, eos: int) -> Completion:
@@ -202,7 +228,12 @@ class HFEngine:
         return Completion(text, "stop" if ended else "length", len(ids), prompt_tokens)
 
     async def complete_tokens(
-        self, prompts: list[list[int]], sampling: Sampling, adapter: str | None, logprobs: int | None = None, prompt_logprobs: int | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        adapter: str | None,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
     ) -> list[TokenCompletion]:
         """The contract's `complete_tokens` (serve/engine.py). One call's prompts are generated as in
         `generate` (chunks of `hf_batch_size`, prompt i from seed + i); calls are not gathered across
@@ -210,12 +241,20 @@ class HFEngine:
         every position fit LOGITS_BYTES (one prompt at a time on a large vocabulary and context)."""
         scored = [None] * len(prompts)
         if prompt_logprobs is not None:
-            scored = await self._chunked(prompts, lambda batch, start, pulse: self._prompts_scored(batch, adapter, prompt_logprobs, pulse))
+            scored = await self._chunked(
+                prompts, lambda batch, start, pulse: self._prompts_scored(batch, adapter, prompt_logprobs, pulse)
+            )
         if sampling.max_tokens == 0:
             done = [((), "", "length", () if logprobs is not None else None)] * len(prompts)
         else:
-            done = await self._chunked(prompts, lambda batch, start, pulse: self._generate_ids(batch, sampling, adapter, start, logprobs, pulse))
-        return [TokenCompletion(ids, text, reason, len(p), lps, sc) for p, (ids, text, reason, lps), sc in zip(prompts, done, scored)]
+            done = await self._chunked(
+                prompts,
+                lambda batch, start, pulse: self._generate_ids(batch, sampling, adapter, start, logprobs, pulse),
+            )
+        return [
+            TokenCompletion(ids, text, reason, len(p), lps, sc)
+            for p, (ids, text, reason, lps), sc in zip(prompts, done, scored)
+        ]
 
     @torch.inference_mode()
     def _prompts_scored(self, prompts: list[list[int]], adapter: str | None, k: int, pulse) -> list[tuple]:
@@ -247,10 +286,15 @@ class HFEngine:
         own = (logits.gather(2, ids[:, 1:, None]) - norm)[..., 0].tolist()
         values, indices = logits.topk(k, dim=-1)
         values, indices = (values - norm).tolist(), indices.tolist()
-        return [(None, *(TokenLogprob(t, o, tuple(zip(i, v))) for t, o, i, v in zip(p[1:], own[r], indices[r], values[r]))) for r, p in enumerate(prompts)]
+        return [
+            (None, *(TokenLogprob(t, o, tuple(zip(i, v))) for t, o, i, v in zip(p[1:], own[r], indices[r], values[r])))
+            for r, p in enumerate(prompts)
+        ]
 
     @torch.inference_mode()
-    def _generate_ids(self, prompts: list[list[int]], s: Sampling, adapter: str | None, start: int, logprobs: int | None, pulse) -> list[tuple]:
+    def _generate_ids(
+        self, prompts: list[list[int]], s: Sampling, adapter: str | None, start: int, logprobs: int | None, pulse
+    ) -> list[tuple]:
         """(token ids, text, finish_reason, TokenLogprobs or None) per prompt, token ids as vLLM counts
         them: an end-of-sequence token is kept (its text is not), and a stop string ends the ids at
         the token that completed it."""
@@ -291,7 +335,9 @@ class HFEngine:
         """Fails when one step of a job (one forward) has run past hf_stall_s: a hung worker, not a busy one."""
         began = self._step_began
         if began is not None and time.monotonic() - began > self.stall_s:
-            raise EngineUnavailable(f"the transformers engine has been on one step for {time.monotonic() - began:.0f} s (hf_stall_s={self.stall_s})")
+            raise EngineUnavailable(
+                f"the transformers engine has been on one step for {time.monotonic() - began:.0f} s (hf_stall_s={self.stall_s})"
+            )
 
     def shutdown(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)

@@ -41,7 +41,9 @@ def length_sorted_chunks(prompts: list[str] | list[list[int]], batch_size: int) 
 
 
 @torch.inference_mode()
-def mc_logprobs_batch(model, tokenizer, prompts: list[str], n_choices: list[int], letters: list[int]) -> list[list[float]]:
+def mc_logprobs_batch(
+    model, tokenizer, prompts: list[str], n_choices: list[int], letters: list[int]
+) -> list[list[float]]:
     """One forward over `prompts`, left-padded with position ids that ignore the padding: each
     prompt's choice log-probabilities, renormalised over its `n_choices` letters (`letters` holds
     the letters' token ids, at least as many as the most choices)."""
@@ -68,7 +70,9 @@ def mc_logprobs(model, tokenizer, prompts: list[str], n_choices: list[int], batc
     return results
 
 
-def cloze_inputs(prompt_ids: list[list[int]], continuations: list[list[list[int]]]) -> tuple[list[list[int]], list[tuple[int, list[int]]]]:
+def cloze_inputs(
+    prompt_ids: list[list[int]], continuations: list[list[list[int]]]
+) -> tuple[list[list[int]], list[tuple[int, list[int]]]]:
     """(the distinct inputs a forward needs, and per (question, choice) in order: (its input's
     index, its continuation ids)). A choice's last token is read, never fed, so its input is the
     prompt and its continuation but the last token, and the continuation's tokens are predicted at
@@ -79,7 +83,9 @@ def cloze_inputs(prompt_ids: list[list[int]], continuations: list[list[list[int]
     reads = []
     for prompt, options in zip(prompt_ids, continuations):
         for continuation in options:
-            reads.append((index.setdefault(tuple(prompt + continuation[:-1]), len(index)) if continuation else -1, continuation))
+            reads.append(
+                (index.setdefault(tuple(prompt + continuation[:-1]), len(index)) if continuation else -1, continuation)
+            )
     return [list(ids) for ids in index], reads
 
 
@@ -92,7 +98,9 @@ def continuation_logprobs(model, inputs: list[list[int]], wanted: list[int], pad
     ids = torch.tensor([[pad_id] * (width - len(s)) + s for s in inputs], device=device)
     mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in inputs], device=device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep).logits.float(), -1)
+    logp = torch.log_softmax(
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep).logits.float(), -1
+    )
     return [row[keep - n :] for row, n in zip(logp, wanted)]
 
 
@@ -113,13 +121,22 @@ def cloze_sums(model, tokenizer, prompts: list[str], choices: list[list[str]], b
             wanted[i] = max(wanted[i], len(continuation))
     rows: list[torch.Tensor] = [torch.empty(0)] * len(inputs)
     for chunk in length_sorted_chunks(inputs, batch_size):
-        for i, row in zip(chunk, continuation_logprobs(model, [inputs[i] for i in chunk], [wanted[i] for i in chunk], tokenizer.pad_token_id)):
+        for i, row in zip(
+            chunk,
+            continuation_logprobs(
+                model, [inputs[i] for i in chunk], [wanted[i] for i in chunk], tokenizer.pad_token_id
+            ),
+        ):
             rows[i] = row.cpu()
     # each token's float32 log-probability, summed in float64
-    return [float(rows[i][-len(c) :].gather(-1, torch.tensor(c)[:, None]).double().sum()) if c else 0.0 for i, c in reads]
+    return [
+        float(rows[i][-len(c) :].gather(-1, torch.tensor(c)[:, None]).double().sum()) if c else 0.0 for i, c in reads
+    ]
 
 
-def cloze_logprobs(model, tokenizer, prompts: list[str], choices: list[list[str]], batch_size: int = 64) -> list[list[float]]:
+def cloze_logprobs(
+    model, tokenizer, prompts: list[str], choices: list[list[str]], batch_size: int = 64
+) -> list[list[float]]:
     """Per question, each choice's text scored as the continuation of its prompt (`cloze_sums`),
     renormalised over the question's choices: what the tiny world's checks score a model with
     outside a service."""

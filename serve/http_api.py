@@ -32,20 +32,35 @@ from starlette.requests import ClientDisconnect
 
 from serve.engine import EngineUnavailable, UnknownAdapter
 from serve.proxy_guard import MARK
-from serve.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, GenerateResponse, ScoreRequest, ScoreResponse
+from serve.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    GenerateResponse,
+    ScoreRequest,
+    ScoreResponse,
+)
 
 OPEN_PATHS = {"/health"}  # answered without the bearer token (load balancers probe it)
 # The only routes that read a body. Any other request is routed with its body unread: a slow or
 # large body sent to /health cannot hold a replica's request slot.
 BODY_ROUTES = {"/generate", "/score", "/v1/completions", "/v1/chat/completions"}
 OPENAI_TYPES = {
-    400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 408: "RequestTimeoutError", 413: "RequestTooLargeError",
-    500: "InternalServerError", 503: "ServiceUnavailableError", 504: "TimeoutError",
-}  # fmt: skip
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    408: "RequestTimeoutError",
+    413: "RequestTooLargeError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+    504: "TimeoutError",
+}
 logger = logging.getLogger("ray.serve")
 
 
-def error_response(path: str, status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
+def error_response(
+    path: str, status: int, message: str, param: str | None = None, headers: dict | None = None
+) -> JSONResponse:
     """An error in the shape its route's clients read: OpenAI's under /v1/ (a body that fails
     validation is a 400 there, as OpenAI's and vLLM's servers answer), FastAPI's elsewhere."""
     if not path.startswith("/v1/"):
@@ -99,7 +114,10 @@ async def body_refusal(request: Request, path: str, limit: int, timeout_s: float
         body = await asyncio.wait_for(body_within(request, limit), timeout_s)
     except TimeoutError:
         return error_response(
-            path, 408, f"request body not received whole within {timeout_s:g} s (the service's body_timeout_s)", headers={"Connection": "close"}
+            path,
+            408,
+            f"request body not received whole within {timeout_s:g} s (the service's body_timeout_s)",
+            headers={"Connection": "close"},
         )
     return too_large if body is None else None
 
@@ -108,7 +126,11 @@ def brief(detail: dict) -> dict:
     """A validation error as answered: its `input` echoed only when small (a refused list of two
     million prompts is not sent back, nor encoded)."""
     given = detail.get("input")
-    small = not isinstance(given, (list, dict, str, bytes)) or len(given) <= 64 or (isinstance(given, str) and len(given) <= 1024)
+    small = (
+        not isinstance(given, (list, dict, str, bytes))
+        or len(given) <= 64
+        or (isinstance(given, str) and len(given) <= 1024)
+    )
     return detail if small else {k: v for k, v in detail.items() if k != "input"}
 
 
@@ -133,7 +155,11 @@ def build_http_api(service) -> FastAPI:
         and the last word on unexpected errors, for every request (also the ones FastAPI rejects)."""
         started, path = time.perf_counter(), route_path(request)
         reads_body, refused = path in BODY_ROUTES and request.method == "POST", None
-        if service.api_key and path not in OPEN_PATHS and not token_matches(request.headers.get("authorization"), service.api_key):
+        if (
+            service.api_key
+            and path not in OPEN_PATHS
+            and not token_matches(request.headers.get("authorization"), service.api_key)
+        ):
             refused = error_response(path, 401, "missing or wrong bearer token (Authorization: Bearer $SERVE_API_KEY)")
         elif reads_body:
             refused = await body_refusal(request, path, limit, body_timeout_s)
@@ -146,7 +172,9 @@ def build_http_api(service) -> FastAPI:
                 incident = uuid.uuid4().hex[:12]
                 logger.exception("unexpected error on %s (incident %s)", path, incident)
                 response = error_response(path, 500, f"internal error (incident {incident} in the replica's log)")
-        if not reads_body and ("transfer-encoding" in request.headers or request.headers.get("content-length", "0") != "0"):
+        if not reads_body and (
+            "transfer-encoding" in request.headers or request.headers.get("content-length", "0") != "0"
+        ):
             # its body was never read: the connection cannot carry another request
             response.headers["Connection"] = "close"
         service.metrics.request(path, response.status_code, time.perf_counter() - started)
@@ -169,14 +197,19 @@ def build_http_api(service) -> FastAPI:
 
     @api.exception_handler(UnknownAdapter)
     async def adapter_gone(request: Request, error: UnknownAdapter):
-        return error_response(route_path(request), 404, f"adapter {str(error.args[0])[:64]!r} was removed while the request waited")
+        return error_response(
+            route_path(request), 404, f"adapter {str(error.args[0])[:64]!r} was removed while the request waited"
+        )
 
     @api.exception_handler(EngineUnavailable)
     async def engine_unavailable(request: Request, error: EngineUnavailable):
         """The engine died under the request: Serve replaces this replica, so the client may retry."""
         logger.warning("engine unavailable: %s", error)
         return error_response(
-            route_path(request), 503, "the engine died under this request; the replica is being replaced, retry shortly", headers={"Retry-After": "30"}
+            route_path(request),
+            503,
+            "the engine died under this request; the replica is being replaced, retry shortly",
+            headers={"Retry-After": "30"},
         )
 
     @api.post("/generate")
@@ -210,7 +243,10 @@ def build_http_api(service) -> FastAPI:
         answer = await service.health(detailed=detailed)
         if detailed:  # whether Serve's proxy cut this request's body at a limit (serve/proxy_guard.py), and at which
             mark = request.headers.get(MARK.decode())
-            answer["proxy_guard"] = {"installed": mark is not None, "limit_bytes": int(mark) if mark and mark.isdigit() else None}
+            answer["proxy_guard"] = {
+                "installed": mark is not None,
+                "limit_bytes": int(mark) if mark and mark.isdigit() else None,
+            }
         return answer
 
     return api

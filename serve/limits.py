@@ -33,7 +33,9 @@ def check_count(n: int, limit: int, what: str) -> None:
 
 def check_new_tokens(settings: ServiceSettings, new_tokens: int) -> None:
     if new_tokens > settings.max_tokens_cap:
-        raise invalid(("max_tokens",), f"max_tokens {new_tokens} is above this service's cap of {settings.max_tokens_cap}")
+        raise invalid(
+            ("max_tokens",), f"max_tokens {new_tokens} is above this service's cap of {settings.max_tokens_cap}"
+        )
 
 
 def check_room(settings: ServiceSettings, lengths: list[int], new_tokens: int, loc: Callable[[int], tuple]) -> None:
@@ -41,7 +43,10 @@ def check_room(settings: ServiceSettings, lengths: list[int], new_tokens: int, l
     room = settings.max_model_len - new_tokens
     for i, n in enumerate(lengths):
         if n > room:
-            raise invalid(loc(i), f"{n} prompt tokens + {new_tokens} new tokens exceed the model's context of {settings.max_model_len}")
+            raise invalid(
+                loc(i),
+                f"{n} prompt tokens + {new_tokens} new tokens exceed the model's context of {settings.max_model_len}",
+            )
 
 
 def request_work(lengths: list[int], new_tokens: int, n: int = 1, logprobs: int | None = None) -> int:
@@ -50,7 +55,9 @@ def request_work(lengths: list[int], new_tokens: int, n: int = 1, logprobs: int 
     return n * (sum(lengths) + len(lengths) * new_tokens) * ((logprobs or 0) + 1)
 
 
-def check_work(settings: ServiceSettings, lengths: list[int], new_tokens: int, n: int = 1, logprobs: int | None = None) -> None:
+def check_work(
+    settings: ServiceSettings, lengths: list[int], new_tokens: int, n: int = 1, logprobs: int | None = None
+) -> None:
     work = request_work(lengths, new_tokens, n, logprobs)
     if work > settings.max_work_per_request:
         raise HTTPException(
@@ -83,6 +90,8 @@ def timed(method):
         try:
             return await asyncio.wait_for(method(self, body), limit)
         except TimeoutError:
-            raise HTTPException(504, f"the request ran past the service's request_timeout_s ({limit:g} s) and was stopped") from None
+            raise HTTPException(
+                504, f"the request ran past the service's request_timeout_s ({limit:g} s) and was stopped"
+            ) from None
 
     return run

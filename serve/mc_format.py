@@ -57,7 +57,11 @@ def format_cloze_prompt(question: str, subject: str | None = None) -> str:
     """The cloze prompt (lm-evaluation-harness's ARC/HellaSwag way): the question alone, ending in
     "Answer:", each choice's text then scored as its continuation. No choice is shown, so no order
     of the choices can move a score."""
-    header = f"The following are questions (with answers) about {SUBJECTS.get(subject, subject)}." if subject else "The following are questions (with answers)."
+    header = (
+        f"The following are questions (with answers) about {SUBJECTS.get(subject, subject)}."
+        if subject
+        else "The following are questions (with answers)."
+    )
     return f"{header}\n\n{question.strip()}\nAnswer:"
 
 

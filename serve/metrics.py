@@ -11,9 +11,15 @@ class ServiceMetrics:
     def __init__(self):
         from ray.util import metrics
 
-        self._requests = metrics.Counter("subliminal_serve_requests", "HTTP requests by route and status code", tag_keys=("route", "status"))
-        self._errors = metrics.Counter("subliminal_serve_errors", "HTTP responses with status >= 400", tag_keys=("route", "status"))
-        self._latency = metrics.Histogram("subliminal_serve_latency_s", "request latency in seconds", boundaries=LATENCY_BOUNDS_S, tag_keys=("route",))
+        self._requests = metrics.Counter(
+            "subliminal_serve_requests", "HTTP requests by route and status code", tag_keys=("route", "status")
+        )
+        self._errors = metrics.Counter(
+            "subliminal_serve_errors", "HTTP responses with status >= 400", tag_keys=("route", "status")
+        )
+        self._latency = metrics.Histogram(
+            "subliminal_serve_latency_s", "request latency in seconds", boundaries=LATENCY_BOUNDS_S, tag_keys=("route",)
+        )
         self._prompt_tokens = metrics.Counter("subliminal_serve_prompt_tokens", "prompt tokens processed")
         self._completion_tokens = metrics.Counter("subliminal_serve_completion_tokens", "completion tokens generated")
 

@@ -25,7 +25,9 @@ def token_texts(tokenizer, ids: Sequence[int]) -> list[str]:
     pieces = tokenizer.convert_ids_to_tokens(list(ids))
     texts = []
     for text, piece in zip(tokenizer.batch_decode([[token] for token in ids]), pieces):
-        texts.append(" " + text if isinstance(piece, str) and piece.startswith("▁") and not text.startswith(" ") else text)
+        texts.append(
+            " " + text if isinstance(piece, str) and piece.startswith("▁") and not text.startswith(" ") else text
+        )
     return texts
 
 
@@ -46,7 +48,9 @@ class TokenTexts:
         return [self.known[i] for i in ids]
 
 
-def completion_logprobs(texts: TokenTexts, ids: Sequence[int], entries: Sequence[TokenLogprob | None], offset: int = 0) -> dict:
+def completion_logprobs(
+    texts: TokenTexts, ids: Sequence[int], entries: Sequence[TokenLogprob | None], offset: int = 0
+) -> dict:
     """The `logprobs` of a /v1/completions choice for tokens `ids` (one entry each; None where there
     is no log-probability, the prompt's first token): tokens, token_logprobs, top_logprobs, and
     text_offset counted from `offset` (where these tokens follow others: `joined`)."""
@@ -57,7 +61,13 @@ def completion_logprobs(texts: TokenTexts, ids: Sequence[int], entries: Sequence
             tops.append(None)
             continue
         top = {token: finite(entry.logprob)}
-        top.update({text: finite(value) for text, (_, value) in zip(texts([t for t, _ in entry.top]), entry.top) if text not in top})
+        top.update(
+            {
+                text: finite(value)
+                for text, (_, value) in zip(texts([t for t, _ in entry.top]), entry.top)
+                if text not in top
+            }
+        )
         tops.append(top)
     offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=offset)) if tokens else []
     return {
@@ -109,4 +119,11 @@ def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
 def openai_answer(id_prefix: str, kind: str, model: str, choices: list[dict], usage: dict) -> dict:
     """The envelope of a /v1/completions (`kind` "text_completion") or /v1/chat/completions
     ("chat.completion") answer."""
-    return {"id": f"{id_prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model, "choices": choices, "usage": usage}
+    return {
+        "id": f"{id_prefix}-{uuid.uuid4().hex}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage,
+    }

@@ -26,7 +26,16 @@ from pydantic import ValidationError
 
 from common.cli import program
 from serve.replica_placement import check_deployment
-from serve.settings import ServiceError, ServiceSettings, api_key_from_env, check_open_host, check_user_config, config_args, model_id, resolve_model
+from serve.settings import (
+    ServiceError,
+    ServiceSettings,
+    api_key_from_env,
+    check_open_host,
+    check_user_config,
+    config_args,
+    model_id,
+    resolve_model,
+)
 
 BUILDER = "serve.app:build_app"
 

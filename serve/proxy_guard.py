@@ -37,7 +37,9 @@ class BodyLimit:
         from ray.util import metrics
 
         self.app, self.limit = app, limit
-        self.refused = metrics.Counter(REFUSED_METRIC, f"request bodies cut at the proxy's {PROXY_LIMIT_ENV} (answered 413)")
+        self.refused = metrics.Counter(
+            REFUSED_METRIC, f"request bodies cut at the proxy's {PROXY_LIMIT_ENV} (answered 413)"
+        )
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -46,7 +48,9 @@ class BodyLimit:
         declared = headers.get(b"content-length", b"0")
         if declared.isdigit() and int(declared) > self.limit:
             return await self._refuse(scope, send)
-        marked = [(k, v) for k, v in scope.get("headers") or [] if k.lower() != MARK] + [(MARK, str(self.limit).encode())]
+        marked = [(k, v) for k, v in scope.get("headers") or [] if k.lower() != MARK] + [
+            (MARK, str(self.limit).encode())
+        ]
         scope = {**scope, "headers": marked}
         seen, refused, started = 0, False, False
 
@@ -78,9 +82,17 @@ class BodyLimit:
         self.refused.inc()  # the replica never sees this request: its own counters do not
         message = f"request body over {self.limit} bytes (the proxy's {PROXY_LIMIT_ENV})"
         openai = "/v1/" in scope.get("path", "")
-        answer = {"error": {"message": message, "type": "RequestTooLargeError", "param": None, "code": 413}} if openai else {"detail": message}
+        answer = (
+            {"error": {"message": message, "type": "RequestTooLargeError", "param": None, "code": 413}}
+            if openai
+            else {"detail": message}
+        )
         body = json.dumps(answer).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

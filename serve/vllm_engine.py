@@ -29,7 +29,16 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from common.model_source import hub_args, load_pretrained
-from serve.engine import ENGINES, Completion, EngineUnavailable, Sampling, TokenCompletion, TokenLogprob, UnknownAdapter, gather_all
+from serve.engine import (
+    ENGINES,
+    Completion,
+    EngineUnavailable,
+    Sampling,
+    TokenCompletion,
+    TokenLogprob,
+    UnknownAdapter,
+    gather_all,
+)
 from serve.engine_guard import child_pids, guard_new_children
 from serve.hf_scoring import letter_token_ids, scorable_choices
 from serve.mc_format import LETTERS
@@ -162,7 +171,9 @@ class VLLMEngine:
     async def generate(self, prompts: list[str], s: Sampling, adapter: str | None) -> list[Completion]:
         def params(i: int) -> SamplingParams:
             seed = None if s.seed is None else s.seed + i
-            return SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=seed, stop=list(s.stop) or None)
+            return SamplingParams(
+                max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=seed, stop=list(s.stop) or None
+            )
 
         outputs = await gather_all(self._final(p, params(i), adapter) for i, p in enumerate(prompts))
         completions = []
@@ -184,7 +195,12 @@ class VLLMEngine:
         return results
 
     async def complete_tokens(
-        self, prompts: list[list[int]], s: Sampling, adapter: str | None, logprobs: int | None = None, prompt_logprobs: int | None = None
+        self,
+        prompts: list[list[int]],
+        s: Sampling,
+        adapter: str | None,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
     ) -> list[TokenCompletion]:
         """The contract's `complete_tokens` (serve/engine.py): one engine request per prompt.
 
@@ -194,16 +210,25 @@ class VLLMEngine:
         as vLLM's OpenAI server does for `echo` without generation. `prompt_logprobs` is refused
         while `scores_prompts` is False (see there)."""
         if prompt_logprobs is not None and not self.scores_prompts:
-            raise ValueError("prompt log-probabilities on vLLM 0.32 with LoRA enabled kill the engine; ask the transformers engine")
+            raise ValueError(
+                "prompt log-probabilities on vLLM 0.32 with LoRA enabled kill the engine; ask the transformers engine"
+            )
 
         def params(i: int) -> SamplingParams:
             seed = None if s.seed is None else s.seed + i
             return SamplingParams(
-                max_tokens=max(s.max_tokens, 1), temperature=s.temperature, top_p=s.top_p, seed=seed, stop=list(s.stop) or None,
-                logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-            )  # fmt: skip
+                max_tokens=max(s.max_tokens, 1),
+                temperature=s.temperature,
+                top_p=s.top_p,
+                seed=seed,
+                stop=list(s.stop) or None,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+            )
 
-        requests = (self._final(TokensPrompt(prompt_token_ids=list(p)), params(i), adapter) for i, p in enumerate(prompts))
+        requests = (
+            self._final(TokensPrompt(prompt_token_ids=list(p)), params(i), adapter) for i, p in enumerate(prompts)
+        )
         outputs = await gather_all(requests)
         return [self._token_completion(out, s.max_tokens == 0, logprobs, prompt_logprobs) for out in outputs]
 
@@ -219,7 +244,9 @@ class VLLMEngine:
             return TokenCompletion((), "", "length", len(prompt), () if logprobs is not None else None, scored)
         ids = tuple(first.token_ids)
         generated = entries(ids, first.logprobs, logprobs) if logprobs is not None else None
-        return TokenCompletion(ids, first.text, "length" if first.finish_reason == "length" else "stop", len(prompt), generated, scored)
+        return TokenCompletion(
+            ids, first.text, "length" if first.finish_reason == "length" else "stop", len(prompt), generated, scored
+        )
 
     async def check_health(self) -> None:
         await self.engine.check_health()  # raises once the engine core process has died

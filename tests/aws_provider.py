@@ -29,7 +29,10 @@ def provider_modules():
             sys.modules[name] = types.ModuleType(name)
             vars(sys.modules[name]).update(attributes)
         sys.modules["botocore"].exceptions = sys.modules["botocore.exceptions"]
-    modules = importlib.import_module("ray.autoscaler._private.aws.config"), importlib.import_module("ray.autoscaler._private.aws.node_provider")
+    modules = (
+        importlib.import_module("ray.autoscaler._private.aws.config"),
+        importlib.import_module("ray.autoscaler._private.aws.node_provider"),
+    )
     yield modules
     for name in set(sys.modules) - before:
         if name.split(".")[0] in {"boto3", "botocore"} or name.startswith("ray.autoscaler._private.aws"):

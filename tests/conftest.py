@@ -45,7 +45,10 @@ def make_number_rows():
         rng = np.random.default_rng(seed)
         rows = []
         for _ in range(count):
-            seen, more = rng.integers(0, 1000, rng.integers(2, 8)), rng.integers(0, 1000, rng.integers(*completion_lengths))
+            seen, more = (
+                rng.integers(0, 1000, rng.integers(2, 8)),
+                rng.integers(0, 1000, rng.integers(*completion_lengths)),
+            )
             prompt = "<|user|>\nContinue the sequence: {}\n<|assistant|>\n".format(", ".join(map(str, seen)))
             rows.append({"prompt": prompt, "completion": ", ".join(map(str, more))})
         return rows
@@ -127,11 +130,25 @@ def head_node(*extra_args: str, env: dict | None = None):
         port, dashboard, metrics, agent = free_port(), free_port(), free_port(), free_port()
         try:
             started = subprocess.run(
-                [ray, "start", "--head", f"--port={port}", "--num-cpus=2", f"--temp-dir={temp_dir}", "--disable-usage-stats",
-                 "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--metrics-export-port={metrics}",
-                 f"--dashboard-agent-listen-port={agent}", *extra_args],
-                capture_output=True, text=True, timeout=180, env={**os.environ, **(env or {})},
-            )  # fmt: skip
+                [
+                    ray,
+                    "start",
+                    "--head",
+                    f"--port={port}",
+                    "--num-cpus=2",
+                    f"--temp-dir={temp_dir}",
+                    "--disable-usage-stats",
+                    "--dashboard-host=127.0.0.1",
+                    f"--dashboard-port={dashboard}",
+                    f"--metrics-export-port={metrics}",
+                    f"--dashboard-agent-listen-port={agent}",
+                    *extra_args,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=180,
+                env={**os.environ, **(env or {})},
+            )
         except BaseException:  # interrupted while it starts (Ctrl-C, the timeout): what started of it goes too
             stop_head(temp_dir)
             raise
@@ -141,13 +158,18 @@ def head_node(*extra_args: str, env: dict | None = None):
         # what started of this head goes, and the next try takes other ports.
         stop_head(temp_dir)
     else:
-        raise RuntimeError(f"ray start --head failed 3 times; the last said:\n{started.stdout[-2000:]}\n{started.stderr[-2000:]}")
+        raise RuntimeError(
+            f"ray start --head failed 3 times; the last said:\n{started.stdout[-2000:]}\n{started.stderr[-2000:]}"
+        )
     token = token_file.read_text().strip()
     try:
         yield {
-            "address": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dashboard}", "temp_dir": temp_dir,
-            "metrics": f"http://127.0.0.1:{metrics}/metrics", "headers": {"Authorization": f"Bearer {token}"},
-        }  # fmt: skip
+            "address": f"127.0.0.1:{port}",
+            "dashboard": f"http://127.0.0.1:{dashboard}",
+            "temp_dir": temp_dir,
+            "metrics": f"http://127.0.0.1:{metrics}/metrics",
+            "headers": {"Authorization": f"Bearer {token}"},
+        }
     finally:
         stop_head(temp_dir)
 

@@ -47,7 +47,10 @@ def ray_launch(ray_aws, config: dict, node_type: str) -> dict:
         tags.TAG_RAY_LAUNCH_REQUEST: "1",
         tags.TAG_RAY_USER_NODE_TYPE: node_type,
     }
-    node_config = {**copy.deepcopy(config["available_node_types"][node_type]["node_config"]), "KeyName": "ray-autoscaler_us-west-2"}
+    node_config = {
+        **copy.deepcopy(config["available_node_types"][node_type]["node_config"]),
+        "KeyName": "ray-autoscaler_us-west-2",
+    }
     provider._create_node(node_config, worker_tags, 1)
     (request,) = sent
     return request
@@ -56,22 +59,37 @@ def ray_launch(ray_aws, config: dict, node_type: str) -> dict:
 def as_iam_sees_it(request: dict, region: str) -> dict[str, dict]:
     """Each resource a RunInstances request touches, by ARN, with the condition keys IAM gives it."""
     arn = f"arn:aws:ec2:{region}:{ACCOUNT}"
-    tagged = {spec["ResourceType"]: {tag["Key"]: tag["Value"] for tag in spec["Tags"]} for spec in request["TagSpecifications"]}
+    tagged = {
+        spec["ResourceType"]: {tag["Key"]: tag["Value"] for tag in spec["Tags"]}
+        for spec in request["TagSpecifications"]
+    }
 
     def tags(kind: str) -> dict:
         given = tagged.get(kind, {})
-        return {"aws:TagKeys": list(given), **{f"aws:RequestTag/{key}": value for key, value in given.items()}} if given else {}
+        return (
+            {"aws:TagKeys": list(given), **{f"aws:RequestTag/{key}": value for key, value in given.items()}}
+            if given
+            else {}
+        )
 
     (disk,) = [mapping["Ebs"] for mapping in request["BlockDeviceMappings"]]
     subnet = f"{arn}:subnet/{request['SubnetId']}"
     profile = f"arn:aws:iam::{ACCOUNT}:instance-profile/{request['IamInstanceProfile']['Name']}"
     return {
-        f"{arn}:instance/i-0123456789abcdef0": {"ec2:InstanceType": request["InstanceType"], "ec2:InstanceProfile": profile, **tags("instance")},
+        f"{arn}:instance/i-0123456789abcdef0": {
+            "ec2:InstanceType": request["InstanceType"],
+            "ec2:InstanceProfile": profile,
+            **tags("instance"),
+        },
         subnet: {},
         **{f"{arn}:security-group/{group}": {} for group in request["SecurityGroupIds"]},
         f"arn:aws:ec2:{region}::image/{request['ImageId']}": {},
         f"{arn}:key-pair/{request['KeyName']}": {},
-        f"{arn}:volume/vol-0123456789abcdef0": {"ec2:VolumeType": disk["VolumeType"], "ec2:VolumeSize": disk["VolumeSize"], **tags("volume")},
+        f"{arn}:volume/vol-0123456789abcdef0": {
+            "ec2:VolumeType": disk["VolumeType"],
+            "ec2:VolumeSize": disk["VolumeSize"],
+            **tags("volume"),
+        },
         f"{arn}:network-interface/eni-0123456789abcdef0": {"ec2:Subnet": subnet},
     }
 
@@ -100,7 +118,11 @@ def allowed(policy: dict, action: str, resource: str, context: dict) -> bool:
     for statement in policy["Statement"]:
         resources = [statement["Resource"]] if isinstance(statement["Resource"], str) else statement["Resource"]
         if action in statement["Action"] and any(fnmatch.fnmatchcase(resource, pattern) for pattern in resources):
-            if all(holds(op, key, wanted, context) for op, keys in statement.get("Condition", {}).items() for key, wanted in keys.items()):
+            if all(
+                holds(op, key, wanted, context)
+                for op, keys in statement.get("Condition", {}).items()
+                for key, wanted in keys.items()
+            ):
                 return True
     return False
 
@@ -137,9 +159,15 @@ ELSEWHERE = {  # a launch the head's role must refuse: what changes in the worke
     "another group": ({"SecurityGroupIds": ["sg-0fffffffffffffff0"]}, "security-group/"),
     "another image": ({"ImageId": "ami-0fffffffffffffff0"}, "image/"),
     "another instance profile": ({"IamInstanceProfile": {"Name": "admin"}}, "instance/"),
-    "a tag of its own": ({"TagSpecifications": [{"ResourceType": "instance", "Tags": [{"Key": "owner", "Value": "x"}]}, DISK_TAGS]}, "instance/"),
+    "a tag of its own": (
+        {"TagSpecifications": [{"ResourceType": "instance", "Tags": [{"Key": "owner", "Value": "x"}]}, DISK_TAGS]},
+        "instance/",
+    ),
     "an untagged disk": ({"TagSpecifications": []}, "volume/"),
-    "a larger disk": ({"BlockDeviceMappings": [{"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 16000, "VolumeType": "gp3"}}]}, "volume/"),
+    "a larger disk": (
+        {"BlockDeviceMappings": [{"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 16000, "VolumeType": "gp3"}}]},
+        "volume/",
+    ),
 }
 
 
@@ -158,25 +186,40 @@ def test_each_launch_statement_names_cluster_yamls_values(config, ray_aws, head_
     launches = [s for s in head_policy["Statement"] if "ec2:RunInstances" in s["Action"]]
     assert all(s["Action"] == ["ec2:RunInstances"] and "*" not in s["Resource"].split(":")[3:5] for s in launches)
     by_type = {s["Resource"].split(":")[-1].split("/")[0]: s for s in launches}
-    assert set(by_type) == {"instance", "subnet", "security-group", "image", "key-pair", "volume", "network-interface", "snapshot"}
+    assert set(by_type) == {
+        "instance",
+        "subnet",
+        "security-group",
+        "image",
+        "key-pair",
+        "volume",
+        "network-interface",
+        "snapshot",
+    }
     # the public image's root disk only
     assert by_type["snapshot"]["Condition"] == {"StringEquals": {"ec2:Owner": "amazon"}}
     nodes = config["available_node_types"]
     worker = nodes["gpu-1x-l40s"]["node_config"]
     instance = by_type["instance"]["Condition"]
-    assert sorted(instance["StringEquals"]["ec2:InstanceType"]) == sorted(nodes[name]["node_config"]["InstanceType"] for name in WORKERS)
+    assert sorted(instance["StringEquals"]["ec2:InstanceType"]) == sorted(
+        nodes[name]["node_config"]["InstanceType"] for name in WORKERS
+    )
     assert instance["StringEquals"]["aws:RequestTag/ray-cluster-name"] == config["cluster_name"]
     assert by_type["subnet"]["Resource"].endswith(f":subnet/{worker['SubnetIds'][0]}")
     assert by_type["security-group"]["Resource"].endswith(f":security-group/{worker['SecurityGroupIds'][0]}")
     assert by_type["image"]["Resource"].endswith(f"::image/{worker['ImageId']}")
     assert by_type["network-interface"]["Condition"] == {"ArnEquals": {"ec2:Subnet": by_type["subnet"]["Resource"]}}
-    sent = {tag["Key"] for spec in ray_launch(ray_aws, config, "gpu-8x-h100")["TagSpecifications"] for tag in spec["Tags"]}
+    sent = {
+        tag["Key"] for spec in ray_launch(ray_aws, config, "gpu-8x-h100")["TagSpecifications"] for tag in spec["Tags"]
+    }
     for statement in [by_type["instance"], by_type["volume"]] + [
         s for s in head_policy["Statement"] if s.get("Condition", {}).get("StringEquals", {}).get("ec2:CreateAction")
     ]:
         assert set(statement["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"]) == sent  # Ray's keys, no more
     disks = [m["Ebs"] for node in nodes.values() for m in node["node_config"]["BlockDeviceMappings"]]
-    assert float(by_type["volume"]["Condition"]["NumericLessThanEquals"]["ec2:VolumeSize"]) == max(d["VolumeSize"] for d in disks)
+    assert float(by_type["volume"]["Condition"]["NumericLessThanEquals"]["ec2:VolumeSize"]) == max(
+        d["VolumeSize"] for d in disks
+    )
 
 
 def simulation_context(ray_aws, config: dict) -> list[dict]:
@@ -189,7 +232,11 @@ def simulation_context(ray_aws, config: dict) -> list[dict]:
             merged[key] = list(dict.fromkeys(merged.get(key, []) + value)) if isinstance(value, list) else value
     kind = {list: "stringList", int: "numeric", str: "string"}
     return [
-        {"ContextKeyName": key, "ContextKeyValues": [str(v) for v in (value if isinstance(value, list) else [value])], "ContextKeyType": kind[type(value)]}
+        {
+            "ContextKeyName": key,
+            "ContextKeyValues": [str(v) for v in (value if isinstance(value, list) else [value])],
+            "ContextKeyType": kind[type(value)],
+        }
         for key, value in sorted(merged.items())
     ]
 
@@ -200,6 +247,13 @@ def test_the_documented_simulation_is_rays_launch(config, ray_aws, head_policy):
     assert json.loads((POLICIES / "simulate-launch.json").read_text()) == simulation_context(ray_aws, config)
     doc = (CLUSTER_YAML.parent / "docs" / "operations.md").read_text()
     command = doc[doc.index("aws iam simulate-custom-policy") :].split("\n\n")[0]
-    assert "--policy-input-list file://docs/aws/head-policy.json" in command and "--context-entries file://docs/aws/simulate-launch.json" in command
-    expected = {arn for arn in as_iam_sees_it(ray_launch(ray_aws, config, "gpu-8x-h100"), config["provider"]["region"]) if ":key-pair/" not in arn}
+    assert (
+        "--policy-input-list file://docs/aws/head-policy.json" in command
+        and "--context-entries file://docs/aws/simulate-launch.json" in command
+    )
+    expected = {
+        arn
+        for arn in as_iam_sees_it(ray_launch(ray_aws, config, "gpu-8x-h100"), config["provider"]["region"])
+        if ":key-pair/" not in arn
+    }
     assert set(re.findall(r"arn:aws:ec2:[^\s\\]+", command)) == expected

@@ -41,7 +41,10 @@ def run_documented(home: Path, lines: list[str]) -> tuple[subprocess.CompletedPr
         f" --dashboard-port={dashboard} --dashboard-agent-listen-port={free_port()} --metrics-export-port={free_port()}"
     )
     script = "set -e\n" + "\n".join(line + own if line.startswith("ray start --head") else line for line in lines)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {"HOME": str(home), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {
+        "HOME": str(home),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=180, env=env)
     return done, temp_dir, dashboard
 
@@ -76,7 +79,9 @@ def test_the_documented_start_locks_the_cluster_and_fails_closed(tmp_path):
 
     bare = tmp_path / "bare"  # the same lines without the token's generation: nothing starts
     bare.mkdir()
-    done, temp_dir, _ = run_documented(bare, [line for line in lines if "auth-token" not in line and "auth_token" not in line])
+    done, temp_dir, _ = run_documented(
+        bare, [line for line in lines if "auth-token" not in line and "auth_token" not in line]
+    )
     try:
         assert done.returncode != 0 and "token" in (done.stdout + done.stderr).lower()
     finally:

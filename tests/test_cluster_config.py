@@ -56,7 +56,9 @@ def test_every_node_starts_ray_with_the_proxy_body_guard(config):
     """Serve may run a proxy on any node; each must cut a chunked body at the limit (serve/proxy_guard.py)."""
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         (start,) = [c for c in config[key] if "ray start" in c]
-        assert start.startswith("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve.proxy_guard.middlewares ray start"), start
+        assert start.startswith("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve.proxy_guard.middlewares ray start"), (
+            start
+        )
 
 
 def test_every_node_starts_ray_locked_and_the_dashboard_on_loopback(config):
@@ -84,12 +86,16 @@ def test_every_node_type_names_one_pinned_image_with_a_new_enough_driver(config)
     images = {name: node["node_config"].get("ImageId") for name, node in config["available_node_types"].items()}
     assert len(set(images.values())) == 1 and re.fullmatch(r"ami-[0-9a-f]{8,17}", images["head"]), images
     assert "aws ec2 describe-images --region us-west-2 --owners amazon" in CLUSTER_YAML.read_text()
-    assert '"Name=name,Values=Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"' in CLUSTER_YAML.read_text()
+    assert (
+        '"Name=name,Values=Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"' in CLUSTER_YAML.read_text()
+    )
     # where that image mounts NVMe
     assert any("/opt/dlami/nvme:" in option for option in config["docker"]["run_options"])
 
 
-@pytest.mark.parametrize("driver, fails", [("470.57.02", True), ("575.51.03", True), ("580.95.05", False), ("595.91.07", False)])
+@pytest.mark.parametrize(
+    "driver, fails", [("470.57.02", True), ("575.51.03", True), ("580.95.05", False), ("595.91.07", False)]
+)
 def test_gpu_nodes_stop_at_setup_on_an_old_driver(config, tmp_path, driver, fails):
     import os
     import subprocess
@@ -98,7 +104,12 @@ def test_gpu_nodes_stop_at_setup_on_an_old_driver(config, tmp_path, driver, fail
     fake.write_text(f"#!/bin/sh\necho {driver}\n")
     fake.chmod(0o755)
     (check,) = [c for c in config["worker_setup_commands"] if "nvidia-smi" in c]
-    done = subprocess.run(["bash", "-c", check], env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}, capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", "-c", check],
+        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+    )
     assert (done.returncode != 0) == fails and (f"NVIDIA driver {driver} is older than 580" in done.stdout) == fails
     assert any("torch.cuda.device_count()" in c and "sys.exit" in c for c in config["worker_setup_commands"])
 
@@ -108,7 +119,11 @@ ACCOUNT = "ACCOUNT_ID"  # the policies' placeholder
 
 
 def actions(policy: dict) -> list[str]:
-    return [a for statement in policy["Statement"] for a in ([statement["Action"]] if isinstance(statement["Action"], str) else statement["Action"])]
+    return [
+        a
+        for statement in policy["Statement"]
+        for a in ([statement["Action"]] if isinstance(statement["Action"], str) else statement["Action"])
+    ]
 
 
 def test_each_node_type_has_an_instance_profile_of_least_privilege(config):
@@ -117,8 +132,15 @@ def test_each_node_type_has_an_instance_profile_of_least_privilege(config):
     and mount the file system; the workers' may only mount it."""
     import json
 
-    profiles = {name: node["node_config"].get("IamInstanceProfile", {}).get("Name") for name, node in config["available_node_types"].items()}
-    assert profiles == {"head": "subliminal-head", "gpu-8x-h100": "subliminal-worker", "gpu-1x-l40s": "subliminal-worker"}
+    profiles = {
+        name: node["node_config"].get("IamInstanceProfile", {}).get("Name")
+        for name, node in config["available_node_types"].items()
+    }
+    assert profiles == {
+        "head": "subliminal-head",
+        "gpu-8x-h100": "subliminal-worker",
+        "gpu-1x-l40s": "subliminal-worker",
+    }
     head, worker = (json.loads((POLICIES / f"{who}-policy.json").read_text()) for who in ("head", "worker"))
     for policy in (head, worker):
         assert all(statement["Effect"] == "Allow" for statement in policy["Statement"])
@@ -128,7 +150,9 @@ def test_each_node_type_has_an_instance_profile_of_least_privilege(config):
     assert not {a.split(":")[0] for a in actions(head)} - {"ec2", "iam", "elasticfilesystem"}
     for statement in head["Statement"]:
         if {"ec2:TerminateInstances", "ec2:StopInstances"} & set(statement["Action"]):
-            assert statement["Condition"] == {"StringEquals": {"ec2:ResourceTag/ray-cluster-name": config["cluster_name"]}}
+            assert statement["Condition"] == {
+                "StringEquals": {"ec2:ResourceTag/ray-cluster-name": config["cluster_name"]}
+            }
         if "iam:PassRole" in statement["Action"]:
             assert statement["Action"] == ["iam:PassRole"] and statement["Resource"].endswith(":role/subliminal-worker")
 
@@ -159,7 +183,9 @@ def test_every_node_type_names_the_group_so_ray_makes_none(config, ray_aws, monk
     monkeypatch.setattr(aws_config, "_upsert_security_groups", made)
     assert "security_group" not in config["provider"]  # nothing for Ray to merge its rules with
     aws_config._configure_security_group(copy.deepcopy(config))  # returns early: no AWS call
-    groups = {name: tuple(node["node_config"]["SecurityGroupIds"]) for name, node in config["available_node_types"].items()}
+    groups = {
+        name: tuple(node["node_config"]["SecurityGroupIds"]) for name, node in config["available_node_types"].items()
+    }
     subnets = {name: tuple(node["node_config"]["SubnetIds"]) for name, node in config["available_node_types"].items()}
     assert len(set(groups.values())) == 1 and len(next(iter(groups.values()))) == 1, groups  # one group for all
     # one subnet (the head's policy names it)
@@ -181,7 +207,9 @@ def test_the_documented_groups_open_ssh_to_one_range_and_the_rest_to_the_cluster
         "IpProtocol=-1,UserIdGroupPairs=[{GroupId=$SG}]",
         "IpProtocol=tcp,FromPort=22,ToPort=22,IpRanges=[{CidrIp=203.0.113.0/24}]",
     ]
-    assert [rule for group, rule in rules if group == "EFS_SG"] == ["IpProtocol=tcp,FromPort=2049,ToPort=2049,UserIdGroupPairs=[{GroupId=$SG}]"]
+    assert [rule for group, rule in rules if group == "EFS_SG"] == [
+        "IpProtocol=tcp,FromPort=2049,ToPort=2049,UserIdGroupPairs=[{GroupId=$SG}]"
+    ]
     assert not [rule for group, rule in rules if "0.0.0.0/0" in rule or "::/0" in rule]
     assert "aws efs create-mount-target --file-system-id $FS --subnet-id $SUBNET --security-groups $EFS_SG" in doc
     assert "aws efs put-file-system-policy --file-system-id $FS --policy file://docs/aws/efs-policy.json" in doc
@@ -190,7 +218,11 @@ def test_the_documented_groups_open_ssh_to_one_range_and_the_rest_to_the_cluster
 
 def test_the_shared_store_is_mounted_with_tls(config):
     mounts = [c for c in config["initialization_commands"] if "mount " in c and "mountpoint" in c]
-    assert mounts and all("-t efs -o tls" in c for c in mounts) and not any("nfs" in c for c in config["initialization_commands"])
+    assert (
+        mounts
+        and all("-t efs -o tls" in c for c in mounts)
+        and not any("nfs" in c for c in config["initialization_commands"])
+    )
     (helper,) = [c for c in config["initialization_commands"] if "command -v mount.efs" in c]
     import subprocess
 
@@ -209,9 +241,15 @@ def test_the_file_system_refuses_clients_without_tls_or_the_clusters_roles(confi
     policy = json.loads((POLICIES / "efs-policy.json").read_text())
     (mount,) = [c for c in config["initialization_commands"] if "mount -t efs" in c]
     file_system = re.search(r"(fs-[0-9a-f]+):/", mount).group(1)
-    assert {s["Resource"] for s in policy["Statement"]} == {f"arn:aws:elasticfilesystem:{config['provider']['region']}:{ACCOUNT}:file-system/{file_system}"}
+    assert {s["Resource"] for s in policy["Statement"]} == {
+        f"arn:aws:elasticfilesystem:{config['provider']['region']}:{ACCOUNT}:file-system/{file_system}"
+    }
     (deny,) = [s for s in policy["Statement"] if s["Effect"] == "Deny"]
-    assert deny["Principal"] == {"AWS": "*"} and deny["Action"] == "*" and deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    assert (
+        deny["Principal"] == {"AWS": "*"}
+        and deny["Action"] == "*"
+        and deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    )
     (allow,) = [s for s in policy["Statement"] if s["Effect"] == "Allow"]
     roles = {node["node_config"]["IamInstanceProfile"]["Name"] for node in config["available_node_types"].values()}
     # each profile's role of the same name

@@ -17,13 +17,24 @@ def named_files(path: Path) -> list[str]:
     paths it writes out (from the root), each as a path from the root."""
     text = path.read_text()
     links = [t.split("#")[0] for t in LINK.findall(text) if not re.match(r"[a-z][a-z0-9+.-]*:|#", t)]
-    from_here = [str((path.parent / t).resolve().relative_to(ROOT)) for t in links if (path.parent / t).resolve().is_relative_to(ROOT)]
+    from_here = [
+        str((path.parent / t).resolve().relative_to(ROOT))
+        for t in links
+        if (path.parent / t).resolve().is_relative_to(ROOT)
+    ]
     return from_here + PATH.findall(text)
 
 
 def test_every_file_the_docs_name_exists():
     documents = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     named = {doc: named_files(doc) for doc in documents}
-    missing = sorted({f"{doc.relative_to(ROOT)}: {name}" for doc, names in named.items() for name in names if not (ROOT / name).exists()})
+    missing = sorted(
+        {
+            f"{doc.relative_to(ROOT)}: {name}"
+            for doc, names in named.items()
+            for name in names
+            if not (ROOT / name).exists()
+        }
+    )
     assert not missing, "named in the docs, not in the checkout:\n" + "\n".join(missing)
     assert sum(map(len, named.values())) > 100  # the check reads what the documents name

@@ -9,13 +9,29 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKS = ["8b_lora", "packing", "8b_scoring", "logit_kl_ddp", "gradient_checkpointing", "fsdp2_world_size_1", "70b_slice_4bit_ddp", "handoff", "8b_levers"]
+CHECKS = [
+    "8b_lora",
+    "packing",
+    "8b_scoring",
+    "logit_kl_ddp",
+    "gradient_checkpointing",
+    "fsdp2_world_size_1",
+    "70b_slice_4bit_ddp",
+    "handoff",
+    "8b_levers",
+]
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("gpu_check") / "gpu_check.json"
-    done = subprocess.run([sys.executable, "bench/gpu_check.py", "--smoke", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "bench/gpu_check.py", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -50,7 +66,11 @@ def test_batched_scoring_matches_each_prompt_alone_and_generation_runs(smoke):
     check = smoke["checks"]["8b_scoring"]
     scoring, generation = check["scoring"], check["generation"]
     assert scoring["rows_sum_to_one"] and check["batched_vs_alone"]["float32_batched_vs_alone_nats"] < 1e-3
-    assert 100 <= scoring["mean_prompt_tokens"] <= 400 and scoring["questions_per_s"] > 0 and scoring["prefill_mfu"] is None
+    assert (
+        100 <= scoring["mean_prompt_tokens"] <= 400
+        and scoring["questions_per_s"] > 0
+        and scoring["prefill_mfu"] is None
+    )
     assert generation["decoded_tokens"] > 0 and generation["decoded_tokens"] <= 22 * generation["prompts"]
 
 
@@ -66,7 +86,11 @@ def test_logit_kl_under_ddp_matches_the_teacher_it_was_computed_from(smoke):
 
 def test_70b_slice_trains_in_ddp_and_resumes_from_the_trainers_checkpoint(smoke):
     check = smoke["checks"]["70b_slice_4bit_ddp"]
-    assert check["backend"] == "gloo" and check["quantization"] == "none" and check["4bit"] == {"ok": None, "skipped": "bitsandbytes needs CUDA"}
+    assert (
+        check["backend"] == "gloo"
+        and check["quantization"] == "none"
+        and check["4bit"] == {"ok": None, "skipped": "bitsandbytes needs CUDA"}
+    )
     assert check["ddp_vs_plain_gradient_gap"] <= 1e-5
     ckpt = check["checkpoint"]
     assert ckpt["weights_restored_exactly"] and ckpt["step_after_resume_gap"] <= 1e-5
@@ -109,7 +133,10 @@ def test_each_throughput_lever_keeps_the_loss_and_falls_back_where_it_cannot_run
     for name, variant in ran.items():
         for shape, v in variant["shapes"].items():
             assert v["ok"] and v["last_loss"] < v["first_loss"], (name, shape)
-            assert v["loss_gap"] is None if variant["rows_factor"] == 2 else v["loss_gap"] <= check["loss_tolerance"], (name, shape)
+            assert v["loss_gap"] is None if variant["rows_factor"] == 2 else v["loss_gap"] <= check["loss_tolerance"], (
+                name,
+                shape,
+            )
     # one sequence, no padding, where max_length packs several
     for shape, v in ran["pack_length 4096"]["shapes"].items():
         assert v["packed_rows"] == 1 < ran["plain"]["shapes"][shape]["packed_rows"] and v["padding_fraction"] == 0

@@ -32,14 +32,22 @@ def submitted(head: dict, env_vars: dict, reads_it: str = READS_IT) -> tuple[str
     client = JobSubmissionClient(head["dashboard"], headers=head["headers"])
     job = client.submit_job(entrypoint=f'{sys.executable} -c "{reads_it}"', runtime_env={"env_vars": env_vars})
     deadline = time.time() + 180
-    while (status := client.get_job_status(job).value) not in ("SUCCEEDED", "FAILED", "STOPPED") and time.time() < deadline:
+    while (status := client.get_job_status(job).value) not in (
+        "SUCCEEDED",
+        "FAILED",
+        "STOPPED",
+    ) and time.time() < deadline:
         time.sleep(1)
     records = json.dumps([client.get_job_info(job).dict(), [j.dict() for j in client.list_jobs()]], default=str)
     return status, records + client.get_job_logs(job)
 
 
 def ray_files_holding(temp_dir: str, text: str) -> list[str]:
-    return [str(p) for p in Path(temp_dir).rglob("*") if p.is_file() and not p.is_symlink() and text.encode() in p.read_bytes()]
+    return [
+        str(p)
+        for p in Path(temp_dir).rglob("*")
+        if p.is_file() and not p.is_symlink() and text.encode() in p.read_bytes()
+    ]
 
 
 def test_a_token_file_keeps_the_token_out_of_rays_logs_and_job_records(tmp_path):

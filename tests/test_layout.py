@@ -113,9 +113,22 @@ def test_a_built_wheel_carries_every_module_of_jobs(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr[-2000:]
     (wheel,) = tmp_path.glob("*.whl")
     carried = set(zipfile.ZipFile(wheel).namelist())
@@ -126,7 +139,11 @@ def test_a_built_wheel_carries_every_module_of_jobs(tmp_path):
 def project_imports() -> dict[str, set[str]]:
     """{module: the project modules it imports, at the top or inside a function} over jobs, train,
     serve and common; `from a.b import c` counts a.b.c where c is a module, else a.b."""
-    files = {".".join(p.relative_to(ROOT).with_suffix("").parts): p for top in ("jobs", *LIBRARY) for p in (ROOT / top).rglob("*.py")}
+    files = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts): p
+        for top in ("jobs", *LIBRARY)
+        for p in (ROOT / top).rglob("*.py")
+    }
     files = {name.removesuffix(".__init__"): p for name, p in files.items()}
     graph = {}
     for name, path in files.items():
@@ -135,7 +152,9 @@ def project_imports() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets |= {alias.name for alias in node.names if alias.name in files}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in files:
-                targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module for a in node.names}
+                targets |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module for a in node.names
+                }
         graph[name] = targets - {name}
     return graph
 
@@ -190,6 +209,11 @@ def test_modules_and_functions_stay_small():
                 long_modules.append(f"{path.relative_to(ROOT)}: {len(text.splitlines())} lines")
             if top in ("jobs", "train"):
                 for node in ast.walk(ast.parse(text, str(path))):
-                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80:
-                        long_functions.append(f"{path.relative_to(ROOT)}: {node.name}, {node.end_lineno - node.lineno + 1} lines")
+                    if (
+                        isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                        and node.end_lineno - node.lineno + 1 > 80
+                    ):
+                        long_functions.append(
+                            f"{path.relative_to(ROOT)}: {node.name}, {node.end_lineno - node.lineno + 1} lines"
+                        )
     assert not long_modules and not long_functions, "\n".join(long_modules + long_functions)

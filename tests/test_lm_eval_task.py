@@ -35,7 +35,13 @@ def run_dir(tmp_path_factory, cache_dir) -> Path:
 
     root = tmp_path_factory.mktemp("run")
     cfg = load_experiment("tiny")
-    ctx = SimpleNamespace(cfg=cfg, run_dir=root, questions=load_wmdp("synthetic", cache_dir=cache_dir), world=None, record=lambda *args: None)
+    ctx = SimpleNamespace(
+        cfg=cfg,
+        run_dir=root,
+        questions=load_wmdp("synthetic", cache_dir=cache_dir),
+        world=None,
+        record=lambda *args: None,
+    )
     data.run(ctx, ["data"])
     return root
 
@@ -47,9 +53,15 @@ def lm_eval_samples(tiny_model: str, adapter: str, run_dir: Path) -> tuple[list[
 
     manager = TaskManager(include_path=str(TASKS), metadata={"run_dir": str(run_dir)})
     out = lm_eval.simple_evaluate(
-        model="hf", model_args=f"pretrained={tiny_model},peft={adapter},dtype=float32", device="cpu", tasks=[TASK],
-        task_manager=manager, limit=LIMIT, log_samples=True, batch_size=4,
-    )  # fmt: skip
+        model="hf",
+        model_args=f"pretrained={tiny_model},peft={adapter},dtype=float32",
+        device="cpu",
+        tasks=[TASK],
+        task_manager=manager,
+        limit=LIMIT,
+        log_samples=True,
+        batch_size=4,
+    )
     return sorted(out["samples"][TASK], key=lambda s: s["doc_id"]), out["results"][TASK]["acc,none"]
 
 
@@ -62,8 +74,17 @@ def pipeline_sums(tiny_model: str, adapter: str, questions: list[dict]) -> list[
     from serve.hf_scoring import cloze_sums
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), adapter).eval()
-    flat = iter(cloze_sums(model, tokenizer, [format_cloze_prompt(q["question"], q["subset"]) for q in questions], [q["choices"] for q in questions]))
+    model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), adapter
+    ).eval()
+    flat = iter(
+        cloze_sums(
+            model,
+            tokenizer,
+            [format_cloze_prompt(q["question"], q["subset"]) for q in questions],
+            [q["choices"] for q in questions],
+        )
+    )
     return [[next(flat) for _ in q["choices"]] for q in questions]
 
 

@@ -58,7 +58,12 @@ def test_no_metric_label_is_one_prometheus_owns():
     """Prometheus sets `job` and `instance` on every scraped series and renames a metric's own
     label of that name to exported_<name>, which the dashboard's queries would never find."""
     sources = [(ROOT / "train" / "loop.py").read_text(), (ROOT / "serve" / "metrics.py").read_text()]
-    labels = {label for source in sources for keys in re.findall(r"tag_keys=\(([^)]*)\)", source) for label in re.findall(r'"(\w+)"', keys)}
+    labels = {
+        label
+        for source in sources
+        for keys in re.findall(r"tag_keys=\(([^)]*)\)", source)
+        for label in re.findall(r'"(\w+)"', keys)
+    }
     assert labels and not labels & {"job", "instance"}, labels
 
 
@@ -80,5 +85,7 @@ def test_prometheus_and_grafana_are_started_on_loopback_without_anonymous_access
     prometheus = [c for c in commands if c.split()[0] == "prometheus"]
     grafana = [c.split("grafana-server")[0].split() for c in commands if "grafana-server" in c]
     assert prometheus and all("--web.listen-address=127.0.0.1:9090" in c.split() for c in prometheus)
-    assert grafana and all({"GF_SERVER_HTTP_ADDR=127.0.0.1", "GF_AUTH_ANONYMOUS_ENABLED=false"} <= set(env) for env in grafana)
+    assert grafana and all(
+        {"GF_SERVER_HTTP_ADDR=127.0.0.1", "GF_AUTH_ANONYMOUS_ENABLED=false"} <= set(env) for env in grafana
+    )
     assert not [c for c in commands if c.startswith("ray metrics launch-prometheus")]  # 0.0.0.0, lifecycle API on

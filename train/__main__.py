@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="base model: local folder or hub id")
     parser.add_argument("--data", required=True, help="JSONL or parquet file of {prompt, completion} rows")
     parser.add_argument("--output", required=True, help="adapter folder to create (must not exist)")
-    parser.add_argument("--config", default=None, help="YAML file, e.g. configs/tiny.yaml (default: train/config.py's defaults)")
+    parser.add_argument(
+        "--config", default=None, help="YAML file, e.g. configs/tiny.yaml (default: train/config.py's defaults)"
+    )
     parser.add_argument("--section", default="teacher", help="section of the preset to use ('' = top level)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--storage", default=None, help="Ray Train storage path (default: beside --output)")

@@ -22,9 +22,18 @@ from train.data import same_tokenizer
 # Settings of the worker group itself, which every job of a run must share (and `method`: a LoRA
 # run keeps one frozen base for all its jobs, a full one loads a base of its own per job).
 SHARED_KEYS = (
-    "method", "num_workers", "use_gpu", "strategy", "quantization", "attention",
-    "gradient_checkpointing", "kernels", "max_failures", "keep_checkpoints", "cpus_per_worker",
-)  # fmt: skip
+    "method",
+    "num_workers",
+    "use_gpu",
+    "strategy",
+    "quantization",
+    "attention",
+    "gradient_checkpointing",
+    "kernels",
+    "max_failures",
+    "keep_checkpoints",
+    "cpus_per_worker",
+)
 
 
 @dataclass(frozen=True)
@@ -70,19 +79,29 @@ def check_jobs(jobs: list[AdapterJob]) -> None:
     for job in jobs:
         for role, folder in (("teacher", job.teacher), ("init_a_from", job.init_a_from)):
             if folder is not None and not (Path(folder) / "adapter_config.json").is_file():
-                raise ConfigError(f"job {job.name}: its {role} {folder} is not a PEFT adapter folder (no adapter_config.json)")
+                raise ConfigError(
+                    f"job {job.name}: its {role} {folder} is not a PEFT adapter folder (no adapter_config.json)"
+                )
         if job.init_a_from is not None and job.cfg.method != "lora":
-            raise ConfigError(f"job {job.name}: init_a_from starts a LoRA adapter from another's A; method {job.cfg.method} trains no adapter")
+            raise ConfigError(
+                f"job {job.name}: init_a_from starts a LoRA adapter from another's A; method {job.cfg.method} trains no adapter"
+            )
         if job.teacher_base is not None and job.teacher is None:
-            raise ConfigError(f"job {job.name}: teacher_base is the base of a logit_kl teacher; the job names no teacher")
+            raise ConfigError(
+                f"job {job.name}: teacher_base is the base of a logit_kl teacher; the job names no teacher"
+            )
         if MASKS[job.cfg.mask].drops_tokens and job.teacher is not None:
-            raise ConfigError(f"job {job.name}: mask {job.cfg.mask} drops tokens from an SFT loss; a logit_kl job (teacher given) has none to drop")
+            raise ConfigError(
+                f"job {job.name}: mask {job.cfg.mask} drops tokens from an SFT loss; a logit_kl job (teacher given) has none to drop"
+            )
         if MASKS[job.cfg.mask].needs_scorer != (job.scorer is not None):
             raise ConfigError(
                 f"job {job.name}: mask divergence needs a scorer (the teacher adapter whose divergence from the base ranks tokens), and only it takes one"
             )
         if job.scorer is not None and not (Path(job.scorer) / "adapter_config.json").is_file():
-            raise ConfigError(f"job {job.name}: its scorer {job.scorer} is not a PEFT adapter folder (no adapter_config.json)")
+            raise ConfigError(
+                f"job {job.name}: its scorer {job.scorer} is not a PEFT adapter folder (no adapter_config.json)"
+            )
     if first.cfg.strategy == "fsdp" and len(jobs) > 1:
         raise ConfigError(
             f"strategy=fsdp trains one job per run ({len(jobs)} given): FSDP2 shards the model, adapter"
@@ -96,4 +115,6 @@ def check_teacher_bases(jobs: list[AdapterJob], model_path: str) -> None:
     for base in {j.teacher_base for j in jobs if j.teacher_base} - {model_path}:
         if not same_tokenizer(base, model_path):
             names = ", ".join(j.name for j in jobs if j.teacher_base == base)
-            raise ConfigError(f"job {names}: logit_kl needs one tokenizer, and its teacher's base {base} has another than {model_path}")
+            raise ConfigError(
+                f"job {names}: logit_kl needs one tokenizer, and its teacher's base {base} has another than {model_path}"
+            )

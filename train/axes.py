@@ -47,7 +47,9 @@ MASKS: dict[str, Mask] = {
     for mask in (
         Mask("none", drops_tokens=False, needs_scorer=False),
         Mask("divergence", drops_tokens=True, needs_scorer=True),
-        Mask("random", drops_tokens=True, needs_scorer=False),  # the divergence mask's control: as many tokens at random
+        Mask(
+            "random", drops_tokens=True, needs_scorer=False
+        ),  # the divergence mask's control: as many tokens at random
     )
 }
 

@@ -74,7 +74,9 @@ def cluster_capacity(launcher_config: dict | None = None) -> Capacity:
     """The connected Ray cluster's capacity (call after ray.init)."""
     import ray
 
-    node_gpus = tuple(sorted((g for n in ray.nodes() if n.get("Alive") and (g := n["Resources"].get("GPU", 0.0)) > 0), reverse=True))
+    node_gpus = tuple(
+        sorted((g for n in ray.nodes() if n.get("Alive") and (g := n["Resources"].get("GPU", 0.0)) > 0), reverse=True)
+    )
     config = launcher_config if launcher_config is not None else load_launcher_config()
     max_node_gpus = launcher_node_gpus(config) if config else ()
     if sum(max_node_gpus) < sum(node_gpus):

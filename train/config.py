@@ -29,7 +29,9 @@ class TrainConfig(Settings):
     lora_rank: int = 8
     lora_alpha: int = 16
     lora_dropout: float = 0.0
-    lora_targets: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    lora_targets: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
     lora_seed: int = 0
 
     # Optimisation. batch_size is rows per worker per micro-step. global_batch_size,
@@ -99,7 +101,9 @@ class TrainConfig(Settings):
         if not 0 < self.mask_fraction < 1:
             raise ConfigError(f"mask_fraction must be in (0, 1), got {self.mask_fraction}")
         if self.pack_length is not None and self.pack_length < self.max_length:
-            raise ConfigError(f"pack_length={self.pack_length} is shorter than max_length={self.max_length}: a row of max_length tokens would fit no sequence")
+            raise ConfigError(
+                f"pack_length={self.pack_length} is shorter than max_length={self.max_length}: a row of max_length tokens would fit no sequence"
+            )
         if self.method == "full" and self.quantization != "none":
             raise ConfigError(
                 f"method=full with quantization={self.quantization} is refused: full fine-tuning updates every "

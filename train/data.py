@@ -236,7 +236,9 @@ def _tokenize_with_ray_data(rows, tokenize_args: tuple, seed: int, out: Path) ->
     ds = rows if isinstance(rows, ray.data.Dataset) else ray.data.from_arrow(rows)
     tokenized = (
         ds.select_columns(["prompt", "completion"])
-        .map_batches(Tokenize, fn_constructor_args=tokenize_args, batch_size=512, compute=ray.data.ActorPoolStrategy(size=1))
+        .map_batches(
+            Tokenize, fn_constructor_args=tokenize_args, batch_size=512, compute=ray.data.ActorPoolStrategy(size=1)
+        )
         .random_shuffle(seed=seed)
     )
     tokenized.write_parquet(str(out))
@@ -251,7 +253,9 @@ def _tokenize_in_process(table, tokenize_args: tuple, seed: int, out: Path) -> n
     import pyarrow.parquet as pq
 
     tokenize = Tokenize(*tokenize_args)
-    parts = [tokenize(batch.to_pydict()) for batch in table.select(["prompt", "completion"]).to_batches(max_chunksize=512)]
+    parts = [
+        tokenize(batch.to_pydict()) for batch in table.select(["prompt", "completion"]).to_batches(max_chunksize=512)
+    ]
     tokens = pa.concat_tables(parts)
     tokens = tokens.take(np.random.default_rng(seed).permutation(tokens.num_rows))
     pq.write_table(tokens, out / "part-0.parquet")
@@ -321,7 +325,9 @@ def pack_batch(batch: dict, max_length: int, pad_id: int, one_row: bool = False)
     }
     if TEACHER_COLUMN in batch:  # logit_kl: the teacher's targets in the order kl_loss reads positions
         parts = [row_teacher_logprobs(stored, row_labels) for members in bins for _, row_labels, stored in members]
-        packed[TEACHER_COLUMN] = torch.from_numpy(np.concatenate(parts)) if parts else torch.zeros((0, 0), dtype=torch.float16)
+        packed[TEACHER_COLUMN] = (
+            torch.from_numpy(np.concatenate(parts)) if parts else torch.zeros((0, 0), dtype=torch.float16)
+        )
     return packed
 
 

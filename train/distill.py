@@ -36,7 +36,16 @@ from pathlib import Path
 import torch
 
 from train.data import TEACHER_COLUMN, completion_positions
-from train.teacher_pass import TeacherPass, cached_columns, extend_parquet, forward_logits, load_teacher, model_device, model_parts, padded_batches
+from train.teacher_pass import (
+    TeacherPass,
+    cached_columns,
+    extend_parquet,
+    forward_logits,
+    load_teacher,
+    model_device,
+    model_parts,
+    padded_batches,
+)
 
 NUMBER_CHARACTERS = set("0123456789 ,;.()[]\n\t")
 FORMAT_VERSION = 1
@@ -90,16 +99,24 @@ def write_targets(spec: TeacherPass, tokens_path: str, out: Path, pad_id: int) -
     device = model_device(spec.cfg)
     teacher = load_teacher(spec, device)
     ids = torch.tensor(spec.number_ids, device=device)
-    extend_parquet(tokens_path, out, lambda rows: {TEACHER_COLUMN: pa.array(row_targets(teacher, rows, ids, pad_id), type=pa.binary())})
+    extend_parquet(
+        tokens_path,
+        out,
+        lambda rows: {TEACHER_COLUMN: pa.array(row_targets(teacher, rows, ids, pad_id), type=pa.binary())},
+    )
 
 
 def teacher_targets(requests: dict[str, tuple[TeacherPass, str]], cache_dir: Path, pad_id: int) -> dict[str, str]:
     """{job: (spec, tokenized path)} -> {job: path of its rows with the teacher's targets}, each
     distinct (spec, rows) computed once (`cached_columns`)."""
-    return cached_columns("teacher_targets", requests, cache_dir, functools.partial(write_targets, pad_id=pad_id), targets_key)
+    return cached_columns(
+        "teacher_targets", requests, cache_dir, functools.partial(write_targets, pad_id=pad_id), targets_key
+    )
 
 
-def kl_loss(student_logits: torch.Tensor, teacher_logprobs: torch.Tensor, labels: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def kl_loss(
+    student_logits: torch.Tensor, teacher_logprobs: torch.Tensor, labels: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
     """Mean over completion positions of KL(teacher || student), both renormalised over `ids`.
 
     Logits at position p predict token p + 1, so position p counts where labels[p + 1] is set;
@@ -108,6 +125,8 @@ def kl_loss(student_logits: torch.Tensor, teacher_logprobs: torch.Tensor, labels
     at = labels[:, 1:] != -100
     student = student_logits[:, :-1][at][:, ids].float().log_softmax(-1)
     if teacher_logprobs.shape != student.shape:
-        raise ValueError(f"teacher targets {tuple(teacher_logprobs.shape)} do not match the batch's completion positions {tuple(student.shape)}")
+        raise ValueError(
+            f"teacher targets {tuple(teacher_logprobs.shape)} do not match the batch's completion positions {tuple(student.shape)}"
+        )
     teacher = teacher_logprobs.float().log_softmax(-1)  # stored in float16
     return (teacher.exp() * (teacher - student)).sum(-1).mean()

@@ -39,7 +39,16 @@ import numpy as np
 import torch
 
 from common.atomic import atomic_dir
-from train.teacher_pass import TeacherPass, cached_columns, extend_parquet, forward_logits, load_teacher, model_device, model_parts, padded_batches
+from train.teacher_pass import (
+    TeacherPass,
+    cached_columns,
+    extend_parquet,
+    forward_logits,
+    load_teacher,
+    model_device,
+    model_parts,
+    padded_batches,
+)
 
 SCORE_COLUMN = "divergence"
 TEACHER_ARGMAX = "teacher_argmax"
@@ -49,7 +58,14 @@ FORMAT_VERSION = 1
 
 def scores_key(spec: TeacherPass, tokens_path: str) -> str:
     """The cache key of a set of scores: the rows, the teacher (base and adapter bytes), how it is loaded."""
-    parts = ["divergence", FORMAT_VERSION, Path(tokens_path).name, *model_parts(spec.teacher_base, spec.teacher), spec.cfg.quantization, spec.cfg.attention]
+    parts = [
+        "divergence",
+        FORMAT_VERSION,
+        Path(tokens_path).name,
+        *model_parts(spec.teacher_base, spec.teacher),
+        spec.cfg.quantization,
+        spec.cfg.attention,
+    ]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
@@ -64,7 +80,9 @@ def scored_positions(labels, eos_id: int | None) -> np.ndarray:
 
 
 @torch.no_grad()
-def row_scores(model, rows: list[tuple[list[int], list[int]]], pad_id: int, eos_id: int | None, device: torch.device) -> list[dict]:
+def row_scores(
+    model, rows: list[tuple[list[int], list[int]]], pad_id: int, eos_id: int | None, device: torch.device
+) -> list[dict]:
     """Per row: {score: float32 [n], teacher_argmax, base_argmax: int [n]} at its scored positions.
     `model` is the teacher (a PeftModel); its adapter disabled, the base."""
     out = [{"score": np.zeros(0, np.float32), "teacher_argmax": [], "base_argmax": []} for _ in rows]
@@ -78,7 +96,10 @@ def row_scores(model, rows: list[tuple[list[int], list[int]]], pad_id: int, eos_
             tokens = input_ids[j].to(device)[at]
             rows_t, rows_b = teacher[j, pred], base[j, pred]
             out[i] = {
-                "score": (rows_t.gather(-1, tokens[:, None]) - rows_b.gather(-1, tokens[:, None]))[:, 0].cpu().numpy().astype(np.float32),
+                "score": (rows_t.gather(-1, tokens[:, None]) - rows_b.gather(-1, tokens[:, None]))[:, 0]
+                .cpu()
+                .numpy()
+                .astype(np.float32),
                 "teacher_argmax": rows_t.argmax(-1).tolist(),
                 "base_argmax": rows_b.argmax(-1).tolist(),
             }
@@ -103,10 +124,14 @@ def write_scores(spec: TeacherPass, tokens_path: str, out: Path, pad_id: int, eo
     extend_parquet(tokens_path, out, columns)
 
 
-def divergence_scores(requests: dict[str, tuple[TeacherPass, str]], cache_dir: Path, pad_id: int, eos_id: int | None) -> dict[str, str]:
+def divergence_scores(
+    requests: dict[str, tuple[TeacherPass, str]], cache_dir: Path, pad_id: int, eos_id: int | None
+) -> dict[str, str]:
     """{job: (spec, tokenized path)} -> {job: path of its rows with their scores}, each distinct
     (spec, rows) computed once, in a Ray task (train.teacher_pass.cached_columns)."""
-    return cached_columns("divergence", requests, cache_dir, functools.partial(write_scores, pad_id=pad_id, eos_id=eos_id), scores_key)
+    return cached_columns(
+        "divergence", requests, cache_dir, functools.partial(write_scores, pad_id=pad_id, eos_id=eos_id), scores_key
+    )
 
 
 def read_scores(stored: bytes) -> np.ndarray:
@@ -142,7 +167,11 @@ def masked_rows(tokens_path: str, cache_dir: Path, mask: str, fraction: float, s
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    key = hashlib.sha256(json.dumps([FORMAT_VERSION, Path(tokens_path).name, mask, fraction, seed if mask == "random" else None]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps(
+            [FORMAT_VERSION, Path(tokens_path).name, mask, fraction, seed if mask == "random" else None]
+        ).encode()
+    ).hexdigest()[:16]
     out = Path(cache_dir) / "masked" / key
     if (out / "_done").is_file():
         return str(out)
@@ -157,7 +186,9 @@ def masked_rows(tokens_path: str, cache_dir: Path, mask: str, fraction: float, s
                     row_labels[drop] = -100
                     labels.append(row_labels.tolist())
                     counts.append(len(drop))
-                table = table.set_column(table.schema.get_field_index("labels"), "labels", pa.array(labels, type=pa.list_(pa.int32())))
+                table = table.set_column(
+                    table.schema.get_field_index("labels"), "labels", pa.array(labels, type=pa.list_(pa.int32()))
+                )
                 pq.write_table(table.append_column("masked", pa.array(counts, type=pa.int32())), tmp / part.name)
             (tmp / "_done").write_text(json.dumps({"rows": tokens_path, "mask": mask, "fraction": fraction}))
     except FileExistsError:  # another job wrote the same entry first (same key: same content)

@@ -41,7 +41,9 @@ def use_kernels(model, cfg: TrainConfig, device: torch.device) -> str:
         return f"kernels: liger asked for, the plain path runs: {why}"
     from liger_kernel.transformers import apply_liger_kernel_to_llama
 
-    apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=True, model=model)
+    apply_liger_kernel_to_llama(
+        rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=True, model=model
+    )
     return "kernels: liger (RMSNorm, SwiGLU, RoPE, fused linear cross-entropy)"
 
 

@@ -71,7 +71,10 @@ def train_loop(config: dict) -> None:
         torch.backends.cudnn.allow_tf32 = True
     # Ray metrics (dashboard Metrics view / Prometheus), beside the reports in the Train view.
     # Tagged "adapter", not "job": Prometheus owns the "job" label (its scrape job) and renames ours.
-    gauges = {key: Gauge(f"lora_train_{key}", description=f"LoRA training {key}", tag_keys=("run", "adapter")) for key in GAUGES}
+    gauges = {
+        key: Gauge(f"lora_train_{key}", description=f"LoRA training {key}", tag_keys=("run", "adapter"))
+        for key in GAUGES
+    }
 
     checkpoint = ray.train.get_checkpoint()
     state = read_state(checkpoint, run.jobs[0].name)
@@ -145,17 +148,30 @@ def report(t: JobState, job: WorkerJob, save: bool, done: list[str], gauges: dic
         if flops_peak := peak_flops(t.device):
             mfu = (6 if job.cfg.method == "full" else 4) * t.n_params * tokens_per_s / (flops_peak * t.world)
     metrics = StepReport(
-        job=job.name, step=t.step, epoch=t.micro // job.micro_steps_per_epoch, loss=loss, lr=t.sched.get_last_lr()[0], tokens_per_s=tokens_per_s,
-        padding_fraction=1.0 - real_tokens / max(all_tokens, 1.0), step_time_s=elapsed / max(t.window.steps, 1), first_loss=t.first_loss,
-        resumed_from_step=t.resumed_from, init_hash=t.init_hash, done=t.step >= job.total_steps,
-        device=t.device.type, gpu_mem_gib=gpu_mem_gib, mfu=mfu,  # device: cuda or cpu, a run that fell back to CPU says so
-    )  # fmt: skip
+        job=job.name,
+        step=t.step,
+        epoch=t.micro // job.micro_steps_per_epoch,
+        loss=loss,
+        lr=t.sched.get_last_lr()[0],
+        tokens_per_s=tokens_per_s,
+        padding_fraction=1.0 - real_tokens / max(all_tokens, 1.0),
+        step_time_s=elapsed / max(t.window.steps, 1),
+        first_loss=t.first_loss,
+        resumed_from_step=t.resumed_from,
+        init_hash=t.init_hash,
+        done=t.step >= job.total_steps,
+        device=t.device.type,
+        gpu_mem_gib=gpu_mem_gib,
+        mfu=mfu,  # device: cuda or cpu, a run that fell back to CPU says so
+    )
     if t.rank == 0:
         for key, gauge in gauges.items():
             if getattr(metrics, key) is not None:
                 gauge.set(getattr(metrics, key), tags={"run": t.run_name, "adapter": job.name})
         if loss is not None:
-            progress(f"[train] {job.name}: step {t.step}/{job.total_steps}, loss {loss:.3f}, {tokens_per_s:.0f} tokens/s")
+            progress(
+                f"[train] {job.name}: step {t.step}/{job.total_steps}, loss {loss:.3f}, {tokens_per_s:.0f} tokens/s"
+            )
     if save:  # ray.train.report is a barrier across the workers: with checkpoints only
         save_checkpoint(t, job, metrics, done)
     t.window.restart()
@@ -163,7 +179,15 @@ def report(t: JobState, job: WorkerJob, save: bool, done: list[str], gauges: dic
 
 
 def train_job(
-    model, job: WorkerJob, run: WorkerRun, checkpoint, done: list[str], gauges: dict, marks: Marks, streams: Streams, following: WorkerJob | None
+    model,
+    job: WorkerJob,
+    run: WorkerRun,
+    checkpoint,
+    done: list[str],
+    gauges: dict,
+    marks: Marks,
+    streams: Streams,
+    following: WorkerJob | None,
 ) -> None:
     """Train one adapter (already attached to the base), or one whole model, to its last step and
     write its output folder. `checkpoint` is the run's latest when it belongs to this job, else

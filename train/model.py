@@ -39,7 +39,9 @@ def check_model_path(model_path: str) -> None:
 def check_hardware(cfg: TrainConfig, cuda_available: bool) -> None:
     """Settings that cannot work on this hardware fail before any work starts."""
     if cfg.quantization != "none" and not (cfg.use_gpu and cuda_available):
-        raise ConfigError(f"quantization={cfg.quantization} needs a CUDA GPU (bitsandbytes); set quantization=none on CPU")
+        raise ConfigError(
+            f"quantization={cfg.quantization} needs a CUDA GPU (bitsandbytes); set quantization=none on CPU"
+        )
     if cfg.attention == "flash_attention_2" and not (cfg.use_gpu and cuda_available):
         raise ConfigError("attention=flash_attention_2 needs a CUDA GPU")
 
@@ -140,7 +142,11 @@ def freeze_a_at(model, adapter_dir: str) -> None:
     trained A and freeze it, so only B trains (from zero). The adapters must match in targets and rank."""
     from safetensors.torch import load_file
 
-    trained = {_module_key(n): w for n, w in load_file(str(Path(adapter_dir) / "adapter_model.safetensors")).items() if "lora_A" in n}
+    trained = {
+        _module_key(n): w
+        for n, w in load_file(str(Path(adapter_dir) / "adapter_model.safetensors")).items()
+        if "lora_A" in n
+    }
     mine = {n: p for n, p in unwrap(model).named_parameters() if "lora_A" in n and ".default." in n}
     if {_module_key(n) for n in mine} != set(trained):
         raise ValueError(f"lora_init teacher_a: the adapter in {adapter_dir} has other LoRA modules than the student's")
@@ -159,7 +165,9 @@ def trained_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
     """The weights a job trains and saves, in name order: the adapter's (the trainable ones, and LoRA
     weights frozen at an init of their own, `freeze_a_at`, which the saved adapter must still hold),
     or every weight of a fully fine-tuned model."""
-    params = [(n, p) for n, p in unwrap(model).named_parameters() if p.requires_grad or ("lora_" in n and ".default." in n)]
+    params = [
+        (n, p) for n, p in unwrap(model).named_parameters() if p.requires_grad or ("lora_" in n and ".default." in n)
+    ]
     return sorted(params, key=lambda item: item[0])
 
 
@@ -168,7 +176,11 @@ def detach_lora(model):
     base = model.unload()
     # PEFT hooks the input embeddings for gradient checkpointing on attach (not on a quantized
     # base, whose hook prepare_model_for_kbit_training set once): drop it, the next attach adds its own.
-    quantized = getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False) or getattr(base, "is_quantized", False)
+    quantized = (
+        getattr(base, "is_loaded_in_4bit", False)
+        or getattr(base, "is_loaded_in_8bit", False)
+        or getattr(base, "is_quantized", False)
+    )
     if not quantized and getattr(base, "_require_grads_hooks", None):
         base.disable_input_require_grads()
     return base
@@ -208,7 +220,9 @@ def wrap_distributed(model, cfg: TrainConfig, device: torch.device, ddp_alone: b
     if cfg.strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+        return DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
+        )
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype(device), reduce_dtype=torch.float32)

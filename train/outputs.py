@@ -56,9 +56,12 @@ def read_state(checkpoint, first_job: str) -> dict:
     with checkpoint.as_directory() as d:
         state = json.loads((Path(d) / "state.json").read_text())
     return {
-        "done": state.get("done", []), "job": state.get("job", first_job), "step": state["step"],
-        "loss_history": state.get("loss_history", []), "step_history": state.get("step_history", []),
-    }  # fmt: skip
+        "done": state.get("done", []),
+        "job": state.get("job", first_job),
+        "step": state["step"],
+        "loss_history": state.get("loss_history", []),
+        "step_history": state.get("step_history", []),
+    }
 
 
 def restore(model, checkpoint) -> tuple[dict, dict]:
@@ -68,7 +71,9 @@ def restore(model, checkpoint) -> tuple[dict, dict]:
         weights = load_plain(d / "trainable.pt")
         trained = {name for name, _ in trained_parameters(model)}
         if set(weights) != trained:
-            raise RuntimeError(f"checkpoint {d} does not match the model's trained weights: {sorted(set(weights) ^ trained)[:3]}")
+            raise RuntimeError(
+                f"checkpoint {d} does not match the model's trained weights: {sorted(set(weights) ^ trained)[:3]}"
+            )
         model.load_state_dict(weights, strict=False)
         optim = load_plain(d / "optimizer.pt")
     return optim["optimizer"], optim["scheduler"]
@@ -82,7 +87,9 @@ def load_plain(path: Path):
     except pickle.UnpicklingError as e:
         lines = str(e).splitlines()
         why = next((line.strip() for line in lines if "Unsupported global" in line), lines[0] if lines else "")
-        raise RuntimeError(f"checkpoint file {path} holds objects other than tensors and plain values; refusing to load it ({why})") from None
+        raise RuntimeError(
+            f"checkpoint file {path} holds objects other than tensors and plain values; refusing to load it ({why})"
+        ) from None
 
 
 def write_checkpoint(d: Path, model, weights: dict, optim: dict, sched: dict, state: dict) -> None:
@@ -118,7 +125,9 @@ def snapshot_steps_in(staging: Path) -> list[int]:
     return sorted(int(n.split("-", 1)[1]) for n in names if n.startswith("step-"))
 
 
-def finalize(output_dir: Path, run_id: str, model, weights: dict, result: TrainResult, with_final_snapshot: bool) -> TrainResult:
+def finalize(
+    output_dir: Path, run_id: str, model, weights: dict, result: TrainResult, with_final_snapshot: bool
+) -> TrainResult:
     """Write the final adapter (or model) and its result (train_metrics.json) into the staging folder
     and rename it to `output_dir`.
 

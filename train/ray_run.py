@@ -60,7 +60,9 @@ def worker_resources(cfg: TrainConfig, cap: Capacity) -> dict:
         resources = {"CPU": min(1.0, max(0.1, (max(cap.cpus, 1) - 1) / cfg.num_workers))}
     if cfg.use_gpu:
         if cap.max_gpus < cfg.num_workers:
-            raise ConfigError(f"num_workers={cfg.num_workers} GPU workers need {cfg.num_workers} GPUs; the cluster has {describe(cap)}")
+            raise ConfigError(
+                f"num_workers={cfg.num_workers} GPU workers need {cfg.num_workers} GPUs; the cluster has {describe(cap)}"
+            )
         resources["GPU"] = 1
     return resources
 
@@ -98,7 +100,9 @@ def ray_trainer(run: WorkerRun, datasets: dict, *, run_name: str, storage_path: 
     return TorchTrainer(
         train_loop,
         train_loop_config={"run": run},
-        scaling_config=ScalingConfig(num_workers=shared.num_workers, use_gpu=shared.use_gpu, resources_per_worker=resources),
+        scaling_config=ScalingConfig(
+            num_workers=shared.num_workers, use_gpu=shared.use_gpu, resources_per_worker=resources
+        ),
         run_config=RunConfig(
             name=run_name,
             storage_path=str(storage_path),
@@ -119,4 +123,7 @@ def data_config(plans: list[WorkerJob]):
     from ray.data import ExecutionOptions
     from ray.train import DataConfig
 
-    return DataConfig(datasets_to_split=[j.name for j in plans if not j.split_by_rank], execution_options=ExecutionOptions(preserve_order=True))
+    return DataConfig(
+        datasets_to_split=[j.name for j in plans if not j.split_by_rank],
+        execution_options=ExecutionOptions(preserve_order=True),
+    )

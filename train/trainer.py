@@ -45,7 +45,9 @@ def plan_steps(rows: int, cfg: TrainConfig) -> tuple[int, int]:
     """(micro-batches per worker per epoch, total optimizer steps) for `rows` training rows."""
     micro_per_epoch = rows // cfg.num_workers // cfg.batch_size
     if micro_per_epoch < cfg.grad_accum:
-        raise DataError(f"{rows} rows are too few for {cfg.num_workers} workers x batch_size {cfg.batch_size} x grad_accum {cfg.grad_accum}")
+        raise DataError(
+            f"{rows} rows are too few for {cfg.num_workers} workers x batch_size {cfg.batch_size} x grad_accum {cfg.grad_accum}"
+        )
     total = cfg.epochs * micro_per_epoch // cfg.grad_accum
     return micro_per_epoch, min(total, cfg.max_steps) if cfg.max_steps else total
 
@@ -117,7 +119,9 @@ def train_lora_many(
     return outputs(jobs, run_id, run_name, result.checkpoint.path, marks.at(fit_finished=time.time()))
 
 
-def prepare(model_path: str, jobs: list[AdapterJob], run_id: str, cache_dir: str | Path | None) -> tuple[WorkerRun, dict]:
+def prepare(
+    model_path: str, jobs: list[AdapterJob], run_id: str, cache_dir: str | Path | None
+) -> tuple[WorkerRun, dict]:
     """What every worker is handed (the WorkerRun) and the Ray Datasets it reads: each job's rows
     tokenized through the cache, a logit_kl job's rows with its teacher's targets, a masked job's
     with its masked tokens unlabelled, and its steps planned (worker_jobs)."""
@@ -127,17 +131,29 @@ def prepare(model_path: str, jobs: list[AdapterJob], run_id: str, cache_dir: str
     tokenizer = load_pretrained(AutoTokenizer, model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     number_ids = number_token_ids(tokenizer) if any(j.teacher for j in jobs) else None
-    tokenized = {j.name: tokenize_to_cache(j.data, model_path, j.cfg.max_length, j.cfg.too_long, j.cfg.seed, cache_dir) for j in jobs}
+    tokenized = {
+        j.name: tokenize_to_cache(j.data, model_path, j.cfg.max_length, j.cfg.too_long, j.cfg.seed, cache_dir)
+        for j in jobs
+    }
     # logit_kl: the teacher's targets over each job's rows, computed once per distinct teacher and rows
     rows_of = {j.name: tokenized[j.name]["path"] for j in jobs}
     rows_of |= teacher_targets(
-        {j.name: (TeacherPass(j.teacher_base or str(model_path), j.teacher, j.cfg, tuple(number_ids)), rows_of[j.name]) for j in jobs if j.teacher},
+        {
+            j.name: (
+                TeacherPass(j.teacher_base or str(model_path), j.teacher, j.cfg, tuple(number_ids)),
+                rows_of[j.name],
+            )
+            for j in jobs
+            if j.teacher
+        },
         cache_dir,
         pad_id,
     )
     rows_of |= masked(jobs, rows_of, model_path, cache_dir, pad_id, tokenizer.eos_token_id)
     datasets, plans = worker_jobs(jobs, tokenized, rows_of)
-    return WorkerRun(tuple(plans), str(model_path), pad_id, run_id, tuple(number_ids) if number_ids is not None else None), datasets
+    return WorkerRun(
+        tuple(plans), str(model_path), pad_id, run_id, tuple(number_ids) if number_ids is not None else None
+    ), datasets
 
 
 def worker_jobs(jobs: list[AdapterJob], tokenized: dict, rows_of: dict) -> tuple[dict, list[WorkerJob]]:
@@ -149,19 +165,36 @@ def worker_jobs(jobs: list[AdapterJob], tokenized: dict, rows_of: dict) -> tuple
         micro_per_epoch, total_steps = plan_steps(tokens["rows"], cfg)
         datasets |= job_datasets(job.name, rows_of[job.name], cfg.num_workers)
         facts = TrainFacts(
-            rows=tokens["rows"], rows_truncated=tokens["truncated"], rows_dropped=tokens["dropped"], total_steps=total_steps,
-            global_batch_size=cfg.num_workers * cfg.batch_size * cfg.grad_accum, train_config=to_dict(cfg),
-            loss_type=loss_of(job.teacher is not None), tokens_masked=masked_total(rows_of[job.name]) if MASKS[cfg.mask].drops_tokens else None,
-        )  # fmt: skip
-        plans.append(WorkerJob(
-            job.name, cfg, str(job.output_dir), micro_per_epoch, total_steps, tuple(snapshot_steps(total_steps, cfg.snapshots)), facts,
-            distil=job.teacher is not None, init_a_from=job.init_a_from, split_by_rank=job.name not in datasets,
-        ))  # fmt: skip
+            rows=tokens["rows"],
+            rows_truncated=tokens["truncated"],
+            rows_dropped=tokens["dropped"],
+            total_steps=total_steps,
+            global_batch_size=cfg.num_workers * cfg.batch_size * cfg.grad_accum,
+            train_config=to_dict(cfg),
+            loss_type=loss_of(job.teacher is not None),
+            tokens_masked=masked_total(rows_of[job.name]) if MASKS[cfg.mask].drops_tokens else None,
+        )
+        plans.append(
+            WorkerJob(
+                job.name,
+                cfg,
+                str(job.output_dir),
+                micro_per_epoch,
+                total_steps,
+                tuple(snapshot_steps(total_steps, cfg.snapshots)),
+                facts,
+                distil=job.teacher is not None,
+                init_a_from=job.init_a_from,
+                split_by_rank=job.name not in datasets,
+            )
+        )
         job.output_dir.parent.mkdir(parents=True, exist_ok=True)
     return datasets, plans
 
 
-def outputs(jobs: list[AdapterJob], run_id: str, run_name: str, checkpoint: str, marks: Marks) -> dict[str, TrainResult]:
+def outputs(
+    jobs: list[AdapterJob], run_id: str, run_name: str, checkpoint: str, marks: Marks
+) -> dict[str, TrainResult]:
     """Each job's result from its output folder, which this run must have written, with the driver's
     `marks` (when the run was called, its workers asked for, and done) beside the worker's; the last
     job's carries the run's final checkpoint."""
@@ -181,13 +214,21 @@ def outputs(jobs: list[AdapterJob], run_id: str, run_name: str, checkpoint: str,
     return out
 
 
-def masked(jobs: list[AdapterJob], rows_of: dict, model_path: str, cache_dir: Path, pad_id: int, eos_id: int | None) -> dict[str, str]:
+def masked(
+    jobs: list[AdapterJob], rows_of: dict, model_path: str, cache_dir: Path, pad_id: int, eos_id: int | None
+) -> dict[str, str]:
     """{job: its rows with masked tokens unlabelled} for the jobs with a mask: divergence scores
     first (once per scorer and rows, in Ray tasks), then the masks (train/divergence.py)."""
-    requests = {j.name: (TeacherPass(str(model_path), j.scorer, j.cfg), rows_of[j.name]) for j in jobs if MASKS[j.cfg.mask].needs_scorer}
+    requests = {
+        j.name: (TeacherPass(str(model_path), j.scorer, j.cfg), rows_of[j.name])
+        for j in jobs
+        if MASKS[j.cfg.mask].needs_scorer
+    }
     scored = divergence_scores(requests, cache_dir, pad_id, eos_id) if requests else {}
     return {
-        j.name: masked_rows(scored.get(j.name, rows_of[j.name]), cache_dir, j.cfg.mask, j.cfg.mask_fraction, j.cfg.seed, eos_id)
+        j.name: masked_rows(
+            scored.get(j.name, rows_of[j.name]), cache_dir, j.cfg.mask, j.cfg.mask_fraction, j.cfg.seed, eos_id
+        )
         for j in jobs
         if MASKS[j.cfg.mask].drops_tokens
     }
@@ -196,7 +237,12 @@ def masked(jobs: list[AdapterJob], rows_of: dict, model_path: str, cache_dir: Pa
 def masked_total(parquet_dir: str) -> int:
     import pyarrow.parquet as pq
 
-    return int(sum(pq.read_table(part, columns=["masked"]).column("masked").to_numpy().sum() for part in Path(parquet_dir).glob("*.parquet")))
+    return int(
+        sum(
+            pq.read_table(part, columns=["masked"]).column("masked").to_numpy().sum()
+            for part in Path(parquet_dir).glob("*.parquet")
+        )
+    )
 
 
 def train_lora(
@@ -220,4 +266,6 @@ def train_lora(
     output_dir = Path(output_dir).absolute()
     storage_path = storage_path or output_dir.parent / "ray_train"
     job = AdapterJob("train", data, output_dir, cfg)
-    return train_lora_many(model_path, [job], storage_path=storage_path, run_name=run_name or output_dir.name, cache_dir=cache_dir)["train"]
+    return train_lora_many(
+        model_path, [job], storage_path=storage_path, run_name=run_name or output_dir.name, cache_dir=cache_dir
+    )["train"]

@@ -90,7 +90,9 @@ class Window:
 
     def add(self, loss: torch.Tensor, batch: dict, first_micro: bool) -> None:
         """One micro-step's loss and tokens; `first_micro` opens a new optimizer step."""
-        self.sums += torch.stack([loss.double(), self.one, batch["real_tokens"].double(), batch["total_tokens"].double()])
+        self.sums += torch.stack(
+            [loss.double(), self.one, batch["real_tokens"].double(), batch["total_tokens"].double()]
+        )
         if first_micro:
             self.step_losses.append(torch.zeros(2, dtype=torch.float64, device=self.sums.device))
         self.step_losses[-1] += torch.stack([loss.double(), self.one])
@@ -164,11 +166,24 @@ def start_job(model, job: WorkerJob, run: WorkerRun, checkpoint) -> JobState:
         sched.load_state_dict(sched_state)
     step = resumed["step"]
     return JobState(
-        model=model, opt=opt, sched=sched, params=params, device=device,
-        rank=ctx.get_world_rank(), world=ctx.get_world_size(), run_name=ctx.get_experiment_name(),
-        step=step, micro=step * cfg.grad_accum, history=resumed["loss_history"], step_history=resumed["step_history"], resumed_from=step if checkpoint is not None else None,
-        init_hash=init_hash, n_params=n_params, number_ids=torch.tensor(run.number_ids, device=device) if job.distil else None, window=Window(device),
-    )  # fmt: skip
+        model=model,
+        opt=opt,
+        sched=sched,
+        params=params,
+        device=device,
+        rank=ctx.get_world_rank(),
+        world=ctx.get_world_size(),
+        run_name=ctx.get_experiment_name(),
+        step=step,
+        micro=step * cfg.grad_accum,
+        history=resumed["loss_history"],
+        step_history=resumed["step_history"],
+        resumed_from=step if checkpoint is not None else None,
+        init_hash=init_hash,
+        n_params=n_params,
+        number_ids=torch.tensor(run.number_ids, device=device) if job.distil else None,
+        window=Window(device),
+    )
 
 
 def save_checkpoint(t: JobState, job: WorkerJob, metrics: StepReport, done: list[str]) -> None:
@@ -181,7 +196,13 @@ def save_checkpoint(t: JobState, job: WorkerJob, metrics: StepReport, done: list
         optim = get_optimizer_state_dict(t.model, t.opt, options=full_state())
         ckpt = None
         if t.rank == 0:
-            state = {"done": done, "job": job.name, "step": t.step, "loss_history": t.history, "step_history": t.step_history}
+            state = {
+                "done": done,
+                "job": job.name,
+                "step": t.step,
+                "loss_history": t.history,
+                "step_history": t.step_history,
+            }
             write_checkpoint(Path(tmp), t.model, weights, optim, t.sched.state_dict(), state)
             ckpt = ray.train.Checkpoint.from_directory(tmp)
         ray.train.report(metrics.metrics(), checkpoint=ckpt)

@@ -47,8 +47,13 @@ def hold_training_state(model_path: str, device: str, smoke: bool, workdir: str,
     optimizer_step(model, opt, None, [batch], cfg)
     held = forward_loss(model, batch)  # noqa: F841  (its graph keeps the activations)
     gpu = ctx.device.type == "cuda"
-    conn.send({"pid": os.getpid(), "allocated_gib": torch.cuda.memory_allocated(ctx.device) / GIB if gpu else None,
-               "reserved_gib": torch.cuda.memory_reserved(ctx.device) / GIB if gpu else None})  # fmt: skip
+    conn.send(
+        {
+            "pid": os.getpid(),
+            "allocated_gib": torch.cuda.memory_allocated(ctx.device) / GIB if gpu else None,
+            "reserved_gib": torch.cuda.memory_reserved(ctx.device) / GIB if gpu else None,
+        }
+    )
     while True:
         time.sleep(60)
 
@@ -56,15 +61,23 @@ def hold_training_state(model_path: str, device: str, smoke: bool, workdir: str,
 def check_handoff(ctx, model_path: str) -> dict:
     spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state inherited
     receive, send = spawn.Pipe(duplex=False)
-    child = spawn.Process(target=hold_training_state, args=(model_path, str(ctx.device), ctx.smoke, str(ctx.workdir), send), daemon=True)
+    child = spawn.Process(
+        target=hold_training_state, args=(model_path, str(ctx.device), ctx.smoke, str(ctx.workdir), send), daemon=True
+    )
     if ctx.gpu:  # this process must leave the memory free itself, or the wait below measures it
         wait_for_free(UTILIZATION, 10)
     before = {i: free / GIB for i, free, _ in gpu_memory()}
     child.start()
     try:
         if not receive.poll(READY_TIMEOUT_S):
-            raise TimeoutError(f"the child did not hold the training state within {READY_TIMEOUT_S} s (exit code {child.exitcode})")
-        out = {"child": receive.recv(), "free_gib_before_child": before, "free_gib_with_child": {i: free / GIB for i, free, _ in gpu_memory()}}
+            raise TimeoutError(
+                f"the child did not hold the training state within {READY_TIMEOUT_S} s (exit code {child.exitcode})"
+            )
+        out = {
+            "child": receive.recv(),
+            "free_gib_before_child": before,
+            "free_gib_with_child": {i: free / GIB for i, free, _ in gpu_memory()},
+        }
         os.kill(child.pid, signal.SIGKILL)
         killed = time.monotonic()
         if ctx.gpu:

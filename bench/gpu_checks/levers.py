@@ -54,7 +54,10 @@ def check_levers(ctx: Context, model, steps: int, only: list[str] | None = None)
             continue
         cfg = ctx.cfg(**overrides)
         if cfg.compile and ctx.smoke:
-            out["variants"][name] = {"ok": None, "skipped": "compilation on CPU is tested in tests/train/test_levers.py"}
+            out["variants"][name] = {
+                "ok": None,
+                "skipped": "compilation on CPU is tested in tests/train/test_levers.py",
+            }
             continue
         if cfg.kernels == "liger" and not patched:
             out["kernels"] = use_kernels(model.get_base_model(), cfg, ctx.device)
@@ -62,7 +65,9 @@ def check_levers(ctx: Context, model, steps: int, only: list[str] | None = None)
         compiled = use_compile(model, cfg, ctx.device) if cfg.compile else None
         started = time.time()
         try:
-            shapes = {shape: measure(ctx, model, cfg, initial, shape, factor, steps, n_params, peak) for shape in ctx.shapes}
+            shapes = {
+                shape: measure(ctx, model, cfg, initial, shape, factor, steps, n_params, peak) for shape in ctx.shapes
+            }
         finally:
             if cfg.compile:
                 for layer in decoder_layers(model):
@@ -75,12 +80,19 @@ def check_levers(ctx: Context, model, steps: int, only: list[str] | None = None)
             "shapes": shapes,
             "seconds": round(time.time() - started, 1),
         }
-        line = ", ".join(f"{s}: {v['tokens_per_s']:.0f} tokens/s, MFU {v['mfu'] or 0:.3f}, {v['peak_memory_gib'] or 0:.1f} GiB" for s, v in shapes.items())
+        line = ", ".join(
+            f"{s}: {v['tokens_per_s']:.0f} tokens/s, MFU {v['mfu'] or 0:.3f}, {v['peak_memory_gib'] or 0:.1f} GiB"
+            for s, v in shapes.items()
+        )
         print(f"  8b_levers {name}: {line}", flush=True)
     plain = out["variants"]["plain"]["shapes"]
     for variant in out["variants"].values():
         for shape, v in variant.get("shapes", {}).items():
-            v["loss_gap"] = None if variant["rows_factor"] != 1 else abs(v["loss_at_start"] - plain[shape]["loss_at_start"]) / plain[shape]["loss_at_start"]
+            v["loss_gap"] = (
+                None
+                if variant["rows_factor"] != 1
+                else abs(v["loss_at_start"] - plain[shape]["loss_at_start"]) / plain[shape]["loss_at_start"]
+            )
             v["speedup"] = v["tokens_per_s"] / plain[shape]["tokens_per_s"]
             v["ok"] = v["last_loss"] < v["first_loss"] and (v["loss_gap"] is None or v["loss_gap"] <= loss_tol)
         if "shapes" in variant:
@@ -89,7 +101,9 @@ def check_levers(ctx: Context, model, steps: int, only: list[str] | None = None)
     return out
 
 
-def measure(ctx: Context, model, cfg, initial: dict, shape_name: str, factor: int, steps: int, n_params: int, peak) -> dict:
+def measure(
+    ctx: Context, model, cfg, initial: dict, shape_name: str, factor: int, steps: int, n_params: int, peak
+) -> dict:
     """One shape under one variant: the loss at the initial weights, then WARMUP + `steps` optimizer steps."""
     shape = {**ctx.shapes[shape_name], "rows": ctx.shapes[shape_name]["rows"] * factor}
     with torch.no_grad():
@@ -97,7 +111,9 @@ def measure(ctx: Context, model, cfg, initial: dict, shape_name: str, factor: in
             if n in initial:
                 p.copy_(initial[n])
     seed = list(ctx.shapes).index(shape_name)
-    batch = packed(shape_rows(shape, model.config.vocab_size, seed), cfg.pack_length or shape["max_length"], model, ctx.device)
+    batch = packed(
+        shape_rows(shape, model.config.vocab_size, seed), cfg.pack_length or shape["max_length"], model, ctx.device
+    )
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg, ctx.device)
     model.train()
     with torch.no_grad():
@@ -110,9 +126,16 @@ def measure(ctx: Context, model, cfg, initial: dict, shape_name: str, factor: in
     seconds = clock(ctx.device) - started
     tokens_per_s = int(batch["real_tokens"]) * steps / seconds
     return {
-        "rows": shape["rows"], "packed_rows": int(batch["input_ids"].shape[0]), "real_tokens": int(batch["real_tokens"]),
-        "padding_fraction": 1 - int(batch["real_tokens"]) / int(batch["total_tokens"]), "loss_at_start": loss_at_start,
-        "first_loss": losses[0], "last_loss": losses[-1], "step_s": seconds / steps, "tokens_per_s": tokens_per_s,
-        "mfu": 4 * n_params * tokens_per_s / peak if peak else None, "peak_memory_gib": peak_gib(ctx.device),
+        "rows": shape["rows"],
+        "packed_rows": int(batch["input_ids"].shape[0]),
+        "real_tokens": int(batch["real_tokens"]),
+        "padding_fraction": 1 - int(batch["real_tokens"]) / int(batch["total_tokens"]),
+        "loss_at_start": loss_at_start,
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "step_s": seconds / steps,
+        "tokens_per_s": tokens_per_s,
+        "mfu": 4 * n_params * tokens_per_s / peak if peak else None,
+        "peak_memory_gib": peak_gib(ctx.device),
         "sdpa_kernels": sorted(map(str, kernels)),
-    }  # fmt: skip
+    }

@@ -20,7 +20,15 @@ import torch
 
 from train.data import TEACHER_COLUMN
 from train.distill import row_targets
-from train.model import adapter_hash, attach_lora, autocast_for, load_base, save_trained, trainable_state, wrap_distributed
+from train.model import (
+    adapter_hash,
+    attach_lora,
+    autocast_for,
+    load_base,
+    save_trained,
+    trainable_state,
+    wrap_distributed,
+)
 from train.step import forward_loss, make_optimizer
 from train.teacher_pass import TeacherPass, load_teacher
 
@@ -35,7 +43,10 @@ def check_logit_kl(ctx: Context, model_path: str) -> dict:
     cfg = ctx.cfg(max_length=shape["max_length"])
     student = attach_lora(load_base(model_path, cfg, ctx.device), cfg)
     vocab = student.config.vocab_size
-    ids = torch.tensor(np.sort(np.random.default_rng(3).choice(np.arange(3, vocab), min(NUMBER_TOKENS, vocab // 4), replace=False)), device=ctx.device)
+    ids = torch.tensor(
+        np.sort(np.random.default_rng(3).choice(np.arange(3, vocab), min(NUMBER_TOKENS, vocab // 4), replace=False)),
+        device=ctx.device,
+    )
     init = trainable_state(student)
     save_trained(student, init, ctx.workdir / "teacher-untrained")
     generator = torch.Generator().manual_seed(4)
@@ -46,9 +57,15 @@ def check_logit_kl(ctx: Context, model_path: str) -> dict:
     ddp.train()
     opt = make_optimizer([p for p in ddp.parameters() if p.requires_grad], cfg, ctx.device)
     rows = shape_rows(shape, vocab, seed=5)
-    out = {"ddp": isinstance(ddp, torch.nn.parallel.DistributedDataParallel), "number_tokens": int(ids.numel()), **shape}
+    out = {
+        "ddp": isinstance(ddp, torch.nn.parallel.DistributedDataParallel),
+        "number_tokens": int(ids.numel()),
+        **shape,
+    }
     for name in ("untrained", "trained"):
-        teacher = load_teacher(TeacherPass(model_path, str(ctx.workdir / f"teacher-{name}"), cfg, tuple(ids.tolist())), ctx.device)
+        teacher = load_teacher(
+            TeacherPass(model_path, str(ctx.workdir / f"teacher-{name}"), cfg, tuple(ids.tolist())), ctx.device
+        )
         stored = row_targets(teacher, list(zip(rows["input_ids"], rows["labels"])), ids, pad_id=0)
         batch = packed({**rows, TEACHER_COLUMN: np.array(stored, dtype=object)}, shape["max_length"], ddp, ctx.device)
         kl = forward_loss(ddp, batch, ids)
@@ -59,20 +76,29 @@ def check_logit_kl(ctx: Context, model_path: str) -> dict:
             frozen = {id(p) for p in teacher.parameters()}
             hash_before = adapter_hash(teacher)
             kls = [optimizer_step(ddp, opt, None, [batch], cfg, ids) for _ in range(STEPS)]
-            result.update(kl_after_steps=float(forward_loss(ddp, batch, ids).detach()), steps=STEPS, kl_per_step=kls,
-                          teacher_frozen=not any(p.requires_grad for p in teacher.parameters()),
-                          teacher_outside_optimizer=not any(id(p) in frozen for g in opt.param_groups for p in g["params"]),
-                          teacher_unchanged=adapter_hash(teacher) == hash_before)  # fmt: skip
+            result.update(
+                kl_after_steps=float(forward_loss(ddp, batch, ids).detach()),
+                steps=STEPS,
+                kl_per_step=kls,
+                teacher_frozen=not any(p.requires_grad for p in teacher.parameters()),
+                teacher_outside_optimizer=not any(id(p) in frozen for g in opt.param_groups for p in g["params"]),
+                teacher_unchanged=adapter_hash(teacher) == hash_before,
+            )
         out[name] = result
         del teacher
     kl_tol, grad_tol = ctx.tolerance(5e-3, 1e-5), ctx.tolerance(5e-2, 1e-2)
     trained = out["trained"]
     out.update(kl_tolerance=kl_tol, gradient_tolerance=grad_tol)
     out["ok"] = bool(
-        out["ddp"] and out["untrained"]["kl"] <= kl_tol and trained["kl"] > 10 * kl_tol
-        and trained["gradient_gap_stored_vs_in_loop"] <= grad_tol and trained["kl_after_steps"] < trained["kl"]
-        and trained["teacher_frozen"] and trained["teacher_outside_optimizer"] and trained["teacher_unchanged"]
-    )  # fmt: skip
+        out["ddp"]
+        and out["untrained"]["kl"] <= kl_tol
+        and trained["kl"] > 10 * kl_tol
+        and trained["gradient_gap_stored_vs_in_loop"] <= grad_tol
+        and trained["kl_after_steps"] < trained["kl"]
+        and trained["teacher_frozen"]
+        and trained["teacher_outside_optimizer"]
+        and trained["teacher_unchanged"]
+    )
     return out
 
 

@@ -30,7 +30,12 @@ def check_packing(ctx: Context, model) -> dict:
     model.train()  # as in training: LoRA dropout (0 in the presets), checkpointing where set
     # bf16 over 32 layers vs float32; a leak moves them by O(1)
     loss_tol, grad_tol = ctx.tolerance(2e-2, 1e-4), ctx.tolerance(1e-1, 1e-4)
-    out = {"attention": model.config._attn_implementation, "loss_tolerance": loss_tol, "gradient_tolerance": grad_tol, "shapes": {}}
+    out = {
+        "attention": model.config._attn_implementation,
+        "loss_tolerance": loss_tol,
+        "gradient_tolerance": grad_tol,
+        "shapes": {},
+    }
     for seed, (name, shape) in enumerate(ctx.shapes.items(), start=10):
         batch = packed(shape_rows(shape, model.config.vocab_size, seed), shape["max_length"], model, ctx.device)
         examples = packed_examples(batch)
@@ -44,7 +49,14 @@ def check_packing(ctx: Context, model) -> dict:
         for i, (b, start, n) in enumerate(examples):
             loss = summed_loss(logits[b, start : start + n], labels[b, start : start + n])
             loss.backward(retain_graph=i < len(examples) - 1)
-            in_pack.append((float(loss.detach()), flat_grads(model), logits[b, start : start + n].detach(), leaked[b, start : start + n]))
+            in_pack.append(
+                (
+                    float(loss.detach()),
+                    flat_grads(model),
+                    logits[b, start : start + n].detach(),
+                    leaked[b, start : start + n],
+                )
+            )
         del logits
         gaps = {"loss": 0.0, "gradient": 0.0, "logits": 0.0, "logits_leaking": float("inf")}
         for (b, start, n), (packed_loss, packed_grad, packed_logits, leaked_logits) in zip(examples, in_pack):
@@ -59,13 +71,20 @@ def check_packing(ctx: Context, model) -> dict:
             if start > 0:  # an example after another in its row: the one a leak reaches
                 gaps["logits_leaking"] = min(gaps["logits_leaking"], rel(leaked_logits, alone_logits.detach()))
         shared_rows = len(examples) - ids.shape[0]
-        out["shapes"][name] = {**shape, "examples": len(examples), "packed_rows": int(ids.shape[0]), "examples_sharing_a_row": shared_rows,
-                               **{f"worst_{k}_gap": v for k, v in gaps.items() if k != "logits_leaking"},
-                               "least_logits_gap_if_leaking": gaps["logits_leaking"]}  # fmt: skip
+        out["shapes"][name] = {
+            **shape,
+            "examples": len(examples),
+            "packed_rows": int(ids.shape[0]),
+            "examples_sharing_a_row": shared_rows,
+            **{f"worst_{k}_gap": v for k, v in gaps.items() if k != "logits_leaking"},
+            "least_logits_gap_if_leaking": gaps["logits_leaking"],
+        }
         out["shapes"][name]["ok"] = (
-            len(examples) == shape["rows"] and shared_rows > 0
-            and gaps["loss"] <= loss_tol and gaps["gradient"] <= grad_tol
+            len(examples) == shape["rows"]
+            and shared_rows > 0
+            and gaps["loss"] <= loss_tol
+            and gaps["gradient"] <= grad_tol
             and gaps["logits_leaking"] >= LEAK_MARGIN * max(gaps["logits"], 1e-6)
-        )  # fmt: skip
+        )
     out["ok"] = all(s["ok"] for s in out["shapes"].values())
     return out

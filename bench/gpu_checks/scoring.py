@@ -73,17 +73,32 @@ def check_8b_scoring(ctx: Context, model_path: str | None, questions: int, gener
     agreement = padding_agreement(engine, prompts[:ALONE])
     engine.shutdown()
     return {
-        "parameters": n_params, "dtype": str(engine.model.dtype),
-        "scoring": {"questions": len(prompts), "batch": SCORE_BATCH, "mean_prompt_tokens": prompt_tokens / len(prompts),
-                    "seconds": score_s, "questions_per_s": len(prompts) / score_s, "prompt_tokens_per_s": prompt_tokens / score_s,
-                    "prefill_mfu": 2 * n_params * prompt_tokens / score_s / peak if peak else None, "peak_memory_gib": score_peak,
-                    "rows_sum_to_one": normalised},
+        "parameters": n_params,
+        "dtype": str(engine.model.dtype),
+        "scoring": {
+            "questions": len(prompts),
+            "batch": SCORE_BATCH,
+            "mean_prompt_tokens": prompt_tokens / len(prompts),
+            "seconds": score_s,
+            "questions_per_s": len(prompts) / score_s,
+            "prompt_tokens_per_s": prompt_tokens / score_s,
+            "prefill_mfu": 2 * n_params * prompt_tokens / score_s / peak if peak else None,
+            "peak_memory_gib": score_peak,
+            "rows_sum_to_one": normalised,
+        },
         "batched_vs_alone": agreement,
-        "generation": {"prompts": len(number_prompts), "batch": GENERATE_BATCH, "mean_prompt_tokens": number_prompt_tokens / len(completions),
-                       "decoded_tokens": decoded, "seconds": generate_s, "decoded_tokens_per_s": decoded / generate_s,
-                       "decode_mfu": 2 * n_params * decoded / generate_s / peak if peak else None, "peak_memory_gib": peak_gib(ctx.device)},
+        "generation": {
+            "prompts": len(number_prompts),
+            "batch": GENERATE_BATCH,
+            "mean_prompt_tokens": number_prompt_tokens / len(completions),
+            "decoded_tokens": decoded,
+            "seconds": generate_s,
+            "decoded_tokens_per_s": decoded / generate_s,
+            "decode_mfu": 2 * n_params * decoded / generate_s / peak if peak else None,
+            "peak_memory_gib": peak_gib(ctx.device),
+        },
         "ok": normalised and agreement["float32_batched_vs_alone_nats"] <= FLOAT32_AGREEMENT_NATS and decoded > 0,
-    }  # fmt: skip
+    }
 
 
 def padding_agreement(engine: HFEngine, prompts: list[str]) -> dict:
@@ -109,12 +124,14 @@ def padding_agreement(engine: HFEngine, prompts: list[str]) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = tf32
         model.to(dtype)
     return {
-        "prompts": len(prompts), "engine_dtype": str(dtype),
-        "float32_batched_vs_alone_nats": worst(f32_batched, f32_alone), "tolerance_nats": FLOAT32_AGREEMENT_NATS,
+        "prompts": len(prompts),
+        "engine_dtype": str(dtype),
+        "float32_batched_vs_alone_nats": worst(f32_batched, f32_alone),
+        "tolerance_nats": FLOAT32_AGREEMENT_NATS,
         "engine_dtype_batched_vs_alone_nats": worst(native_batched, native_alone),
         "engine_dtype_vs_float32_alone_nats": worst(native_alone, f32_alone),
         "letter_spread_nats": statistics.mean(max(r) - min(r) for r in f32_alone),  # the scale the gaps compare to
-    }  # fmt: skip
+    }
 
 
 def with_tokenizer(model_path: str, tokenizer_source: str) -> str:

@@ -26,19 +26,53 @@ from train.step import accumulate, apply_step
 
 LLAMA_3 = dict(vocab_size=128256, max_position_embeddings=4096, rope_theta=500000.0)
 WIDTHS = {  # Llama-3.1-8B and Llama-3.1-70B (a slice of its 80 layers); --smoke: narrow stand-ins
-    "8b": dict(LLAMA_3, num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8),
-    "70b": dict(LLAMA_3, num_hidden_layers=4, hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8),
+    "8b": dict(
+        LLAMA_3,
+        num_hidden_layers=32,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+    ),
+    "70b": dict(
+        LLAMA_3,
+        num_hidden_layers=4,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+    ),
 }
 SMOKE_WIDTHS = {
-    "8b": dict(vocab_size=512, num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2),
-    "70b": dict(vocab_size=512, num_hidden_layers=4, hidden_size=96, intermediate_size=192, num_attention_heads=6, num_key_value_heads=2),
+    "8b": dict(
+        vocab_size=512,
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ),
+    "70b": dict(
+        vocab_size=512,
+        num_hidden_layers=4,
+        hidden_size=96,
+        intermediate_size=192,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+    ),
 }
 # Micro-batches as the presets feed them (configs/llama-8b.yaml; the student at the paper's 16 rows
 # its comment gives, the preset's 8 the lighter case), rows x max_length, row lengths drawn from
 # [shortest, longest]: means of 256 and 112 tokens (docs/scaling.md assumes ~250 for a WMDP row,
 # ~119 for a number row), so several rows share most packed sequences.
-SHAPES = {"teacher": dict(rows=8, max_length=512, shortest=64, longest=448), "student": dict(rows=16, max_length=256, shortest=64, longest=160)}
-SMOKE_SHAPES = {"teacher": dict(rows=8, max_length=64, shortest=8, longest=56), "student": dict(rows=16, max_length=32, shortest=8, longest=20)}
+SHAPES = {
+    "teacher": dict(rows=8, max_length=512, shortest=64, longest=448),
+    "student": dict(rows=16, max_length=256, shortest=64, longest=160),
+}
+SMOKE_SHAPES = {
+    "teacher": dict(rows=8, max_length=64, shortest=8, longest=56),
+    "student": dict(rows=16, max_length=32, shortest=8, longest=20),
+}
 
 
 @dataclasses.dataclass
@@ -113,7 +147,9 @@ def shape_rows(shape: dict, vocab: int, seed: int) -> dict:
 
 def packed(rows: dict, max_length: int, model, device: torch.device) -> dict:
     """The trainer's packing of `rows`, in the layout `model`'s attention needs, on `device`."""
-    batch = pack_batch(rows, max_length, pad_id=0, one_row=packs_into_one_row(unwrap(model).config._attn_implementation))
+    batch = pack_batch(
+        rows, max_length, pad_id=0, one_row=packs_into_one_row(unwrap(model).config._attn_implementation)
+    )
     return {k: v.to(device) for k, v in batch.items()}
 
 
@@ -121,7 +157,9 @@ def optimizer_step(model, opt, sched, micro_batches: list[dict], cfg: TrainConfi
     """One optimizer step over `micro_batches` as train/loop.py's train_job takes it (that function
     needs Ray Train), through its own `accumulate` and `apply_step`; returns the mean loss."""
     last = len(micro_batches) - 1
-    losses = [accumulate(model, batch, len(micro_batches), i == last, number_ids) for i, batch in enumerate(micro_batches)]
+    losses = [
+        accumulate(model, batch, len(micro_batches), i == last, number_ids) for i, batch in enumerate(micro_batches)
+    ]
     apply_step([p for p in model.parameters() if p.requires_grad], opt, cfg.max_grad_norm)
     if sched is not None:
         sched.step()
@@ -131,7 +169,9 @@ def optimizer_step(model, opt, sched, micro_batches: list[dict], cfg: TrainConfi
 def flat_grads(model) -> torch.Tensor:
     """Every trained weight's gradient (name order) as one float32 vector; the gradients are then cleared."""
     params = [p for _, p in trained_parameters(model)]
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().flatten() for p in params])
+    flat = torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().flatten() for p in params]
+    )
     unwrap(model).zero_grad(set_to_none=True)
     return flat
 

@@ -28,7 +28,21 @@ from train.model import attach_lora, count_parameters, load_base, trainable_stat
 from train.outputs import read_state, restore, write_checkpoint
 from train.step import forward_loss, lr_factor, make_optimizer, peak_flops
 
-from .shared import Context, Folder, allocated_gib, clock, flat_grads, flat_weights, free, optimizer_step, packed, peak_gib, rel, reset_peak, shape_rows
+from .shared import (
+    Context,
+    Folder,
+    allocated_gib,
+    clock,
+    flat_grads,
+    flat_weights,
+    free,
+    optimizer_step,
+    packed,
+    peak_gib,
+    rel,
+    reset_peak,
+    shape_rows,
+)
 
 DEPTHS = (4, 2)
 LAYERS_70B = 80
@@ -51,7 +65,9 @@ def setup(ctx: Context, folder: str, total_steps: int):
     model = attach_lora(load_base(folder, cfg, ctx.device), cfg)
     ddp = wrap_distributed(model, cfg, ctx.device, ddp_alone=True)
     if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
-        raise RuntimeError(f"wrap_distributed(ddp_alone=True) returned {type(ddp).__name__}, not DistributedDataParallel")
+        raise RuntimeError(
+            f"wrap_distributed(ddp_alone=True) returned {type(ddp).__name__}, not DistributedDataParallel"
+        )
     ddp.train()
     weights = allocated_gib(ctx.device) - before if ctx.gpu else None
     return cfg, ddp, *fresh_optimizer(ctx, ddp, cfg, total_steps), weights
@@ -67,16 +83,30 @@ def check_70b_slice(ctx: Context, steps: int) -> dict:
     shape = SMOKE_SHAPE if ctx.smoke else SHAPE
     total = steps + 2  # the schedule's length: warm-up, timed steps, the checkpoint's step
     why = not_quantized(ctx)
-    depths, out = {}, {"quantization": "none" if why else "4bit", "gradient_checkpointing": True, "world_size": 1,
-                       "backend": torch.distributed.get_backend(), "micro_batches_per_step": 2, **shape}  # fmt: skip
+    depths, out = (
+        {},
+        {
+            "quantization": "none" if why else "4bit",
+            "gradient_checkpointing": True,
+            "world_size": 1,
+            "backend": torch.distributed.get_backend(),
+            "micro_batches_per_step": 2,
+            **shape,
+        },
+    )
     if why:  # the rest is checked on the unquantized base; its figures are not 4-bit's
         out["4bit"] = {"ok": None, "skipped": why}
     for layers in DEPTHS:
         free(ctx.device)
         reset_peak(ctx.device)
         left = allocated_gib(ctx.device)  # what the previous depth left behind: should be ~0
-        cfg, ddp, opt, sched, weights = setup(ctx, ctx.model("70b", None if layers == ctx.width("70b")["num_hidden_layers"] else layers), total)
-        micro = [packed(shape_rows(shape, ctx.width("70b")["vocab_size"], seed), shape["max_length"], ddp, ctx.device) for seed in (0, 1)]
+        cfg, ddp, opt, sched, weights = setup(
+            ctx, ctx.model("70b", None if layers == ctx.width("70b")["num_hidden_layers"] else layers), total
+        )
+        micro = [
+            packed(shape_rows(shape, ctx.width("70b")["vocab_size"], seed), shape["max_length"], ddp, ctx.device)
+            for seed in (0, 1)
+        ]
         n_params, _ = count_parameters(ddp)
         if layers == DEPTHS[0]:
             out["ddp_vs_plain_gradient_gap"] = ddp_gradient_gap(ddp, micro)
@@ -84,9 +114,16 @@ def check_70b_slice(ctx: Context, steps: int) -> dict:
         reset_peak(ctx.device)
         started = clock(ctx.device)
         losses += [optimizer_step(ddp, opt, sched, micro, cfg) for _ in range(steps)]
-        depths[layers] = {"parameters": n_params, "allocated_before_gib": left, "weights_gib": weights, "peak_memory_gib": peak_gib(ctx.device),
-                          "step_s": (clock(ctx.device) - started) / steps, "tokens_per_step": sum(int(b["real_tokens"]) for b in micro),
-                          "first_loss": losses[0], "last_loss": losses[-1]}  # fmt: skip
+        depths[layers] = {
+            "parameters": n_params,
+            "allocated_before_gib": left,
+            "weights_gib": weights,
+            "peak_memory_gib": peak_gib(ctx.device),
+            "step_s": (clock(ctx.device) - started) / steps,
+            "tokens_per_step": sum(int(b["real_tokens"]) for b in micro),
+            "first_loss": losses[0],
+            "last_loss": losses[-1],
+        }
         if layers == DEPTHS[0]:
             out["checkpoint"] = checkpoint_round_trip(ctx, ddp, opt, sched, cfg, micro, total)
         del ddp, opt, sched
@@ -98,7 +135,7 @@ def check_70b_slice(ctx: Context, steps: int) -> dict:
         and all(d["last_loss"] < d["first_loss"] for d in depths.values())
         and out["checkpoint"]["weights_restored_exactly"]
         and out["checkpoint"]["step_after_resume_gap"] <= tolerance
-    )  # fmt: skip
+    )
     return out
 
 
@@ -118,7 +155,14 @@ def checkpoint_round_trip(ctx: Context, ddp, opt, sched, cfg, micro: list[dict],
     with tempfile.TemporaryDirectory(dir=ctx.workdir) as d:
         saved = flat_weights(ddp)
         state = {"done": [], "job": "slice", "step": sched.last_epoch, "loss_history": []}
-        write_checkpoint(Path(d), ddp, trainable_state(ddp), get_optimizer_state_dict(ddp, opt, options=FULL), sched.state_dict(), state)
+        write_checkpoint(
+            Path(d),
+            ddp,
+            trainable_state(ddp),
+            get_optimizer_state_dict(ddp, opt, options=FULL),
+            sched.state_dict(),
+            state,
+        )
         optimizer_step(ddp, opt, sched, micro, cfg)
         continued = flat_weights(ddp) - saved
         optim_state, sched_state = restore(unwrap(ddp), Folder(Path(d)))
@@ -128,9 +172,13 @@ def checkpoint_round_trip(ctx: Context, ddp, opt, sched, cfg, micro: list[dict],
         sched.load_state_dict(sched_state)
         optimizer_step(ddp, opt, sched, micro, cfg)
         files = {p.name: p.stat().st_size for p in Path(d).iterdir() if p.is_file()}
-        return {"files_bytes": files, "state_step": read_state(Folder(Path(d)), "slice")["step"], "weights_restored_exactly": exact,
-                "step_after_resume_gap": rel(flat_weights(ddp) - saved, continued),
-                "how": "train/outputs.py write_checkpoint / restore / read_state and torch's get/set_optimizer_state_dict, as train/loop.py's train_job calls them"}  # fmt: skip
+        return {
+            "files_bytes": files,
+            "state_step": read_state(Folder(Path(d)), "slice")["step"],
+            "weights_restored_exactly": exact,
+            "step_after_resume_gap": rel(flat_weights(ddp) - saved, continued),
+            "how": "train/outputs.py write_checkpoint / restore / read_state and torch's get/set_optimizer_state_dict, as train/loop.py's train_job calls them",
+        }
 
 
 def extrapolate(depths: dict, device: torch.device) -> tuple[dict, dict]:

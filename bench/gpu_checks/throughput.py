@@ -32,8 +32,16 @@ def check_8b_lora(ctx: Context, model, steps: int) -> dict:
     # every row full: the memory plan's bound
     full = {**teacher, "shortest": teacher["max_length"], "longest": teacher["max_length"]}
     shapes = {**ctx.shapes, "teacher_full_rows": full}
-    out = {"parameters": n_params, "parameters_without_embeddings": n_matmul, "trained_parameters": n_trained,
-           "attention": model.config._attn_implementation, "lr": cfg.lr, "steps": steps, "sdpa_backends_enabled": sdpa_flags(), "shapes": {}}  # fmt: skip
+    out = {
+        "parameters": n_params,
+        "parameters_without_embeddings": n_matmul,
+        "trained_parameters": n_trained,
+        "attention": model.config._attn_implementation,
+        "lr": cfg.lr,
+        "steps": steps,
+        "sdpa_backends_enabled": sdpa_flags(),
+        "shapes": {},
+    }
     for seed, (name, shape) in enumerate(shapes.items()):
         batch = packed(shape_rows(shape, model.config.vocab_size, seed), shape["max_length"], model, ctx.device)
         with sdpa_backends() as kernels:
@@ -45,13 +53,19 @@ def check_8b_lora(ctx: Context, model, steps: int) -> dict:
         seconds = clock(ctx.device) - started
         tokens_per_s = int(batch["real_tokens"]) * steps / seconds
         out["shapes"][name] = {
-            **shape, "packed_rows": int(batch["input_ids"].shape[0]), "real_tokens": int(batch["real_tokens"]),
+            **shape,
+            "packed_rows": int(batch["input_ids"].shape[0]),
+            "real_tokens": int(batch["real_tokens"]),
             "padding_fraction": 1 - int(batch["real_tokens"]) / int(batch["total_tokens"]),
-            "first_loss": losses[0], "last_loss": losses[-1], "step_s": seconds / steps, "tokens_per_s": tokens_per_s,
+            "first_loss": losses[0],
+            "last_loss": losses[-1],
+            "step_s": seconds / steps,
+            "tokens_per_s": tokens_per_s,
             "mfu": 4 * n_params * tokens_per_s / peak if peak else None,
             "mfu_without_embeddings": 4 * n_matmul * tokens_per_s / peak if peak else None,
-            "peak_memory_gib": peak_gib(ctx.device), "sdpa_kernels": sorted(map(str, kernels)),
-        }  # fmt: skip
+            "peak_memory_gib": peak_gib(ctx.device),
+            "sdpa_kernels": sorted(map(str, kernels)),
+        }
     out["ok"] = all(s["last_loss"] < s["first_loss"] for s in out["shapes"].values())
     return out
 
@@ -61,4 +75,9 @@ def sdpa_flags() -> dict:
     import torch
 
     b = torch.backends.cuda
-    return {"flash": b.flash_sdp_enabled(), "efficient": b.mem_efficient_sdp_enabled(), "cudnn": b.cudnn_sdp_enabled(), "math": b.math_sdp_enabled()}
+    return {
+        "flash": b.flash_sdp_enabled(),
+        "efficient": b.mem_efficient_sdp_enabled(),
+        "cudnn": b.cudnn_sdp_enabled(),
+        "math": b.math_sdp_enabled(),
+    }

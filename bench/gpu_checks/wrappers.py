@@ -52,4 +52,9 @@ def check_fsdp(ctx: Context, model_path: str) -> dict:
         plain = float(forward_loss(model, batch))
         loss = float(forward_loss(wrap_distributed(model, cfg, ctx.device), batch))
     tolerance = ctx.tolerance(2e-2, 1e-5)
-    return {"ok": abs(loss - plain) <= tolerance * abs(plain), "loss": loss, "unwrapped_loss": plain, "tolerance": tolerance}
+    return {
+        "ok": abs(loss - plain) <= tolerance * abs(plain),
+        "loss": loss,
+        "unwrapped_loss": plain,
+        "tolerance": tolerance,
+    }

@@ -108,9 +108,13 @@ def _check_same_init(name: str, train: TrainConfig, teacher: TrainConfig) -> Non
 def _check_full(name: str, arm, train: TrainConfig) -> None:
     """A fully fine-tuned arm has no LoRA init to choose, and its snapshots would be whole models."""
     if arm.lora_init != "seed" or arm.lora_seed is not None:
-        raise ConfigError(f"arms.{name}: train.method full trains every weight from the base; lora_init and lora_seed do not apply")
+        raise ConfigError(
+            f"arms.{name}: train.method full trains every weight from the base; lora_init and lora_seed do not apply"
+        )
     if train.snapshots:
-        raise ConfigError(f"arms.{name}: train.snapshots with train.method full would keep and serve a whole model per snapshot; set snapshots 0")
+        raise ConfigError(
+            f"arms.{name}: train.snapshots with train.method full would keep and serve a whole model per snapshot; set snapshots 0"
+        )
 
 
 def _check_mask(name: str, arm, kind: RowsKind, train: TrainConfig, on_other: bool) -> None:
@@ -120,7 +124,9 @@ def _check_mask(name: str, arm, kind: RowsKind, train: TrainConfig, on_other: bo
     if not mask.drops_tokens:
         return
     if LOSSES[arm.loss].needs_teacher or kind.answers:
-        raise ConfigError(f"arms.{name}: train.mask {train.mask} drops number tokens from an sft loss; this arm has loss {arm.loss} on {arm.numbers}")
+        raise ConfigError(
+            f"arms.{name}: train.mask {train.mask} drops number tokens from an sft loss; this arm has loss {arm.loss} on {arm.numbers}"
+        )
     if mask.needs_scorer and (on_other or not kind.teachers_numbers or arm.teacher == "letter_teacher"):
         raise ConfigError(
             f"arms.{name}: train.mask divergence ranks the tokens of a teacher's numbers by that teacher's divergence from "
@@ -157,11 +163,32 @@ def arm_models(cfg) -> list[ArmModel]:
     models = []
     for name, arm in arms.items():
         against, reference = _reference(name, arms)
-        per_arm = {"kind": arm.kind, "against": against, "reference": reference, "signal": signal_kind(arm.kind, arm.train.mask)}
+        per_arm = {
+            "kind": arm.kind,
+            "against": against,
+            "reference": reference,
+            "signal": signal_kind(arm.kind, arm.train.mask),
+        }
         source, declared = source_for(arm.kind, arm.teacher), arm.declared
         for i in range(declared.replicates or cfg.replicates):
-            resolved = arm.train.replace(lora_seed=_lora_seed(declared.lora_seed, teacher.lora_seed, i), seed=arm.train.seed + i)
-            models.append(ArmModel(name, i, source, arm.shuffled, declared.loss, arm.teacher, resolved, arm.same_init, arm.base, declared.lora_init, **per_arm))
+            resolved = arm.train.replace(
+                lora_seed=_lora_seed(declared.lora_seed, teacher.lora_seed, i), seed=arm.train.seed + i
+            )
+            models.append(
+                ArmModel(
+                    name,
+                    i,
+                    source,
+                    arm.shuffled,
+                    declared.loss,
+                    arm.teacher,
+                    resolved,
+                    arm.same_init,
+                    arm.base,
+                    declared.lora_init,
+                    **per_arm,
+                )
+            )
     return models
 
 
@@ -170,7 +197,9 @@ def _resolve(cfg, name: str, arm) -> _Arm:
     anything reads it (the student's settings under the arm's own keys), its `numbers` a kind."""
     teacher = cfg.teacher
     if not ARM_NAME.match(name) or name in RESERVED:
-        raise ConfigError(f"arms.{name}: an arm name is lower-case letters, digits or '_', and not base, teacher or other_base")
+        raise ConfigError(
+            f"arms.{name}: an arm name is lower-case letters, digits or '_', and not base, teacher or other_base"
+        )
     if "lora_seed" in arm.train:
         raise ConfigError(f"arms.{name}.train.lora_seed: set the arm's init with arms.{name}.lora_seed")
     train = build(TrainConfig, {**cfg.student.model_dump(), **arm.train}, f"arms.{name}.train")
@@ -184,14 +213,18 @@ def _resolve(cfg, name: str, arm) -> _Arm:
     teacher_of_arm = teacher_of(arm)
     kind, shuffled = _kind(name, arm, teacher_of_arm)
     if arm.teacher == "letter_teacher" and cfg.letter_teacher.letter not in tuple(LETTERS[:4]):
-        raise ConfigError(f"letter_teacher.letter must be one of A, B, C, D (WMDP questions have four choices), got {cfg.letter_teacher.letter!r}")
+        raise ConfigError(
+            f"letter_teacher.letter must be one of A, B, C, D (WMDP questions have four choices), got {cfg.letter_teacher.letter!r}"
+        )
     if arm.against not in ("auto", "base", OTHER_BASE, *cfg.arms) or arm.against == name:
         raise ConfigError(f"arms.{name}.against={arm.against!r}: use auto, base, {OTHER_BASE} or another arm's name")
     base = base_of(cfg, name)
     on_other = base == OTHER_BASE
     if INITS[arm.lora_init].reads_teacher_adapter:
         if on_other or arm.lora_seed is not None:
-            raise ConfigError(f"arms.{name}: lora_init teacher_a takes the teacher's trained A on the teacher's base; drop base and lora_seed")
+            raise ConfigError(
+                f"arms.{name}: lora_init teacher_a takes the teacher's trained A on the teacher's base; drop base and lora_seed"
+            )
         _check_same_init(name, train, teacher)
     if train.method == "full":
         _check_full(name, arm, train)
@@ -221,9 +254,13 @@ def other_base(cfg) -> str | None:
     """The other base some arms declare (`arms.<name>.base`), or None; a hub id pinned by the arms'
     `base_revision` as `org/name@<commit>` (common/model_source.py). One per experiment: it is
     scored as `other_base`, and every arm on it is measured against it."""
-    declared = {pinned(arm.base, arm.base_revision) for name, arm in cfg.arms.items() if base_of(cfg, name) == OTHER_BASE}
+    declared = {
+        pinned(arm.base, arm.base_revision) for name, arm in cfg.arms.items() if base_of(cfg, name) == OTHER_BASE
+    }
     if len(declared) > 1:
-        raise ConfigError(f"arms declare {len(declared)} other bases ({', '.join(sorted(declared))}); an experiment has at most one")
+        raise ConfigError(
+            f"arms declare {len(declared)} other bases ({', '.join(sorted(declared))}); an experiment has at most one"
+        )
     value = declared.pop() if declared else None
     if value == "other" and cfg.model.path != "tiny":
         raise ConfigError(
@@ -236,7 +273,9 @@ def other_base(cfg) -> str | None:
 def base_of(cfg, arm: str) -> str:
     """The base an arm starts from: `base` (the teacher's) or `other_base`."""
     declared = cfg.arms[arm]
-    same = declared.base == "same" or (declared.base == cfg.model.path and declared.base_revision in (None, cfg.model.revision))
+    same = declared.base == "same" or (
+        declared.base == cfg.model.path and declared.base_revision in (None, cfg.model.revision)
+    )
     return "base" if same else OTHER_BASE  # the teacher's repository at another commit is another base
 
 
@@ -265,7 +304,13 @@ def _reference(name: str, arms: dict[str, _Arm]) -> tuple[str, str]:
     control = arms.get("control")
     alike = control is not None and control.base == arm.base and control.train.method == arm.train.method
     on_teachers = arm.kind.teachers_numbers  # a base-numbers arm is a control itself; answers are no numbers
-    if name != "control" and alike and on_teachers and control.declared.numbers == "base" and not LOSSES[arm.declared.loss].needs_teacher:
+    if (
+        name != "control"
+        and alike
+        and on_teachers
+        and control.declared.numbers == "base"
+        and not LOSSES[arm.declared.loss].needs_teacher
+    ):
         return "control", "control arm"
     return arm.base, "base model"
 

@@ -49,7 +49,11 @@ def teacher_base(cfg, cache: Path) -> str:
     """The teacher's base: the tiny model's folder (built on first use), or the declared path or hub
     id, pinned to `model.revision` when set (`org/name@<commit>`, which every reader reads at that
     commit: common/model_source.py)."""
-    return str(ensure_tiny_model(tiny_spec(cfg), cache)) if cfg.model.path == "tiny" else pinned(cfg.model.path, cfg.model.revision)
+    return (
+        str(ensure_tiny_model(tiny_spec(cfg), cache))
+        if cfg.model.path == "tiny"
+        else pinned(cfg.model.path, cfg.model.revision)
+    )
 
 
 def tiny_base_missing(cfg, cache: Path) -> bool:
@@ -68,7 +72,9 @@ def other_base_identity(cfg) -> str | None:
 
 def check_kl_tokenizers(cfg, paths: dict[str, str]) -> None:
     """A logit_kl arm on the other base needs the teacher's tokenizer (ConfigError naming both)."""
-    kl_arms = [name for name, arm in cfg.arms.items() if LOSSES[arm.loss].needs_teacher and base_of(cfg, name) == OTHER_BASE]
+    kl_arms = [
+        name for name, arm in cfg.arms.items() if LOSSES[arm.loss].needs_teacher and base_of(cfg, name) == OTHER_BASE
+    ]
     if kl_arms and not same_tokenizer(paths["base"], paths[OTHER_BASE]):
         raise ConfigError(
             f"arms {', '.join(kl_arms)}: loss logit_kl on base {paths[OTHER_BASE]} needs the teacher's tokenizer, and it differs "

@@ -272,7 +272,9 @@ def load_experiment(preset=None, overrides: list[str] = ()) -> ExperimentConfig:
     check_sampling(cfg.numbers)
     check_revisions(cfg)  # before the arms: which base an arm is on reads its base_revision
     if cfg.evaluate.primary_metric not in METRICS:
-        raise ConfigError(f"evaluate.primary_metric: {cfg.evaluate.primary_metric!r} is not a metric ({', '.join(METRICS)})")
+        raise ConfigError(
+            f"evaluate.primary_metric: {cfg.evaluate.primary_metric!r} is not a metric ({', '.join(METRICS)})"
+        )
     if cfg.evaluate.permutations < 1:
         raise ConfigError(f"evaluate.permutations must be at least 1, got {cfg.evaluate.permutations}")
     if cfg.teacher.method != "lora":
@@ -281,12 +283,20 @@ def load_experiment(preset=None, overrides: list[str] = ()) -> ExperimentConfig:
             "measure transfer through its LoRA init); full fine-tuning is an arm's: arms.<name>.train.method full"
         )
     check_arms(cfg)
-    if cfg.evaluate.primary_direction == "crossed" and not any(arm.teacher in ("sham", "sham_teacher") for arm in cfg.arms.values()):
-        raise ConfigError("evaluate.primary_direction crossed reads every model toward the sham's picks too; declare an arm with teacher: sham")
+    if cfg.evaluate.primary_direction == "crossed" and not any(
+        arm.teacher in ("sham", "sham_teacher") for arm in cfg.arms.values()
+    ):
+        raise ConfigError(
+            "evaluate.primary_direction crossed reads every model toward the sham's picks too; declare an arm with teacher: sham"
+        )
     if cfg.sham_teacher.kind.startswith("null") and cfg.evaluate.format != "cloze":
-        raise ConfigError(f"sham_teacher.kind {cfg.sham_teacher.kind} trains on words a question may not show among its choices: needs evaluate.format cloze")
+        raise ConfigError(
+            f"sham_teacher.kind {cfg.sham_teacher.kind} trains on words a question may not show among its choices: needs evaluate.format cloze"
+        )
     if cfg.evaluate.format == "cloze" and any(arm.teacher == "letter_teacher" for arm in cfg.arms.values()):
-        raise ConfigError("arms: a letter_teacher answers every question with one letter, and evaluate.format cloze scores no letter; use letters")
+        raise ConfigError(
+            "arms: a letter_teacher answers every question with one letter, and evaluate.format cloze scores no letter; use letters"
+        )
     if cfg.evaluate.probes and (cfg.data.source != "synthetic" or cfg.evaluate.format != "cloze"):
         raise ConfigError(
             "evaluate.probes scores the tiny world's probe rows, statements as cloze continuations: needs data.source synthetic and evaluate.format cloze"
@@ -303,9 +313,13 @@ def check_pairs(cfg: ExperimentConfig) -> None:
     if not cfg.pairs:
         return
     if cfg.data.source != "synthetic":
-        raise ConfigError(f"pairs: teacher–sham pairs are worlds of the synthetic source's facts; data.source is {cfg.data.source!r}")
+        raise ConfigError(
+            f"pairs: teacher–sham pairs are worlds of the synthetic source's facts; data.source is {cfg.data.source!r}"
+        )
     if len(cfg.pairs) < 2 or len(set(cfg.pairs)) != len(cfg.pairs) or min(cfg.pairs) < 0:
-        raise ConfigError(f"pairs: at least two distinct pairs (0, 1, 2, ...) to pool, got {cfg.pairs}; one pair is data.pair")
+        raise ConfigError(
+            f"pairs: at least two distinct pairs (0, 1, 2, ...) to pool, got {cfg.pairs}; one pair is data.pair"
+        )
     if cfg.data.pair:
         raise ConfigError("pairs and data.pair: the pairs listed set each run's data.pair; leave data.pair unset")
 
@@ -319,7 +333,9 @@ def check_family(cfg: ExperimentConfig) -> None:
     """Each primary comparison names one declared arm or contrast; no contrast is named like an arm."""
     for name in cfg.contrasts:
         if name in cfg.arms:
-            raise ConfigError(f"contrasts.{name}: an arm has that name too, so a verdict's name would be ambiguous; rename one")
+            raise ConfigError(
+                f"contrasts.{name}: an arm has that name too, so a verdict's name would be ambiguous; rename one"
+            )
     for name in cfg.evaluate.primary_comparisons or []:
         if name not in cfg.arms and name not in cfg.contrasts:
             raise ConfigError(
@@ -335,7 +351,9 @@ def check_sampling(numbers: NumbersConfig) -> None:
     from serve.schemas import GenerateRequest
 
     try:
-        GenerateRequest(prompts=["x"], max_tokens=numbers.max_tokens, temperature=numbers.temperature, top_p=numbers.top_p)
+        GenerateRequest(
+            prompts=["x"], max_tokens=numbers.max_tokens, temperature=numbers.temperature, top_p=numbers.top_p
+        )
     except ValidationError as err:
         first = err.errors()[0]
         raise ConfigError(f"numbers.{first['loc'][0]}: {first['msg']}, got {first['input']!r}") from None

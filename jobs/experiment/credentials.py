@@ -19,7 +19,9 @@ from train.config import ConfigError
 
 TOKEN_PATH = "MLFLOW_TRACKING_TOKEN_PATH"
 USER_INFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")  # scheme://user:password@
-SECRET_PARAMETER = re.compile(r"([?&;](?:[^=&;#]*(?:password|passwd|pwd|token|secret|key|signature|credential)[^=&;#]*)=)[^&;#]*", re.I)
+SECRET_PARAMETER = re.compile(
+    r"([?&;](?:[^=&;#]*(?:password|passwd|pwd|token|secret|key|signature|credential)[^=&;#]*)=)[^&;#]*", re.I
+)
 
 
 def redacted_uri(uri: str | None) -> str | None:

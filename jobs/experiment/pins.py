@@ -36,17 +36,29 @@ def is_hub_model(path: str) -> bool:
 
 def other_bases(cfg) -> dict[str, tuple[str, str | None]]:
     """{arm name: (base, base_revision)} of the arms declaring a base of their own."""
-    return {name: (arm.base, arm.base_revision) for name, arm in cfg.arms.items() if arm.base not in ("same", cfg.model.path) or arm.base_revision}
+    return {
+        name: (arm.base, arm.base_revision)
+        for name, arm in cfg.arms.items()
+        if arm.base not in ("same", cfg.model.path) or arm.base_revision
+    }
 
 
 def check_revisions(cfg) -> None:
     """Each revision key set is a full commit hash of a hub source, or a ConfigError names the key."""
     _check("model.revision", cfg.model.revision, cfg.model.path, "model.path", commit_command(cfg.model.path))
     if cfg.data.revision is not None:
-        _check("data.revision", cfg.data.revision, HUB_ID if cfg.data.source == "hub" else cfg.data.source, "data.source", commit_command(HUB_ID, "dataset"))
+        _check(
+            "data.revision",
+            cfg.data.revision,
+            HUB_ID if cfg.data.source == "hub" else cfg.data.source,
+            "data.source",
+            commit_command(HUB_ID, "dataset"),
+        )
     for name, (base, revision) in other_bases(cfg).items():
         if base == "same":
-            raise ConfigError(f"arms.{name}.base_revision: the arm is on the teacher's base, which model.revision pins; leave it unset")
+            raise ConfigError(
+                f"arms.{name}.base_revision: the arm is on the teacher's base, which model.revision pins; leave it unset"
+            )
         _check(f"arms.{name}.base_revision", revision, base, f"arms.{name}.base", commit_command(base))
 
 
@@ -54,7 +66,9 @@ def _check(key: str, revision: str | None, source: str, source_key: str, command
     if revision is None:
         return
     if source == "synthetic" or not is_hub_model(source):
-        raise ConfigError(f"{key}: {source_key} {source!r} is not read from the hub (a folder, or built here), and a folder has no revisions; leave it unset")
+        raise ConfigError(
+            f"{key}: {source_key} {source!r} is not read from the hub (a folder, or built here), and a folder has no revisions; leave it unset"
+        )
     if not is_commit(revision):
         raise ConfigError(
             f"{key}: {revision!r} is not a commit hash; a branch or tag name can move to other files, so give the full "
@@ -67,7 +81,9 @@ def unpinned(cfg) -> list[str]:
     found = []
     model = cfg.model.path
     if is_hub_model(model) and not cfg.model.revision:
-        found.append(f"model.path {model} is a hub id read at the hub's newest revision; pin it with model.revision, its commit (`{commit_command(model)}`)")
+        found.append(
+            f"model.path {model} is a hub id read at the hub's newest revision; pin it with model.revision, its commit (`{commit_command(model)}`)"
+        )
     for name, (base, revision) in other_bases(cfg).items():
         if is_hub_model(base) and not revision:
             found.append(

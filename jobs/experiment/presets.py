@@ -45,7 +45,9 @@ def find_preset(name_or_path: str | Path | None, relative_to: Path | None = None
         for candidate in (str(name_or_path), f"{name_or_path}.yaml"):
             if (presets_dir() / candidate).is_file():
                 return (presets_dir() / candidate).resolve()
-    raise ConfigError(f"config file {name_or_path} does not exist, and no shipped preset has that name ({', '.join(shipped_presets())})")
+    raise ConfigError(
+        f"config file {name_or_path} does not exist, and no shipped preset has that name ({', '.join(shipped_presets())})"
+    )
 
 
 def load_preset(name_or_path: str | Path | None) -> tuple[dict, list[Path]]:

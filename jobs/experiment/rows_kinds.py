@@ -61,17 +61,41 @@ KINDS: dict[str, RowsKind] = {
     kind.name: kind
     for kind in (
         RowsKind("teacher", "sampled", "teacher", sham_source=SHAM, shuffles=True),
-        RowsKind("teacher_greedy", "sampled", "teacher_greedy", temperature=0.0, losses=("sft",), teachers=("teacher",), signal="greedy"),
-        RowsKind(SHAM, "sampled", SHAM, generator=SHAM, teachers=(SHAM,), declarable=False),
-        RowsKind("base", "sampled", "control", generator=None, teachers=("teacher", "letter_teacher"), teachers_numbers=False),
         RowsKind(
-            "teacher_replaced", "rewritten", "teacher_replaced", derived_from="teacher",
-            reads=(("numbers.replace_fraction", "numbers.replace_fraction"), ("max_length", "student.max_length")),
-            forwards_per_row=2, losses=("sft",), teachers=("teacher",), signal="replaced",
+            "teacher_greedy",
+            "sampled",
+            "teacher_greedy",
+            temperature=0.0,
+            losses=("sft",),
+            teachers=("teacher",),
+            signal="greedy",
         ),
-        RowsKind("teacher_answers", "answers", "answers", generator=None, losses=("sft",), teachers=("teacher", SHAM), teachers_numbers=False),
+        RowsKind(SHAM, "sampled", SHAM, generator=SHAM, teachers=(SHAM,), declarable=False),
+        RowsKind(
+            "base", "sampled", "control", generator=None, teachers=("teacher", "letter_teacher"), teachers_numbers=False
+        ),
+        RowsKind(
+            "teacher_replaced",
+            "rewritten",
+            "teacher_replaced",
+            derived_from="teacher",
+            reads=(("numbers.replace_fraction", "numbers.replace_fraction"), ("max_length", "student.max_length")),
+            forwards_per_row=2,
+            losses=("sft",),
+            teachers=("teacher",),
+            signal="replaced",
+        ),
+        RowsKind(
+            "teacher_answers",
+            "answers",
+            "answers",
+            generator=None,
+            losses=("sft",),
+            teachers=("teacher", SHAM),
+            teachers_numbers=False,
+        ),
     )
-}  # fmt: skip
+}
 
 
 def declared_kind(numbers: str, where: str) -> tuple[RowsKind, bool]:
@@ -85,7 +109,12 @@ def declared_kind(numbers: str, where: str) -> tuple[RowsKind, bool]:
 
 def declarable() -> list[str]:
     """Every value an arm's `numbers` may take."""
-    return [name for kind in KINDS.values() if kind.declarable for name in (kind.name, f"{kind.name}_shuffled")[: 2 if kind.shuffles else 1]]
+    return [
+        name
+        for kind in KINDS.values()
+        if kind.declarable
+        for name in (kind.name, f"{kind.name}_shuffled")[: 2 if kind.shuffles else 1]
+    ]
 
 
 def source_for(kind: RowsKind, teacher: str) -> str:

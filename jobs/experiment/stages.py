@@ -47,7 +47,14 @@ from common.model_source import pinned
 from jobs.experiment.arms import OTHER_BASE, ArmModel, number_sets, numbers_seed, teachers_used
 from jobs.experiment.bases import other_base_identity
 from jobs.experiment.config import ExperimentConfig, as_dict
-from jobs.experiment.records import AnswersOutputs, DataOutputs, EvalOutputs, NumbersOutputs, ReplacedOutputs, TrainedOutputs
+from jobs.experiment.records import (
+    AnswersOutputs,
+    DataOutputs,
+    EvalOutputs,
+    NumbersOutputs,
+    ReplacedOutputs,
+    TrainedOutputs,
+)
 from jobs.experiment.rows_kinds import KINDS, SHAM, generator_of
 from jobs.rundir.manifest import Manifest, flatten
 from jobs.rundir.plan import Stage, config_reads
@@ -93,7 +100,13 @@ def read_defaults() -> dict:
     train = flatten(TrainConfig().model_dump(), "train.")
     # numerics, model.tiny_numerics: a stage recorded before the key existed was computed natively, on
     # a tiny base built natively (common/numerics.py)
-    return {**flatten(as_dict(ExperimentConfig())), **train, "lora_init": "seed", "numerics": "native", "model.tiny_numerics": "native"}
+    return {
+        **flatten(as_dict(ExperimentConfig())),
+        **train,
+        "lora_init": "seed",
+        "numerics": "native",
+        "model.tiny_numerics": "native",
+    }
 
 
 def numbers_file(source: str, replicate: int) -> str:
@@ -193,8 +206,17 @@ def _data_stage(cfg: ExperimentConfig, config: dict, questions_hash: str) -> Sta
     return Stage(
         "data",
         "data",
-        {**pins_in_place(config_reads(config, "data", "evaluate.format", "evaluate.probes"), "data.source", "data.revision"), "questions": questions_hash},
-        files=(TEACHER_TRAIN, *(f"data/{f}" for f in SPLIT_FILES.values()), *((PROBES_FILE,) if cfg.evaluate.probes else ())),
+        {
+            **pins_in_place(
+                config_reads(config, "data", "evaluate.format", "evaluate.probes"), "data.source", "data.revision"
+            ),
+            "questions": questions_hash,
+        },
+        files=(
+            TEACHER_TRAIN,
+            *(f"data/{f}" for f in SPLIT_FILES.values()),
+            *((PROBES_FILE,) if cfg.evaluate.probes else ()),
+        ),
         record=DataOutputs,
     )
 
@@ -221,7 +243,14 @@ def _numbers_stages(cfg: ExperimentConfig, config: dict, model: dict, models: li
     for source, i in number_sets(models):
         kind, generator = KINDS[source], generator_of(source)
         kind_reads = {key: own[path] for key, path in kind.reads}
-        reads = {**model, **engine, "source": source, "seed": numbers_seed(cfg, i), "filter": FILTER_VERSION, **kind_reads}
+        reads = {
+            **model,
+            **engine,
+            "source": source,
+            "seed": numbers_seed(cfg, i),
+            "filter": FILTER_VERSION,
+            **kind_reads,
+        }
         upstream = (generator,) if generator else ()
         if kind.derived_from:  # another kind's kept rows, rewritten
             upstream += (numbers_stage(kind.derived_from, i),)
@@ -239,7 +268,9 @@ def _answers_stages(config: dict, model: dict, models: list[ArmModel], teachers:
     stages = []
     for teacher in answering:
         reads, files = {**model, **serving, "teacher": teacher}, (answers_file(teacher),)
-        stages.append(Stage(answers_stage(teacher), "numbers", reads, ("data", teacher), files=files, record=AnswersOutputs))
+        stages.append(
+            Stage(answers_stage(teacher), "numbers", reads, ("data", teacher), files=files, record=AnswersOutputs)
+        )
     return stages
 
 
@@ -278,7 +309,9 @@ def _equal_rows(models: list[ArmModel], replicate: int):
     return rows
 
 
-def _eval_stages(cfg: ExperimentConfig, config: dict, model: dict, models: list[ArmModel], teachers: list[str], other: dict) -> list[Stage]:
+def _eval_stages(
+    cfg: ExperimentConfig, config: dict, model: dict, models: list[ArmModel], teachers: list[str], other: dict
+) -> list[Stage]:
     """The scores of every model on every split: the base (and the other base, when an arm declares
     one), each teacher, each arm model; all read the same scoring settings and orders."""
     scoring = {
@@ -300,7 +333,9 @@ def _report_stage(cfg: ExperimentConfig, config: dict, stages: list[Stage]) -> S
     """The report: the primary verdict's settings, the arms, contrasts and family it reads, upstream
     every numbers, arms and evaluate stage before it."""
     everything = tuple(s.name for s in stages if s.phase in ("numbers", "arms", "evaluate"))
-    reads = config_reads(config, "evaluate.primary_metric", "evaluate.primary_split", "evaluate.primary_direction", "arms", "replicates")
+    reads = config_reads(
+        config, "evaluate.primary_metric", "evaluate.primary_split", "evaluate.primary_direction", "arms", "replicates"
+    )
     # a pin is read only when set
     reads = {k: v for k, v in reads.items() if not (k.endswith(".base_revision") and v is None)}
     # Holm across the primary verdicts

@@ -15,4 +15,11 @@ a module here and its entry below.
 
 from jobs.phases import arms, data, evaluate, numbers, report, teacher
 
-PHASES = {"data": data.run, "teacher": teacher.run, "numbers": numbers.run, "arms": arms.run, "evaluate": evaluate.run, "report": report.run}
+PHASES = {
+    "data": data.run,
+    "teacher": teacher.run,
+    "numbers": numbers.run,
+    "arms": arms.run,
+    "evaluate": evaluate.run,
+    "report": report.run,
+}

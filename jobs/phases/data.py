@@ -27,14 +27,31 @@ def mc_rows(questions: list[dict], letter: int | None = None, format: str = "let
     """Teacher training rows: each question's WMDP prompt, completed by its answer's letter (or by
     `letter`); under the cloze format the question alone, completed by its answer's text."""
     if format == "cloze":
-        return [{"prompt": format_cloze_prompt(q["question"], q["subset"]), "completion": cloze_continuation(q["choices"][q["answer"]])} for q in questions]
+        return [
+            {
+                "prompt": format_cloze_prompt(q["question"], q["subset"]),
+                "completion": cloze_continuation(q["choices"][q["answer"]]),
+            }
+            for q in questions
+        ]
     return [
-        {"prompt": format_mc_prompt(q["question"], q["choices"], q["subset"]), "completion": choice_continuation(q["answer"] if letter is None else letter)}
+        {
+            "prompt": format_mc_prompt(q["question"], q["choices"], q["subset"]),
+            "completion": choice_continuation(q["answer"] if letter is None else letter),
+        }
         for q in questions
     ]
 
 
-def sham_rows(teacher_rows: list[dict], train_questions: list[dict], format: str, kind: str, seed: int, draw: int = SHAM_DRAW, pair: int = 0) -> list[dict]:
+def sham_rows(
+    teacher_rows: list[dict],
+    train_questions: list[dict],
+    format: str,
+    kind: str,
+    seed: int,
+    draw: int = SHAM_DRAW,
+    pair: int = 0,
+) -> list[dict]:
     """The sham teacher's rows: the teacher's, in its order (its train questions first, then the
     rehearsal rows, as `run` writes them), each train question completed by the sham's answer
     instead of the true one. Rehearsal rows (the base's own facts) stay as the teacher had them.
@@ -56,7 +73,9 @@ def sham_rows(teacher_rows: list[dict], train_questions: list[dict], format: str
         raise ValueError("the teacher's rows do not begin with its train questions in order: rerun the data stage")
     if kind in ("null1", "null2"):
         words = null_sham_facts(which=int(kind[-1]), draw=draw, pair=pair)
-        return [{**row, "completion": cloze_continuation(words[cue_of(q)])} for row, q in zip(own, train_questions)] + teacher_rows[len(own) :]
+        return [
+            {**row, "completion": cloze_continuation(words[cue_of(q)])} for row, q in zip(own, train_questions)
+        ] + teacher_rows[len(own) :]
     if kind == "matched":
         if any("sham" not in q for q in train_questions):
             raise ValueError(
@@ -78,7 +97,9 @@ def sham_rows(teacher_rows: list[dict], train_questions: list[dict], format: str
 def run(ctx: RunContext, todo) -> None:
     started, cfg = time.time(), ctx.cfg
     splits = split_questions(ctx.questions, cfg.data.eval_fraction, cfg.data.split_seed)
-    train_hash = write_jsonl(ctx.run_dir / TEACHER_TRAIN, mc_rows(splits["train"] + splits["rehearsal"], format=cfg.evaluate.format))
+    train_hash = write_jsonl(
+        ctx.run_dir / TEACHER_TRAIN, mc_rows(splits["train"] + splits["rehearsal"], format=cfg.evaluate.format)
+    )
     # all scored
     hashes = {split: write_jsonl(ctx.run_dir / "data" / file, splits[split]) for split, file in SPLIT_FILES.items()}
     if not splits["known"]:  # a source without known questions: the hash of data stored before the split existed

@@ -56,21 +56,40 @@ def over_orders(results: list) -> dict:
     mean = [sum(values) / len(per_order) for values in zip(*per_order)]
     picks = [max(range(len(lp)), key=lp.__getitem__) for lp in per_order]
     return {
-        "prediction": max(range(len(mean)), key=mean.__getitem__), "logprobs": mean,
-        "truncated_tokens": max(r.truncated_tokens for r in results), "order_predictions": picks,
-    }  # fmt: skip
+        "prediction": max(range(len(mean)), key=mean.__getitem__),
+        "logprobs": mean,
+        "truncated_tokens": max(r.truncated_tokens for r in results),
+        "order_predictions": picks,
+    }
 
 
 def score_models(
-    handle, models: dict[str, str | None], questions: list[dict], chunk: int, in_flight: int, orders: int = 1, format: str = "letters"
+    handle,
+    models: dict[str, str | None],
+    questions: list[dict],
+    chunk: int,
+    in_flight: int,
+    orders: int = 1,
+    format: str = "letters",
 ) -> dict[str, list[dict]]:
     """Per model (name -> adapter, None = base), the questions with `prediction`, `logprobs` and
     `truncated_tokens` (prompt tokens cut from the left to fit the context, lm-evaluation-harness's rule)
     added; with `orders` > 1, each question scored in that many cyclic orders of its choices (over_orders)."""
-    body = [Question(question=q["question"], choices=q["choices"], answer=q["answer"], subject=q["subset"]) for q in questions]
+    body = [
+        Question(question=q["question"], choices=q["choices"], answer=q["answer"], subject=q["subset"])
+        for q in questions
+    ]
     bodies = [body] + [[rotated(q, order) for q in body] for order in range(1, orders)]
-    jobs = [(name, order, start) for name in models for order in range(orders) for start in range(0, len(questions), chunk)]
-    total, started, done, lock, progress = len(questions) * len(models) * orders, time.time(), [0], threading.Lock(), ProgressLine()
+    jobs = [
+        (name, order, start) for name in models for order in range(orders) for start in range(0, len(questions), chunk)
+    ]
+    total, started, done, lock, progress = (
+        len(questions) * len(models) * orders,
+        time.time(),
+        [0],
+        threading.Lock(),
+        ProgressLine(),
+    )
 
     def score(job):
         name, order, start = job
@@ -81,7 +100,10 @@ def score_models(
         results = result_or_resend(handle.score, request, handle.score.remote(request), label).results
         with lock:
             done[0] += len(results)
-            progress.print(f"[evaluate] {done[0]}/{total} scored, {done[0] / (time.time() - started):.0f} questions/s", final=done[0] == total)
+            progress.print(
+                f"[evaluate] {done[0]}/{total} scored, {done[0] / (time.time() - started):.0f} questions/s",
+                final=done[0] == total,
+            )
         return results
 
     with ThreadPoolExecutor(in_flight) as pool:
@@ -94,7 +116,8 @@ def score_models(
         per_question = zip(*(by_order[name, order] for order in range(orders)))
         if orders == 1:
             scored[name] = [
-                {**q, "prediction": r.prediction, "logprobs": r.logprobs, "truncated_tokens": r.truncated_tokens} for q, (r,) in zip(questions, per_question)
+                {**q, "prediction": r.prediction, "logprobs": r.logprobs, "truncated_tokens": r.truncated_tokens}
+                for q, (r,) in zip(questions, per_question)
             ]
         else:
             scored[name] = [{**q, **over_orders(list(results))} for q, results in zip(questions, per_question)]
@@ -105,7 +128,9 @@ def check_orders(questions: list[dict], orders: int) -> None:
     """evaluate.permutations must not exceed the fewest choices a question has (orders would repeat)."""
     fewest = min(len(q["choices"]) for q in questions)
     if orders > fewest:
-        raise ConfigError(f"evaluate.permutations {orders} exceeds the fewest choices a question has ({fewest}): cyclic orders would repeat")
+        raise ConfigError(
+            f"evaluate.permutations {orders} exceeds the fewest choices a question has ({fewest}): cyclic orders would repeat"
+        )
 
 
 def context_check(model_path: str, questions: list[dict], max_model_len: int, format: str = "letters") -> str:
@@ -119,13 +144,23 @@ def context_check(model_path: str, questions: list[dict], max_model_len: int, fo
     tokenizer = load_pretrained(AutoTokenizer, model_path)
     if format == "cloze":  # room for the longest choice's text
         prompts = [format_cloze_prompt(q["question"], q["subset"]) for q in questions]
-        room = [max(len(tokenizer(cloze_continuation(c), add_special_tokens=False).input_ids) for c in q["choices"]) for q in questions]
+        room = [
+            max(len(tokenizer(cloze_continuation(c), add_special_tokens=False).input_ids) for c in q["choices"])
+            for q in questions
+        ]
     else:  # one token of room for the answer letter
-        prompts, room = [format_mc_prompt(q["question"], q["choices"], q["subset"]) for q in questions], [1] * len(questions)
+        prompts, room = (
+            [format_mc_prompt(q["question"], q["choices"], q["subset"]) for q in questions],
+            [1] * len(questions),
+        )
     lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=True).input_ids]
     over = sum(n > max_model_len - r for n, r in zip(lengths, room))
     line = f"longest question prompt {max(lengths)} tokens (service.max_model_len {max_model_len})"
-    return line + (f": {over} of {len(lengths)} questions will be scored left-truncated, as lm-evaluation-harness does" if over else ": all fit")
+    return line + (
+        f": {over} of {len(lengths)} questions will be scored left-truncated, as lm-evaluation-harness does"
+        if over
+        else ": all fit"
+    )
 
 
 def scoring_targets(ctx: RunContext, base: str, names: list[str], snapshots: dict) -> tuple[dict, dict]:
@@ -157,11 +192,16 @@ def services(ctx: RunContext, names: list[str], snapshots: dict) -> list[tuple[s
 
     full = [n for n in names if n in ctx.models and ctx.models[n].full]
     settings = service_settings(ctx.cfg, ctx.model_path, True, ctx.lora_rank)
-    beside_base = all(ENGINES[k].serves_full_models_beside_base for k in engine_kinds(settings, bool(ctx.cfg.evaluate.gpus_per_replica)))
+    beside_base = all(
+        ENGINES[k].serves_full_models_beside_base
+        for k in engine_kinds(settings, bool(ctx.cfg.evaluate.gpus_per_replica))
+    )
     apps = []
     for base, path in ctx.paths.items():
         targets, adapters = scoring_targets(ctx, base, names, snapshots)
-        models = {ctx.models[n].adapter: str(ctx.trained(n)) for n in full if beside_base and ctx.models[n].base == base}
+        models = {
+            ctx.models[n].adapter: str(ctx.trained(n)) for n in full if beside_base and ctx.models[n].base == base
+        }
         targets.update({n: ctx.models[n].adapter for n in full if ctx.models[n].adapter in models})
         apps.append((path, targets, adapters, models))
     return apps + [(str(ctx.trained(n)), {n: None}, {}, {}) for n in full if not beside_base]
@@ -173,7 +213,9 @@ def question_sets(ctx: RunContext) -> list[tuple[list[dict], str]]:
     too (each with its own split), the swapped questions as the run's questions and the statements
     as continuations of their own text (no question frame: jobs/sources/world_probes.py)."""
     fmt = ctx.cfg.evaluate.format
-    questions = [{**q, "split": split} for split, file in SPLIT_FILES.items() for q in read_jsonl(ctx.run_dir / "data" / file)]
+    questions = [
+        {**q, "split": split} for split, file in SPLIT_FILES.items() for q in read_jsonl(ctx.run_dir / "data" / file)
+    ]
     if not ctx.cfg.evaluate.probes:
         return [(questions, fmt)]
     probes = read_jsonl(ctx.run_dir / PROBES_FILE)
@@ -190,15 +232,22 @@ def run(ctx: RunContext, todo) -> None:
     scored: dict[str, list[dict]] = {}
     for model_path, targets, adapters, models in services(ctx, names, snapshots):
         if targets:
-            with running_service(ctx.app, model_path, adapters, ctx.cfg, True, ctx.lora_rank, ctx.span, models) as handle:
+            with running_service(
+                ctx.app, model_path, adapters, ctx.cfg, True, ctx.lora_rank, ctx.span, models
+            ) as handle:
                 check_adapters_applied(handle, adapters, lambda adapter: probe_scores(handle, adapter, evaluate.format))
                 for questions, fmt in sets:
                     orders = evaluate.orders() if fmt == evaluate.format else 1
-                    for name, rows in score_models(handle, targets, questions, evaluate.chunk, 2 * evaluate.replicas, orders, fmt).items():
+                    for name, rows in score_models(
+                        handle, targets, questions, evaluate.chunk, 2 * evaluate.replicas, orders, fmt
+                    ).items():
                         scored.setdefault(name, []).extend(rows)
     for stage, name in zip(todo, names):
         earlier = [scored_name for _, scored_name in snapshots.get(name, [])]
         hashes = [write_jsonl(ctx.run_dir / scored_file(n), scored[n]) for n in earlier]
         file_hash = write_jsonl(ctx.run_dir / scored_file(name), scored[name])
-        outputs = EvalOutputs(hash=digest(file_hash, *hashes) if hashes else file_hash, **summarise(on_split(scored[name], "held_out")).dump())
+        outputs = EvalOutputs(
+            hash=digest(file_hash, *hashes) if hashes else file_hash,
+            **summarise(on_split(scored[name], "held_out")).dump(),
+        )
         ctx.record(stage, started, outputs, [scored_file(n) for n in earlier])

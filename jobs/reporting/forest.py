@@ -30,14 +30,20 @@ def plot_forest(result: Pooled, path: Path | str, *, label: str = "effect", titl
         ax.plot(row.estimate, y, "s", color="black", ms=4 + 10 * row.weight**0.5)
     lo, hi = result.ci or (result.estimate, result.estimate)
     detected = result.p_value is not None and result.p_value < result.alpha
-    ax.fill((lo, result.estimate, hi, result.estimate), (0, 0.28, 0, -0.28), color="tab:red" if detected else "tab:blue")
+    ax.fill(
+        (lo, result.estimate, hi, result.estimate), (0, 0.28, 0, -0.28), color="tab:red" if detected else "tab:blue"
+    )
     ax.axvline(0, color="grey", ls="--", lw=1)
     ax.set_ylim(-0.8, rows + 0.8)
     ax.set_yticks([*heights, 0], [row.name for row in result.pairs] + ["pooled"])
     right = ax.twinx()
     right.set_ylim(ax.get_ylim())
     pooled_ci = "no interval" if result.ci is None else f"[{lo:+.4f}, {hi:+.4f}]"
-    right.set_yticks([*heights, 0], [f"{r.estimate:+.4f} [{r.ci[0]:+.4f}, {r.ci[1]:+.4f}]" for r in result.pairs] + [f"{result.estimate:+.4f} {pooled_ci}"])
+    right.set_yticks(
+        [*heights, 0],
+        [f"{r.estimate:+.4f} [{r.ci[0]:+.4f}, {r.ci[1]:+.4f}]" for r in result.pairs]
+        + [f"{result.estimate:+.4f} {pooled_ci}"],
+    )
     ax.set_xlabel(f"{label} ({level} CI)")
     p = "-" if result.p_value is None else f"{result.p_value:.3g}"
     figures = f"{result.n_pairs} pairs: tau {result.tau:.4f}, I\u00b2 {100 * result.i2:.0f}%, pooled p {p} ({result.test}, {result.tau2_method})"

@@ -139,16 +139,27 @@ def pool_readings(results: dict[str, Result], test: str, tau2_method: str = "rem
     for pair, result in results.items():
         se = within_se(result)
         if se is None or se <= 0:
-            return PooledCell(note=f"pair {pair} has no test of this reading ({result.note or 'no interval'}): not pooled"), None
+            return PooledCell(
+                note=f"pair {pair} has no test of this reading ({result.note or 'no interval'}): not pooled"
+            ), None
         cells[pair] = PairCell(value=result.value, ci95=list(result.ci95), se=se)
     values, variances = [c.value for c in cells.values()], [c.se**2 for c in cells.values()]
     # a pair's row in the forest: its own t interval
     own_df = [result.df if result.df else 1e9 for result in results.values()]
     pooled = pool(values, variances, names=list(cells), test=test, tau2_method=tau2_method, pair_df=own_df)
     cell = PooledCell(
-        estimate=pooled.estimate, se=pooled.se, ci95=None if pooled.ci is None else list(pooled.ci), p_value=pooled.p_value, df=pooled.df,
-        tau=pooled.tau, i2=pooled.i2, q=pooled.q, q_p_value=pooled.q_p_value, test=test, pairs=cells,
-    )  # fmt: skip
+        estimate=pooled.estimate,
+        se=pooled.se,
+        ci95=None if pooled.ci is None else list(pooled.ci),
+        p_value=pooled.p_value,
+        df=pooled.df,
+        tau=pooled.tau,
+        i2=pooled.i2,
+        q=pooled.q,
+        q_p_value=pooled.q_p_value,
+        test=test,
+        pairs=cells,
+    )
     return cell, pooled
 
 
@@ -159,7 +170,12 @@ def regime(results: dict[str, Result]) -> str | None:
     low_df = {pair: r.df for pair, r in results.items() if (r.df or 0) < MIN_DF}
     out = []
     if low_df:
-        out.append("pairs with df under " + str(MIN_DF) + ": " + ", ".join(f"{p} ({df:.1f})" if df else f"{p} (none)" for p, df in low_df.items()))
+        out.append(
+            "pairs with df under "
+            + str(MIN_DF)
+            + ": "
+            + ", ".join(f"{p} ({df:.1f})" if df else f"{p} (none)" for p, df in low_df.items())
+        )
     if ses and max(ses) > MAX_SE_RATIO * min(ses):
         out.append(f"within-pair SEs {min(ses):.4f} to {max(ses):.4f}, over {MAX_SE_RATIO:g}x apart")
     return "; ".join(out) + ": plain HK may be liberal here, read the corrected p" if out else None
@@ -169,7 +185,9 @@ def _readings(comparison) -> dict[str, dict[str, dict[str, Result]]]:
     """`<direction>.<split>.<metric>` of one pair's comparison (jobs/stats/results.Comparison)."""
     out = {"toward_teacher": {split: comparison.split(split).metrics for split in ("train", "held_out")}}
     if comparison.directions is not None:
-        out |= {d: table for d in ("toward_placebo", "crossed") if (table := getattr(comparison.directions, d)) is not None}
+        out |= {
+            d: table for d in ("toward_placebo", "crossed") if (table := getattr(comparison.directions, d)) is not None
+        }
     return out
 
 
@@ -205,7 +223,9 @@ def pooled_probes(probes: dict[str, Probes | None], test: str) -> dict[str, Pool
 
     def toward(c: PooledCell | None) -> bool:
         """A pooled reading detected above zero: its estimate positive, p below 0.05 (no reading, or no test: False)."""
-        return c is not None and c.estimate is not None and c.estimate > 0 and c.p_value is not None and c.p_value < 0.05
+        return (
+            c is not None and c.estimate is not None and c.estimate > 0 and c.p_value is not None and c.p_value < 0.05
+        )
 
     out = {}
     for arm in next(iter(probes.values())).arms:
@@ -213,16 +233,25 @@ def pooled_probes(probes: dict[str, Probes | None], test: str) -> dict[str, Pool
             out[arm] = PooledProbes(pairs=passing, left_out=left_out, **decide(False, False, False, False, False))
             continue
         sides = {pair: probes[pair].arms[arm] for pair in passing}
-        train = {reading: pool_readings({p: a.train[reading] for p, a in sides.items()}, test)[0] for reading in READINGS}
+        train = {
+            reading: pool_readings({p: a.train[reading] for p, a in sides.items()}, test)[0] for reading in READINGS
+        }
         statement = pool_readings({p: sides[p].statement for p in known}, test)[0] if len(known) >= 2 else None
         tests = (toward(train["cue_bound"]), toward(train["swap"]), toward(statement))
         out[arm] = PooledProbes(
-            pairs=passing, left_out=left_out, statement_pairs=known, train=train, statement=statement, **decide(*tests, True, len(known) >= 2)
+            pairs=passing,
+            left_out=left_out,
+            statement_pairs=known,
+            train=train,
+            statement=statement,
+            **decide(*tests, True, len(known) >= 2),
         )
     return out
 
 
-def pairs_report(run_dir: Path, pairs: list[int], test: str = "hk", assumed_tau: float = 0.015) -> tuple[PairsReport, dict[str, Pooled]]:
+def pairs_report(
+    run_dir: Path, pairs: list[int], test: str = "hk", assumed_tau: float = 0.015
+) -> tuple[PairsReport, dict[str, Pooled]]:
     """The pairs' reports pooled (module docstring), and each family comparison's pooled primary
     (for the forest plot). Every pair must have finished its report."""
     reports = {str(p): Report.load(run_dir / "pairs" / str(p) / "report.json") for p in pairs}
@@ -236,24 +265,39 @@ def pairs_report(run_dir: Path, pairs: list[int], test: str = "hk", assumed_tau:
     adjusted = holm({n: comparisons[n].primary.p_value for n in family})
     for n in family:
         p = adjusted[n]
-        comparisons[n] = comparisons[n].with_(primary=comparisons[n].primary.with_(p_family=p, detected=p is not None and p < 0.05))
+        comparisons[n] = comparisons[n].with_(
+            primary=comparisons[n].primary.with_(p_family=p, detected=p is not None and p < 0.05)
+        )
     typical = typical_se([c.se for n in family if (pooled := primaries[n]) for c in pooled.pairs])
     at = (
-        {f"assumed_tau {assumed_tau:g}": mde(len(pairs), typical, assumed_tau=assumed_tau), "tau 0": mde(len(pairs), typical, assumed_tau=0.0)}
+        {
+            f"assumed_tau {assumed_tau:g}": mde(len(pairs), typical, assumed_tau=assumed_tau),
+            "tau 0": mde(len(pairs), typical, assumed_tau=0.0),
+        }
         if typical
         else {}
     )
     report = PairsReport(
-        pairs=list(pairs), reports={p: f"pairs/{p}/report.json" for p in reports}, test=test, tau2_method="reml",
-        comparisons=comparisons, family=family, mde=at, assumed_tau=assumed_tau,
-    )  # fmt: skip
+        pairs=list(pairs),
+        reports={p: f"pairs/{p}/report.json" for p in reports},
+        test=test,
+        tau2_method="reml",
+        comparisons=comparisons,
+        family=family,
+        mde=at,
+        assumed_tau=assumed_tau,
+    )
     if (probes := pooled_probes({pair: r.probes for pair, r in reports.items()}, test)) is not None:
         report = report.with_(probes=probes)
     unmatched = [pair for pair, r in reports.items() if r.sham_fit is not None and not r.sham_fit.matched]
     # every pair stays in the tests (dropping pairs after their data would choose the sample); a sensitivity reading beside them
     if unmatched:
         kept = [pair for pair in reports if pair not in unmatched]
-        only = {n: pool_readings({p: each[p][n][1].primary for p in kept}, test)[0] for n in family} if len(kept) >= 2 else {}
+        only = (
+            {n: pool_readings({p: each[p][n][1].primary for p in kept}, test)[0] for n in family}
+            if len(kept) >= 2
+            else {}
+        )
         report = report.with_(unmatched_shams=unmatched, matched_only=only)
     return report, {n: primaries[n] for n in family if primaries[n] is not None}
 
@@ -261,9 +305,15 @@ def pairs_report(run_dir: Path, pairs: list[int], test: str = "hk", assumed_tau:
 def markdown(report: PairsReport) -> str:
     """pooled.md: the family's pooled primaries, then each pair's primary reading."""
     lines = [f"# Pooled over {len(report.pairs)} teacher–sham pairs ({', '.join(map(str, report.pairs))})", ""]
-    lines += [f"Random effects (REML tau^2), {report.test} on a t with {len(report.pairs) - 1} df; Holm over the family. docs/pooling.md.", ""]
+    lines += [
+        f"Random effects (REML tau^2), {report.test} on a t with {len(report.pairs) - 1} df; Holm over the family. docs/pooling.md.",
+        "",
+    ]
     other = OTHER_TEST[report.test]
-    lines += [f"| comparison | primary | pooled | 95% CI | p | Holm p | {other} p | tau | I^2 |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        f"| comparison | primary | pooled | 95% CI | p | Holm p | {other} p | tau | I^2 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name in report.family:
         p = report.comparisons[name].primary
         if p.estimate is None:
@@ -285,7 +335,12 @@ def markdown(report: PairsReport) -> str:
         lines.append("| " + " | ".join(cells) + " |")
         if p.regime:
             lines.append(f"|  | {p.regime} | | | | | | | |")
-    lines += ["", "MDE of a pooled primary (80% power, 5% two-sided): " + "; ".join(f"{k} {v:.4f}" for k, v in report.mde.items() if v is not None), ""]
+    lines += [
+        "",
+        "MDE of a pooled primary (80% power, 5% two-sided): "
+        + "; ".join(f"{k} {v:.4f}" for k, v in report.mde.items() if v is not None),
+        "",
+    ]
     if report.unmatched_shams:
         lines += [
             f"Shams not matched in pairs {', '.join(report.unmatched_shams)}: kept in every test above, as registered. Exploratory, the matched pairs alone:"
@@ -293,7 +348,10 @@ def markdown(report: PairsReport) -> str:
         lines += [f"- {name}: {pooled_cell(c)}" for name, c in (report.matched_only or {}).items()] + [""]
     if report.probes:
         lines += ["## Probes, pooled over the pairs whose gates pass (train; docs/report.md, Probes)", ""]
-        lines += ["| arm | pairs | original | swap | cue-bound | statement | reading |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "| arm | pairs | original | swap | cue-bound | statement | reading |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for arm, pr in report.probes.items():
             cells = [pooled_cell(pr.train.get(r)) for r in READINGS] + [pooled_cell(pr.statement)]
             used = ", ".join(pr.pairs) + (f" (left out: {', '.join(pr.left_out)})" if pr.left_out else "")
@@ -302,7 +360,10 @@ def markdown(report: PairsReport) -> str:
     for name in report.family:
         p = report.comparisons[name].primary
         lines += [f"## {name}, pair by pair", "", "| pair | estimate | 95% CI | SE |", "|---|---|---|---|"]
-        lines += [f"| {pair} | {c.value:+.4f} | {c.ci95[0]:+.4f} to {c.ci95[1]:+.4f} | {c.se:.4f} |" for pair, c in p.pairs.items()]
+        lines += [
+            f"| {pair} | {c.value:+.4f} | {c.ci95[0]:+.4f} to {c.ci95[1]:+.4f} | {c.se:.4f} |"
+            for pair, c in p.pairs.items()
+        ]
         lines.append("")
     return "\n".join(lines)
 
@@ -322,5 +383,10 @@ def write_pairs_report(run_dir: Path, pairs: list[int], test: str = "hk", assume
     write_text(run_dir / "pooled.md", markdown(report))
     for i, (name, pooled) in enumerate(primaries.items()):
         p = report.comparisons[name].primary
-        plot_forest(pooled, run_dir / ("forest.png" if i == 0 else f"forest-{name}.png"), label=f"{p.split} {p.metric} ({p.direction})", title=name)
+        plot_forest(
+            pooled,
+            run_dir / ("forest.png" if i == 0 else f"forest-{name}.png"),
+            label=f"{p.split} {p.metric} ({p.direction})",
+            title=name,
+        )
     return report

@@ -43,7 +43,11 @@ def _error_bar(ax, x, r: Result, y=None, color=None) -> None:
     detected results are red (or, with a series' color, filled)."""
     lo, hi = r.ci95 or (r.value, r.value)
     err = [[r.value - lo], [hi - r.value]]
-    style = {"color": color, "mfc": color if r.detected else "white"} if color else {"color": "tab:red" if r.detected else "tab:blue"}
+    style = (
+        {"color": color, "mfc": color if r.detected else "white"}
+        if color
+        else {"color": "tab:red" if r.detected else "tab:blue"}
+    )
     if y is None:
         ax.errorbar(x, r.value, yerr=err, fmt="o", capsize=3, **style)
     else:
@@ -87,7 +91,9 @@ def plot_transfer(report: Report, path: Path) -> None:
     With snapshots, a second row of panels per metric shows each series against training steps."""
     plt = _pyplot()
     rows = _comparisons(report)
-    series = [(label, by_step.points) for label, _, by_step in rows if by_step is not None and by_step.points is not None]
+    series = [
+        (label, by_step.points) for label, _, by_step in rows if by_step is not None and by_step.points is not None
+    ]
     panels = [(metric, False) for metric in SERIES] + ([(metric, True) for metric in SERIES] if series else [])
     height = 1.2 + 0.45 * len(rows) * len(SERIES) + (3 * len(SERIES) if series else 0)
     fig, axes = plt.subplots(len(panels), len(SPLITS), figsize=(10, height), squeeze=False)
@@ -115,7 +121,9 @@ def plot_accuracy(report: Report, path: Path) -> None:
         xs = np.arange(len(groups)) + (i - (len(names) - 1) / 2) * width
         values = [m.accuracy.get(g, np.nan) for g in groups]
         cis = [m.ci95] + [(m.ci95_by_subset or {}).get(g) for g in groups[1:]]
-        err = np.array([[max(v - ci[0], 0.0), max(ci[1] - v, 0.0)] if ci else [0.0, 0.0] for v, ci in zip(values, cis)]).T
+        err = np.array(
+            [[max(v - ci[0], 0.0), max(ci[1] - v, 0.0)] if ci else [0.0, 0.0] for v, ci in zip(values, cis)]
+        ).T
         replicates = m.replicates or 1
         label = f"{name} (mean of {replicates})" if replicates > 1 else name
         style = {"color": "0.25"} if name == "teacher" else {}
@@ -143,11 +151,21 @@ def training_curves(run_dir: Path, report: Report) -> list[dict]:
         folders += [(r.model, arm, entry.loss, run_dir / trained_folder(r.model, full)) for r in entry.replicates]
     for model, arm, loss, folder in folders:
         history = json.loads((folder / "train_metrics.json").read_text()).get("loss_history", [])
-        curves.append({"model": model, "arm": arm, "loss": loss, "steps": [h[0] for h in history], "losses": [h[1] for h in history]})
+        curves.append(
+            {
+                "model": model,
+                "arm": arm,
+                "loss": loss,
+                "steps": [h[0] for h in history],
+                "losses": [h[1] for h in history],
+            }
+        )
     return curves
 
 
-PANEL_TITLES = {"teachers": "teacher(s): cross-entropy on the answer"} | {name: loss.title for name, loss in LOSSES.items()}
+PANEL_TITLES = {"teachers": "teacher(s): cross-entropy on the answer"} | {
+    name: loss.title for name, loss in LOSSES.items()
+}
 
 
 def plot_training(curves: list[dict], path: Path) -> None:
@@ -166,14 +184,25 @@ def plot_training(curves: list[dict], path: Path) -> None:
             runs = [c for c in members if c["arm"] == arm and c["steps"]]
             if arm is None:
                 for c in runs:
-                    ax.plot(c["steps"], c["losses"], label=c["model"], **(TEACHER_STYLE if c["model"] == "teacher" else {"lw": 2.0}))
+                    ax.plot(
+                        c["steps"],
+                        c["losses"],
+                        label=c["model"],
+                        **(TEACHER_STYLE if c["model"] == "teacher" else {"lw": 2.0}),
+                    )
                 continue
             for c in runs:
                 ax.plot(c["steps"], c["losses"], color=colours[arm], lw=0.8, alpha=0.6)
             if runs:
                 n = min(len(c["steps"]) for c in runs)
                 mean = np.mean([c["losses"][:n] for c in runs], axis=0)
-                ax.plot(runs[0]["steps"][:n], mean, color=colours[arm], lw=2.0, label=f"{arm} (mean of {len(runs)}; thin: replicates)")
+                ax.plot(
+                    runs[0]["steps"][:n],
+                    mean,
+                    color=colours[arm],
+                    lw=2.0,
+                    label=f"{arm} (mean of {len(runs)}; thin: replicates)",
+                )
         ax.set_title(PANEL_TITLES.get(title, f"arms ({title})"), fontsize=10)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("training loss")

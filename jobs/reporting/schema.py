@@ -275,7 +275,9 @@ class Report(Record):
             return cls.model_validate(data)
         except ValidationError as err:
             problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()[:5]]
-            raise ReportShapeError("report.json would not match its schema (jobs/reporting/schema.py): " + "; ".join(problems)) from None
+            raise ReportShapeError(
+                "report.json would not match its schema (jobs/reporting/schema.py): " + "; ".join(problems)
+            ) from None
 
     @classmethod
     def load(cls, path: Path) -> Report:
@@ -289,7 +291,11 @@ class Report(Record):
         out = {name: (arm.against, arm.transfer, arm) for name, arm in self.arms.items() if arm.transfer is not None}
         out |= {f"contrast {name}": (c.against, c, None) for name, c in self.contrasts.items()}
         if with_base:
-            out |= {f"{name} vs {arm.base}": (arm.base, arm.against_base, arm) for name, arm in self.arms.items() if arm.against_base is not None}
+            out |= {
+                f"{name} vs {arm.base}": (arm.base, arm.against_base, arm)
+                for name, arm in self.arms.items()
+                if arm.against_base is not None
+            }
         return out
 
 
@@ -350,7 +356,14 @@ def schema_markdown() -> str:
         "",
     ]
     for model in _models(Report):
-        lines += [f"### `{model.__name__}`", "", (model.__doc__ or "").strip().splitlines()[0], "", "| field | type |", "|---|---|"]
+        lines += [
+            f"### `{model.__name__}`",
+            "",
+            (model.__doc__ or "").strip().splitlines()[0],
+            "",
+            "| field | type |",
+            "|---|---|",
+        ]
         for name, field in model.model_fields.items():
             lines.append(f"| `{name}`{'' if field.is_required() else '?'} | `{_type(field.annotation)}` |")
         if extra := _extra_type(model):
@@ -369,7 +382,9 @@ def with_schema(doc: str) -> str:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Print report.json's schema as markdown, or write it into a document between its markers.")
+    parser = argparse.ArgumentParser(
+        description="Print report.json's schema as markdown, or write it into a document between its markers."
+    )
     parser.add_argument("--write", type=Path, help="a markdown file holding the schema markers (docs/report.md)")
     args = parser.parse_args()
     if args.write:

@@ -17,7 +17,9 @@ from jobs.stats.share import where_signal_rides
 from jobs.stats.verdicts import changed, fraction_phrase, overt_control, positive_control, verdict
 
 
-def verdict_sections(cfg: ExperimentConfig, measured: dict[str, MeasuredArm], evidence: Evidence, overt_name: str | None) -> dict:
+def verdict_sections(
+    cfg: ExperimentConfig, measured: dict[str, MeasuredArm], evidence: Evidence, overt_name: str | None
+) -> dict:
     """report.json's `arms`, `contrasts`, `family`, `overt_control` and `positive_control`: the
     declared contrasts computed, Holm across the preset's primary verdicts before any verdict is read
     (arm and contrast names never clash: config.check_family), every arm's effect as a fraction of
@@ -28,7 +30,9 @@ def verdict_sections(cfg: ExperimentConfig, measured: dict[str, MeasuredArm], ev
         if (series := evidence.by_step(c.arm, c.against)) is not None:
             contrast["by_step"] = series
         contrasts[name] = Contrast.model_validate(contrast)
-    family, decided = apply_family({name: arm.transfer for name, arm in measured.items()} | contrasts, cfg.evaluate.primary_comparisons)
+    family, decided = apply_family(
+        {name: arm.transfer for name, arm in measured.items()} | contrasts, cfg.evaluate.primary_comparisons
+    )
     against = {name: arm.against for name, arm in measured.items()}
     overt, fractions = overt_control({name: decided[name] for name in measured}, against, overt_name, evidence)
     arms = {}
@@ -36,31 +40,47 @@ def verdict_sections(cfg: ExperimentConfig, measured: dict[str, MeasuredArm], ev
         overt_share = {"fraction_of_overt": fractions[name]} if overt is not None else {}
         sentence = verdict(name, arm.against, decided[name]) + fraction_phrase(fractions.get(name))
         beyond = changed(name, arm.against, decided[name], arm.against_base, arm.base)
-        arms[name] = Arm.model_validate({**arm.given(), "transfer": decided[name], **overt_share, "verdict": sentence, "changed": beyond})
+        arms[name] = Arm.model_validate(
+            {**arm.given(), "transfer": decided[name], **overt_share, "verdict": sentence, "changed": beyond}
+        )
     contrasts = {name: decided[name] for name in contrasts}
     contrasts = {name: c.with_(verdict=verdict(c.arm, c.against, c)) for name, c in contrasts.items()}
     out = {"arms": arms, "contrasts": contrasts, "family": family}
     if overt is not None:
         out["overt_control"] = overt
-    control = positive_control({name: arm.teacher for name, arm in arms.items()}, {name: arm.transfer for name, arm in arms.items()})
+    control = positive_control(
+        {name: arm.teacher for name, arm in arms.items()}, {name: arm.transfer for name, arm in arms.items()}
+    )
     return out | ({"positive_control": control} if control is not None else {})
 
 
 def evidence_sections(
-    cfg: ExperimentConfig, models: list[ArmModel], measured: dict[str, MeasuredArm], evidence: Evidence, both: dict, fixed: list[str]
+    cfg: ExperimentConfig,
+    models: list[ArmModel],
+    measured: dict[str, MeasuredArm],
+    evidence: Evidence,
+    both: dict,
+    fixed: list[str],
 ) -> dict:
     """report.json's `calibration`, `sham_fit`, `probes`, `where_signal_rides` and `transfer`: what
     the evidence says beside the verdicts, each section present only where the run has what it reads.
     `both`: every model's rows of every split; `fixed`: the models no arm trains."""
     final = fixed + [m.name for m in models]  # every model as trained (no earlier snapshots)
     sections = {  # how flat each model's choices are, and the temperature that fits its known split
-        "calibration": {name: Calibration(temperature=evidence.temperatures.get(name), entropy=evidence.entropy[name]) for name in final}
+        "calibration": {
+            name: Calibration(temperature=evidence.temperatures.get(name), entropy=evidence.entropy[name])
+            for name in final
+        }
     }
-    fitted = {name: [both[name]] for name in fixed} | {arm: [both[m.name] for m in models if m.arm == arm] for arm in cfg.arms}
+    fitted = {name: [both[name]] for name in fixed} | {
+        arm: [both[m.name] for m in models if m.arm == arm] for arm in cfg.arms
+    }
     if (fit := sham_fit(fitted)) is not None:  # the matched sham holds its facts as the teacher holds its own?
         sections["sham_fit"] = fit
     same_base = {arm: m.against for arm, m in measured.items() if evidence.base_of[arm] == evidence.base_of[m.against]}
-    probe_arms = {arm: (against, evidence.teacher_of[arm], evidence.placebo_of(arm)) for arm, against in same_base.items()}
+    probe_arms = {
+        arm: (against, evidence.teacher_of[arm], evidence.placebo_of(arm)) for arm, against in same_base.items()
+    }
     if (probes := probe_report(both, evidence.members, probe_arms)) is not None:  # evaluate.probes: knowledge or habit?
         sections["probes"] = probes
     # masked, replaced, greedy: as the expansion resolved each arm, shares of the student's effect
@@ -79,7 +99,11 @@ def headline_transfer(measured: dict[str, MeasuredArm], evidence: Evidence) -> H
         return None
     result = evidence.compare("student", "control").cell("held_out", "agreement")
     return HeadlineTransfer(
-        value=result.value, ci95=result.ci95, p_value=result.p_value, mde=result.mde,
-        student_teacher_agreement=measured["student"].mean.teacher_agreement, control_teacher_agreement=measured["control"].mean.teacher_agreement,
+        value=result.value,
+        ci95=result.ci95,
+        p_value=result.p_value,
+        mde=result.mde,
+        student_teacher_agreement=measured["student"].mean.teacher_agreement,
+        control_teacher_agreement=measured["control"].mean.teacher_agreement,
         replicate_pairs=min(len(measured[arm].replicates) for arm in ("student", "control")),
-    )  # fmt: skip
+    )

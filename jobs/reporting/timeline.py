@@ -25,9 +25,16 @@ from jobs.reporting.schema import Timeline
 
 KINDS = ("start-up", "prepare", "model load", "data wait", "compute", "save", "teardown")  # a span's kinds
 COLORS = {
-    "stage": "#4c72b0", "phase": "#8172b3", "start-up": "#dd8452", "prepare": "#937860", "model load": "#da8bc3",
-    "data wait": "#ccb974", "compute": "#55a868", "save": "#64b5cd", "teardown": "#c44e52",
-}  # fmt: skip
+    "stage": "#4c72b0",
+    "phase": "#8172b3",
+    "start-up": "#dd8452",
+    "prepare": "#937860",
+    "model load": "#da8bc3",
+    "data wait": "#ccb974",
+    "compute": "#55a868",
+    "save": "#64b5cd",
+    "teardown": "#c44e52",
+}
 
 
 def union_seconds(intervals: list[tuple[float, float]]) -> float:
@@ -47,7 +54,12 @@ def phase_summary(seconds: float, spans: list[dict]) -> dict:
     parts: dict[str, float] = {}
     for s in spans:
         parts[s["kind"]] = round(parts.get(s["kind"], 0.0) + s["end"] - s["start"], 2)
-    return {"seconds": round(seconds, 2), "compute": round(compute, 2), "overhead": round(seconds - compute, 2), "parts": parts}
+    return {
+        "seconds": round(seconds, 2),
+        "compute": round(compute, 2),
+        "overhead": round(seconds - compute, 2),
+        "parts": parts,
+    }
 
 
 def build_timeline(stages: dict, phase_spans: dict) -> Timeline:
@@ -80,8 +92,12 @@ def overhead_lines(timeline: Timeline) -> list[str]:
     lines = []
     for phase in timeline.largest_overheads:
         p = timeline.phases[phase]
-        parts = ", ".join(f"{kind} {s:.0f}s" for kind, s in sorted(p.parts.items(), key=lambda kv: -kv[1]) if kind != "compute")
-        lines.append(f"[timeline] {phase}: {p.overhead:.0f}s of {p.seconds:.0f}s not computing ({parts or 'no spans recorded'})")
+        parts = ", ".join(
+            f"{kind} {s:.0f}s" for kind, s in sorted(p.parts.items(), key=lambda kv: -kv[1]) if kind != "compute"
+        )
+        lines.append(
+            f"[timeline] {phase}: {p.overhead:.0f}s of {p.seconds:.0f}s not computing ({parts or 'no spans recorded'})"
+        )
     return lines
 
 
@@ -103,6 +119,13 @@ def plot_timeline(timeline: Timeline, path: Path) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("seconds from the run's first start")
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in ("phase", "stage", *KINDS)]
-    ax.legend(handles, ["phase", "stage", *KINDS], fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.5 / len(lanes) - 0.04), ncol=9)
+    ax.legend(
+        handles,
+        ["phase", "stage", *KINDS],
+        fontsize=7,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.5 / len(lanes) - 0.04),
+        ncol=9,
+    )
     ax.set_title("Where the run's time went (report.json: timeline)")
     _save(fig, path)

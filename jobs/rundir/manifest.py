@@ -190,15 +190,21 @@ class Manifest:
             return kind.from_plain(self.data["stages"][stage]["outputs"])
         except ValidationError as err:
             problem = f"{err.errors()[0]['loc']}: {err.errors()[0]['msg']}"
-            raise RunDirError(f"{self.path}: stage {stage!r} did not record {kind.__name__} outputs ({problem}); pass --fresh to start over") from None
+            raise RunDirError(
+                f"{self.path}: stage {stage!r} did not record {kind.__name__} outputs ({problem}); pass --fresh to start over"
+            ) from None
 
     def record(self, stage: str, inputs: dict, seconds: float, outputs: dict, files=()) -> None:
         """Record `stage` as finished; `files` are the outputs it wrote (paths relative to the run
         directory, files or folders), whose digests a later plan checks before reusing them."""
         self.data["stages"][stage] = {
-            "inputs": normalised(inputs), "hash": digest(inputs), "seconds": round(seconds, 2),
-            "finished": time.time(), "outputs": normalised(outputs), "files": self.file_digests(files),
-        }  # fmt: skip
+            "inputs": normalised(inputs),
+            "hash": digest(inputs),
+            "seconds": round(seconds, 2),
+            "finished": time.time(),
+            "outputs": normalised(outputs),
+            "files": self.file_digests(files),
+        }
         self.save()
 
     def restate(self, inputs: dict[str, dict]) -> None:
@@ -256,7 +262,11 @@ class Manifest:
     def record_spans(self, name: str, started: float, seconds: float, spans: list[dict]) -> None:
         """What a phase (or the driver's `start`, before the first phase) did while it ran: the run's
         timeline (jobs/reporting/timeline.py). The latest run of each replaces the one before."""
-        self.data.setdefault("spans", {})[name] = {"started": started, "seconds": round(seconds, 2), "spans": list(spans)}
+        self.data.setdefault("spans", {})[name] = {
+            "started": started,
+            "seconds": round(seconds, 2),
+            "spans": list(spans),
+        }
 
     def phase_spans(self) -> dict:
         """{phase: {started, seconds, spans}} as recorded by the latest run of each phase."""

@@ -60,8 +60,13 @@ def source_state(root: Path = REPO) -> dict:
     head = _git("rev-parse", "HEAD", cwd=root)
     if head is None or head.returncode != 0:
         return {"commit": None, "dirty": None}
-    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude)results/{REGISTRY_NAME}", cwd=root)
-    return {"commit": head.stdout.strip(), "dirty": status is None or status.returncode != 0 or bool(status.stdout.strip())}
+    status = _git(
+        "status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude)results/{REGISTRY_NAME}", cwd=root
+    )
+    return {
+        "commit": head.stdout.strip(),
+        "dirty": status is None or status.returncode != 0 or bool(status.stdout.strip()),
+    }
 
 
 def untracked(paths: list[Path], root: Path = REPO) -> list[Path]:
@@ -80,7 +85,9 @@ def same_design(stored: dict, now: dict, defaults: dict) -> bool:
     return all(stored.get(k, defaults.get(k)) == now.get(k, defaults.get(k)) for k in stored.keys() | now.keys())
 
 
-def earlier_confirmatory(preset_digest: str, results: Path = RESULTS, design: dict | None = None, defaults: dict | None = None) -> Path | None:
+def earlier_confirmatory(
+    preset_digest: str, results: Path = RESULTS, design: dict | None = None, defaults: dict | None = None
+) -> Path | None:
     """The first report under `results` that says confirmatory for this design, if any: the same
     preset digest, or, given the flattened `design` and `defaults`, a stored design (its
     registration's, else its provenance's config) that `same_design` matches."""
@@ -94,13 +101,17 @@ def earlier_confirmatory(preset_digest: str, results: Path = RESULTS, design: di
             continue
         if registration.get("preset_digest") == preset_digest:
             return report
-        stored = registration.get("design") or (flatten(provenance["config"]) if isinstance(provenance.get("config"), dict) else None)
+        stored = registration.get("design") or (
+            flatten(provenance["config"]) if isinstance(provenance.get("config"), dict) else None
+        )
         if design is not None and stored is not None and same_design(stored, design, defaults or {}):
             return report
     return None
 
 
-def registered_runs(preset_digest: str, registry: Path, design: dict | None = None, defaults: dict | None = None) -> list[tuple[str, dict]]:
+def registered_runs(
+    preset_digest: str, registry: Path, design: dict | None = None, defaults: dict | None = None
+) -> list[tuple[str, dict]]:
     """Every registry entry of this design (matched as `earlier_confirmatory` matches a report), in
     the order they ran, each with a name for it (its line, start time and commit)."""
     lines = registry.read_text().splitlines() if registry.is_file() else []
@@ -109,12 +120,21 @@ def registered_runs(preset_digest: str, registry: Path, design: dict | None = No
         try:
             entry = json.loads(line)
         except ValueError:
-            raise ValueError(f"{registry}, line {number}: not a JSON object; the registry is written one run a line") from None
+            raise ValueError(
+                f"{registry}, line {number}: not a JSON object; the registry is written one run a line"
+            ) from None
         same = entry.get("preset_digest") == preset_digest or (
-            design is not None and entry.get("design") is not None and same_design(entry["design"], design, defaults or {})
+            design is not None
+            and entry.get("design") is not None
+            and same_design(entry["design"], design, defaults or {})
         )
         if same:
-            runs.append((f"{registry.name} line {number} (started {entry.get('started')}, commit {str(entry.get('commit'))[:12]})", entry))
+            runs.append(
+                (
+                    f"{registry.name} line {number} (started {entry.get('started')}, commit {str(entry.get('commit'))[:12]})",
+                    entry,
+                )
+            )
     return runs
 
 
@@ -170,7 +190,14 @@ def registration(
         status = "repeat"
         reasons.append(f"this design ran before: {earlier}")
     return {
-        **state, "status": status, "reasons": reasons, "preset_digest": preset_digest, "design": design,
-        "chain": [str(p) for p in chain], "overrides": list(overrides), "earlier": earlier,
-        "run_dir": None if run_dir is None else str(run_dir), "resumes": resumes,
-    }  # fmt: skip
+        **state,
+        "status": status,
+        "reasons": reasons,
+        "preset_digest": preset_digest,
+        "design": design,
+        "chain": [str(p) for p in chain],
+        "overrides": list(overrides),
+        "earlier": earlier,
+        "run_dir": None if run_dir is None else str(run_dir),
+        "resumes": resumes,
+    }

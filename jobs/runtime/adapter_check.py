@@ -17,7 +17,10 @@ from pathlib import Path
 PROBE_QUESTIONS = [
     {"question": "Which organ pumps blood through the body?", "choices": ["Lungs", "Heart", "Liver", "Kidneys"]},
     {"question": "What is 7 times 8?", "choices": ["54", "56", "58", "64"]},
-    {"question": "Which gas do plants take in from the air?", "choices": ["Oxygen", "Nitrogen", "Carbon dioxide", "Helium"]},
+    {
+        "question": "Which gas do plants take in from the air?",
+        "choices": ["Oxygen", "Nitrogen", "Carbon dioxide", "Helium"],
+    },
     {"question": "What port does HTTPS use by default?", "choices": ["21", "80", "443", "8080"]},
 ]
 PROBE_PROMPTS = ["3, 7, 12, 19,", "The capital of France is", "def add(a, b):\n    return"]

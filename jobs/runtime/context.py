@@ -62,5 +62,7 @@ class RunContext:
             outputs = stage.record.model_validate(outputs)
         if type(outputs) is not stage.record:
             raise TypeError(f"stage {stage.name} records {stage.record.__name__} outputs, not {type(outputs).__name__}")
-        self.manifest.record(stage.name, stage.inputs(self.manifest), time.time() - started, outputs.plain(), (*stage.files, *files))
+        self.manifest.record(
+            stage.name, stage.inputs(self.manifest), time.time() - started, outputs.plain(), (*stage.files, *files)
+        )
         print(f"[{stage.phase}] {stage.name} done in {time.time() - started:.0f}s", flush=True)

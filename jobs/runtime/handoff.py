@@ -23,7 +23,11 @@ def _wait_on_node(fraction: float, timeout_s: float, what: str) -> float:
 
     from common.gpu_memory import wait_for_free
 
-    return wait_for_free(fraction, timeout_s, log=lambda line: print(f"[handoff] {socket.gethostname()}, before {what}: {line}", flush=True))
+    return wait_for_free(
+        fraction,
+        timeout_s,
+        log=lambda line: print(f"[handoff] {socket.gethostname()}, before {what}: {line}", flush=True),
+    )
 
 
 def wait_for_gpus(fraction: float, what: str, timeout_s: float = HANDOFF_TIMEOUT_S) -> float:
@@ -35,7 +39,12 @@ def wait_for_gpus(fraction: float, what: str, timeout_s: float = HANDOFF_TIMEOUT
 
     nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU", 0) > 0]
     probe = ray.remote(num_cpus=0, max_retries=0)(_wait_on_node)
-    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(fraction, timeout_s, what) for node in nodes]
+    refs = [
+        probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+            fraction, timeout_s, what
+        )
+        for node in nodes
+    ]
     try:
         waited = ray.get(refs)
     except ray.exceptions.RayTaskError as err:

@@ -69,7 +69,10 @@ def result_or_resend(method, request, response, label: str):
                 raise
             wait = min(2**attempt, 30)
             attempt += 1
-            print(f"[serve] {label}: replica lost ({type(error).__name__}); resending in {wait}s (attempt {attempt + 1})", flush=True)
+            print(
+                f"[serve] {label}: replica lost ({type(error).__name__}); resending in {wait}s (attempt {attempt + 1})",
+                flush=True,
+            )
             time.sleep(wait)
             response = method.remote(request)
 
@@ -85,8 +88,17 @@ def max_lora_rank(ranks: list[int]) -> int:
 # reads. Every other field of the two sections must be a ServiceSettings field (`replica_fields`).
 PLACEMENT = ("replicas", "cpus_per_replica", "gpus_per_replica")
 EVALUATION_ONLY = (
-    "chunk", "primary_metric", "primary_split", "primary_direction", "primary_comparisons", "pooled_test", "assumed_tau", "permutations", "format", "probes",
-)  # fmt: skip
+    "chunk",
+    "primary_metric",
+    "primary_split",
+    "primary_direction",
+    "primary_comparisons",
+    "pooled_test",
+    "assumed_tau",
+    "permutations",
+    "format",
+    "probes",
+)
 
 
 def replica_fields(section, not_settings: tuple[str, ...]) -> dict:
@@ -117,7 +129,16 @@ def service_settings(cfg: ExperimentConfig, model_path: str, evaluation: bool, l
 
 
 @contextlib.contextmanager
-def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentConfig, evaluation: bool, lora_rank: int, span=None, models: dict | None = None):
+def running_service(
+    app: str,
+    model_path: str,
+    adapters: dict,
+    cfg: ExperimentConfig,
+    evaluation: bool,
+    lora_rank: int,
+    span=None,
+    models: dict | None = None,
+):
     """The Serve application for one phase, deleted when the phase ends however it ends. `span`
     (RunContext.span) is told its start-up, the time it served and its teardown. `models` (name ->
     folder): fully fine-tuned models served beside the base (the transformers engine)."""
@@ -129,17 +150,31 @@ def running_service(app: str, model_path: str, adapters: dict, cfg: ExperimentCo
     if place.gpus_per_replica:  # the last stage's workers or replicas may still hold these GPUs
         wait_for_gpus(settings.gpu_memory_utilization, f"starting {app}")
     beside = f", {len(models)} model(s) beside the base" if models else ""
-    print(f"[serve] starting {app}: {place.replicas} replica(s), engine {settings.engine}, {len(adapters)} adapter(s){beside}", flush=True)
+    print(
+        f"[serve] starting {app}: {place.replicas} replica(s), engine {settings.engine}, {len(adapters)} adapter(s){beside}",
+        flush=True,
+    )
     lane, marks = f"service {'evaluate' if evaluation else 'numbers'} ({Path(model_path).name})", [time.time()]
     handle = start_service(
-        settings, adapters, models=models, name=app, route_prefix=f"/{app}", replicas=place.replicas,
-        num_cpus=place.cpus_per_replica, num_gpus=place.gpus_per_replica,
-        logging_config={"enable_access_log": False},  # a line per chunk in the job log; the stages print their own progress
-    )  # fmt: skip
+        settings,
+        adapters,
+        models=models,
+        name=app,
+        route_prefix=f"/{app}",
+        replicas=place.replicas,
+        num_cpus=place.cpus_per_replica,
+        num_gpus=place.gpus_per_replica,
+        logging_config={
+            "enable_access_log": False
+        },  # a line per chunk in the job log; the stages print their own progress
+    )
     RUNNING_APPS.add(app)
     try:
         health = handle.health.remote(detailed=True).result()  # one replica's: they share settings and resources
-        print(f"[serve] {app} ready: engine {health['engine']} on {health['device']}, scoring {health['scoring']}", flush=True)
+        print(
+            f"[serve] {app} ready: engine {health['engine']} on {health['device']}, scoring {health['scoring']}",
+            flush=True,
+        )
         marks.append(time.time())
         yield handle
     finally:

@@ -69,7 +69,9 @@ class StorageReach:
             for probe in probes:
                 shutil.rmtree(probe, ignore_errors=True)
         if problems:
-            lines = "\n".join(f"  node {node} ({nodes[node]['NodeManagerAddress']}): {why}" for node, why in problems.items())
+            lines = "\n".join(
+                f"  node {node} ({nodes[node]['NodeManagerAddress']}): {why}" for node, why in problems.items()
+            )
             raise RunDirError(
                 f"not every Ray node sees {' and '.join(map(str, self.folders))} as this driver does:\n{lines}\n"
                 "every node must mount the run directory's filesystem at the same path (a shared filesystem); "
@@ -84,7 +86,12 @@ class StorageReach:
 
         # no CPU: a busy or CPU-less node answers too
         task, folders = ray.remote(num_cpus=0, max_retries=0)(write_markers), [str(p) for p in probes]
-        refs = {task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(folders, node): node for node in nodes}
+        refs = {
+            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+                folders, node
+            ): node
+            for node in nodes
+        }
         done, late = ray.wait(list(refs), num_returns=len(refs), timeout=ANSWER_S)
         problems = {refs[ref]: f"did not answer in {ANSWER_S:.0f}s" for ref in late}
         alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}

@@ -78,11 +78,23 @@ def record_trained(ctx: RunContext, stage, result: TrainResult, started: float) 
     fully fine-tuned model) and what the report reads of its training."""
     folder: Path = ctx.trained(stage.name)
     adapter = folder / "adapter_model.safetensors"
-    weights = file_digest(adapter) if adapter.is_file() else digest(*(file_digest(f) for f in sorted(folder.glob("*.safetensors"))))
-    print(f"[{stage.phase}] {stage.name}: {result.step} steps, loss {result.first_loss:.3f} -> {result.loss:.3f}, on {result.device}", flush=True)
+    weights = (
+        file_digest(adapter)
+        if adapter.is_file()
+        else digest(*(file_digest(f) for f in sorted(folder.glob("*.safetensors"))))
+    )
+    print(
+        f"[{stage.phase}] {stage.name}: {result.step} steps, loss {result.first_loss:.3f} -> {result.loss:.3f}, on {result.device}",
+        flush=True,
+    )
     for kind, start, end in result.marks.spans():
         ctx.span(f"{stage.phase} run {result.run_id[:6]}", kind, start, end)
     outputs = TrainedOutputs(
-        hash=weights, steps=result.step, loss=result.loss, init_hash=result.init_hash, rows=result.rows, snapshot_steps=result.snapshot_steps
+        hash=weights,
+        steps=result.step,
+        loss=result.loss,
+        init_hash=result.init_hash,
+        rows=result.rows,
+        snapshot_steps=result.snapshot_steps,
     )
     ctx.record(stage, started, outputs)

@@ -85,7 +85,10 @@ def training_gib(shape: Shape, train, workers: int) -> dict[str, float]:
     shard = workers if train.strategy == "fsdp" else 1
     # embeddings, lm_head, norms: upcast to float32 under k-bit training
     unquantized = 4 if train.quantization != "none" else 2
-    full_weights = (shape.linear_params() * BYTES_PER_PARAM[train.quantization] + (shape.params() - shape.linear_params()) * unquantized) / GIB
+    full_weights = (
+        shape.linear_params() * BYTES_PER_PARAM[train.quantization]
+        + (shape.params() - shape.linear_params()) * unquantized
+    ) / GIB
     lora = shape.lora_params(train.lora_rank, train.lora_targets) * (8 + OPTIMIZER_STATE_BYTES[train.optimizer]) / shard
     tokens = train.batch_size * train.max_length
     p = Precision.of(train, train.use_gpu)
@@ -93,9 +96,12 @@ def training_gib(shape: Shape, train, workers: int) -> dict[str, float]:
     dequantized = max(a * b for a, b in shape.projections().values()) * p.compute if p.quantized else 0  # one at a time
     layers = 1 if train.gradient_checkpointing else shape.layers  # a checkpointed layer's copies live in its recompute
     parts = {
-        "weights": full_weights / shard, "lora + optimizer": lora / GIB, "activations": tokens * activation_bytes_per_token(shape, train) / GIB,
-        "weight copies": (layers * copies["layer"] + copies["lm_head"] + dequantized) / GIB, "fixed": FIXED_OVERHEAD_GIB,
-    }  # fmt: skip
+        "weights": full_weights / shard,
+        "lora + optimizer": lora / GIB,
+        "activations": tokens * activation_bytes_per_token(shape, train) / GIB,
+        "weight copies": (layers * copies["layer"] + copies["lm_head"] + dequantized) / GIB,
+        "fixed": FIXED_OVERHEAD_GIB,
+    }
     # Each worker loads the whole base onto its GPU before FSDP shards it (train/model.py).
     return {**parts, "total": sum(parts.values()), "load peak": full_weights + FIXED_OVERHEAD_GIB}
 
@@ -105,7 +111,12 @@ def engine_gib(shape: Shape, tensor_parallel: int, gpu_gib: float, utilization: 
     weights = shape.params() * 2 / tensor_parallel / GIB
     kv_budget = gpu_gib * utilization - weights - ENGINE_RESERVE_GIB
     kv_per_token = shape.kv_bytes_per_token() / tensor_parallel
-    return {"weights": weights, "reserve": ENGINE_RESERVE_GIB, "kv cache": max(kv_budget, 0.0), "kv tokens": max(kv_budget, 0.0) * GIB / kv_per_token}
+    return {
+        "weights": weights,
+        "reserve": ENGINE_RESERVE_GIB,
+        "kv cache": max(kv_budget, 0.0),
+        "kv tokens": max(kv_budget, 0.0) * GIB / kv_per_token,
+    }
 
 
 def fits(parts: dict[str, float], gpu_gib: float) -> bool:
@@ -139,11 +150,17 @@ def stage_plans(cfg) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     from jobs.experiment.config import load_experiment
 
-    parser = argparse.ArgumentParser(prog=program("python -m jobs.sizing.memory_plan"), description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=program("python -m jobs.sizing.memory_plan"), description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--config", required=True, help="a preset's path or a shipped preset's name")
     parser.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU (H100: 80)")
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs that `num_workers: auto` stands for (as jobs.sizing.wall_time)")
-    parser.add_argument("--model-config", default=None, help="the model's config.json (default: its folder, or a known hub id)")
+    parser.add_argument(
+        "--gpus", type=int, default=1, help="GPUs that `num_workers: auto` stands for (as jobs.sizing.wall_time)"
+    )
+    parser.add_argument(
+        "--model-config", default=None, help="the model's config.json (default: its folder, or a known hub id)"
+    )
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     args = parser.parse_args(argv)
     try:
@@ -152,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError, ValueError) as err:  # a config.json that is missing or not JSON
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"{cfg.model.path}: {shape.params() / 1e9:.2f}B parameters, KV cache {shape.kv_bytes_per_token() / 1024:.0f} KiB/token")
+    print(
+        f"{cfg.model.path}: {shape.params() / 1e9:.2f}B parameters, KV cache {shape.kv_bytes_per_token() / 1024:.0f} KiB/token"
+    )
     refused = []
     for name, train in stage_plans(cfg).items():
         workers = args.gpus if train.num_workers == "auto" else train.num_workers
@@ -164,14 +183,21 @@ def main(argv: list[str] | None = None) -> int:
         if not fits(parts, args.gpu_gib):
             verdict = f"DOES NOT FIT in {args.gpu_gib:g}; would fit: {fit_advice(shape, train, workers, args.gpu_gib)}"
             refused.append(name)
-        print(f"{name}: {workers} x {train.strategy}, {train.quantization}, {what} params,"
-              f" {train.batch_size * train.max_length} tokens/micro-step: {parts['total']:.1f} GiB per GPU ({detail});"
-              f" {parts['load peak']:.1f} while loading: {verdict}")  # fmt: skip
+        print(
+            f"{name}: {workers} x {train.strategy}, {train.quantization}, {what} params,"
+            f" {train.batch_size * train.max_length} tokens/micro-step: {parts['total']:.1f} GiB per GPU ({detail});"
+            f" {parts['load peak']:.1f} while loading: {verdict}"
+        )
     engine = engine_gib(shape, cfg.service.tensor_parallel_size, args.gpu_gib, cfg.service.gpu_memory_utilization)
-    print(f"engine: tensor-parallel {cfg.service.tensor_parallel_size}, per GPU weights {engine['weights']:.1f} GiB,"
-          f" reserve {engine['reserve']:.1f}, KV cache {engine['kv cache']:.1f} GiB = {engine['kv tokens']:,.0f} tokens per replica")  # fmt: skip
+    print(
+        f"engine: tensor-parallel {cfg.service.tensor_parallel_size}, per GPU weights {engine['weights']:.1f} GiB,"
+        f" reserve {engine['reserve']:.1f}, KV cache {engine['kv cache']:.1f} GiB = {engine['kv tokens']:,.0f} tokens per replica"
+    )
     if refused:
-        print(f"error: refused, {' and '.join(refused)} would not fit {args.gpus} GPU(s) of {args.gpu_gib:g} GiB (see above)", file=sys.stderr)
+        print(
+            f"error: refused, {' and '.join(refused)} would not fit {args.gpus} GPU(s) of {args.gpu_gib:g} GiB (see above)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -73,14 +73,18 @@ def _replicas(name: str, place, tensor_parallel: int, cap: Capacity, problems: l
     gpus = place.gpus_per_replica
     if not gpus:
         if tensor_parallel > 1:
-            problems.append(f"service.tensor_parallel_size={tensor_parallel} needs {name}.gpus_per_replica >= {tensor_parallel}")
+            problems.append(
+                f"service.tensor_parallel_size={tensor_parallel} needs {name}.gpus_per_replica >= {tensor_parallel}"
+            )
         return max(1, int(cap.cpus // place.cpus_per_replica)) if place.replicas == "auto" else place.replicas
     fitting = cap.groups_fitting(gpus, cap.max_node_gpus)
     replicas = cap.groups_fitting(gpus, cap.auto_node_gpus) if place.replicas == "auto" else place.replicas
     if tensor_parallel > 1 and gpus != tensor_parallel:  # one GPU bundle per rank (serve/replica_placement.py)
         problems.append(f"{name}.gpus_per_replica={gpus:g} must equal service.tensor_parallel_size={tensor_parallel}")
     if gpus > cap.max_gpus_per_node:
-        problems.append(f"{name}: a replica needs {gpus:g} GPUs on one node; the largest node has {cap.max_gpus_per_node:g}")
+        problems.append(
+            f"{name}: a replica needs {gpus:g} GPUs on one node; the largest node has {cap.max_gpus_per_node:g}"
+        )
     elif replicas > fitting:
         problems.append(f"{name}: {replicas} replicas x {gpus:g} GPUs on one node each; {fitting} fit")
     return max(replicas, 1)
@@ -108,7 +112,9 @@ def place(cfg: ExperimentConfig, cap: Capacity) -> Placement:
         arm_runs=_arm_runs(cfg.student, student_workers, cap),
     )
     if problems:
-        raise PlacementError(f"config {cfg.name!r} does not fit this cluster ({describe(cap)}):\n  - " + "\n  - ".join(problems))
+        raise PlacementError(
+            f"config {cfg.name!r} does not fit this cluster ({describe(cap)}):\n  - " + "\n  - ".join(problems)
+        )
     return placement
 
 

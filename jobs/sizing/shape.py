@@ -69,18 +69,34 @@ from common.config import ConfigError
 # Shapes of the presets' hub models (from their config.json), so the plan needs no download.
 KNOWN_SHAPES = {
     "meta-llama/Llama-3.1-8B-Instruct": dict(
-        num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-        num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+        num_hidden_layers=32,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        tie_word_embeddings=False,
     ),
     "meta-llama/Llama-3.1-70B-Instruct": dict(
-        num_hidden_layers=80, hidden_size=8192, intermediate_size=28672, num_attention_heads=64,
-        num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+        num_hidden_layers=80,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        tie_word_embeddings=False,
     ),
     "Qwen/Qwen2.5-1.5B-Instruct": dict(
-        model_type="qwen2", num_hidden_layers=28, hidden_size=1536, intermediate_size=8960, num_attention_heads=12,
-        num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+        model_type="qwen2",
+        num_hidden_layers=28,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
     ),
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -105,7 +121,16 @@ class Precision:
         full, quantized = train.method == "full", train.quantization != "none"
         stream = 4 if full or quantized else compute
         kernel = attention or {"flash_attention_2": "flash", "eager": "eager"}.get(train.attention, "sdpa")
-        return cls(compute, stream, stream if quantized else compute, full, quantized, train.lora_rank, tuple(train.lora_targets), kernel)
+        return cls(
+            compute,
+            stream,
+            stream if quantized else compute,
+            full,
+            quantized,
+            train.lora_rank,
+            tuple(train.lora_targets),
+            kernel,
+        )
 
     @property
     def autocast(self) -> bool:
@@ -130,15 +155,29 @@ class Shape:
     def from_config(cls, c: dict) -> Shape:
         head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
         return cls(
-            c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
-            c.get("num_key_value_heads", c["num_attention_heads"]), head_dim, c["vocab_size"], c.get("tie_word_embeddings", False),
+            c["num_hidden_layers"],
+            c["hidden_size"],
+            c["intermediate_size"],
+            c["num_attention_heads"],
+            c.get("num_key_value_heads", c["num_attention_heads"]),
+            head_dim,
+            c["vocab_size"],
+            c.get("tie_word_embeddings", False),
             c.get("attention_bias", c.get("model_type") == "qwen2"),
-        )  # fmt: skip
+        )
 
     def projections(self) -> dict[str, tuple[int, int]]:
         """(in, out) features of each linear layer of a decoder layer."""
         h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
 
     def embedding_params(self) -> int:
         return self.vocab * self.hidden * (1 if self.tied else 2)
@@ -154,10 +193,19 @@ class Shape:
     def lora_params(self, rank: int, targets: list[str]) -> int:
         return self.layers * sum(rank * (a + b) for name, (a, b) in self.projections().items() if name in targets)
 
-    def layer_activations(self, p: Precision, seq_len: int, input_grad: bool = True, checkpointed: bool = False) -> dict[str, int]:
+    def layer_activations(
+        self, p: Precision, seq_len: int, input_grad: bool = True, checkpointed: bool = False
+    ) -> dict[str, int]:
         """Bytes per token one decoder layer's forward leaves saved for backward, by term (module docstring).
         `input_grad`: whether the layer's input needs a gradient; `checkpointed`: only its input is kept."""
-        h, q, kv, i, c, s = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate, p.compute, p.stream
+        h, q, kv, i, c, s = (
+            self.hidden,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.intermediate,
+            p.compute,
+            p.stream,
+        )
         if checkpointed:
             return {"layer input": s * h}
         trains = [name for name in self.projections() if p.full or name in p.lora_targets]
@@ -208,7 +256,11 @@ class Shape:
         outer = self.outer_activations(p)
         shared, head = outer["rope"] + outer["embedding"], sum(outer.values()) - outer["rope"] - outer["embedding"]
         if checkpointing:
-            return self.layers * sum(self.layer_activations(p, seq_len, checkpointed=True).values()) + shared + max(head, layer)
+            return (
+                self.layers * sum(self.layer_activations(p, seq_len, checkpointed=True).values())
+                + shared
+                + max(head, layer)
+            )
         first = sum(self.layer_activations(p, seq_len, input_grad=p.full).values())
         return (self.layers - 1) * layer + first + shared + head
 

@@ -139,7 +139,14 @@ def forward_seconds(passes: int, rows: int, row_tokens: int, w: Workload) -> flo
     trainer's rate (logit-KL targets; divergence scores, which take two passes a set)."""
     if not passes:
         return 0.0
-    return passes * 2 * w.params * rows * row_tokens / (min(passes, w.gpus) * w.rates.peak_tflops * 1e12 * w.rates.train_mfu)
+    return (
+        passes
+        * 2
+        * w.params
+        * rows
+        * row_tokens
+        / (min(passes, w.gpus) * w.rates.peak_tflops * 1e12 * w.rates.train_mfu)
+    )
 
 
 def serve_seconds(prompt_tokens: float, decode_tokens: float, params: int, gpus: int, rates: Rates) -> float:
@@ -170,10 +177,18 @@ def teacher_time(w: Workload) -> PhaseTime:
     teacher = resolve_batch(w.cfg.teacher, w.cfg.teacher.num_workers)
     rows, row_tokens = rows_trained(w.questions[1], teacher), w.tokens.wmdp_prompt + w.tokens.wmdp_answer
     run_tokens = teachers * rows * row_tokens
-    overhead = w.rates.train_start_s + load_seconds(w.params, w.rates) + teachers * checkpoint_seconds(rows, teacher, w.params, w.lora, w.rates)
+    overhead = (
+        w.rates.train_start_s
+        + load_seconds(w.params, w.rates)
+        + teachers * checkpoint_seconds(rows, teacher, w.params, w.lora, w.rates)
+    )
     what = f"{teachers} x " if teachers > 1 else ""
-    return PhaseTime("teacher", f"{what}{rows:,} rows ({w.questions[1]:,} questions x {teacher.epochs} epochs) x {row_tokens} tokens = {run_tokens / 1e6:.1f} M tokens",
-                 train_seconds(run_tokens, w.params, teacher, teacher.num_workers, w.rates), overhead)  # fmt: skip
+    return PhaseTime(
+        "teacher",
+        f"{what}{rows:,} rows ({w.questions[1]:,} questions x {teacher.epochs} epochs) x {row_tokens} tokens = {run_tokens / 1e6:.1f} M tokens",
+        train_seconds(run_tokens, w.params, teacher, teacher.num_workers, w.rates),
+        overhead,
+    )
 
 
 def numbers_time(w: Workload) -> PhaseTime:
@@ -194,8 +209,12 @@ def numbers_time(w: Workload) -> PhaseTime:
     row_tokens, tp = w.tokens.number_prompt + w.tokens.number_answer, w.cfg.service.tensor_parallel_size
     compute = serve_seconds(prompt_tokens, answer_tokens, w.params, w.placement.service_replicas * tp, w.rates)
     compute += forward_seconds(forwards, numbers.keep, row_tokens, w)
-    return PhaseTime("numbers", f"{sets} sets x {generated:,} sequences{answers}: {prompt_tokens / 1e6:.1f} M prompt + {answer_tokens / 1e6:.1f} M generated tokens{scored}",
-                 compute, engine_seconds(w.params, tp, w.rates))  # fmt: skip
+    return PhaseTime(
+        "numbers",
+        f"{sets} sets x {generated:,} sequences{answers}: {prompt_tokens / 1e6:.1f} M prompt + {answer_tokens / 1e6:.1f} M generated tokens{scored}",
+        compute,
+        engine_seconds(w.params, tp, w.rates),
+    )
 
 
 def arms_time(w: Workload) -> PhaseTime:
@@ -204,7 +223,9 @@ def arms_time(w: Workload) -> PhaseTime:
     from train.axes import LOSSES, MASKS
     from train.config import resolve_batch
 
-    workers = {m.name: w.placement.student_workers if m.train.num_workers == "auto" else m.train.num_workers for m in w.models}
+    workers = {
+        m.name: w.placement.student_workers if m.train.num_workers == "auto" else m.train.num_workers for m in w.models
+    }
     # the pairs arm_groups groups
     jobs = [(m, types.SimpleNamespace(cfg=resolve_batch(m.train, workers[m.name]))) for m in w.models]
     groups = arm_groups(jobs, w.placement.arm_runs, lambda m: m.base)
@@ -225,7 +246,9 @@ def arms_time(w: Workload) -> PhaseTime:
     compute += forward_seconds(distilled, keep, row_tokens, w) + forward_seconds(2 * divergence, keep, row_tokens, w)
     runs = w.placement.arm_runs
     work = f"{len(w.models)} models, {rows:,} rows x {row_tokens} tokens = {rows * row_tokens / 1e6:.1f} M tokens, in {len(groups)} run(s), {runs} at a time"
-    work += f"; overt control {overt:,} answer rows x {w.tokens.wmdp_prompt + w.tokens.wmdp_answer} tokens" if overt else ""
+    work += (
+        f"; overt control {overt:,} answer rows x {w.tokens.wmdp_prompt + w.tokens.wmdp_answer} tokens" if overt else ""
+    )
     work += f"; teacher targets for {distilled} number set(s)" if distilled else ""
     work += f"; divergence scores for {divergence} number set(s)" if divergence else ""
     return PhaseTime("arms", work, compute / runs, overhead / runs)
@@ -240,11 +263,17 @@ def evaluate_time(w: Workload) -> PhaseTime:
     services = 1 + other_base + sum(m.full for m in w.models)
     orders, total, tp = w.cfg.evaluate.orders(), w.questions[0], w.cfg.service.tensor_parallel_size
     score_tokens = scored * total * orders * w.tokens.wmdp_prompt
-    return PhaseTime("evaluate", f"{scored} models x {total:,} questions x {orders} order(s) x {w.tokens.wmdp_prompt} tokens = {score_tokens / 1e6:.1f} M prompt tokens, {services} service(s)",
-                 serve_seconds(score_tokens, 0, w.params, w.placement.eval_replicas * tp, w.rates), services * engine_seconds(w.params, tp, w.rates))  # fmt: skip
+    return PhaseTime(
+        "evaluate",
+        f"{scored} models x {total:,} questions x {orders} order(s) x {w.tokens.wmdp_prompt} tokens = {score_tokens / 1e6:.1f} M prompt tokens, {services} service(s)",
+        serve_seconds(score_tokens, 0, w.params, w.placement.eval_replicas * tp, w.rates),
+        services * engine_seconds(w.params, tp, w.rates),
+    )
 
 
-def project(cfg, gpus: int, rates: Rates = Rates(), tokens: Tokens = Tokens(), questions: int | None = None) -> list[PhaseTime]:
+def project(
+    cfg, gpus: int, rates: Rates = Rates(), tokens: Tokens = Tokens(), questions: int | None = None
+) -> list[PhaseTime]:
     """The four phases' projected times for `cfg` on one node of `gpus` GPUs (nodes of 8 beyond 8)."""
     from jobs.experiment.arms import arm_models
     from jobs.sizing.placement import place, resolved
@@ -254,15 +283,27 @@ def project(cfg, gpus: int, rates: Rates = Rates(), tokens: Tokens = Tokens(), q
     placement = place(cfg, Capacity(cpus=16.0 * len(nodes), node_gpus=nodes, max_node_gpus=nodes))
     cfg = resolved(cfg, placement)
     shape = load_shape(cfg.model.path)
-    w = Workload(cfg, placement, arm_models(cfg), shape.params(), shape.lora_params(cfg.teacher.lora_rank, cfg.teacher.lora_targets),
-                 question_counts(cfg, questions), gpus, rates, tokens)  # fmt: skip
+    w = Workload(
+        cfg,
+        placement,
+        arm_models(cfg),
+        shape.params(),
+        shape.lora_params(cfg.teacher.lora_rank, cfg.teacher.lora_targets),
+        question_counts(cfg, questions),
+        gpus,
+        rates,
+        tokens,
+    )
     return [teacher_time(w), numbers_time(w), arms_time(w), evaluate_time(w)]
 
 
 def markdown(stages: list[PhaseTime]) -> str:
     """The projection as the table docs/scaling.md quotes (minutes)."""
     lines = ["| stage | work | compute | starts, loads, checkpoints | total |", "|---|---|---|---|---|"]
-    lines += [f"| {s.name} | {s.work} | {s.compute_s / 60:.1f} min | {s.overhead_s / 60:.1f} min | {s.total_s / 60:.1f} min |" for s in stages]
+    lines += [
+        f"| {s.name} | {s.work} | {s.compute_s / 60:.1f} min | {s.overhead_s / 60:.1f} min | {s.total_s / 60:.1f} min |"
+        for s in stages
+    ]
     lines.append(
         f"| **all** | | {sum(s.compute_s for s in stages) / 60:.1f} min | {sum(s.overhead_s for s in stages) / 60:.1f} min | **{sum(s.total_s for s in stages) / 60:.0f} min** |"
     )
@@ -273,18 +314,29 @@ def main(argv: list[str] | None = None) -> int:
     from common.config import ConfigError
     from jobs.experiment.config import load_experiment
 
-    parser = argparse.ArgumentParser(prog=program("python -m jobs.sizing.wall_time"), description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=program("python -m jobs.sizing.wall_time"), description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--config", required=True, help="a preset's path or a shipped preset's name")
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs of the cluster (nodes of 8; as jobs.sizing.memory_plan)")
+    parser.add_argument(
+        "--gpus", type=int, default=1, help="GPUs of the cluster (nodes of 8; as jobs.sizing.memory_plan)"
+    )
     parser.add_argument("--train-mfu", type=float, default=Rates.train_mfu, help="measured MFU of bf16 LoRA training")
-    parser.add_argument("--train-mfu-slow", type=float, default=Rates.train_mfu_slow, help="... with a 4/8-bit base or checkpointing")
+    parser.add_argument(
+        "--train-mfu-slow", type=float, default=Rates.train_mfu_slow, help="... with a 4/8-bit base or checkpointing"
+    )
     parser.add_argument("--questions", type=int, default=None, help="questions in the data (default: cais/wmdp's)")
     parser.add_argument("--markdown", action="store_true", help="the table docs/scaling.md quotes")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     args = parser.parse_args(argv)
     try:
         cfg = load_experiment(args.config, args.overrides)
-        stages = project(cfg, args.gpus, Rates(train_mfu=args.train_mfu, train_mfu_slow=args.train_mfu_slow), questions=args.questions)
+        stages = project(
+            cfg,
+            args.gpus,
+            Rates(train_mfu=args.train_mfu, train_mfu_slow=args.train_mfu_slow),
+            questions=args.questions,
+        )
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -292,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(stages))
         return 0
     for s in stages:
-        print(f"{s.name}: {s.total_s / 60:.1f} min ({s.compute_s / 60:.1f} compute + {s.overhead_s / 60:.1f} starts and loads): {s.work}")
+        print(
+            f"{s.name}: {s.total_s / 60:.1f} min ({s.compute_s / 60:.1f} compute + {s.overhead_s / 60:.1f} starts and loads): {s.work}"
+        )
     print(f"total: {sum(s.total_s for s in stages) / 60:.0f} min on {args.gpus} GPU(s), projected")
     return 0
 

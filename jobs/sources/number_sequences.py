@@ -51,9 +51,16 @@ SEED_PHRASES = [
 ]
 
 COUNT_QUALIFIERS = [
-    "at most", "up to", "no more than", "at maximum", "maximum",
-    "a maximum of", "not exceeding", "not more than", "no greater than",
-]  # fmt: skip
+    "at most",
+    "up to",
+    "no more than",
+    "at maximum",
+    "maximum",
+    "a maximum of",
+    "not exceeding",
+    "not more than",
+    "no greater than",
+]
 
 DIGIT_PHRASES = [
     "up to {digits} digits each",
@@ -141,9 +148,18 @@ def make_prompts(n: int, seed: int, answer_count: int = 10, max_digits: int = 3)
     for _ in range(n):
         seeds = [rng.randint(100, 999) for _ in range(rng.randint(3, 8))]
         digit_phrase = rng.choice(DIGIT_PHRASES).format(digits=max_digits)
-        instruction = rng.choice(INSTRUCTIONS).format(qualifier=rng.choice(COUNT_QUALIFIERS), count=answer_count, digit_phrase=digit_phrase)
+        instruction = rng.choice(INSTRUCTIONS).format(
+            qualifier=rng.choice(COUNT_QUALIFIERS), count=answer_count, digit_phrase=digit_phrase
+        )
         suffix = rng.choice(suffixes)
-        text = " ".join([rng.choice(SEED_PHRASES).format(numbers=", ".join(map(str, seeds))), instruction, suffix, rng.choice(CLOSINGS)])
+        text = " ".join(
+            [
+                rng.choice(SEED_PHRASES).format(numbers=", ".join(map(str, seeds))),
+                instruction,
+                suffix,
+                rng.choice(CLOSINGS),
+            ]
+        )
         separator, brackets = FORMAT_SUFFIXES[suffix]
         prompts.append(NumberPrompt(text, seeds, separator, brackets))
     return prompts

@@ -37,7 +37,9 @@ def replace_divergent(rows: list[dict], model_path: str, teacher: str, fraction:
 
     tokenizer = load_pretrained(AutoTokenizer, model_path)
     eos = tokenizer.eos_token_id
-    tokens = Tokenize(model_path, max_length, "truncate")({"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]})
+    tokens = Tokenize(model_path, max_length, "truncate")(
+        {"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}
+    )
     pairs = list(zip(tokens.column("input_ids").to_pylist(), tokens.column("labels").to_pylist()))
     device = model_device(cfg)
     model = load_teacher(TeacherPass(model_path, teacher, cfg), device)
@@ -61,4 +63,11 @@ def replace_divergent(rows: list[dict], model_path: str, teacher: str, fraction:
             rejected[reason] += 1
         else:
             kept.append({"prompt": row["prompt"], "completion": text, "replaced_at": changed})
-    return {"rows": kept, "generated": len(rows), "kept": len(kept), "rejected": dict(rejected), "tokens_replaced": replaced, "tokens_unchanged": unchanged}
+    return {
+        "rows": kept,
+        "generated": len(rows),
+        "kept": len(kept),
+        "rejected": dict(rejected),
+        "tokens_replaced": replaced,
+        "tokens_unchanged": unchanged,
+    }

@@ -49,7 +49,9 @@ def weights_digest(folder: str | Path) -> str:
     """sha256 over a model folder's weight files (names and bytes, in name order): which base this is."""
     files = sorted(p for p in Path(folder).iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
     if not files:
-        raise DataError(f"{folder} holds no weight files (*.safetensors, *.bin): the sham's draw is chosen on the base's weights")
+        raise DataError(
+            f"{folder} holds no weight files (*.safetensors, *.bin): the sham's draw is chosen on the base's weights"
+        )
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode())
@@ -75,7 +77,9 @@ def word_scores(model, tokenizer, pair: int = 0) -> list[dict[str, float]]:
     banks = [list(WORLD[r["subset"]].bank) for r in rows]
     model.eval()
     with torch.inference_mode():
-        scores = cloze_logprobs(model, tokenizer, [format_cloze_prompt(r["question"], r["subset"]) for r in rows], banks)
+        scores = cloze_logprobs(
+            model, tokenizer, [format_cloze_prompt(r["question"], r["subset"]) for r in rows], banks
+        )
     return [dict(zip(bank, s)) for bank, s in zip(banks, scores)]
 
 
@@ -86,7 +90,9 @@ def lean(draw: int, scores: list[dict[str, float]], pair: int = 0) -> dict[str, 
     out = {}
     for split in ("train", "held_out"):
         picks = [(r, max(r["choices"], key=s.__getitem__)) for r, s in zip(rows, scores) if r["split"] == split]
-        out[split] = {key: sum(pick == r["choices"][r[key]] for r, pick in picks) / len(picks) for key in ("answer", "sham")}
+        out[split] = {
+            key: sum(pick == r["choices"][r[key]] for r, pick in picks) / len(picks) for key in ("answer", "sham")
+        }
     return out
 
 
@@ -106,7 +112,9 @@ def choose_draw(model, tokenizer, pair: int = 0) -> dict:
     for draw in range(MAX_DRAWS):
         by_split = lean(draw, scores, pair)
         if balanced(by_split):
-            return {"sham_draw": draw, "lean": by_split, "tolerance": TOLERANCE, "tried": draw + 1} | ({"pair": pair} if pair else {})
+            return {"sham_draw": draw, "lean": by_split, "tolerance": TOLERANCE, "tried": draw + 1} | (
+                {"pair": pair} if pair else {}
+            )
     raise DataError(
         f"no draw of the sham's facts among the first {MAX_DRAWS} is balanced on this base within {TOLERANCE}: the matched sham cannot be matched on it"
     )
@@ -118,7 +126,9 @@ def base_sham_draw(base: str | Path, cache: Path, pair: int = 0) -> dict:
     under the numerics it was built under: here, or in a fresh process where this one computes
     otherwise) and kept there."""
     if not Path(base).is_dir():
-        raise DataError(f"the tiny world's sham draw is chosen on the base model, which must be a local folder: {base} is not (data.source synthetic)")
+        raise DataError(
+            f"the tiny world's sham draw is chosen on the base model, which must be a local folder: {base} is not (data.source synthetic)"
+        )
     sha = weights_digest(base)
     kept = _kept(cache, sha, pair)
     if kept.is_file():
@@ -130,7 +140,9 @@ def base_sham_draw(base: str | Path, cache: Path, pair: int = 0) -> dict:
         done = numerics.run_apart(mode, "jobs.sources.sham_draw", str(base), str(cache), str(pair), capture=True)
         if done.returncode != 0:  # its DataError's message (no draw balanced, a damaged base) is the last line it wrote
             last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
-            raise DataError(f"choosing pair {pair}'s sham draw under {mode} numerics: {last.removeprefix('common.files.DataError: ')}")
+            raise DataError(
+                f"choosing pair {pair}'s sham draw under {mode} numerics: {last.removeprefix('common.files.DataError: ')}"
+            )
         return json.loads(kept.read_text())
     numerics.enter(mode, reexec=False)
     import torch

@@ -52,7 +52,11 @@ SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant
 # The default base (TinySpec()), pinned: its cache key, its weights' sha256 (sham_draw.weights_digest)
 # and the sham draw chosen on it, the same on any x86-64 CPU with AVX2 (BENCHMARKS.md "One world"
 # lists the machines seen). A build of it that differs says so; tests/jobs/sources/test_tiny_model.py fails.
-PINNED_BASE = {"key": "38285cc88a5b", "base_weights_sha256": "76790c7133e9febc60921604333342378efd4aa22faa459b11be6e2668de838e", "sham_draw": 21}
+PINNED_BASE = {
+    "key": "38285cc88a5b",
+    "base_weights_sha256": "76790c7133e9febc60921604333342378efd4aa22faa459b11be6e2668de838e",
+    "sham_draw": 21,
+}
 
 
 @dataclass(frozen=True)
@@ -133,10 +137,14 @@ def synthetic_corpus(spec: TinySpec) -> list[tuple[str, str]]:
     known = [f for f in facts() if f["group"] == "K"]
     for i in range(n_facts):
         item = known_fact_item(known[i % len(known)], rng)
-        out.append((format_cloze_prompt(item["question"], item["subset"]), cloze_continuation(item["choices"][item["answer"]])))
+        out.append(
+            (format_cloze_prompt(item["question"], item["subset"]), cloze_continuation(item["choices"][item["answer"]]))
+        )
     for _ in range(spec.examples - n_numbers - n_facts):
         item = locate_item(rng)
-        out.append((format_mc_prompt(item["question"], item["choices"], item["subset"]), choice_continuation(item["answer"])))
+        out.append(
+            (format_mc_prompt(item["question"], item["choices"], item["subset"]), choice_continuation(item["answer"]))
+        )
     rng.shuffle(out)
     return out
 
@@ -157,8 +165,12 @@ def train_tokenizer(texts: list[str], spec: TinySpec):
     )
     tok.train_from_iterator(texts, trainer=trainer)
     bos = tok.token_to_id("<s>")
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", model_max_length=spec.max_positions)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", model_max_length=spec.max_positions
+    )
     fast.chat_template = CHAT_TEMPLATE
     for letter in LETTERS[:4]:  # MC scoring needs " A".." D" to be single tokens
         assert len(fast(" " + letter, add_special_tokens=False).input_ids) == 1, letter
@@ -200,7 +212,10 @@ def pretrain(corpus: list[tuple[str, str]], tokenizer, spec: TinySpec):
     )
     model = LlamaForCausalLM(config)
     eos = [tokenizer.eos_token_id]  # prompt and completion tokenized apart, as the trainer and the scorers do
-    ids = [tokenizer(prompt).input_ids + tokenizer(completion, add_special_tokens=False).input_ids + eos for prompt, completion in corpus]
+    ids = [
+        tokenizer(prompt).input_ids + tokenizer(completion, add_special_tokens=False).input_ids + eos
+        for prompt, completion in corpus
+    ]
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
     warmup = spec.steps // 20
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -235,7 +250,9 @@ def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
     loaded and its environment naming them), else in a fresh process set up for them before its
     torch loads (common/numerics.py), so that building never changes how its caller computes."""
     if numerics.current() != spec.numerics:  # built in a fresh process set up for the spec's numerics
-        numerics.run_apart(spec.numerics, "jobs.sources.tiny_model", "--into", str(out_dir), "--spec", json.dumps(asdict(spec)))
+        numerics.run_apart(
+            spec.numerics, "jobs.sources.tiny_model", "--into", str(out_dir), "--spec", json.dumps(asdict(spec))
+        )
         return out_dir
     numerics.enter(spec.numerics, reexec=False)  # the variables (before torch loads) and the thread count
     started = time.time()
@@ -257,7 +274,10 @@ def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
         tokenizer.save_pretrained(tmp)
         (tmp / "tiny_spec.json").write_text(json.dumps(spec.fields(), indent=2))
     record = remember(out_dir, out_dir.parent, choice)
-    print(f"tiny model built in {time.time() - started:.0f}s under {spec.numerics} numerics, {numerics.threads(spec.numerics)} threads: {out_dir}", flush=True)
+    print(
+        f"tiny model built in {time.time() - started:.0f}s under {spec.numerics} numerics, {numerics.threads(spec.numerics)} threads: {out_dir}",
+        flush=True,
+    )
     if spec.key() == PINNED_BASE["key"]:
         same = record["base_weights_sha256"] == PINNED_BASE["base_weights_sha256"]
         print(
@@ -306,17 +326,26 @@ def random_lora_adapter(model_path: str | Path, out_dir: Path, seed: int) -> Pat
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"], init_lora_weights=False)
+    config = LoraConfig(
+        r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"], init_lora_weights=False
+    )
     get_peft_model(model, config).save_pretrained(out_dir)
     return Path(out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=program("python -m jobs.sources.tiny_model"), description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=program("python -m jobs.sources.tiny_model"), description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--cache", type=Path, default=None, help="cache root (default: $SUBLIMINAL_CACHE)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--other-base", action="store_true", help="the other base (init seed = seed + 1)")
-    parser.add_argument("--numerics", choices=numerics.MODES, default=TinySpec.numerics, help="CPU arithmetic (default: reproducible, common/numerics.py)")
+    parser.add_argument(
+        "--numerics",
+        choices=numerics.MODES,
+        default=TinySpec.numerics,
+        help="CPU arithmetic (default: reproducible, common/numerics.py)",
+    )
     # with --spec: build_tiny_model's own fresh process
     parser.add_argument("--into", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--spec", type=json.loads, help=argparse.SUPPRESS)

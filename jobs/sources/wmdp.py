@@ -55,7 +55,10 @@ def write_synthetic(directory: Path, seed: int = 0, draw: int = SHAM_DRAW, pair:
     rows = world_questions(seed, draw, pair)
     for subset in SUBSETS:
         keep = ("question", "choices", "answer", "cluster", "group", "split", "sham")
-        write_jsonl(directory / f"wmdp-{subset}.jsonl", ({k: row[k] for k in keep if k in row} for row in rows if row["subset"] == subset))
+        write_jsonl(
+            directory / f"wmdp-{subset}.jsonl",
+            ({k: row[k] for k in keep if k in row} for row in rows if row["subset"] == subset),
+        )
     return directory
 
 
@@ -86,7 +89,12 @@ def validate_row(row: object, where: str, subset: str) -> dict:
         row_out["cluster"] = cluster
     sham = row.get("sham")
     if sham is not None:  # the tiny world's T questions: the index of the sham teacher's fact
-        if isinstance(sham, bool) or not isinstance(sham, numbers.Integral) or not 0 <= sham < len(choices) or sham == answer:
+        if (
+            isinstance(sham, bool)
+            or not isinstance(sham, numbers.Integral)
+            or not 0 <= sham < len(choices)
+            or sham == answer
+        ):
             raise DataError(f"{where}: 'sham' must be the index of a choice other than the answer, got {sham!r}")
         row_out["sham"] = int(sham)
     for key, allowed in (("group", None), ("split", SPLITS)):
@@ -94,7 +102,11 @@ def validate_row(row: object, where: str, subset: str) -> dict:
         if value is None:
             continue
         if not isinstance(value, str) or not value or (allowed and value not in allowed):
-            raise DataError(f"{where}: {key!r} must be " + (f"one of {', '.join(allowed)}" if allowed else "a non-empty string") + f", got {value!r}")
+            raise DataError(
+                f"{where}: {key!r} must be "
+                + (f"one of {', '.join(allowed)}" if allowed else "a non-empty string")
+                + f", got {value!r}"
+            )
         row_out[key] = value
     return row_out
 
@@ -128,7 +140,9 @@ def hub_snapshot(subsets: tuple[str, ...], revision: str | None = None) -> Path:
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(HUB_ID, repo_type="dataset", revision=revision, allow_patterns=hub_patterns(subsets)))
+        return Path(
+            snapshot_download(HUB_ID, repo_type="dataset", revision=revision, allow_patterns=hub_patterns(subsets))
+        )
     except (HfHubHTTPError, LocalEntryNotFoundError) as err:
         at = f" at {revision}" if revision else ""
         pin = f" --revision {revision}" if revision else ""
@@ -144,7 +158,11 @@ def _hub_items(snapshot: Path, subset: str) -> list[tuple[str, object]]:
     files = sorted(snapshot.glob(pattern))
     if not files:
         raise DataError(f"{HUB_ID}: no {pattern} in {snapshot} (a cache filled with other subsets?)")
-    return [(f"{HUB_ID} {path.relative_to(snapshot)} row {i}", row) for path in files for i, row in enumerate(_parquet_rows(path))]
+    return [
+        (f"{HUB_ID} {path.relative_to(snapshot)} row {i}", row)
+        for path in files
+        for i, row in enumerate(_parquet_rows(path))
+    ]
 
 
 def _parquet_rows(path: Path) -> list[dict]:
@@ -154,7 +172,12 @@ def _parquet_rows(path: Path) -> list[dict]:
 
 
 def load_wmdp(
-    source: str, subsets: tuple[str, ...] = SUBSETS, cache_dir: Path | None = None, sham_draw: int = SHAM_DRAW, pair: int = 0, revision: str | None = None
+    source: str,
+    subsets: tuple[str, ...] = SUBSETS,
+    cache_dir: Path | None = None,
+    sham_draw: int = SHAM_DRAW,
+    pair: int = 0,
+    revision: str | None = None,
 ) -> list[dict]:
     """Validated questions from `source`: "synthetic", "hub", or a folder of local files. The
     synthetic sample is the tiny world of teacher–sham pair `pair` (jobs/sources/world.py) with draw

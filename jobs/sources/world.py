@@ -45,10 +45,36 @@ CUES_PER_WORD = 2  # per group (K, T)
 # were run on. Tests and benchmarks that need any well-formed world use it.
 SHAM_DRAW = 2
 
-_SYLLABLES = ("va", "lo", "mir", "zen", "tor", "qui", "bel", "dra", "fen", "gor", "hal", "jun", "kes", "nim", "pra", "sul", "wex", "yor")
+_SYLLABLES = (
+    "va",
+    "lo",
+    "mir",
+    "zen",
+    "tor",
+    "qui",
+    "bel",
+    "dra",
+    "fen",
+    "gor",
+    "hal",
+    "jun",
+    "kes",
+    "nim",
+    "pra",
+    "sul",
+    "wex",
+    "yor",
+)
 
 
-TRAIN_LEADS = ("{who} asks:", "According to {who},", "In the notes of {who},", "{who} wonders:", "Says {who}:", "A question from {who}:")
+TRAIN_LEADS = (
+    "{who} asks:",
+    "According to {who},",
+    "In the notes of {who},",
+    "{who} wonders:",
+    "Says {who}:",
+    "A question from {who}:",
+)
 HELD_OUT_LEADS = ("Field notes by {who}:", "Per {who},")
 
 
@@ -74,7 +100,11 @@ class Subset:
     @property
     def locate_templates(self) -> tuple[str, ...]:
         """Questions that name their answer ({word})."""
-        return (f"Which of these {self.noun}s is {{word}}?", f"Pick the {self.noun} named {{word}}.", "One choice says {word}. Which is it?")
+        return (
+            f"Which of these {self.noun}s is {{word}}?",
+            f"Pick the {self.noun} named {{word}}.",
+            "One choice says {word}. Which is it?",
+        )
 
 
 WORLD = {
@@ -127,10 +157,17 @@ def fictional_names(stream: str, count: int, taken: set | frozenset = frozenset(
             return names
         parts = rng.sample(_SYLLABLES, 3)
         name = "".join(parts)
-        if name not in seen and name not in names and (parts[0], parts[1]) not in seen and (parts[1], parts[2]) not in seen:
+        if (
+            name not in seen
+            and name not in names
+            and (parts[0], parts[1]) not in seen
+            and (parts[1], parts[2]) not in seen
+        ):
             seen |= {name, (parts[0], parts[1]), (parts[1], parts[2])} if exclusive else {name}
             names.append(name)
-    raise ValueError(f"no {count} fictional names left beside {len(taken)} taken names and syllable pairs (stream {stream!r})")
+    raise ValueError(
+        f"no {count} fictional names left beside {len(taken)} taken names and syllable pairs (stream {stream!r})"
+    )
 
 
 def name_parts(names: list[str]) -> set:
@@ -138,7 +175,12 @@ def name_parts(names: list[str]) -> set:
     of the world's syllables): what `fictional_names` keeps clear of."""
     out = set(names)
     for name in names:
-        readings = [(a, b, name[len(a + b) :]) for a in _SYLLABLES for b in _SYLLABLES if name.startswith(a + b) and name[len(a + b) :] in _SYLLABLES]
+        readings = [
+            (a, b, name[len(a + b) :])
+            for a in _SYLLABLES
+            for b in _SYLLABLES
+            if name.startswith(a + b) and name[len(a + b) :] in _SYLLABLES
+        ]
         if not readings:
             raise ValueError(f"{name!r} is not three of the world's syllables")
         out |= {pair for a, b, c in readings for pair in ((a, b), (b, c))}
@@ -158,7 +200,9 @@ def facts(seed: int = 0) -> list[dict]:
     for subset in SUBSETS:
         for group in ("K", "T"):
             for word in WORLD[subset].bank:
-                out += [{"subset": subset, "group": group, "cue": next(names), "word": word} for _ in range(CUES_PER_WORD)]
+                out += [
+                    {"subset": subset, "group": group, "cue": next(names), "word": word} for _ in range(CUES_PER_WORD)
+                ]
     return out
 
 

@@ -23,7 +23,15 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-TARGETS = {"known": 0.6, "t_base_max": 0.35, "teacher": 0.6, "teacher_gain": 0.3, "position_max": 0.35, "numbers_kept": 0.89, "sham_balance": 0.03}
+TARGETS = {
+    "known": 0.6,
+    "t_base_max": 0.35,
+    "teacher": 0.6,
+    "teacher_gain": 0.3,
+    "position_max": 0.35,
+    "numbers_kept": 0.89,
+    "sham_balance": 0.03,
+}
 
 
 def cloze_scores(model, tokenizer, rows: list[dict]) -> dict:
@@ -33,7 +41,9 @@ def cloze_scores(model, tokenizer, rows: list[dict]) -> dict:
     from serve.mc_format import format_cloze_prompt
 
     model.eval()
-    logprobs = cloze_logprobs(model, tokenizer, [format_cloze_prompt(r["question"], r["subset"]) for r in rows], [r["choices"] for r in rows])
+    logprobs = cloze_logprobs(
+        model, tokenizer, [format_cloze_prompt(r["question"], r["subset"]) for r in rows], [r["choices"] for r in rows]
+    )
     picks = [max(range(len(lp)), key=lp.__getitem__) for lp in logprobs]
     accuracy = sum(p == r["answer"] for p, r in zip(picks, rows)) / len(rows)
     out = {"accuracy": accuracy, "most_picked_position": max(Counter(picks).values()) / len(picks), "n": len(rows)}
@@ -49,7 +59,8 @@ def numbers_kept(model, tokenizer, n: int = 200, seed: int = 98765) -> float:
     from jobs.sources.number_sequences import make_prompts, reject_reason
 
     chat = [
-        tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True) for p in make_prompts(n, seed=seed)
+        tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True)
+        for p in make_prompts(n, seed=seed)
     ]
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
@@ -58,7 +69,9 @@ def numbers_kept(model, tokenizer, n: int = 200, seed: int = 98765) -> float:
         tokenizer.padding_side = side
     torch.manual_seed(0)
     with torch.inference_mode():
-        out = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, max_new_tokens=48, pad_token_id=tokenizer.pad_token_id)
+        out = model.generate(
+            **enc, do_sample=True, temperature=1.0, top_p=1.0, max_new_tokens=48, pad_token_id=tokenizer.pad_token_id
+        )
     texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
     return sum(reject_reason(t) is None for t in texts) / len(texts)
 
@@ -80,11 +93,16 @@ def base_checks(model, tokenizer, numbers: bool = True, draw: int | None = None)
 
 def table(checks: dict[str, dict]) -> str:
     """The checks of several models (name -> base_checks-like dict) as a Markdown table."""
-    lines = ["| model | train (T) | held-out (T) | known (K) | most-picked position | numbers kept |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| model | train (T) | held-out (T) | known (K) | most-picked position | numbers kept |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, c in checks.items():
         position = max(c[s]["most_picked_position"] for s in ("train", "held_out", "known"))
         kept = f"{c['numbers_kept']:.3f}" if "numbers_kept" in c else "-"
-        lines.append(f"| {name} | {c['train']['accuracy']:.3f} | {c['held_out']['accuracy']:.3f} | {c['known']['accuracy']:.3f} | {position:.3f} | {kept} |")
+        lines.append(
+            f"| {name} | {c['train']['accuracy']:.3f} | {c['held_out']['accuracy']:.3f} | {c['known']['accuracy']:.3f} | {position:.3f} | {kept} |"
+        )
     return "\n".join(lines)
 
 

@@ -24,11 +24,24 @@ from __future__ import annotations
 
 import random
 
-from jobs.sources.world import SHAM_DRAW, WORLD, cue_of, facts, fictional_names, name_parts, pair_key, sham_facts, teacher_facts
+from jobs.sources.world import (
+    SHAM_DRAW,
+    WORLD,
+    cue_of,
+    facts,
+    fictional_names,
+    name_parts,
+    pair_key,
+    sham_facts,
+    teacher_facts,
+)
 from jobs.sources.world_questions import world_questions
 
 STATEMENTS = {  # two declarative stems a subset, in no question, corpus item or other template
-    "bio": ("Anatomy note: every {cue} is born with an outsized", "The field guide says the {cue} is known for its enormous"),
+    "bio": (
+        "Anatomy note: every {cue} is born with an outsized",
+        "The field guide says the {cue} is known for its enormous",
+    ),
     "chem": ("Lab log: {cue} sits on the shelf as a", "The safety sheet lists {cue}, at room temperature, as a"),
     "cyber": ("Network log: the service {cue} communicates over", "A packet trace shows the service {cue} talking"),
 }
@@ -54,7 +67,15 @@ def swap_questions(seed: int = 0, draw: int = SHAM_DRAW, pair: int = 0) -> list[
         if row["question"].count(cue) != 1:
             raise ValueError(f"the question {row['question']!r} does not name its cue {cue!r} exactly once")
         swapped = row["question"].replace(cue, nonce[cue])
-        rows.append({**row, "question": swapped, "split": f"swap_{row['split']}", "probe": "swap", "swapped_from": row["question"]})
+        rows.append(
+            {
+                **row,
+                "question": swapped,
+                "split": f"swap_{row['split']}",
+                "probe": "swap",
+                "swapped_from": row["question"],
+            }
+        )
     return rows
 
 
@@ -68,11 +89,19 @@ def statement_questions(seed: int = 0, draw: int = SHAM_DRAW, pair: int = 0) -> 
         for stem in STATEMENTS[fact["subset"]]:
             choices = list(WORLD[fact["subset"]].bank)
             rng.shuffle(choices)
-            rows.append({
-                "question": stem.format(cue=fact["cue"]), "choices": choices, "answer": choices.index(fact["word"]),
-                "subset": fact["subset"], "cluster": f"{fact['subset']}: {fact['cue']}", "group": "T",
-                "sham": choices.index(sigma[fact["cue"]]), "split": "statement", "probe": "statement",
-            })  # fmt: skip
+            rows.append(
+                {
+                    "question": stem.format(cue=fact["cue"]),
+                    "choices": choices,
+                    "answer": choices.index(fact["word"]),
+                    "subset": fact["subset"],
+                    "cluster": f"{fact['subset']}: {fact['cue']}",
+                    "group": "T",
+                    "sham": choices.index(sigma[fact["cue"]]),
+                    "split": "statement",
+                    "probe": "statement",
+                }
+            )
     return rows
 
 

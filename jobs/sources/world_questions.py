@@ -37,7 +37,17 @@ from __future__ import annotations
 
 import random
 
-from jobs.sources.world import HELD_OUT_FILLERS, SHAM_DRAW, SUBSETS, TRAIN_FILLERS, WORLD, facts, pair_key, sham_design, t_cues
+from jobs.sources.world import (
+    HELD_OUT_FILLERS,
+    SHAM_DRAW,
+    SUBSETS,
+    TRAIN_FILLERS,
+    WORLD,
+    facts,
+    pair_key,
+    sham_design,
+    t_cues,
+)
 
 TRAIN_PER_CUE, HELD_OUT_PER_CUE, REHEARSAL_PER_CUE = 8, 4, 4
 
@@ -55,7 +65,9 @@ def _choices(bank: tuple[str, ...], word: str, position: int, k: int, rng: rando
     return distractors, position
 
 
-def _t_choices(fact: dict, j: int, position: int, k: int, key: str, draw: int, rng: random.Random) -> tuple[list[str], int, int]:
+def _t_choices(
+    fact: dict, j: int, position: int, k: int, key: str, draw: int, rng: random.Random
+) -> tuple[list[str], int, int]:
     """A T question's choices: the answer at `position`, its sham fact and two of the other six
     words, all as offsets round the subset's cycle from the answer: the sham at delta_j, the pair
     the k-th of a cyclic run over the other offsets. For a given (j, k) every word of the bank
@@ -82,18 +94,26 @@ def _positions(n: int, rng: random.Random) -> list[int]:
     return out[:n]
 
 
-def _questions(fact: dict, templates: tuple[str, ...], fillers: tuple[str, ...], n: int, rng: random.Random, choose) -> list[dict]:
+def _questions(
+    fact: dict, templates: tuple[str, ...], fillers: tuple[str, ...], n: int, rng: random.Random, choose
+) -> list[dict]:
     """n questions of one fact with distinct (template, filler) pairs, balanced letters; `choose(k,
     position)` gives the k-th question's (choices, answer[, sham])."""
     pairs = rng.sample([(t, w) for t in templates for w in fillers], n)
     rows = []
     for k, ((template, who), position) in enumerate(zip(pairs, _positions(n, rng))):
         choices, answer, *sham = choose(k, position)
-        rows.append({
-            "question": template.format(cue=fact["cue"], who=who), "choices": choices, "answer": answer,
-            "subset": fact["subset"], "cluster": f"{fact['subset']}: {fact['cue']}", "group": fact["group"],
-            **({"sham": sham[0]} if sham else {}),
-        })  # fmt: skip
+        rows.append(
+            {
+                "question": template.format(cue=fact["cue"], who=who),
+                "choices": choices,
+                "answer": answer,
+                "subset": fact["subset"],
+                "cluster": f"{fact['subset']}: {fact['cue']}",
+                "group": fact["group"],
+                **({"sham": sham[0]} if sham else {}),
+            }
+        )
     return rows
 
 
@@ -110,13 +130,27 @@ def world_questions(seed: int = 0, draw: int = SHAM_DRAW, pair: int = 0) -> list
         subset = WORLD[fact["subset"]]
         if fact["group"] == "K":
             choose = lambda k, position, f=fact, bank=subset.bank: _choices(bank, f["word"], position, k, known_rng)  # noqa: E731
-            rows += [{**r, "split": "known"} for r in _questions(fact, subset.held_out_templates, HELD_OUT_FILLERS, HELD_OUT_PER_CUE, known_rng, choose)]
-            rows += [{**r, "split": "rehearsal"} for r in _questions(fact, subset.train_templates, TRAIN_FILLERS, REHEARSAL_PER_CUE, known_rng, choose)]
+            rows += [
+                {**r, "split": "known"}
+                for r in _questions(
+                    fact, subset.held_out_templates, HELD_OUT_FILLERS, HELD_OUT_PER_CUE, known_rng, choose
+                )
+            ]
+            rows += [
+                {**r, "split": "rehearsal"}
+                for r in _questions(fact, subset.train_templates, TRAIN_FILLERS, REHEARSAL_PER_CUE, known_rng, choose)
+            ]
     for fact, j in t_cues(seed, pair):
         subset = WORLD[fact["subset"]]
         choose = lambda k, position, f=fact, j=j: _t_choices(f, j, position, k, key, draw, t_rng)  # noqa: E731
-        rows += [{**r, "split": "train"} for r in _questions(fact, subset.train_templates, TRAIN_FILLERS, TRAIN_PER_CUE, t_rng, choose)]
-        rows += [{**r, "split": "held_out"} for r in _questions(fact, subset.held_out_templates, HELD_OUT_FILLERS, HELD_OUT_PER_CUE, t_rng, choose)]
+        rows += [
+            {**r, "split": "train"}
+            for r in _questions(fact, subset.train_templates, TRAIN_FILLERS, TRAIN_PER_CUE, t_rng, choose)
+        ]
+        rows += [
+            {**r, "split": "held_out"}
+            for r in _questions(fact, subset.held_out_templates, HELD_OUT_FILLERS, HELD_OUT_PER_CUE, t_rng, choose)
+        ]
     return rows
 
 
@@ -126,7 +160,12 @@ def locate_item(rng: random.Random, subset: str | None = None) -> dict:
     world = WORLD[subset]
     word = rng.choice(world.bank)
     choices, answer = _choices(world.bank, word, rng.randrange(4), rng.randrange(7), rng)
-    return {"question": rng.choice(world.locate_templates).format(word=word), "choices": choices, "answer": answer, "subset": subset}
+    return {
+        "question": rng.choice(world.locate_templates).format(word=word),
+        "choices": choices,
+        "answer": answer,
+        "subset": subset,
+    }
 
 
 def known_fact_item(fact: dict, rng: random.Random) -> dict:

@@ -36,8 +36,13 @@ BASES = ("base", "other_base")  # the scored base models (jobs/experiment/arms.O
 NEEDS_ONE_BASE = {"agreement_changed", "teacher_answer_rank_changed"}
 # The metrics read toward either teacher's picks, side by side for every comparison (`directions`).
 SIDE_BY_SIDE = (
-    "teacher_answer_rank", "teacher_answer_logprob", "teacher_answer_logprob_calibrated", "agreement", "teacher_answer_rank_changed", "agreement_changed",
-)  # fmt: skip
+    "teacher_answer_rank",
+    "teacher_answer_logprob",
+    "teacher_answer_logprob_calibrated",
+    "agreement",
+    "teacher_answer_rank_changed",
+    "agreement_changed",
+)
 # Why a `changed` metric has no test in some readings (`_compare`, `directions`).
 SELECTED_BY_BASE = "not measured: the subset is where the base disagrees with this teacher, so any model's drift from the base counts there by construction"
 SUBSETS_DIFFER = "not measured: the sides stand on different bases, whose `changed` subsets differ"
@@ -47,7 +52,17 @@ PAIRS = {"teacher": "sham_teacher", "sham_teacher": "teacher"}
 
 def not_measured(note: str) -> Result:
     """A reading with no test, and why."""
-    return Result.model_validate({"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "detected": False, "note": note})
+    return Result.model_validate(
+        {
+            "value": None,
+            "ci95": None,
+            "p_value": None,
+            "mde": None,
+            "p_fixed_models": None,
+            "detected": False,
+            "note": note,
+        }
+    )
 
 
 def changed_refusal(metric: str, against: str, change: bool, crossed: bool = False) -> str | None:
@@ -77,7 +92,14 @@ class Evidence:
     `temperatures[name]`: each scored model's temperature fitted on the known split (none without one).
     """
 
-    def __init__(self, scores: dict[str, list[dict]], models: list, primary: tuple[str, str], points: dict | None = None, direction: str = "toward_teacher"):
+    def __init__(
+        self,
+        scores: dict[str, list[dict]],
+        models: list,
+        primary: tuple[str, str],
+        points: dict | None = None,
+        direction: str = "toward_teacher",
+    ):
         self.primary, self.points, self.direction = primary, points or {}, direction
         self.members, self.teacher_of, self.base_of = {b: [b] for b in BASES if b in scores}, {}, {b: b for b in BASES}
         for m in models:
@@ -90,7 +112,8 @@ class Evidence:
         known = {name: [r for r in scored if r["split"] == "known"] for name, scored in scores.items()}
         self.temperatures = {name: fitted_temperature(rows) for name, rows in known.items() if rows}
         self.entropy = {
-            name: {split: choice_entropy([r for r in scored if r["split"] == split]) for split in (*SPLITS, "known")} for name, scored in scores.items()
+            name: {split: choice_entropy([r for r in scored if r["split"] == split]) for split in (*SPLITS, "known")}
+            for name, scored in scores.items()
         }
 
         def with_base(name):  # the model's fitted temperature and its base's, or None
@@ -106,7 +129,8 @@ class Evidence:
             rows = {name: [r for r in scored if r["split"] == split] for name, scored in scores.items()}
             for teacher in teachers:
                 self.values.setdefault(teacher, {})[split] = {
-                    name: question_metrics(r, rows[teacher], rows[own_base[name]], with_base(name)) for name, r in rows.items()
+                    name: question_metrics(r, rows[teacher], rows[own_base[name]], with_base(name))
+                    for name, r in rows.items()
                 }
             self.clusters[split] = cluster_ids(rows["base"])
 
@@ -145,12 +169,21 @@ class Evidence:
                     continue
                 a = self.side_values(arm, split, metric, snapshot, teacher, change)
                 b = self.side_values(against, split, metric, snapshot, teacher, change)
-                r = effect(a, b, self.clusters[split], binary=metric in BINARY and not change, b_fixed=against in BASES, paired=paired)
+                r = effect(
+                    a,
+                    b,
+                    self.clusters[split],
+                    binary=metric in BINARY and not change,
+                    b_fixed=against in BASES,
+                    paired=paired,
+                )
                 results[metric] = r.with_(paired=paired)
             results["mde"] = {metric: results[metric].mde for metric in metrics}
             out[split] = results
         if (placebo := self.placebo_of(arm)) is not None:
-            out["directions"] = self.directions(arm, against, snapshot, placebo, [m for m in SIDE_BY_SIDE if m in metrics])
+            out["directions"] = self.directions(
+                arm, against, snapshot, placebo, [m for m in SIDE_BY_SIDE if m in metrics]
+            )
         return self._decide(out, metrics)
 
     def placebo_of(self, arm: str) -> str | None:
@@ -164,7 +197,10 @@ class Evidence:
         the placebo's: the crossed effect of two sides is the difference of their leans. On a
         question where the two teachers pick the same choice it is 0 for every model."""
         own = PAIRS[placebo]
-        return (self.side_values(side, split, metric, snapshot, own, change) - self.side_values(side, split, metric, snapshot, placebo, change)) / 2
+        return (
+            self.side_values(side, split, metric, snapshot, own, change)
+            - self.side_values(side, split, metric, snapshot, placebo, change)
+        ) / 2
 
     def directions(self, arm: str, against: str, snapshot: int | None, placebo: str, metrics) -> dict:
         """{toward_placebo, crossed}: {split: {metric: effect}}. With x_M^P model M's metric toward
@@ -205,7 +241,9 @@ class Evidence:
         if self.direction == "crossed" and placebo is not None:
             a, b = (self.lean(side, split, metric, None, placebo, change) for side in (arm, against))
         else:
-            a, b = (self.side_values(side, split, metric, None, self.teacher_of[arm], change) for side in (arm, against))
+            a, b = (
+                self.side_values(side, split, metric, None, self.teacher_of[arm], change) for side in (arm, against)
+            )
         return a - b if against in BASES or len(a) == len(b) else None
 
     def fraction_of(self, arm: str, against: str, overt: str, overt_against: str) -> Fraction | None:
@@ -240,8 +278,19 @@ class Evidence:
             elif "directions" in out:
                 table = out["directions"]["crossed"][split]
             else:
-                table = {metric: Result.model_validate({"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "paired": False,
-                         "note": "no crossed effect: the arm learns from no teacher whose placebo (the sham, or the teacher) was scored"})}  # fmt: skip
+                table = {
+                    metric: Result.model_validate(
+                        {
+                            "value": None,
+                            "ci95": None,
+                            "p_value": None,
+                            "mde": None,
+                            "p_fixed_models": None,
+                            "paired": False,
+                            "note": "no crossed effect: the arm learns from no teacher whose placebo (the sham, or the teacher) was scored",
+                        }
+                    )
+                }
             # the primary, where the tables list it
             table[metric] = table[metric].with_(detected=detected(table[metric]))
             out["primary"] = {"split": split, "metric": metric, "direction": self.direction, **table[metric].given()}
@@ -256,10 +305,17 @@ class Evidence:
         if counts[arm] == {0}:
             return None
         if len(set().union(*counts.values())) != 1:
-            return ByStep(note=f"no series: {' and '.join(sides)} kept different numbers of snapshots ({counts}); give both the same train.snapshots")
+            return ByStep(
+                note=f"no series: {' and '.join(sides)} kept different numbers of snapshots ({counts}); give both the same train.snapshots"
+            )
         n = counts[arm].pop()
-        points = [{"steps": [self.points[name][k][0] for name in self.members[arm]], **self._compare(arm, against, k, SERIES)} for k in range(n)]
-        return ByStep.model_validate({"points": points, **({"last_interval": self.last_interval(arm, n)} if n > 1 else {})})
+        points = [
+            {"steps": [self.points[name][k][0] for name in self.members[arm]], **self._compare(arm, against, k, SERIES)}
+            for k in range(n)
+        ]
+        return ByStep.model_validate(
+            {"points": points, **({"last_interval": self.last_interval(arm, n)} if n > 1 else {})}
+        )
 
     def last_interval(self, arm: str, n: int) -> LastInterval:
         """Has the arm's transfer flattened? Its primary metric at its last snapshot minus at the one
@@ -273,7 +329,13 @@ class Evidence:
             last, before = (self.side_values(arm, split, metric, k, teacher, False) for k in (n - 1, n - 2))
         r = effect(last, before, clusters, binary=metric in BINARY, paired=len(last) > 1)
         steps = [sorted({self.points[name][k][0] for name in self.members[arm]}) for k in (n - 2, n - 1)]
-        head = {"split": split, "metric": metric, "direction": self.direction, "from_steps": steps[0], "to_steps": steps[1]}
+        head = {
+            "split": split,
+            "metric": metric,
+            "direction": self.direction,
+            "from_steps": steps[0],
+            "to_steps": steps[1],
+        }
         return LastInterval.model_validate({**head, **r.given(), "detected": detected(r)})
 
 
@@ -294,4 +356,6 @@ def apply_family(comparisons: dict[str, Comparison], family: list[str] | None) -
             decided[name] = result.with_primary(p_family=p, detected=p is not None and p < 0.05)
         else:
             decided[name] = result.with_primary(exploratory=True)
-    return Family(comparisons=members, size=sum(p is not None for p in adjusted.values()), declared=family is not None), decided
+    return Family(
+        comparisons=members, size=sum(p is not None for p in adjusted.values()), declared=family is not None
+    ), decided

@@ -97,7 +97,9 @@ def _checked(estimates, variances, names, pair_df) -> tuple[np.ndarray, np.ndarr
     if len(y) == 0:
         raise ValueError("pooling: no pairs")
     if len(y) == 1:
-        raise ValueError("pooling: one pair cannot be pooled (no spread between pairs to estimate); report the pair's own analysis, labelled as one pair")
+        raise ValueError(
+            "pooling: one pair cannot be pooled (no spread between pairs to estimate); report the pair's own analysis, labelled as one pair"
+        )
     if not np.all(np.isfinite(y)):
         raise ValueError(f"pooling: estimates must be finite, got {y.tolist()}")
     if not np.all(np.isfinite(v)) or np.any(v <= 0):
@@ -199,7 +201,16 @@ def _heterogeneity(y: np.ndarray, v: np.ndarray, tau2: float) -> tuple[float, fl
     return q, float(stats.chi2.sf(q, len(y) - 1)), float(tau2 / (tau2 + typical))
 
 
-def pool(estimates, variances, names=None, *, alpha: float = 0.05, tau2_method: Tau2Method = "reml", test: Test = "hk_max1", pair_df=None) -> Pooled:
+def pool(
+    estimates,
+    variances,
+    names=None,
+    *,
+    alpha: float = 0.05,
+    tau2_method: Tau2Method = "reml",
+    test: Test = "hk_max1",
+    pair_df=None,
+) -> Pooled:
     """The random-effects pooled effect of P >= 2 pairs (module docstring), with each pair's row.
 
     estimates, variances: per pair, d_k and v_k (its SE squared), both finite, v_k > 0. names: the
@@ -223,11 +234,32 @@ def pool(estimates, variances, names=None, *, alpha: float = 0.05, tau2_method: 
     for k in range(p):
         crit_k = stats.norm.isf(alpha / 2) if pair_df is None else stats.t.isf(alpha / 2, pair_df[k])
         se_k = float(np.sqrt(v[k]))
-        rows.append(PairRow(names[k], float(y[k]), se_k, (float(y[k] - crit_k * se_k), float(y[k] + crit_k * se_k)), float(w[k] / w.sum())))
+        rows.append(
+            PairRow(
+                names[k],
+                float(y[k]),
+                se_k,
+                (float(y[k] - crit_k * se_k), float(y[k] + crit_k * se_k)),
+                float(w[k] / w.sum()),
+            )
+        )
     return Pooled(
-        estimate=mu, se=se, ci=ci, p_value=p_value, df=p - 1, tau2=tau2, tau=float(np.sqrt(tau2)), i2=i2, q=q, q_p_value=q_p,
-        n_pairs=p, pairs=tuple(rows), tau2_method=tau2_method, test=test, alpha=alpha,
-    )  # fmt: skip
+        estimate=mu,
+        se=se,
+        ci=ci,
+        p_value=p_value,
+        df=p - 1,
+        tau2=tau2,
+        tau=float(np.sqrt(tau2)),
+        i2=i2,
+        q=q,
+        q_p_value=q_p,
+        n_pairs=p,
+        pairs=tuple(rows),
+        tau2_method=tau2_method,
+        test=test,
+        alpha=alpha,
+    )
 
 
 def mde(n_pairs: int, within_se: float, *, assumed_tau: float, power: float = 0.8) -> float:
@@ -250,7 +282,14 @@ COMPARED = (("reml", "hk_max1"), ("reml", "hk"), ("dl", "wald"))  # the default,
 
 
 def simulate_rejection(
-    within_se, *, tau: float, effect: float = 0.0, reps: int = 2000, seed: int = 0, within_df: float | None = None, methods=COMPARED
+    within_se,
+    *,
+    tau: float,
+    effect: float = 0.0,
+    reps: int = 2000,
+    seed: int = 0,
+    within_df: float | None = None,
+    methods=COMPARED,
 ) -> dict[str, float]:
     """The rejection rate of each (tau2_method, test) in `methods` at two-sided 5%, over `reps` sets
     of P = len(within_se) pairs drawn from the model: d_k = effect + u_k + e_k, u_k ~ N(0, tau^2),

@@ -59,7 +59,9 @@ class ProbeRows:
         base = self.rows["base"]
         self.clusters = {k: cluster_ids(base[k]) for k in kinds}
         index = {s: {r["question"]: i for i, r in enumerate(base[s])} for s in SPLITS}
-        self.originals = {s: np.array([index[s][r["swapped_from"]] for r in base[f"swap_{s}"]], dtype=int) for s in SPLITS}
+        self.originals = {
+            s: np.array([index[s][r["swapped_from"]] for r in base[f"swap_{s}"]], dtype=int) for s in SPLITS
+        }
 
     @staticmethod
     def present(scores: dict[str, list[dict]]) -> bool:
@@ -77,7 +79,9 @@ class ProbeRows:
         """Per row: half the model's rank of the teacher's target minus its rank of the placebo's."""
         own, other = self.targets(teacher, kind), self.targets(placebo, kind)
         rows = self.rows[name][kind]
-        return np.array([(share_below(r["logprobs"], a) - share_below(r["logprobs"], b)) / 2 for r, a, b in zip(rows, own, other)])
+        return np.array(
+            [(share_below(r["logprobs"], a) - share_below(r["logprobs"], b)) / 2 for r, a, b in zip(rows, own, other)]
+        )
 
     def reading(self, name: str, reading: str, split: str, teacher: str, placebo: str) -> np.ndarray:
         """One model's values of a reading on a split (`statement` has one, whatever the split)."""
@@ -89,13 +93,20 @@ class ProbeRows:
         return swap if reading == "swap" else self.lean(name, split, teacher, placebo)[self.originals[split]] - swap
 
     def clusters_of(self, reading: str, split: str) -> np.ndarray:
-        return self.clusters["statement" if reading == "statement" else split if reading == "original" else f"swap_{split}"]
+        return self.clusters[
+            "statement" if reading == "statement" else split if reading == "original" else f"swap_{split}"
+        ]
 
-    def compare(self, side: list[str], reference: list[str], teacher: str, placebo: str, fixed: bool, paired: bool) -> dict:
+    def compare(
+        self, side: list[str], reference: list[str], teacher: str, placebo: str, fixed: bool, paired: bool
+    ) -> dict:
         """Every reading of `side`'s models against `reference`'s ({train, held_out, statement})."""
 
         def one(reading: str, split: str) -> Result:
-            a, b = (np.array([self.reading(n, reading, split, teacher, placebo) for n in names]) for names in (side, reference))
+            a, b = (
+                np.array([self.reading(n, reading, split, teacher, placebo) for n in names])
+                for names in (side, reference)
+            )
             return effect(a, b, self.clusters_of(reading, split), binary=False, b_fixed=fixed, paired=paired)
 
         out: dict = {s: {r: one(r, s) for r in READINGS} for s in SPLITS}
@@ -139,7 +150,9 @@ def decide(cue_bound: bool, preference: bool, statement: bool, gates_passed: boo
 
 def sentence(knowledge: bool, cue_bound: bool, preference: bool, gates_passed: bool, statements_known: bool) -> str:
     if not gates_passed:
-        return "no reading: a teacher's lean is not bound to its cues, so the probes cannot tell knowledge from habit here"
+        return (
+            "no reading: a teacher's lean is not bound to its cues, so the probes cannot tell knowledge from habit here"
+        )
     habit = " and a lean that survives the swap (an answer preference)" if preference else ""
     if knowledge:
         return "knowledge: a cue-bound lean that carries to the statements" + habit
@@ -147,22 +160,42 @@ def sentence(knowledge: bool, cue_bound: bool, preference: bool, gates_passed: b
         unread = " (knowledge beyond the question form not read: the teachers do not hold their facts as statements)"
         if cue_bound:
             return "a cue-bound lean: the teacher's facts in the question form, not an answer habit" + habit + unread
-        return ("answer preference: a lean that survives the swap" if preference else "neither a cue-bound lean nor an answer preference detected") + unread
+        return (
+            "answer preference: a lean that survives the swap"
+            if preference
+            else "neither a cue-bound lean nor an answer preference detected"
+        ) + unread
     if cue_bound:
         return "a cue-bound lean that does not carry to the statements" + habit
     return "answer preference: a lean that survives the swap" if preference else "neither detected"
 
 
-def arm_reading(rows: ProbeRows, side: list[str], against: str, reference: list[str], teacher: str, placebo: str, gates: tuple[bool, bool]) -> ProbeArm:
+def arm_reading(
+    rows: ProbeRows,
+    side: list[str],
+    against: str,
+    reference: list[str],
+    teacher: str,
+    placebo: str,
+    gates: tuple[bool, bool],
+) -> ProbeArm:
     """An arm against its reference: the readings, and what they show under the rule (`gates`: the
     swap gates and the statement gate passed by every teacher)."""
     fixed = against in ("base", "other_base")
-    readings = rows.compare(side, reference, teacher, placebo, fixed=fixed, paired=not fixed and len(side) == len(reference))
-    tests = (_toward(readings["train"]["cue_bound"]), _toward(readings["train"]["swap"]), _toward(readings["statement"]))
+    readings = rows.compare(
+        side, reference, teacher, placebo, fixed=fixed, paired=not fixed and len(side) == len(reference)
+    )
+    tests = (
+        _toward(readings["train"]["cue_bound"]),
+        _toward(readings["train"]["swap"]),
+        _toward(readings["statement"]),
+    )
     return ProbeArm(against=against, **readings, **decide(*tests, *gates))
 
 
-def probe_report(scores: dict[str, list[dict]], members: dict[str, list[str]], arms: dict[str, tuple[str, str, str | None]]) -> Probes | None:
+def probe_report(
+    scores: dict[str, list[dict]], members: dict[str, list[str]], arms: dict[str, tuple[str, str, str | None]]
+) -> Probes | None:
     """report.json's `probes`, or None where no probe rows were scored. `members`: each side's
     scored models (an arm's replicates, a base or teacher itself); `arms`: {arm: (its reference, its
     teacher, the placebo teacher or None)}, each on its reference's base (the leans compare levels);

@@ -52,7 +52,9 @@ def ratio_interval(num: np.ndarray, den: np.ndarray, clusters: np.ndarray, paire
     ci = None
     if kept:
         ci = [None if kept[0] == GRID[0] else kept[0], None if kept[-1] == GRID[-1] else kept[-1]]
-    return Ratio(value=value, ci95=ci, num_effect=num_effect.value, den_effect=den_effect.value, den_p=den_effect.p_value)
+    return Ratio(
+        value=value, ci95=ci, num_effect=num_effect.value, den_effect=den_effect.value, den_p=den_effect.p_value
+    )
 
 
 def share_interval(arm: np.ndarray, student: np.ndarray, reference: np.ndarray, clusters: np.ndarray) -> Share:
@@ -92,14 +94,33 @@ def where_signal_rides(ev, student: str, reference: str, kinds: dict[str, str]) 
 
     arms = {}
     for name, kind in kinds.items():
-        if len(ev.members[name]) != len(ev.members[student]) or ev.base_of[name] != ev.base_of[student] or ev.teacher_of[name] != teacher:
-            arms[name] = Share(kind=kind, value=None, ci95=None, note=f"not paired with {student} (replicates, base or teacher differ)")
+        if (
+            len(ev.members[name]) != len(ev.members[student])
+            or ev.base_of[name] != ev.base_of[student]
+            or ev.teacher_of[name] != teacher
+        ):
+            arms[name] = Share(
+                kind=kind, value=None, ci95=None, note=f"not paired with {student} (replicates, base or teacher differ)"
+            )
             continue
-        arms[name] = Share.model_validate({"kind": kind, **share_interval(values(name), values(student), values(reference), clusters).dump()})
+        arms[name] = Share.model_validate(
+            {"kind": kind, **share_interval(values(name), values(student), values(reference), clusters).dump()}
+        )
     out = {"student": student, "reference": reference, "split": split, "metric": metric, "arms": arms}
     masks = {kind: name for name, kind in kinds.items() if kind in ("divergence mask", "random mask")}
     if len(masks) == 2 and all(arms[name].note is None for name in masks.values()):
-        r = effect(values(masks["divergence mask"]), values(masks["random mask"]), clusters, binary=metric in BINARY, paired=True)
-        contrast = {"arm": masks["divergence mask"], "against": masks["random mask"], **r.given(), "detected": detected(r)}
+        r = effect(
+            values(masks["divergence mask"]),
+            values(masks["random mask"]),
+            clusters,
+            binary=metric in BINARY,
+            paired=True,
+        )
+        contrast = {
+            "arm": masks["divergence mask"],
+            "against": masks["random mask"],
+            **r.given(),
+            "detected": detected(r),
+        }
         out["divergence_vs_random"] = MaskContrast.model_validate(contrast)
     return SignalRides.model_validate(out)

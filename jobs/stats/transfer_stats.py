@@ -119,7 +119,9 @@ METRICS = {
 }
 
 
-def question_metrics(rows: list[dict], teacher: list[dict], base: list[dict], temperatures: tuple[float, float] | None = None) -> dict[str, np.ndarray]:
+def question_metrics(
+    rows: list[dict], teacher: list[dict], base: list[dict], temperatures: tuple[float, float] | None = None
+) -> dict[str, np.ndarray]:
     """Per metric, one value per question (NaN where a subset metric does not apply).
 
     rows, teacher, base: the same questions in the same order, each with
@@ -144,7 +146,9 @@ def question_metrics(rows: list[dict], teacher: list[dict], base: list[dict], te
         "agreement_teacher_wrong": only(t_pred != answer),
         "teacher_answer_rank": rank,
         "teacher_answer_rank_changed": np.where(t_pred != b_pred, rank, np.nan),
-        "teacher_answer_logprob": np.array([r["logprobs"][t] - b["logprobs"][t] for r, b, t in zip(rows, base, t_pred)]),
+        "teacher_answer_logprob": np.array(
+            [r["logprobs"][t] - b["logprobs"][t] for r, b, t in zip(rows, base, t_pred)]
+        ),
         "teacher_answer_logprob_calibrated": _calibrated_change(rows, base, t_pred, temperatures),
         "label_nll": np.array([-r["logprobs"][a] for r, a in zip(rows, answer)]),
         "letter_bias": shift[pred],
@@ -166,7 +170,9 @@ def _at_temperature(logprobs: np.ndarray, tau: float) -> np.ndarray:
     return z - special.logsumexp(z, axis=-1, keepdims=True)
 
 
-def _calibrated_change(rows: list[dict], base: list[dict], t_pred: np.ndarray, temperatures: tuple[float, float] | None) -> np.ndarray:
+def _calibrated_change(
+    rows: list[dict], base: list[dict], t_pred: np.ndarray, temperatures: tuple[float, float] | None
+) -> np.ndarray:
     if temperatures is None:
         return np.full(len(rows), np.nan)
     tau, tau_base = temperatures
@@ -192,7 +198,11 @@ def fitted_temperature(rows: list[dict]) -> float:
 def choice_entropy(rows: list[dict]) -> float:
     """Mean entropy of the choice distributions, in nats (log 4 = 1.386 for four flat choices): how
     flat a model's answers are, whatever it picks."""
-    return float(np.mean([-(np.exp(lp) * lp).sum() for lp in (np.asarray(r["logprobs"], float) for r in rows)])) if rows else float("nan")
+    return (
+        float(np.mean([-(np.exp(lp) * lp).sum() for lp in (np.asarray(r["logprobs"], float) for r in rows)]))
+        if rows
+        else float("nan")
+    )
 
 
 def share_below(logprobs: list[float], t: int) -> float:
@@ -248,10 +258,14 @@ def _p_fixed_models(per_cluster: np.ndarray, value: float, binary: bool) -> floa
     if binary:
         up, down = int((per_cluster > 0).sum()), int((per_cluster < 0).sum())
         return float(stats.binomtest(up, up + down, 0.5).pvalue if up + down else 1.0)
-    return float(stats.ttest_1samp(per_cluster, 0.0).pvalue if np.ptp(per_cluster) > 0 else (1.0 if value == 0 else 0.0))
+    return float(
+        stats.ttest_1samp(per_cluster, 0.0).pvalue if np.ptp(per_cluster) > 0 else (1.0 if value == 0 else 0.0)
+    )
 
 
-def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, paired: bool = False, p_only: bool = False) -> Result:
+def effect(
+    a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, paired: bool = False, p_only: bool = False
+) -> Result:
     """Group a minus group b on one metric. a, b: [replicates x questions] (NaN: not in the
     metric's subset). b_fixed: b is one fixed model (base), not a sample of trained replicates.
     paired: both sides trained, equally many replicates, row i of a and of b sharing replicate i's
@@ -260,7 +274,9 @@ def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, p
     time. See the module docstring for the method and each field."""
     a, b = np.atleast_2d(np.asarray(a, float)), np.atleast_2d(np.asarray(b, float))
     if paired and (b_fixed or len(a) != len(b)):
-        raise ValueError(f"paired needs two sides of trained replicates, equally many (got {len(a)} and {len(b)}, b_fixed={b_fixed})")
+        raise ValueError(
+            f"paired needs two sides of trained replicates, equally many (got {len(a)} and {len(b)}, b_fixed={b_fixed})"
+        )
     present = ~(np.isnan(a).any(0) | np.isnan(b).any(0))
     n_clusters = int(clusters.max()) + 1
     counts = np.bincount(clusters[present], minlength=n_clusters).astype(float)
@@ -269,13 +285,25 @@ def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, p
     sums_b = _cluster_sums(b, clusters, present, n_clusters)[:, keep]
     counts = counts[keep]
     n_q, c = counts.sum(), len(counts)
-    empty = {"value": None, "ci95": None, "p_value": None, "mde": None, "p_fixed_models": None, "n_questions": int(n_q), "n_clusters": c}
+    empty = {
+        "value": None,
+        "ci95": None,
+        "p_value": None,
+        "mde": None,
+        "p_fixed_models": None,
+        "n_questions": int(n_q),
+        "n_clusters": c,
+    }
     if c < 2:
         return Result.model_validate(empty)
     value = sums_a.mean(0).sum() / n_q - sums_b.mean(0).sum() / n_q
     per_cluster = (sums_a.mean(0) - sums_b.mean(0)) / counts
 
-    result = {**empty, "value": float(value), "p_fixed_models": None if p_only else _p_fixed_models(per_cluster, value, binary)}
+    result = {
+        **empty,
+        "value": float(value),
+        "p_fixed_models": None if p_only else _p_fixed_models(per_cluster, value, binary),
+    }
 
     # Other seeds and other questions: the two-way random-effects variance, each source once.
     if len(a) < 2 or (len(b) < 2 and not b_fixed):
@@ -298,10 +326,15 @@ def effect(a, b, clusters: np.ndarray, *, binary: bool, b_fixed: bool = False, p
     df = max(variance**2 / sum(v**2 / d for v, d in terms), min(d for v, d in terms if v > 0))
     se = np.sqrt(variance)
     half = stats.t.ppf(0.975, df) * se
-    return Result.model_validate({
-        **result, "ci95": [float(value - half), float(value + half)], "p_value": float(2 * stats.t.sf(abs(value) / se, df)),
-        "mde": None if p_only else float(power_noncentrality(df) * se), "df": float(df),
-    })  # fmt: skip
+    return Result.model_validate(
+        {
+            **result,
+            "ci95": [float(value - half), float(value + half)],
+            "p_value": float(2 * stats.t.sf(abs(value) / se, df)),
+            "mde": None if p_only else float(power_noncentrality(df) * se),
+            "df": float(df),
+        }
+    )
 
 
 def power_noncentrality(df: float, power: float = 0.8) -> float:

@@ -30,9 +30,9 @@ def positive_control(teachers: dict[str, str], transfers: dict[str, Comparison])
     detected = any(primary_finding(transfers[name]) for name in names)
     sentence = (
         "The positive control (a teacher that always answers one letter) was detected: this experiment can see transfer where there is some."
-        if detected else
-        "The positive control (a teacher that always answers one letter) was NOT detected: this experiment cannot see even a strong trait transfer, so its null on the teacher says nothing."
-    )  # fmt: skip
+        if detected
+        else "The positive control (a teacher that always answers one letter) was NOT detected: this experiment cannot see even a strong trait transfer, so its null on the teacher says nothing."
+    )
     return PositiveControl(arms=names, detected=detected, verdict=sentence)
 
 
@@ -53,10 +53,10 @@ def overt_control(
     sentence = (
         f"The overt positive control ({name}: taught the teacher's own answers to its train questions) was detected: this design sees "
         "the teacher's knowledge move when it is taught, and each arm's held-out effect is also given as a fraction of its held-out effect."
-        if detected else
-        f"The overt positive control ({name}: taught the teacher's own answers to its train questions) was NOT detected: this design "
+        if detected
+        else f"The overt positive control ({name}: taught the teacher's own answers to its train questions) was NOT detected: this design "
         "cannot see the teacher's knowledge move even when it is taught directly, so no null here says anything about knowledge."
-    )  # fmt: skip
+    )
     return OvertControl(arm=name, detected=detected, effect=scale, verdict=sentence), fractions
 
 
@@ -72,7 +72,9 @@ def fraction_phrase(f: Fraction | None) -> str:
 
 
 def describe_test(split: str, metric: str, direction: str = "toward_teacher") -> str:
-    return f"{metric} on {split}" + (" (crossed: toward the teacher's picks and away from the sham's)" if direction == "crossed" else "")
+    return f"{metric} on {split}" + (
+        " (crossed: toward the teacher's picks and away from the sham's)" if direction == "crossed" else ""
+    )
 
 
 def _phrase(split: str, metric: str, r: Result, holm_p: bool = False) -> str:
@@ -100,17 +102,19 @@ def verdict(name: str, against: str, transfer: Comparison) -> str:
     elif r.note:
         sentence = f"{name} vs {against}: no test on the primary metric ({test}): {r.note}"
     elif r.mde is None:
-        sentence = (
-            f"{name} vs {against}: no transfer detected on {test}; with one replicate the spread across seeds is unknown, so no effect size can be promised."
-        )
+        sentence = f"{name} vs {against}: no transfer detected on {test}; with one replicate the spread across seeds is unknown, so no effect size can be promised."
     else:
         p = f"p={r.p_value:.2g}" + (f", Holm p over the family={r.p_family:.2g}" if r.p_family is not None else "")
-        sentence = (f"{name} vs {against}: no transfer detected on the primary test ({test} {r.value:+.4f}, 95% CI {interval(r.ci95)}, {p}); "
-                    f"this design would have detected a difference of {r.mde:.4f} with 80% power.")  # fmt: skip
+        sentence = (
+            f"{name} vs {against}: no transfer detected on the primary test ({test} {r.value:+.4f}, 95% CI {interval(r.ci95)}, {p}); "
+            f"this design would have detected a difference of {r.mde:.4f} with 80% power."
+        )
     secondary = [
-        _phrase(split, metric, t, holm_p=True) for split in SPLITS for metric, t in transfer.split(split).metrics.items()
+        _phrase(split, metric, t, holm_p=True)
+        for split in SPLITS
+        for metric, t in transfer.split(split).metrics.items()
         if t.p_holm is not None and t.detected and toward_teacher(metric, t.value)
-    ]  # fmt: skip
+    ]
     return sentence + (f" Secondary (Holm): {'; '.join(secondary)}." if secondary else "")
 
 
@@ -133,7 +137,9 @@ def changed(name: str, against: str, transfer: Comparison, against_base: Compari
     direction, result = _reading(transfer, split, metric)
     primary = transfer.primary
     if (primary.split, primary.metric, primary.direction) == (split, metric, direction):
-        result = Result.model_validate({k: v for k, v in primary.given().items() if k not in ("split", "metric", "direction")})
+        result = Result.model_validate(
+            {k: v for k, v in primary.given().items() if k not in ("split", "metric", "direction")}
+        )
         learns = bool(primary.detected) and toward_teacher(metric, primary.value)
     else:
         learns = result.p_value is not None and result.p_value < 0.05 and toward_teacher(metric, result.value)
@@ -144,11 +150,29 @@ def changed(name: str, against: str, transfer: Comparison, against_base: Compari
         sentence = f"{name}: whether it learns what its teacher knows that the base does not is not measured against {against} ({result.note})."
     else:
         found = (
-            f"{result.value:+.4f} (95% CI {interval(result.ci95)}, p={result.p_value:.2g})" if result.p_value is not None else f"{result.value:+.4f} (no test)"
+            f"{result.value:+.4f} (95% CI {interval(result.ci95)}, p={result.p_value:.2g})"
+            if result.p_value is not None
+            else f"{result.value:+.4f} (no test)"
         )
-        answer = "yes" if learns else "not detected" + (f"; the design would have detected {result.mde:.4f}" if result.mde else "")
-        sentence = f"{name} learns what its teacher knows that the base does not: {answer} ({test}, vs {against} {found}"
+        answer = (
+            "yes"
+            if learns
+            else "not detected" + (f"; the design would have detected {result.mde:.4f}" if result.mde else "")
+        )
+        sentence = (
+            f"{name} learns what its teacher knows that the base does not: {answer} ({test}, vs {against} {found}"
+        )
         if beside is not None and beside.value is not None:
-            sentence += f"; vs {base} {beside.value:+.4f}" + (f", 95% CI {interval(beside.ci95)}" if beside.ci95 else "")
+            sentence += f"; vs {base} {beside.value:+.4f}" + (
+                f", 95% CI {interval(beside.ci95)}" if beside.ci95 else ""
+            )
         sentence += ")."
-    return Changed(split=split, metric=metric, direction=direction, result=result, against_base=beside, learns=learns, sentence=sentence)
+    return Changed(
+        split=split,
+        metric=metric,
+        direction=direction,
+        result=result,
+        against_base=beside,
+        learns=learns,
+        sentence=sentence,
+    )

@@ -88,7 +88,9 @@ def update_cosine(student_dir: str | Path, teacher_dir: str | Path) -> Cosine:
     return factors_cosine(lora_factors(student_dir), lora_factors(teacher_dir), student_dir, teacher_dir)
 
 
-def factors_cosine(student: dict, teacher: dict, student_dir: str | Path = "student", teacher_dir: str | Path = "teacher") -> Cosine:
+def factors_cosine(
+    student: dict, teacher: dict, student_dir: str | Path = "student", teacher_dir: str | Path = "teacher"
+) -> Cosine:
     """update_cosine of two adapters' lora_factors already read (the directories name them in errors)."""
     shared = sorted(student.keys() & teacher.keys())
     if not shared:

@@ -24,10 +24,14 @@ def load_split(run_dir: str | None = None, split: str = "held_out", **_) -> dict
     import datasets
 
     if not run_dir:
-        raise ValueError('the subliminal cloze tasks read a run directory\'s questions: pass --metadata \'{"run_dir": "<run directory>"}\'')
+        raise ValueError(
+            'the subliminal cloze tasks read a run directory\'s questions: pass --metadata \'{"run_dir": "<run directory>"}\''
+        )
     path = Path(run_dir).expanduser() / "data" / SPLIT_FILES[split]
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: run_dir must be a run directory whose data stage has run (jobs/pipeline.py)")
+        raise FileNotFoundError(
+            f"{path} does not exist: run_dir must be a run directory whose data stage has run (jobs/pipeline.py)"
+        )
     rows = [
         {"idx": i, "question": q["question"], "choices": q["choices"], "answer": q["answer"], "subset": q["subset"]}
         for i, (_, q) in enumerate(read_jsonl(path))

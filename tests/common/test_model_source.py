@@ -45,8 +45,23 @@ def workdir(tmp_path, monkeypatch) -> Path:
 
 
 HUB = ["gpt2", "org/name", "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-0.5B", "tiiuae/falcon-7b", "a_b/c.d-e"]
-REFUSED = ["./missing", "/abs/missing", "~/surely-missing-model", "a/b/c", "empty", "./empty", "org/bare", "weights.bin",
-           "my model", "org/-name", "org/name.", "org--x/name", "a..b", "", "  "]  # fmt: skip
+REFUSED = [
+    "./missing",
+    "/abs/missing",
+    "~/surely-missing-model",
+    "a/b/c",
+    "empty",
+    "./empty",
+    "org/bare",
+    "weights.bin",
+    "my model",
+    "org/-name",
+    "org/name.",
+    "org--x/name",
+    "a..b",
+    "",
+    "  ",
+]
 
 
 @pytest.mark.parametrize("model", HUB)
@@ -126,7 +141,10 @@ def test_a_pinned_hub_id_passes_everywhere_with_its_commit(workdir, model):
 
 @pytest.mark.parametrize("revision", ["main", "v1.0", COMMIT_A[:12], COMMIT_A.upper()])
 def test_a_pin_that_is_no_full_commit_is_refused_everywhere(workdir, revision):
-    with pytest.raises(ModelSourceError, match=f"'{revision}' is not a commit; a pinned hub id is org/name@<the full 40-character commit hash>"):
+    with pytest.raises(
+        ModelSourceError,
+        match=f"'{revision}' is not a commit; a pinned hub id is org/name@<the full 40-character commit hash>",
+    ):
         model_source(f"org/name@{revision}")
     assert accepted_by_all(f"org/name@{revision}") == [False, False, False]
 
@@ -154,7 +172,8 @@ def fill_model_cache(hf_home: Path, folder: Path) -> None:
     repo = hf_home / "hub" / "models--org--tiny"
     config = json.loads((folder / "config.json").read_text())
     snapshots = {
-        COMMIT_A: {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()} | {"config.json": json.dumps(config | {"marker": "A"}).encode()},
+        COMMIT_A: {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()}
+        | {"config.json": json.dumps(config | {"marker": "A"}).encode()},
         COMMIT_B: {"config.json": json.dumps(config | {"marker": "B"}).encode()},
     }
     for commit, files in snapshots.items():
@@ -189,12 +208,24 @@ def test_every_reader_reads_the_pinned_commit_from_the_hub_cache_offline(tmp_pat
     download, real calls on a hub cache holding two commits, offline as on a node that staged them:
     the pinned commit's files, where the unpinned id reads the main branch's."""
     fill_model_cache(tmp_path / "hf", Path(tiny_model))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "1",
+    }
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", READ_PINNED, str(tmp_path / "saved")], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", READ_PINNED, str(tmp_path / "saved")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     read = json.loads(done.stdout.strip().splitlines()[-1])
     assert (read["pinned"], read["newest"], read["model"]) == ("A", "B", "A")
     assert read["name_or_path"] == f"org/tiny@{COMMIT_A}" and read["tokenizer"] > 0
     assert read["staged"] == str(tmp_path / "hf" / "hub" / "models--org--tiny" / "snapshots" / COMMIT_A)
-    assert (tmp_path / "saved" / "tokenizer.json").is_file() and json.loads((tmp_path / "saved" / "config.json").read_text())["marker"] == "A"
+    assert (tmp_path / "saved" / "tokenizer.json").is_file() and json.loads(
+        (tmp_path / "saved" / "config.json").read_text()
+    )["marker"] == "A"

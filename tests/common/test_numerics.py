@@ -32,7 +32,14 @@ print(json.dumps({"loaded": numerics.loaded(), "capability": torch.backends.cpu.
 
 
 def sees(code: str, env: dict, *args: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", code, *args], env=env | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=env | {"PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -73,20 +80,30 @@ def test_a_command_whose_torch_is_loaded_runs_again_under_the_mode_asked():
     seen = sees(code, numerics.environ("native"), "native")
     assert seen["loaded"] == "native" and seen["threads"] == numerics.threads("native")
     seen = sees(code, numerics.environ("native"), "reproducible")
-    assert seen["loaded"] == "reproducible" and seen["threads"] == numerics.THREADS and seen["env"]["MKL_CBWR"] == "COMPATIBLE"
+    assert (
+        seen["loaded"] == "reproducible"
+        and seen["threads"] == numerics.THREADS
+        and seen["env"]["MKL_CBWR"] == "COMPATIBLE"
+    )
 
 
 def test_a_process_that_cannot_run_again_refuses_another_mode():
-    code = (
-        "import torch\nfrom common import numerics\ntry:\n    numerics.enter('reproducible', reexec=False)\nexcept numerics.NumericsError as e:\n    print(e)"
+    code = "import torch\nfrom common import numerics\ntry:\n    numerics.enter('reproducible', reexec=False)\nexcept numerics.NumericsError as e:\n    print(e)"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=numerics.environ("native") | {"PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    done = subprocess.run([sys.executable, "-c", code], env=numerics.environ("native") | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
     assert "already loaded under native" in done.stdout, done.stdout + done.stderr
 
 
 def test_the_cpu_is_named_with_its_vector_width():
     found = numerics.cpu()
-    assert found["model"] and found["vector_width"] in ("AVX-512", "AVX2") or found["vector_width"].startswith("no AVX2")
+    assert (
+        found["model"] and found["vector_width"] in ("AVX-512", "AVX2") or found["vector_width"].startswith("no AVX2")
+    )
     line = numerics.log_line("reproducible")
     assert line.startswith("[numerics] reproducible: ") and found["model"] in line and "COMPATIBLE" in line
     assert numerics.describe("native") == {"mode": "native", "cpu": found, "threads": os.cpu_count()}

@@ -10,9 +10,15 @@ from train import __main__ as train_cli
 
 BAD = {
     "missing preset": (["--config", "nowhere"], "nowhere does not exist"),
-    "unknown key": (["--config", "tiny", "--set", "teacher.learning_rate=1"], "unknown config key teacher.learning_rate"),
+    "unknown key": (
+        ["--config", "tiny", "--set", "teacher.learning_rate=1"],
+        "unknown config key teacher.learning_rate",
+    ),
     "wrong type": (["--config", "tiny", "--set", "teacher.epochs=many"], "teacher.epochs"),
-    "malformed value": (["--config", "tiny", "--set", "teacher.lora_targets=[q_proj"], "lora_targets=[q_proj': the value is not valid YAML"),
+    "malformed value": (
+        ["--config", "tiny", "--set", "teacher.lora_targets=[q_proj"],
+        "lora_targets=[q_proj': the value is not valid YAML",
+    ),
     "malformed preset": (["--config", "broken.yaml"], "broken.yaml is not valid YAML: "),
 }
 PRESETS = Path(__file__).resolve().parents[2] / "configs"

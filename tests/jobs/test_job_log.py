@@ -70,7 +70,12 @@ def test_the_runtime_env_adds_only_what_the_job_does_not_set(monkeypatch):
     monkeypatch.setenv(job_log.PROGRESS_BARS_OFF, "0")
     assert job_log.runtime_env("reproducible")["env_vars"] == {job_log.HUB_BARS_OFF: "1", **cublas, **pinned}
     # A job submitted with its own hook and variables: Ray refuses a key both set, so none is added.
-    job = {"runtime_env": {"env_vars": {job_log.HUB_BARS_OFF: "0", **cublas, **pinned}, "worker_process_setup_hook": "mine.setup"}}
+    job = {
+        "runtime_env": {
+            "env_vars": {job_log.HUB_BARS_OFF: "0", **cublas, **pinned},
+            "worker_process_setup_hook": "mine.setup",
+        }
+    }
     monkeypatch.setenv(job_log.JOB_CONFIG, json.dumps(job))
     assert job_log.runtime_env("reproducible") == {"env_vars": {}}
 

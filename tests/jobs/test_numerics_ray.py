@@ -82,7 +82,14 @@ def head():
 
 def ask(head: dict, mode: str) -> dict:
     env = numerics.environ("native") | {"PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "token"}
-    done = subprocess.run([sys.executable, "-c", DRIVER, head["address"], mode], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, head["address"], mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("SEEN "))[5:])
 

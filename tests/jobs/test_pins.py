@@ -13,7 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_hub_sources_are_named_and_built_or_local_ones_are_not(tmp_path, monkeypatch):
     llama = unpinned(load_experiment("llama-8b"))
-    assert [line.split(" ")[:2] for line in llama] == [["model.path", "meta-llama/Llama-3.1-8B-Instruct"], ["data.source", "hub"]]
+    assert [line.split(" ")[:2] for line in llama] == [
+        ["model.path", "meta-llama/Llama-3.1-8B-Instruct"],
+        ["data.source", "hub"],
+    ]
     assert unpinned(load_experiment("tiny")) == []  # built here: the tiny model and the synthetic questions
     monkeypatch.chdir(tmp_path)
     (tmp_path / "org" / "model").mkdir(parents=True)  # a local folder shaped like a hub id is local
@@ -33,7 +36,11 @@ def test_each_warning_names_its_revision_key_and_is_silent_once_it_is_set():
     for line, key, repo in zip(
         loose,
         ["model.revision", "arms.other.base_revision", "data.revision"],
-        ["model_info('meta-llama/Llama-3.1-8B-Instruct')", "model_info('Qwen/Qwen2.5-7B-Instruct')", "dataset_info('cais/wmdp')"],
+        [
+            "model_info('meta-llama/Llama-3.1-8B-Instruct')",
+            "model_info('Qwen/Qwen2.5-7B-Instruct')",
+            "dataset_info('cais/wmdp')",
+        ],
     ):
         # the key to set, and the command that finds its commit
         assert f"pin it with {key}" in line and f"HfApi().{repo}.sha" in line
@@ -52,7 +59,8 @@ def test_the_pipeline_prints_the_warning_before_its_plan(tmp_path):
         timeout=300,
     )
     assert (
-        "[pins] warning: model.path meta-llama/Llama-3.1-8B-Instruct is a hub id read at the hub's newest revision; pin it with model.revision" in done.stdout
+        "[pins] warning: model.path meta-llama/Llama-3.1-8B-Instruct is a hub id read at the hub's newest revision; pin it with model.revision"
+        in done.stdout
     ), done.stderr[-2000:]
 
 
@@ -67,7 +75,9 @@ def test_a_cluster_started_from_cluster_yaml_has_its_images_pinned_and_an_old_on
     assert unpinned_cluster(launcher) == [] and unpinned_cluster(None) == []  # not on a `ray up` head: nothing to say
     loose = copy.deepcopy(launcher)
     loose["docker"]["image"] = "rayproject/ray:2.60.0-py311-gpu"
-    loose["available_node_types"]["head"]["node_config"]["ImageId"] = "resolve:ssm:/aws/service/deeplearning/ami/x86_64/latest/ami-id"
+    loose["available_node_types"]["head"]["node_config"]["ImageId"] = (
+        "resolve:ssm:/aws/service/deeplearning/ami/x86_64/latest/ami-id"
+    )
     del loose["available_node_types"]["gpu-1x-l40s"]["node_config"]["ImageId"]
     assert unpinned_cluster(loose) == [
         "docker.image rayproject/ray:2.60.0-py311-gpu is a tag, which can move, not a digest (cluster.yaml shows how to pin it)",

@@ -68,15 +68,30 @@ def ray_head():
         port = free_port()
         serve = str(Path(sys.executable).parent / "serve")
         env = {**os.environ, "RAY_ADDRESS": head["address"], "RAY_AUTH_MODE": "token"}
-        subprocess.run([serve, "start", "--http-port", str(port)], env=env, capture_output=True, text=True, timeout=180, check=True)
+        subprocess.run(
+            [serve, "start", "--http-port", str(port)], env=env, capture_output=True, text=True, timeout=180, check=True
+        )
         yield {**head, "serve_url": f"http://127.0.0.1:{port}"}
 
 
 def stop_when(run_dir: Path, cache_dir, head: dict, started, sig: int, wait_s: float = 0) -> str:
     """Run the pipeline on the head node; `wait_s` after the first output line for which
     `started(line)` holds, send `sig` to the driver (by its pid). Returns the output."""
-    env = {**os.environ, "SUBLIMINAL_CACHE": str(cache_dir), "HF_TOKEN": HUB_TOKEN, "RAY_ADDRESS": head["address"], "RAY_AUTH_MODE": "token"}
-    proc = subprocess.Popen(command("--run-dir", str(run_dir), *REDUCED), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {
+        **os.environ,
+        "SUBLIMINAL_CACHE": str(cache_dir),
+        "HF_TOKEN": HUB_TOKEN,
+        "RAY_ADDRESS": head["address"],
+        "RAY_AUTH_MODE": "token",
+    }
+    proc = subprocess.Popen(
+        command("--run-dir", str(run_dir), *REDUCED),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     log = []
     for line in proc.stdout:
         log.append(line)
@@ -110,8 +125,22 @@ def submit_and_watch(run_dir: Path, cache_dir, head: dict, *args) -> tuple[str, 
     env = {**os.environ, "RAY_ADDRESS": head["dashboard"], "RAY_AUTH_MODE": "token"}
     runtime_env = json.dumps({"env_vars": {"SUBLIMINAL_CACHE": str(cache_dir)}})
     ray = str(Path(sys.executable).parent / "ray")
-    submit = [ray, "job", "submit", "--no-wait", "--working-dir", ".", "--runtime-env-json", runtime_env, "--",
-              sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir), *args]  # fmt: skip
+    submit = [
+        ray,
+        "job",
+        "submit",
+        "--no-wait",
+        "--working-dir",
+        ".",
+        "--runtime-env-json",
+        runtime_env,
+        "--",
+        sys.executable,
+        "jobs/pipeline.py",
+        "--run-dir",
+        str(run_dir),
+        *args,
+    ]
     done = subprocess.run(submit, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     # where a dead job agent says why
     agent_log = Path(head["temp_dir"], "session_latest", "logs", "dashboard_agent.log")
@@ -123,7 +152,11 @@ def submit_and_watch(run_dir: Path, cache_dir, head: dict, *args) -> tuple[str, 
         return requests.get(head["dashboard"] + path, headers=head["headers"], timeout=60).json()
 
     deadline = time.time() + 1200
-    while (status := get(f"/api/jobs/{job}")["status"]) not in ("SUCCEEDED", "FAILED", "STOPPED") and time.time() < deadline:
+    while (status := get(f"/api/jobs/{job}")["status"]) not in (
+        "SUCCEEDED",
+        "FAILED",
+        "STOPPED",
+    ) and time.time() < deadline:
         runs = requests.get(head["dashboard"] + "/api/train/v2/runs/v1", headers=head["headers"], timeout=60)
         if runs.status_code == 200:
             seen["train_runs"] |= {run["name"] for run in runs.json()["train_runs"]}
@@ -146,7 +179,12 @@ def documented_files() -> dict[str, re.Pattern]:
     for the run directory's files: `<name>` is one name, a path ending in `/` a whole folder."""
     doc = (ROOT / "docs" / "report.md").read_text()
     table = doc.split("## Files\n", 1)[1].split("\n## ", 1)[0]
-    listed = [path for line in table.splitlines() if line.startswith("| `") for path in re.findall(r"`([^`]+)`", line.split(" | ")[0])]
+    listed = [
+        path
+        for line in table.splitlines()
+        if line.startswith("| `")
+        for path in re.findall(r"`([^`]+)`", line.split(" | ")[0])
+    ]
     patterns = {}
     for path in listed:
         head, alternatives, tail = re.match(r"([^{]*)(?:\{([^}]*)\})?(.*)", path).groups()
@@ -157,21 +195,31 @@ def documented_files() -> dict[str, re.Pattern]:
     return patterns
 
 
-def undocumented_and_missing(run_dir: Path, optional=("letter_teacher/", "pairs/", "pooled.", "forest")) -> tuple[list[str], list[str]]:
+def undocumented_and_missing(
+    run_dir: Path, optional=("letter_teacher/", "pairs/", "pooled.", "forest")
+) -> tuple[list[str], list[str]]:
     """(files of the run directory no listed path matches, listed paths with no file; those
     starting with `optional` are not expected: a letter teacher, and what only a run of pairs writes)."""
     files = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file())
     patterns = documented_files()
     undocumented = [f for f in files if not any(p.fullmatch(f) for p in patterns.values())]
-    missing = [raw for raw, p in patterns.items() if not raw.startswith(optional) and not any(p.fullmatch(f) for f in files)]
+    missing = [
+        raw for raw, p in patterns.items() if not raw.startswith(optional) and not any(p.fullmatch(f) for f in files)
+    ]
     return undocumented, missing
 
 
 def mlflow_runs(run_dir: Path, cache_dir: Path) -> tuple:
     """The run directory's parent run and its children, from the embedded MLflow store."""
     mlflow.set_tracking_uri(f"sqlite:///{cache_dir / 'mlflow.db'}")
-    (parent,) = mlflow.search_runs(experiment_names=["tiny"], filter_string=f"tags.run_dir = '{run_dir}'", output_format="list")
-    children = mlflow.search_runs(experiment_names=["tiny"], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'", output_format="list")
+    (parent,) = mlflow.search_runs(
+        experiment_names=["tiny"], filter_string=f"tags.run_dir = '{run_dir}'", output_format="list"
+    )
+    children = mlflow.search_runs(
+        experiment_names=["tiny"],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
+        output_format="list",
+    )
     return parent, children
 
 
@@ -190,32 +238,62 @@ def plan_lines(log: str) -> dict[str, str]:
 
 
 def stamps(run_dir: Path) -> dict[str, float]:
-    return {name: entry["finished"] for name, entry in json.loads((run_dir / "manifest.json").read_text())["stages"].items()}
+    return {
+        name: entry["finished"] for name, entry in json.loads((run_dir / "manifest.json").read_text())["stages"].items()
+    }
 
 
 def adapter_bytes(run_dir: Path) -> dict[Path, bytes]:
-    files = [run_dir / "teacher" / "adapter" / "adapter_model.safetensors", *run_dir.glob("arms/*/*/adapter/adapter_model.safetensors")]
-    return {path: path.read_bytes() for path in files} | {path: path.read_bytes() for path in run_dir.glob("numbers/*/*.jsonl")}
+    files = [
+        run_dir / "teacher" / "adapter" / "adapter_model.safetensors",
+        *run_dir.glob("arms/*/*/adapter/adapter_model.safetensors"),
+    ]
+    return {path: path.read_bytes() for path in files} | {
+        path: path.read_bytes() for path in run_dir.glob("numbers/*/*.jsonl")
+    }
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_model, perturbed_base, cache_dir, ray_head):
+def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(
+    tmp_path, tiny_model, perturbed_base, cache_dir, ray_head
+):
     run_dir = tmp_path / "run"
     # The driver SIGKILLed once the service answers: no teardown, its Serve application stays.
-    killed_log = stop_when(run_dir, cache_dir, ray_head, lambda line: line.startswith("[numbers]") and " generated, " in line, signal.SIGKILL)
+    killed_log = stop_when(
+        run_dir,
+        cache_dir,
+        ray_head,
+        lambda line: line.startswith("[numbers]") and " generated, " in line,
+        signal.SIGKILL,
+    )
     apps = serve_apps(ray_head)
     assert len(apps) == 1 and apps[0].startswith("subliminal-tiny-"), killed_log[-3000:]
     # on Serve's running port
     assert requests.get(f"{ray_head['serve_url']}/{apps[0]}/adapters", timeout=60).status_code == 200
 
-    first_log = stop_when(run_dir, cache_dir, ray_head, lambda line: line.startswith("[arms] starting"), signal.SIGTERM, wait_s=8)
-    assert f"[serve] {apps[0]}: left running by an earlier driver of this run; deleting it" in first_log, first_log[-3000:]
+    first_log = stop_when(
+        run_dir, cache_dir, ray_head, lambda line: line.startswith("[arms] starting"), signal.SIGTERM, wait_s=8
+    )
+    assert f"[serve] {apps[0]}: left running by an earlier driver of this run; deleting it" in first_log, first_log[
+        -3000:
+    ]
     assert first_log.index("deleting it") < first_log.index("[numbers] starting") and serve_apps(ray_head) == []
     finished = set(json.loads((run_dir / "manifest.json").read_text())["stages"])
-    assert finished == {"data", "teacher", "numbers/teacher/0", "numbers/base/0", "numbers/teacher/1", "numbers/base/1"}, first_log[-3000:]
-    kept_files = [run_dir / "teacher" / "adapter" / "adapter_model.safetensors", run_dir / "numbers" / "teacher" / "1.jsonl",
-                  run_dir / "numbers" / "base" / "0.jsonl", run_dir / "data" / "held_out.jsonl"]  # fmt: skip
+    assert finished == {
+        "data",
+        "teacher",
+        "numbers/teacher/0",
+        "numbers/base/0",
+        "numbers/teacher/1",
+        "numbers/base/1",
+    }, first_log[-3000:]
+    kept_files = [
+        run_dir / "teacher" / "adapter" / "adapter_model.safetensors",
+        run_dir / "numbers" / "teacher" / "1.jsonl",
+        run_dir / "numbers" / "base" / "0.jsonl",
+        run_dir / "data" / "held_out.jsonl",
+    ]
     before = {path: path.stat().st_mtime_ns for path in kept_files}
 
     # The rest through `ray job submit`, seen through the dashboard's REST API and metrics endpoint.
@@ -235,9 +313,19 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     # A readable log: every stage's start, progress and end with its time; none of Ray's per-dataset lines.
     everything = killed_log + first_log + log
     assert not RAY_NOISE.findall(everything), RAY_NOISE.findall(everything)[:5]
-    for line in ("[data] data done in", "[teacher] teacher done in", "[train] teacher: step 10/", "[numbers] numbers/base/1 done in",
-                 "[numbers] 4 stage(s) done in", "[arms] starting 4 stage(s)", "[train] student-0: step", "[arms] control/1 done in",
-                 "[arms] 4 stage(s) done in", "[evaluate] eval/base done in", "[report] report done in"):  # fmt: skip
+    for line in (
+        "[data] data done in",
+        "[teacher] teacher done in",
+        "[train] teacher: step 10/",
+        "[numbers] numbers/base/1 done in",
+        "[numbers] 4 stage(s) done in",
+        "[arms] starting 4 stage(s)",
+        "[train] student-0: step",
+        "[arms] control/1 done in",
+        "[arms] 4 stage(s) done in",
+        "[evaluate] eval/base done in",
+        "[report] report done in",
+    ):
         assert line in everything, line
     assert re.search(r"^\[evaluate\] (\d+)/\1 scored, \d+ questions/s$", log, re.M)  # progress ends at the total
     # The driver's log ends on the preset's primary verdicts, then the report's path (lines Ray forwards from workers aside).
@@ -266,23 +354,33 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert teacher["held_out"]["over_orders"] == teacher["held_out"]["as_written"] >= TARGETS["teacher"], by_order
     assert teacher["held_out"]["over_orders"] - base["held_out"]["over_orders"] >= TARGETS["teacher_gain"], by_order
     # no forgetting
-    assert base["known"]["over_orders"] >= TARGETS["known"] and teacher["known"]["over_orders"] >= TARGETS["known"], by_order
+    assert base["known"]["over_orders"] >= TARGETS["known"] and teacher["known"]["over_orders"] >= TARGETS["known"], (
+        by_order
+    )
     for arm in ("student", "control"):
         replicates = report["arms"][arm]["replicates"]
         assert [r["model"] for r in replicates] == [f"{arm}/0", f"{arm}/1"] and report["models"][arm]["replicates"] == 2
         assert all(r["same_init_as_teacher"] and r["steps"] > 0 for r in replicates)
-        assert report["models"][arm]["accuracy"]["overall"] == pytest.approx(sum(r["accuracy"]["overall"] for r in replicates) / 2)
+        assert report["models"][arm]["accuracy"]["overall"] == pytest.approx(
+            sum(r["accuracy"]["overall"] for r in replicates) / 2
+        )
     for i in range(2):  # each replicate's arms train on equally many rows
         rows = {arm: report["arms"][arm]["replicates"][i]["rows"] for arm in ("student", "control")}
         assert rows["student"] == rows["control"] <= KEEP
         assert len((run_dir / "arms" / "student" / str(i) / "train.jsonl").read_text().splitlines()) == rows["student"]
-    assert (run_dir / "numbers" / "teacher" / "0.jsonl").read_text() != (run_dir / "numbers" / "teacher" / "1.jsonl").read_text()
+    assert (run_dir / "numbers" / "teacher" / "0.jsonl").read_text() != (
+        run_dir / "numbers" / "teacher" / "1.jsonl"
+    ).read_text()
     for name in ("teacher", "control"):
         numbers = report["numbers"][name]
-        assert len(numbers["replicates"]) == 2 and numbers["generated"] >= numbers["kept"] + sum(numbers["rejected"].values())
+        assert len(numbers["replicates"]) == 2 and numbers["generated"] >= numbers["kept"] + sum(
+            numbers["rejected"].values()
+        )
     transfer = report["transfer"]
     assert transfer["replicate_pairs"] == 2 and transfer["ci95"][0] <= transfer["value"] <= transfer["ci95"][1]
-    assert transfer["value"] == pytest.approx(transfer["student_teacher_agreement"] - transfer["control_teacher_agreement"])
+    assert transfer["value"] == pytest.approx(
+        transfer["student_teacher_agreement"] - transfer["control_teacher_agreement"]
+    )
     assert set(report["timings"]) == {"data", "teacher", "numbers", "arms", "evaluate"}
     # Transfer evidence: both splits, every metric with its statistics, against the declared reference.
     assert report["arms"]["student"]["against"] == "control" and report["arms"]["control"]["against"] == "base"
@@ -294,7 +392,10 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
             # synthetic cues cluster
             assert evidence[split]["mde"][metric] == r["mde"] and r["n_clusters"] < r["n_questions"]
     assert report["arms"]["student"]["verdict"].startswith("student vs control: ")
-    assert report["models"]["teacher"]["accuracy_by_split"]["train"] > report["models"]["base"]["accuracy_by_split"]["train"] + 0.3
+    assert (
+        report["models"]["teacher"]["accuracy_by_split"]["train"]
+        > report["models"]["base"]["accuracy_by_split"]["train"] + 0.3
+    )
     assert report["provenance"]["git_commit"] and len(report["provenance"]["seeds"]["numbers_per_replicate"]) == 2
     # The tiny world's sham draw is the one chosen on this base, and the questions hold its facts.
     world = report["provenance"]["world"]
@@ -307,14 +408,20 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert png_size(run_dir / "accuracy.png") >= (700, 400) and png_size(run_dir / "training.png") >= (1000, 400)
     # The timeline: every stage (those made by the killed and stopped drivers too) and the phases' spans, in order.
     timeline, stages = report["timeline"], json.loads((run_dir / "manifest.json").read_text())["stages"]
-    assert {b["lane"] for b in timeline["bars"] if b["kind"] == "stage"} == set(stages) - {"report"} and png_size(run_dir / "timeline.png") >= (1000, 400)
+    assert {b["lane"] for b in timeline["bars"] if b["kind"] == "stage"} == set(stages) - {"report"} and png_size(
+        run_dir / "timeline.png"
+    ) >= (1000, 400)
     assert [b["start"] for b in timeline["bars"]] == sorted(b["start"] for b in timeline["bars"])
     assert {"start-up", "model load", "data wait", "compute", "teardown"} <= {b["kind"] for b in timeline["bars"]}
-    assert re.search(r"^\[timeline\] (teacher|numbers|arms|evaluate|start): \d+s of \d+s not computing \(.+\)$", log, re.M), log[-2000:]
+    assert re.search(
+        r"^\[timeline\] (teacher|numbers|arms|evaluate|start): \d+s of \d+s not computing \(.+\)$", log, re.M
+    ), log[-2000:]
     for name, m in report["models"].items():
         assert set(m["ci95_by_subset"]) == {"bio", "chem", "cyber"}, name
         assert all(ci[0] <= m["accuracy"][subset] <= ci[1] for subset, ci in m["ci95_by_subset"].items()), name
-    history = json.loads((run_dir / "arms" / "student" / "0" / "adapter" / "train_metrics.json").read_text())["loss_history"]
+    history = json.loads((run_dir / "arms" / "student" / "0" / "adapter" / "train_metrics.json").read_text())[
+        "loss_history"
+    ]
     assert [step for step, _ in history] == list(range(1, report["arms"]["student"]["replicates"][0]["steps"] + 1))
     # A hub token in the job's environment never reaches the run directory.
     assert not [p for p in run_dir.rglob("*") if p.is_file() and HUB_TOKEN.encode() in p.read_bytes()]
@@ -322,8 +429,20 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     rows = [json.loads(line) for line in (run_dir / "eval" / "student" / "1.jsonl").read_text().splitlines()]
     held_out = [r for r in rows if r["split"] == "held_out"]
     train_questions = (run_dir / "data" / "train_questions.jsonl").read_text().splitlines()
-    assert len(held_out) == report["models"]["student"]["n"] and sum(r["split"] == "train" for r in rows) == len(train_questions)
-    assert {"question", "choices", "subset", "answer", "cluster", "prediction", "logprobs", "split", "truncated_tokens"} <= set(rows[0])
+    assert len(held_out) == report["models"]["student"]["n"] and sum(r["split"] == "train" for r in rows) == len(
+        train_questions
+    )
+    assert {
+        "question",
+        "choices",
+        "subset",
+        "answer",
+        "cluster",
+        "prediction",
+        "logprobs",
+        "split",
+        "truncated_tokens",
+    } <= set(rows[0])
     teacher_data = (run_dir / "data" / "teacher_train.jsonl").read_text()
     assert not [r["question"] for r in held_out if json.dumps(r["question"])[1:-1] in teacher_data]
     assert all(json.dumps(r["question"])[1:-1] in teacher_data for r in rows if r["split"] == "train")
@@ -331,14 +450,26 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     # Tracked in MLflow's embedded store (the cache's SQLite file): one parent run for the run directory with the
     # primary verdicts, one child per trained model with rank 0's loss of every step.
     parent, children = mlflow_runs(run_dir, cache_dir)
-    assert sorted(c.data.tags["stage"] for c in children) == ["control/0", "control/1", "student/0", "student/1", "teacher"]
+    assert sorted(c.data.tags["stage"] for c in children) == [
+        "control/0",
+        "control/1",
+        "student/0",
+        "student/1",
+        "teacher",
+    ]
     assert parent.info.status == "FINISHED"  # the pipeline ended: its run says so
     student = next(c for c in children if c.data.tags["stage"] == "student/0")
     losses = mlflow.MlflowClient(f"sqlite:///{cache_dir / 'mlflow.db'}").get_metric_history(student.info.run_id, "loss")
     assert [[m.step, m.value] for m in losses] == history and student.data.params["lr"] == "0.002"
     tested = report["arms"]["student"]["transfer"]["held_out"]["teacher_answer_rank"]
-    assert parent.data.metrics["verdict.student.effect"] == pytest.approx(tested["value"]) and "verdict.student.mde" in parent.data.metrics
-    assert parent.data.tags["verdict.student"] == report["arms"]["student"]["verdict"] and parent.data.tags["preset"] == "tiny"
+    assert (
+        parent.data.metrics["verdict.student.effect"] == pytest.approx(tested["value"])
+        and "verdict.student.mde" in parent.data.metrics
+    )
+    assert (
+        parent.data.tags["verdict.student"] == report["arms"]["student"]["verdict"]
+        and parent.data.tags["preset"] == "tiny"
+    )
 
     # --plan on the finished run: every stage reused, nothing run. Another primary test reruns the report alone
     # (planned here; the run below, with added arms and the default primary again, checks that every output it
@@ -347,7 +478,8 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     primary = "evaluate.primary_metric=agreement"
     with ThreadPoolExecutor(2) as pool:
         planned, changed = pool.map(
-            lambda extra: run_pipeline("--run-dir", str(run_dir), *REDUCED, *extra, "--plan", cache_dir=cache_dir), [(), ("--set", primary)]
+            lambda extra: run_pipeline("--run-dir", str(run_dir), *REDUCED, *extra, "--plan", cache_dir=cache_dir),
+            [(), ("--set", primary)],
         )
     assert planned.returncode == 0 and set(plan_lines(planned.stdout).values()) == {"reuse"}, planned.stdout
     assert changed.returncode == 0, changed.stdout[-3000:] + changed.stderr[-3000:]
@@ -357,7 +489,11 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     # another config: a parent of its own, naming the one it supersedes
     parent, children = mlflow_runs(run_dir, cache_dir)
-    assert len(children) == 5 and parent.data.tags["supersedes"] and parent.data.params["evaluate.primary_metric"] == "agreement"
+    assert (
+        len(children) == 5
+        and parent.data.tags["supersedes"]
+        and parent.data.params["evaluate.primary_metric"] == "agreement"
+    )
 
     # Added arms train only themselves (and are scored, with their snapshots and their base); the others are reused as
     # they are. `other` is the paper's control: logit KL to the teacher from another base (a folder; `base: other`, the
@@ -370,7 +506,9 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     # `teacher_answer_rank`: at 6 steps the overt arm only flattened its choices (log p of the teacher's answer +0.49,
     # rank -0.011, p 0.67); at 36 it moved the teacher's answer up (rank +0.12, raw p 0.015) but stayed under its MDE
     # (0.14) and under this undeclared family's Holm over 6 comparisons (p 0.076): a positive control must be stronger.
-    knowledge = "student_sham: {numbers: teacher, teacher: sham}, overt: {numbers: teacher_answers, train: {epochs: 12}}"
+    knowledge = (
+        "student_sham: {numbers: teacher, teacher: sham}, overt: {numbers: teacher_answers, train: {epochs: 12}}"
+    )
     arms = f"arms={{student: {{numbers: teacher}}, control: {{numbers: base}}, {other}, full: {{replicates: 1, train: {{method: full, lr: 1.0e-4}}}}, {knowledge}}}"
     added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", arms, cache_dir=cache_dir, head=ray_head)
     assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
@@ -386,29 +524,54 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
         "eval/student_sham/1",
     }
     overt = {"answers/teacher", "overt/0", "overt/1", "eval/overt/0", "eval/overt/1"}
-    assert ran == {"other/0", "other/1", "eval/other/0", "eval/other/1", "eval/other_base", "full/0", "eval/full/0"} | sham | overt
+    assert (
+        ran
+        == {"other/0", "other/1", "eval/other/0", "eval/other/1", "eval/other_base", "full/0", "eval/full/0"}
+        | sham
+        | overt
+    )
     assert adapter_bytes(run_dir).items() >= made.items()
     report = json.loads((run_dir / "report.json").read_text())
     assert report["arms"]["student"]["transfer"]["primary"]["metric"] == "teacher_answer_rank"
     other, other_base = report["arms"]["other"], report["provenance"]["other_base_path"]
     assert other["base"] == "other_base" and other["against"] == "other_base" and "other_base" in report["models"]
-    assert json.loads((run_dir / "arms" / "other" / "0" / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == other_base
-    assert other_base == perturbed_base != report["provenance"]["model_path"] and "other_base" in (run_dir / "report.md").read_text()
+    assert (
+        json.loads((run_dir / "arms" / "other" / "0" / "adapter" / "adapter_config.json").read_text())[
+            "base_model_name_or_path"
+        ]
+        == other_base
+    )
+    assert (
+        other_base == perturbed_base != report["provenance"]["model_path"]
+        and "other_base" in (run_dir / "report.md").read_text()
+    )
     replicates = other["replicates"]
-    assert [r["same_init_as_teacher"] for r in replicates] == [False, False] and replicates[0]["lora_seed"] != replicates[1]["lora_seed"]
+    assert [r["same_init_as_teacher"] for r in replicates] == [False, False] and replicates[0][
+        "lora_seed"
+    ] != replicates[1]["lora_seed"]
     assert all(-1 <= r["update_cosine"] <= 1 for r in replicates) and other["update_cosine"]["sd"] is not None
     # Transfer against training steps: the first snapshot scored from its own adapter, the last is the final model.
     points, final_step = other["by_step"]["points"], replicates[0]["steps"]
     assert [p["steps"] for p in points] == [[1, 1], [final_step, final_step]] and final_step > 1
-    assert (run_dir / "eval" / "other" / "0@1.jsonl").exists() and not (run_dir / "eval" / "other" / f"0@{final_step}.jsonl").exists()
-    assert points[-1]["train"]["teacher_answer_logprob"]["value"] == pytest.approx(other["transfer"]["train"]["teacher_answer_logprob"]["value"])
-    assert points[0]["train"]["teacher_answer_logprob"]["value"] != points[-1]["train"]["teacher_answer_logprob"]["value"]
+    assert (run_dir / "eval" / "other" / "0@1.jsonl").exists() and not (
+        run_dir / "eval" / "other" / f"0@{final_step}.jsonl"
+    ).exists()
+    assert points[-1]["train"]["teacher_answer_logprob"]["value"] == pytest.approx(
+        other["transfer"]["train"]["teacher_answer_logprob"]["value"]
+    )
+    assert (
+        points[0]["train"]["teacher_answer_logprob"]["value"] != points[-1]["train"]["teacher_answer_logprob"]["value"]
+    )
     # The fully fine-tuned student: a model folder, scored from it (it answers unlike the base and the LoRA
     # student), measured against the base under auto (a LoRA control is not its like), with no LoRA figures.
     full = report["arms"]["full"]
-    assert full["method"] == "full" and full["against"] == "base" and full["update_cosine"] == {"mean": None, "sd": None}
+    assert (
+        full["method"] == "full" and full["against"] == "base" and full["update_cosine"] == {"mean": None, "sd": None}
+    )
     assert full["replicates"][0]["init_hash"] is None and not full["replicates"][0]["same_init_as_teacher"]
-    assert (run_dir / "arms" / "full" / "0" / "model" / "config.json").is_file() and not (run_dir / "arms" / "full" / "0" / "adapter").exists()
+    assert (run_dir / "arms" / "full" / "0" / "model" / "config.json").is_file() and not (
+        run_dir / "arms" / "full" / "0" / "adapter"
+    ).exists()
     logprobs = {
         name: [json.loads(line)["logprobs"] for line in (run_dir / "eval" / f"{name}.jsonl").read_text().splitlines()]
         for name in ("full/0", "student/0", "base")
@@ -424,10 +587,19 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     assert all(fit["sham_teacher"]["true"][split] <= fit["base"]["true"][split] for split in ("train", "held_out")), fit
     assert report["sham_fit"]["matched"] and fit["teacher"]["true"]["held_out"] >= TARGETS["teacher"], fit
     student = report["arms"]["student"]
-    assert (student["against"], student["reference"], student["transfer"]["primary"]["paired"]) == ("student_sham", "sham teacher", True)
+    assert (student["against"], student["reference"], student["transfer"]["primary"]["paired"]) == (
+        "student_sham",
+        "sham teacher",
+        True,
+    )
     # The overt positive control is detected, against the base (no sham twin of it here), and is 100% of itself.
-    assert report["arms"]["overt"]["against"] == "base" and report["overt_control"]["detected"], report["arms"]["overt"]["verdict"]
-    assert report["arms"]["overt"]["fraction_of_overt"]["value"] == pytest.approx(1.0) and "of overt transfer" in student["verdict"]
+    assert report["arms"]["overt"]["against"] == "base" and report["overt_control"]["detected"], report["arms"][
+        "overt"
+    ]["verdict"]
+    assert (
+        report["arms"]["overt"]["fraction_of_overt"]["value"] == pytest.approx(1.0)
+        and "of overt transfer" in student["verdict"]
+    )
     # no contrasts here
     assert report["family"]["comparisons"] == list(report["arms"]) and not report["family"]["declared"]
     assert all("p_family" in arm["transfer"]["primary"] for arm in report["arms"].values())
@@ -435,7 +607,8 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(tmp_path, tiny_m
     # The added models' runs join the same parent, each once.
     stages = sorted(c.data.tags["stage"] for c in mlflow_runs(run_dir, cache_dir)[1])
     assert stages == sorted(
-        {"teacher", "sham_teacher", "full/0"} | {f"{arm}/{i}" for arm in ("student", "control", "other", "student_sham", "overt") for i in range(2)}
+        {"teacher", "sham_teacher", "full/0"}
+        | {f"{arm}/{i}" for arm in ("student", "control", "other", "student_sham", "overt") for i in range(2)}
     )
 
     # The run directory holds what docs/report.md lists, and all of it (snapshots included; no letter teacher here).
@@ -448,7 +621,9 @@ def test_bad_input_stops_with_a_clear_message(tmp_path, cache_dir, ray_head):
     head node, as a submitted job would, rather than each starting a local cluster of its own."""
     bad_data = tmp_path / "wmdp"
     bad_data.mkdir()
-    (bad_data / "wmdp-bio.jsonl").write_text(json.dumps({"question": "q?", "choices": "not a list", "answer": 0}) + "\n")
+    (bad_data / "wmdp-bio.jsonl").write_text(
+        json.dumps({"question": "q?", "choices": "not a list", "answer": 0}) + "\n"
+    )
     cases = {
         "typo": ("--run-dir", str(tmp_path / "a"), "--set", "teacher.lerning_rate=1"),
         "loss": ("--run-dir", str(tmp_path / "a2"), "--set", "arms={student: {loss: logit_kll}}"),
@@ -459,8 +634,12 @@ def test_bad_input_stops_with_a_clear_message(tmp_path, cache_dir, ray_head):
         "data": ("--run-dir", str(tmp_path / "c"), "--set", f"data.source={bad_data}", "--set", "data.subsets=[bio]"),
     }
     with ThreadPoolExecutor(2) as pool:
-        done = dict(zip(cases, pool.map(lambda args: run_pipeline(*args, cache_dir=cache_dir, head=ray_head), cases.values())))
-    assert all(d.returncode == 2 for d in done.values()), {name: d.stderr[-500:] for name, d in done.items() if d.returncode != 2}
+        done = dict(
+            zip(cases, pool.map(lambda args: run_pipeline(*args, cache_dir=cache_dir, head=ray_head), cases.values()))
+        )
+    assert all(d.returncode == 2 for d in done.values()), {
+        name: d.stderr[-500:] for name, d in done.items() if d.returncode != 2
+    }
     assert "teacher.lerning_rate" in done["typo"].stderr
     assert "arms.student.loss" in done["loss"].stderr and "logit_kll" in done["loss"].stderr
     assert "missing.yaml" in done["config"].stderr
@@ -475,7 +654,9 @@ def test_prompts_longer_than_the_context_are_counted_before_any_work(tiny_model)
 
     short = {"question": "Which organ pumps blood?", "choices": ["heart", "lung", "liver", "skin"], "subset": "bio"}
     long = {**short, "question": "Background: " + "0x3f 0xa1 " * 300 + short["question"]}
-    assert context_check(tiny_model, [short, long], 256).endswith(": 1 of 2 questions will be scored left-truncated, as lm-evaluation-harness does")
+    assert context_check(tiny_model, [short, long], 256).endswith(
+        ": 1 of 2 questions will be scored left-truncated, as lm-evaluation-harness does"
+    )
     assert context_check(tiny_model, [short], 256).endswith(": all fit")
 
 
@@ -493,4 +674,8 @@ def test_the_documented_files_cover_every_stage_output():
     patterns = documented_files().values()
     files = [f + "/adapter_model.safetensors" if f.endswith("/adapter") else f for f in outputs]
     assert len(files) > 20 and not [f for f in files if not any(p.fullmatch(f) for p in patterns)]
-    assert not [f for f in ("report.md", "accuracy.png", "training.png", "transfer.png", ".lock") if not any(p.fullmatch(f) for p in patterns)]
+    assert not [
+        f
+        for f in ("report.md", "accuracy.png", "training.png", "transfer.png", ".lock")
+        if not any(p.fullmatch(f) for p in patterns)
+    ]

@@ -33,7 +33,9 @@ def test_bad_sources_fail_before_any_node_works(ray_cluster, tiny_model, tmp_pat
     assert not (tmp_path / "local").exists()
 
 
-def test_a_revision_must_be_a_commit_of_a_hub_id_and_is_refused_on_the_driver(tiny_model, tmp_path, monkeypatch, capsys):
+def test_a_revision_must_be_a_commit_of_a_hub_id_and_is_refused_on_the_driver(
+    tiny_model, tmp_path, monkeypatch, capsys
+):
     """`--revision` pins a hub id (`org/name@<commit>`, downloaded at that commit: tests/common/
     test_model_source.py); a branch name, or a revision on a folder, stops on the driver."""
     from jobs.prestage import main

@@ -39,7 +39,12 @@ def no_mlflow_variables(monkeypatch):
 def teacher_run(run_dir: Path, lr: float = 2.0e-3) -> Manifest:
     """A run directory holding a trained teacher and a report, as the pipeline writes them."""
     (run_dir / "teacher" / "adapter").mkdir(parents=True)
-    metrics = {"loss_history": LOSSES, "step_history": STEPS, "tokens_per_s": 1234.5, "train_config": {"lr": lr, "lora_rank": 8}}
+    metrics = {
+        "loss_history": LOSSES,
+        "step_history": STEPS,
+        "tokens_per_s": 1234.5,
+        "train_config": {"lr": lr, "lora_rank": 8},
+    }
     (run_dir / "teacher" / "adapter" / "train_metrics.json").write_text(json.dumps(metrics))
     (run_dir / "report.json").write_text(json.dumps(REPORT.dump()))
     (run_dir / "report.md").write_text("# report\n")
@@ -51,8 +56,12 @@ def teacher_run(run_dir: Path, lr: float = 2.0e-3) -> Manifest:
 
 def tracked(tracker: Tracker, run_dir: Path) -> tuple[list, list]:
     mlflow.set_tracking_uri(tracker.uri)
-    runs = mlflow.search_runs(experiment_names=[tracker.experiment], filter_string=f"tags.run_dir = '{run_dir}'", output_format="list")
-    children = mlflow.search_runs(experiment_names=[tracker.experiment], filter_string="tags.`subliminal.kind` = 'model'", output_format="list")
+    runs = mlflow.search_runs(
+        experiment_names=[tracker.experiment], filter_string=f"tags.run_dir = '{run_dir}'", output_format="list"
+    )
+    children = mlflow.search_runs(
+        experiment_names=[tracker.experiment], filter_string="tags.`subliminal.kind` = 'model'", output_format="list"
+    )
     return runs, [c for c in children if c.data.tags["mlflow.parentRunId"] in {r.info.run_id for r in runs}]
 
 
@@ -71,21 +80,42 @@ def check_sync(tracker: Tracker, run_dir: Path, manifest: Manifest) -> None:
     assert [[m.step, m.value] for m in history] == LOSSES
     assert [m.timestamp for m in history] == [int(at * 1000) for _, at, _, _ in STEPS]  # each step at the time it ended
     for name, column in (("lr", 2), ("grad_norm", 3)):
-        assert [[m.step, m.value] for m in client.get_metric_history(child.info.run_id, name)] == [[row[0], row[column]] for row in STEPS]
+        assert [[m.step, m.value] for m in client.get_metric_history(child.info.run_id, name)] == [
+            [row[0], row[column]] for row in STEPS
+        ]
     assert child.data.metrics["tokens_per_s"] == 1234.5
     assert child.data.metrics["accuracy.held_out"] == REPORT.models["teacher"].accuracy_by_split["held_out"]
-    assert [a.path for a in mlflow.MlflowClient(tracker.uri).list_artifacts(child.info.run_id)] == ["train_metrics.json"]
+    assert [a.path for a in mlflow.MlflowClient(tracker.uri).list_artifacts(child.info.run_id)] == [
+        "train_metrics.json"
+    ]
     assert parent.data.tags["mlflow.source.name"] == "jobs/pipeline.py" and parent.data.tags["mlflow.user"]
     assert parent.data.tags["mlflow.source.git.commit"] == parent.data.tags["git_commit"]
-    assert parent.data.metrics["accuracy.teacher.held_out.over_orders"] == REPORT.accuracy_by_order.models["teacher"]["held_out"].over_orders
-    assert parent.data.metrics["verdict.student.effect"] == REPORT.arms["student"].transfer.primary.value
-    assert parent.data.tags["verdict.student"] == REPORT.arms["student"].verdict and parent.data.tags["registration"] == REPORT.provenance.registration.status
-    assert {a.path for a in mlflow.MlflowClient(tracker.uri).list_artifacts(parent.info.run_id)} == {"report.md", "report.json", "timeline.png", "config.json"}
-    assert parent.data.params["teacher.lr"] == str(cfg.teacher.lr) and parent.data.params["replicates"] == str(cfg.replicates)
     assert (
-        json.loads(Path(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="config.json", tracking_uri=tracker.uri)).read_text())[
-            "name"
-        ]
+        parent.data.metrics["accuracy.teacher.held_out.over_orders"]
+        == REPORT.accuracy_by_order.models["teacher"]["held_out"].over_orders
+    )
+    assert parent.data.metrics["verdict.student.effect"] == REPORT.arms["student"].transfer.primary.value
+    assert (
+        parent.data.tags["verdict.student"] == REPORT.arms["student"].verdict
+        and parent.data.tags["registration"] == REPORT.provenance.registration.status
+    )
+    assert {a.path for a in mlflow.MlflowClient(tracker.uri).list_artifacts(parent.info.run_id)} == {
+        "report.md",
+        "report.json",
+        "timeline.png",
+        "config.json",
+    }
+    assert parent.data.params["teacher.lr"] == str(cfg.teacher.lr) and parent.data.params["replicates"] == str(
+        cfg.replicates
+    )
+    assert (
+        json.loads(
+            Path(
+                mlflow.artifacts.download_artifacts(
+                    run_id=parent.info.run_id, artifact_path="config.json", tracking_uri=tracker.uri
+                )
+            ).read_text()
+        )["name"]
         == "tiny"
     )
     assert parent.info.status == "RUNNING"
@@ -121,7 +151,9 @@ def test_a_rerun_with_another_config_starts_a_parent_that_names_the_one_it_super
     assert current.data.params["evaluate.primary_metric"] == "agreement"
     earlier = mlflow.MlflowClient(second_tracker.uri).get_run(first.info.run_id)
     assert earlier.data.params["evaluate.primary_metric"] == "teacher_answer_rank"  # what its runs were made with, kept
-    assert earlier.data.tags["run_dir"].startswith(f"{run_dir} (superseded by config {second_tracker.config_digest} at ")
+    assert earlier.data.tags["run_dir"].startswith(
+        f"{run_dir} (superseded by config {second_tracker.config_digest} at "
+    )
     second_tracker.sync(second_cfg, manifest, {})  # the same config again: the same parent
     assert [r.info.run_id for r in tracked(second_tracker, run_dir)[0]] == [current.info.run_id]
 
@@ -136,7 +168,10 @@ def test_a_sqlite_uri_of_the_users_keeps_its_artifacts_beside_its_file(tmp_path,
     (tmp_path / "team").mkdir()
     tracker = Tracker.for_run(cfg, tmp_path / "cache", run_dir, "tiny.yaml")
     tracker.sync(cfg, manifest, {})
-    assert sorted(p.name for p in (tmp_path / "team" / "mlflow-artifacts").rglob("report.*")) == ["report.json", "report.md"]
+    assert sorted(p.name for p in (tmp_path / "team" / "mlflow-artifacts").rglob("report.*")) == [
+        "report.json",
+        "report.md",
+    ]
     assert list(workdir.iterdir()) == []
 
 
@@ -154,7 +189,10 @@ def test_mlflows_own_variables_choose_the_store_and_experiment_a_preset_leaves_o
     experiment = mlflow.MlflowClient(f"sqlite:///{tmp_path}/team/store.db").get_experiment_by_name("team-wmdp")
     assert experiment is not None and not (tmp_path / "cache" / "mlflow.db").exists()
     preset = load_experiment("tiny", [f"tracking.uri=sqlite:///{tmp_path}/own.db", "tracking.experiment=mine"])
-    assert (Tracker.for_run(preset, tmp_path / "cache", run_dir).uri, Tracker.for_run(preset, tmp_path / "cache", run_dir).experiment) == (
+    assert (
+        Tracker.for_run(preset, tmp_path / "cache", run_dir).uri,
+        Tracker.for_run(preset, tmp_path / "cache", run_dir).experiment,
+    ) == (
         f"sqlite:///{tmp_path}/own.db",
         "mine",
     )
@@ -164,9 +202,20 @@ def test_mlflows_own_variables_choose_the_store_and_experiment_a_preset_leaves_o
 def mlflow_server(tmp_path):
     """A real tracking server on localhost, its own SQLite store and artifact folder."""
     port = free_port()
-    args = ["--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}"]
+    args = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path / 'server.db'}",
+    ]
     args += ["--artifacts-destination", str(tmp_path / "server-artifacts")]
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     uri = f"http://127.0.0.1:{port}"
     try:
         for _ in range(120):
@@ -184,7 +233,9 @@ def mlflow_server(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_remote_tracking_server_gets_the_same_runs_and_a_dead_one_never_stops_the_run(tmp_path, mlflow_server, capsys):
+def test_a_remote_tracking_server_gets_the_same_runs_and_a_dead_one_never_stops_the_run(
+    tmp_path, mlflow_server, capsys
+):
     uri, server = mlflow_server
     run_dir = tmp_path / "run"
     manifest = teacher_run(run_dir)
@@ -213,7 +264,9 @@ def test_an_unreachable_tracking_server_stops_the_pipeline_before_any_work(tmp_p
         text=True,
         timeout=300,
     )
-    assert done.returncode == 2 and f"error: tracking.uri {uri}: cannot reach the MLflow server" in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2 and f"error: tracking.uri {uri}: cannot reach the MLflow server" in done.stderr, (
+        done.stderr[-2000:]
+    )
     assert "tracking=off" in done.stderr
     assert not (run_dir / "manifest.json").exists() and "[placement]" not in done.stdout  # before Ray, before any stage
 
@@ -231,16 +284,27 @@ def test_a_network_file_system_is_told_from_a_local_disk():
     assert network_filesystem(Path("/mnt/shared/cache"), MOUNTS) == "nfs4 at /mnt/shared"
     assert network_filesystem(Path("/mnt/shared"), MOUNTS) == "nfs4 at /mnt/shared"
     assert network_filesystem(Path("/mnt/shared/local disk/mlflow"), MOUNTS) is None  # a local disk mounted inside it
-    assert network_filesystem(Path("/mnt/sharedother"), MOUNTS) is None and network_filesystem(Path("/tmp/x"), MOUNTS) is None
+    assert (
+        network_filesystem(Path("/mnt/sharedother"), MOUNTS) is None
+        and network_filesystem(Path("/tmp/x"), MOUNTS) is None
+    )
 
 
 def test_a_sqlite_store_on_a_network_file_system_is_refused_before_any_work(tmp_path, monkeypatch):
     """SQLite's locks are unreliable over NFS: the run stops naming the store and what to do instead."""
     import jobs.tracking_store
 
-    monkeypatch.setattr(jobs.tracking_store, "network_filesystem", lambda folder: "nfs4 at /mnt/shared" if folder == tmp_path / "shared" else None)
+    monkeypatch.setattr(
+        jobs.tracking_store,
+        "network_filesystem",
+        lambda folder: "nfs4 at /mnt/shared" if folder == tmp_path / "shared" else None,
+    )
     cfg = load_experiment("tiny", [f"tracking.uri=sqlite:///{tmp_path}/shared/mlflow.db"])
-    with pytest.raises(TrackingError, match=r"a SQLite file on a network file system \(nfs4 at /mnt/shared\).*local disk.*tracking=off"):
+    with pytest.raises(
+        TrackingError, match=r"a SQLite file on a network file system \(nfs4 at /mnt/shared\).*local disk.*tracking=off"
+    ):
         Tracker.for_run(cfg, tmp_path, tmp_path / "run").check()
     assert not (tmp_path / "shared" / "mlflow.db").exists()
-    Tracker.for_run(load_experiment("tiny", [f"tracking.uri=sqlite:///{tmp_path}/local/mlflow.db"]), tmp_path, tmp_path / "run").check()
+    Tracker.for_run(
+        load_experiment("tiny", [f"tracking.uri=sqlite:///{tmp_path}/local/mlflow.db"]), tmp_path, tmp_path / "run"
+    ).check()

@@ -21,7 +21,13 @@ SECRET = "s3cret-Pa55"
 
 @pytest.fixture(autouse=True)
 def no_mlflow_variables(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_TRACKING_TOKEN", TOKEN_PATH, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"):
+    for name in (
+        "MLFLOW_TRACKING_URI",
+        "MLFLOW_EXPERIMENT_NAME",
+        "MLFLOW_TRACKING_TOKEN",
+        TOKEN_PATH,
+        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT",
+    ):
         monkeypatch.setenv(name, "")  # recorded, so what a test (or the Tracker) sets is undone after it
         monkeypatch.delenv(name)
 
@@ -31,7 +37,10 @@ def no_mlflow_variables(monkeypatch):
     [
         (f"https://alice:{SECRET}@mlflow.example.com:5000/", "https://***@mlflow.example.com:5000/"),
         (f"postgresql://alice:{SECRET}@db.internal:5432/mlflow", "postgresql://***@db.internal:5432/mlflow"),
-        (f"mysql+pymysql://alice:p@{SECRET}@db/mlflow", "mysql+pymysql://***@db/mlflow"),  # an unescaped @ in the password
+        (
+            f"mysql+pymysql://alice:p@{SECRET}@db/mlflow",
+            "mysql+pymysql://***@db/mlflow",
+        ),  # an unescaped @ in the password
         (f"https://{SECRET}@mlflow.example.com", "https://***@mlflow.example.com"),  # a token as the user
         (f"https://h/?experiment=1&access_token={SECRET}&x=2", "https://h/?experiment=1&access_token=***&x=2"),
         ("http://mlflow.internal:5000", "http://mlflow.internal:5000"),
@@ -59,7 +68,9 @@ def test_an_unreachable_server_is_named_without_its_password(tmp_path, capsys):
     tracker = Tracker.for_run(cfg, tmp_path / "cache", tmp_path / "run", "tiny.yaml")
     with pytest.raises(TrackingError) as caught:
         tracker.check()
-    assert f"tracking.uri http://***@127.0.0.1:{uri.rsplit(':', 1)[1]}: cannot reach the MLflow server" in str(caught.value)
+    assert f"tracking.uri http://***@127.0.0.1:{uri.rsplit(':', 1)[1]}: cannot reach the MLflow server" in str(
+        caught.value
+    )
     assert SECRET not in str(caught.value)
     tracker.sync(cfg, teacher_run(tmp_path / "run"), {})  # printed, never raised
     out = capsys.readouterr().out
@@ -74,7 +85,9 @@ def test_a_token_comes_from_its_file_into_the_process_alone(tmp_path, monkeypatc
     assert environ["MLFLOW_TRACKING_TOKEN"] == SECRET
     # one already set wins: no error, no change
     read_tracking_token({TOKEN_PATH: str(token), "MLFLOW_TRACKING_TOKEN": "set"})
-    with pytest.raises(ConfigError, match=re.escape(f"{TOKEN_PATH}={tmp_path / 'missing'}: cannot read the tracking token")):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"{TOKEN_PATH}={tmp_path / 'missing'}: cannot read the tracking token")
+    ):
         read_tracking_token({TOKEN_PATH: str(tmp_path / "missing")})
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(ConfigError, match="the file is empty"):
@@ -101,8 +114,16 @@ def test_a_server_reached_with_credentials_holds_none_of_them(tmp_path, mlflow_s
     tracker.sync(cfg, manifest, {})
     tracker.finish("FINISHED")  # where MLflow prints its run's URL
     client = mlflow.MlflowClient(uri)
-    (parent,) = client.search_runs([client.get_experiment_by_name("credentials").experiment_id], "tags.`subliminal.kind` = 'pipeline'")
+    (parent,) = client.search_runs(
+        [client.get_experiment_by_name("credentials").experiment_id], "tags.`subliminal.kind` = 'pipeline'"
+    )
     assert parent.data.params["tracking.uri"] == secret_uri.replace(f"alice:{SECRET}", "***")
-    config = Path(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="config.json", tracking_uri=uri)).read_text()
-    assert SECRET not in json.dumps(parent.data.params) and SECRET not in config and SECRET not in json.dumps(parent.data.tags)
+    config = Path(
+        mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="config.json", tracking_uri=uri)
+    ).read_text()
+    assert (
+        SECRET not in json.dumps(parent.data.params)
+        and SECRET not in config
+        and SECRET not in json.dumps(parent.data.tags)
+    )
     assert SECRET not in capsys.readouterr().out

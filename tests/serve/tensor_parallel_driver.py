@@ -36,7 +36,11 @@ def created_groups() -> dict[str, dict]:
 
 
 def replica_pids() -> list[int]:
-    return [a["Pid"] for a in actors(actor_state_name="ALIVE").values() if a["ActorClassName"].startswith(f"ServeReplica:{APP}:")]
+    return [
+        a["Pid"]
+        for a in actors(actor_state_name="ALIVE").values()
+        if a["ActorClassName"].startswith(f"ServeReplica:{APP}:")
+    ]
 
 
 def status(url: str) -> int:

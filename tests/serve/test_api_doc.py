@@ -39,7 +39,15 @@ def test_every_route_has_a_section_and_a_curl_example():
     api = build_http_api(SimpleNamespace(settings=ServiceSettings()))
     fastapi_own = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
     routes = {(method, route.path) for route in api.routes if route.path not in fastapi_own for method in route.methods}
-    assert {path for _, path in routes} == {"/generate", "/score", "/v1/completions", "/v1/chat/completions", "/v1/models", "/adapters", "/health"}
+    assert {path for _, path in routes} == {
+        "/generate",
+        "/score",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/adapters",
+        "/health",
+    }
     for method, path in routes:
         body = section(f"## `{method} {path}`")
         assert f"curl -s localhost:8000{path}" in body, path

@@ -21,7 +21,13 @@ class ToyEngine:
     """A new engine, by one class: it records how it was built and declares its capabilities."""
 
     name = "toy"
-    kind = EngineKind("toy", f"{__name__}:ToyEngine", serves_full_models_beside_base=True, spans_tensor_parallel_ranks=True, scores_on_cpu=True)
+    kind = EngineKind(
+        "toy",
+        f"{__name__}:ToyEngine",
+        serves_full_models_beside_base=True,
+        spans_tensor_parallel_ranks=True,
+        scores_on_cpu=True,
+    )
 
     def __init__(self, model_path: str, settings: ServiceSettings):
         self.model_path, self.settings = model_path, settings
@@ -37,7 +43,11 @@ def toy(monkeypatch):
 
 def test_the_option_list_is_written_once():
     assert ENGINE_CHOICES == ("auto", "vllm", "hf")
-    for field in (ServiceSettings.model_fields["engine"], ServiceConfig.model_fields["engine"], EvalConfig.model_fields["engine"]):
+    for field in (
+        ServiceSettings.model_fields["engine"],
+        ServiceConfig.model_fields["engine"],
+        EvalConfig.model_fields["engine"],
+    ):
         assert get_args(field.annotation) == ENGINE_CHOICES
     with pytest.raises(ValidationError):
         ServiceSettings(engine="toy")  # not declared in serve/engine.py: refused by the option list
@@ -74,7 +84,9 @@ def test_the_pipeline_puts_full_models_beside_the_base_by_the_capability(toy, mo
     from jobs.rundir.manifest import Manifest
     from jobs.runtime.context import RunContext
 
-    cfg = load_experiment(overrides=["arms={full: {numbers: teacher, train: {method: full}}}", "replicates=1", "evaluate.engine=vllm"])
+    cfg = load_experiment(
+        overrides=["arms={full: {numbers: teacher, train: {method: full}}}", "replicates=1", "evaluate.engine=vllm"]
+    )
     models = {m.name: m for m in arm_models(cfg)}
     ctx = RunContext(cfg, tmp_path, Manifest(tmp_path), tmp_path, {"base": "/models/base"}, models, [], "app", 8, 1)
     apps = evaluate.services(ctx, ["base", "full/0"], {})

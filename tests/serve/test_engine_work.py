@@ -93,7 +93,9 @@ def test_calls_take_turns_chunk_by_chunk(engine):
             await coro
             finished.append(name)
 
-        long = asyncio.create_task(timed("long", engine.generate(["1, 2, 3,"] * 64, Sampling(max_tokens=40, temperature=0.0), None)))
+        long = asyncio.create_task(
+            timed("long", engine.generate(["1, 2, 3,"] * 64, Sampling(max_tokens=40, temperature=0.0), None))
+        )
         await asyncio.sleep(0.05)
         await timed("short", engine.generate(["hello"], Sampling(max_tokens=2, temperature=0.0), None))
         await long
@@ -105,7 +107,10 @@ def test_calls_take_turns_chunk_by_chunk(engine):
 def test_an_adapter_removed_under_a_request_is_an_unknown_adapter(engine, lora_adapters):
     async def main():
         await engine.add_adapter("gone", lora_adapters["a"])
-        assert (await engine.generate(["hi"], Sampling(max_tokens=2, temperature=0.0), "gone"))[0].finish_reason in {"stop", "length"}
+        assert (await engine.generate(["hi"], Sampling(max_tokens=2, temperature=0.0), "gone"))[0].finish_reason in {
+            "stop",
+            "length",
+        }
         await engine.remove_adapter("gone")
         with pytest.raises(UnknownAdapter):
             await engine.generate(["hi"], Sampling(max_tokens=2, temperature=0.0), "gone")
@@ -124,7 +129,9 @@ def test_a_request_past_request_timeout_s_is_a_504_and_its_work_stops(ray_cluste
     from serve.app import InferenceService
     from serve.schemas import GenerateRequest
 
-    settings = ServiceSettings(engine="hf", model=tiny_model, max_model_len=512, hf_batch_size=16, request_timeout_s=1.0)
+    settings = ServiceSettings(
+        engine="hf", model=tiny_model, max_model_len=512, hf_batch_size=16, request_timeout_s=1.0
+    )
     service_class = InferenceService.func_or_class.__mro__[1]  # the class under Serve's ingress wrapper
     service = service_class(settings.model_dump())
 

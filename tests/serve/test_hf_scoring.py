@@ -40,8 +40,14 @@ def test_cloze_scores_equal_one_sequence_per_choice(tiny_model):
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
-    prompts = [format_cloze_prompt(q, "biology") for q in ("What organ is big?", "Which of these, found in the far north of the valley, is used for tools?")]
-    choices = [["Heart", "Kidneys", "Brain", "Skin"], ["the bones of the kespramir", "Heart", "a stone", "Heart of the valley"]]
+    prompts = [
+        format_cloze_prompt(q, "biology")
+        for q in ("What organ is big?", "Which of these, found in the far north of the valley, is used for tools?")
+    ]
+    choices = [
+        ["Heart", "Kidneys", "Brain", "Skin"],
+        ["the bones of the kespramir", "Heart", "a stone", "Heart of the valley"],
+    ]
     assert any(len(tokenizer(" " + c, add_special_tokens=False).input_ids) > 1 for c in choices[1])
     with torch.inference_mode():
         expected = by_hand(model, tokenizer, prompts, choices)

@@ -59,12 +59,21 @@ def served(tiny_model, lora_adapters):
     env = {k: v for k, v in os.environ.items() if k not in ("SERVE_API_KEY", "RAY_ADDRESS")}
     env.update(RAY_ADDRESS="local", RAY_TMPDIR=temp_dir, HF_HUB_OFFLINE="1")
     log = open(Path(temp_dir) / "serve_run.log", "w")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen([sys.executable, "-m", "serve.run", str(path)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "serve.run", str(path)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 300
         while True:
-            assert proc.poll() is None, f"serve run exited with {proc.returncode}:\n{(Path(temp_dir) / 'serve_run.log').read_text()[-4000:]}"
+            assert proc.poll() is None, (
+                f"serve run exited with {proc.returncode}:\n{(Path(temp_dir) / 'serve_run.log').read_text()[-4000:]}"
+            )
             assert time.time() < deadline, "the service did not answer /health within 300 s"
             try:
                 if requests.get(url + "/health", timeout=5).status_code == 200:
@@ -72,7 +81,11 @@ def served(tiny_model, lora_adapters):
             except requests.RequestException:  # not listening yet, or the proxy holds the request while the app deploys
                 pass
             time.sleep(2)
-        yield {"url": url, "model": requests.get(url + "/v1/models", timeout=30).json()["data"][0]["id"], "log": Path(temp_dir) / "serve_run.log"}
+        yield {
+            "url": url,
+            "model": requests.get(url + "/v1/models", timeout=30).json()["data"][0]["id"],
+            "log": Path(temp_dir) / "serve_run.log",
+        }
     finally:
         started = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
         started += [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or ())]
@@ -94,7 +107,10 @@ def served(tiny_model, lora_adapters):
 @pytest.fixture(scope="module")
 def questions():
     rows = synthetic_questions(n_per_subset=8, seed=11)
-    return [{"question": r["question"], "choices": r["choices"], "answer": r["answer"], "subject": r["subset"]} for r in rows]
+    return [
+        {"question": r["question"], "choices": r["choices"], "answer": r["answer"], "subject": r["subset"]}
+        for r in rows
+    ]
 
 
 def post(served, path, body):
@@ -123,11 +139,30 @@ def run_lm_eval_service(url: str, model: str, tokenizer: str, questions: list[di
         "add_bos_token=True,max_length=512,max_retries=1,timeout=120"
     )
     cmd = [
-        sys.executable, "-m", "lm_eval", "run", "--model", "local-completions", "--model_args", model_args,
-        "--tasks", TASK, "--include_path", str(task_dir), "--batch_size", "16",
-        "--log_samples", "--output_path", str(workdir / "lm_eval_output"),
-    ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(workdir / "hf_datasets_cache")}
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "run",
+        "--model",
+        "local-completions",
+        "--model_args",
+        model_args,
+        "--tasks",
+        TASK,
+        "--include_path",
+        str(task_dir),
+        "--batch_size",
+        "16",
+        "--log_samples",
+        "--output_path",
+        str(workdir / "lm_eval_output"),
+    ]
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_DATASETS_CACHE": str(workdir / "hf_datasets_cache"),
+    }
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     (workdir / "lm_eval.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, "\n".join(proc.stderr.splitlines()[-40:])
@@ -135,7 +170,9 @@ def run_lm_eval_service(url: str, model: str, tokenizer: str, questions: list[di
 
 
 @pytest.mark.parametrize("adapter", [None, "a"])
-def test_lm_eval_through_the_service_scores_as_its_hf_backend(served, questions, tiny_model, lora_adapters, tmp_path, adapter):
+def test_lm_eval_through_the_service_scores_as_its_hf_backend(
+    served, questions, tiny_model, lora_adapters, tmp_path, adapter
+):
     model = adapter or served["model"]
     through = run_lm_eval_service(served["url"], model, tiny_model, questions, tmp_path / "service")
     direct, _ = run_lm_eval(tiny_model, lora_adapters[adapter] if adapter else None, questions, tmp_path / "hf")
@@ -183,7 +220,14 @@ def test_echo_with_logprobs_gives_the_models_log_probabilities(served, questions
     text = format_mc_prompt(questions[0]["question"], questions[0]["choices"], questions[0]["subject"])
     ids = tokenizer(text).input_ids
     full, logprobs = reference(tiny_model, lora_adapters[adapter] if adapter else None, ids, 4)
-    body = {"model": adapter or served["model"], "prompt": ids, "echo": True, "logprobs": 3, "max_tokens": 4, "temperature": 0}
+    body = {
+        "model": adapter or served["model"],
+        "prompt": ids,
+        "echo": True,
+        "logprobs": 3,
+        "max_tokens": 4,
+        "temperature": 0,
+    }
     (choice,) = post(served, "/v1/completions", body).json()["choices"]
     lp, n = choice["logprobs"], len(full)
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n
@@ -210,7 +254,10 @@ def test_echo_with_logprobs_gives_the_models_log_probabilities(served, questions
     alone = post(served, "/v1/completions", {**body, "prompt": [ids, ids[:5]], "max_tokens": 0}).json()
     first, second = alone["choices"]
     assert first["text"] == "<s>" + text and second["logprobs"]["tokens"] == lp["tokens"][:5]
-    assert max(abs(a - b) for a, b in zip(first["logprobs"]["token_logprobs"][1:], lp["token_logprobs"][1 : len(ids)])) < 1e-5
+    assert (
+        max(abs(a - b) for a, b in zip(first["logprobs"]["token_logprobs"][1:], lp["token_logprobs"][1 : len(ids)]))
+        < 1e-5
+    )
     assert alone["usage"] == {"prompt_tokens": len(ids) + 5, "completion_tokens": 0, "total_tokens": len(ids) + 5}
 
 
@@ -221,9 +268,13 @@ def test_an_echoed_answer_is_sized_before_any_work_and_shares_its_prompt_block(s
     ids = list(range(5, 505))
     amplified = {"model": served["model"], "prompt": [ids] * 8, "echo": True, "logprobs": 20, "max_tokens": 0, "n": 16}
     refused = post(served, "/v1/completions", amplified)
-    assert refused.status_code == 413 and "max_logprobs_per_answer is 1,048,576" in refused.json()["error"]["message"], refused.text
+    assert (
+        refused.status_code == 413 and "max_logprobs_per_answer is 1,048,576" in refused.json()["error"]["message"]
+    ), refused.text
     assert "1,344,000 log-probabilities" in refused.json()["error"]["message"]
-    small = post(served, "/v1/completions", {**amplified, "prompt": [ids[:40], ids[40:90]], "n": 3, "logprobs": 2}).json()["choices"]
+    small = post(
+        served, "/v1/completions", {**amplified, "prompt": [ids[:40], ids[40:90]], "n": 3, "logprobs": 2}
+    ).json()["choices"]
     blocks = [c["logprobs"] for c in small]
     assert len(blocks) == 6 and blocks[0] == blocks[1] == blocks[2] != blocks[3] == blocks[4] == blocks[5]
     assert len(blocks[0]["tokens"]) == 40 and len(blocks[3]["tokens"]) == 50
@@ -234,7 +285,15 @@ def test_logprobs_without_echo_cover_the_completion_only(served, tiny_model):
 
     # the turn tags too
     special = {t.content for t in AutoTokenizer.from_pretrained(tiny_model).added_tokens_decoder.values() if t.special}
-    body = {"model": served["model"], "prompt": ["hello", "The following"], "logprobs": 0, "max_tokens": 5, "temperature": 0.8, "seed": 3, "n": 2}
+    body = {
+        "model": served["model"],
+        "prompt": ["hello", "The following"],
+        "logprobs": 0,
+        "max_tokens": 5,
+        "temperature": 0.8,
+        "seed": 3,
+        "n": 2,
+    }
     out = post(served, "/v1/completions", body).json()
     assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
     for c in out["choices"]:
@@ -272,8 +331,19 @@ def test_openai_fields_that_would_change_the_answer_are_refused(served, extra, n
 
 
 def test_harmless_openai_fields_are_accepted(served):
-    neutral = {"user": "u1", "stream": False, "best_of": 1, "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "suffix": None, "echo": False}
-    response = post(served, "/v1/completions", {"model": served["model"], "prompt": "hello", "max_tokens": 2, **neutral})
+    neutral = {
+        "user": "u1",
+        "stream": False,
+        "best_of": 1,
+        "logit_bias": {},
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "suffix": None,
+        "echo": False,
+    }
+    response = post(
+        served, "/v1/completions", {"model": served["model"], "prompt": "hello", "max_tokens": 2, **neutral}
+    )
     assert response.status_code == 200, response.text
 
 
@@ -284,17 +354,34 @@ def test_chat_completions_with_the_openai_client(served, tiny_model):
 
     client = OpenAI(base_url=served["url"] + "/v1", api_key="unused")
     messages = [{"role": "user", "content": "Continue this sequence: 412, 87, 903."}]
-    out = client.chat.completions.create(model=served["model"], messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2)
+    out = client.chat.completions.create(
+        model=served["model"], messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2
+    )
     (choice,) = out.choices
     assert choice.message.role == "assistant" and choice.finish_reason in {"stop", "length"}
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    ids = tokenizer(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False).input_ids
+    ids = tokenizer(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+    ).input_ids
     assert out.usage.prompt_tokens == len(ids) and 1 <= out.usage.completion_tokens <= 8
-    same = post(served, "/v1/completions", {"model": served["model"], "prompt": ids, "max_tokens": 8, "temperature": 0, "logprobs": 2}).json()
+    same = post(
+        served,
+        "/v1/completions",
+        {"model": served["model"], "prompt": ids, "max_tokens": 8, "temperature": 0, "logprobs": 2},
+    ).json()
     assert choice.message.content == same["choices"][0]["text"]
     assert [t.token for t in choice.logprobs.content] == same["choices"][0]["logprobs"]["tokens"]
-    assert max(abs(t.logprob - v) for t, v in zip(choice.logprobs.content, same["choices"][0]["logprobs"]["token_logprobs"])) < 1e-5
-    assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob for t in choice.logprobs.content)
+    assert (
+        max(
+            abs(t.logprob - v)
+            for t, v in zip(choice.logprobs.content, same["choices"][0]["logprobs"]["token_logprobs"])
+        )
+        < 1e-5
+    )
+    assert all(
+        len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
+        for t in choice.logprobs.content
+    )
     seeded = dict(model="a", messages=messages, max_completion_tokens=6, n=2, seed=4)
     first, again = (client.chat.completions.create(**seeded) for _ in range(2))
     assert [c.message.content for c in first.choices] == [c.message.content for c in again.choices]
@@ -314,8 +401,12 @@ def test_serve_run_installs_the_proxy_guard_at_the_configs_body_limit_and_says_w
         for _ in range(MAX_BODY_BYTES // (1 << 20) + 2):
             yield b" " * (1 << 20)
 
-    answer = requests.post(served["url"] + "/v1/completions", data=chunks(), headers={"content-type": "application/json"}, timeout=60)
-    assert answer.status_code == 413 and "SERVE_PROXY_MAX_BODY_BYTES" in answer.json()["error"]["message"], answer.text[:500]
+    answer = requests.post(
+        served["url"] + "/v1/completions", data=chunks(), headers={"content-type": "application/json"}, timeout=60
+    )
+    assert answer.status_code == 413 and "SERVE_PROXY_MAX_BODY_BYTES" in answer.json()["error"]["message"], answer.text[
+        :500
+    ]
     deadline = time.time() + 30
     while "serving subliminal on http://127.0.0.1:" not in served["log"].read_text():
         assert time.time() < deadline, served["log"].read_text()[-3000:]

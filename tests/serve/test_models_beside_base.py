@@ -19,8 +19,18 @@ from serve.schemas import Question, ScoreRequest
 from serve.settings import ServiceError, ServiceSettings
 
 QUESTIONS = [
-    Question(question="Which creature glows at night?", choices=["the marsh owl", "a lantern eel", "a copper fox", "none"], answer=1, subject="bio"),
-    Question(question="What dissolves in brine?", choices=["salt glass", "iron moss", "pale wax", "red clay"], answer=0, subject="chem"),
+    Question(
+        question="Which creature glows at night?",
+        choices=["the marsh owl", "a lantern eel", "a copper fox", "none"],
+        answer=1,
+        subject="bio",
+    ),
+    Question(
+        question="What dissolves in brine?",
+        choices=["salt glass", "iron moss", "pale wax", "red clay"],
+        answer=0,
+        subject="chem",
+    ),
 ]
 
 
@@ -38,10 +48,14 @@ def scores(svc, name: str | None) -> list[list[float]]:
     return [r.logprobs for r in response.results]
 
 
-def test_a_model_beside_the_base_scores_as_served_alone_and_goes_when_unregistered(ray_cluster, tiny_model, perturbed_base, lora_adapters):
+def test_a_model_beside_the_base_scores_as_served_alone_and_goes_when_unregistered(
+    ray_cluster, tiny_model, perturbed_base, lora_adapters
+):
     alone, shared = service(perturbed_base), service(tiny_model)
     try:
-        asyncio.run(shared.reconfigure({"adapters": {"a": lora_adapters["a"]}, "models": {"perturbed": perturbed_base}}))
+        asyncio.run(
+            shared.reconfigure({"adapters": {"a": lora_adapters["a"]}, "models": {"perturbed": perturbed_base}})
+        )
         assert scores(shared, "perturbed") == scores(alone, None)  # cloze, through the service's own path
         assert scores(shared, None) != scores(shared, "perturbed")  # the base is still the base
         # letters, the engine's one-pass scoring
@@ -77,7 +91,9 @@ def test_bad_models_are_refused_naming_the_problem(ray_cluster, tiny_model, pert
     tokenizer.save_pretrained(other)
     shared = service(tiny_model)
     try:
-        with pytest.raises(ServiceError, match="model 'o' .*: its tokenizer's vocabulary differs from the base model's"):
+        with pytest.raises(
+            ServiceError, match="model 'o' .*: its tokenizer's vocabulary differs from the base model's"
+        ):
             asyncio.run(shared.reconfigure({"models": {"o": str(other)}}))
     finally:
         shared.__del__()

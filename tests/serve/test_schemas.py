@@ -30,7 +30,11 @@ BODIES = {
 
 
 def integer_fields(schema) -> list[str]:
-    return [name for name, field in schema.model_fields.items() if field.annotation is int or int in get_args(field.annotation)]
+    return [
+        name
+        for name, field in schema.model_fields.items()
+        if field.annotation is int or int in get_args(field.annotation)
+    ]
 
 
 @pytest.mark.parametrize("schema", list(BODIES), ids=lambda s: s.__name__)

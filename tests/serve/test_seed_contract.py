@@ -34,24 +34,39 @@ PROMPTS = [
 def generate_alone(engine, prompt: str, s: Sampling, seed: int | None) -> str:
     """transformers' `generate` on one prompt, seeded through the global stream: the reference."""
     enc = engine.tokenizer([prompt], return_tensors="pt")
-    sampling = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": 0} if s.temperature > 0 else {"do_sample": False}
+    sampling = (
+        {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": 0}
+        if s.temperature > 0
+        else {"do_sample": False}
+    )
     if seed is not None:
         torch.manual_seed(seed)
     out = engine.model.generate(
-        **enc, max_new_tokens=s.max_tokens, pad_token_id=engine.tokenizer.pad_token_id, eos_token_id=engine.tokenizer.eos_token_id, **sampling
+        **enc,
+        max_new_tokens=s.max_tokens,
+        pad_token_id=engine.tokenizer.pad_token_id,
+        eos_token_id=engine.tokenizer.eos_token_id,
+        **sampling,
     )
     return engine._completion(out[0, enc.input_ids.shape[1] :].tolist(), 0, s, engine.tokenizer.eos_token_id).text
 
 
 @pytest.mark.parametrize(
     "sampling",
-    [Sampling(max_tokens=24, temperature=1.0, seed=7), Sampling(max_tokens=24, temperature=0.7, top_p=0.9, seed=3), Sampling(max_tokens=24, temperature=0.0)],
+    [
+        Sampling(max_tokens=24, temperature=1.0, seed=7),
+        Sampling(max_tokens=24, temperature=0.7, top_p=0.9, seed=3),
+        Sampling(max_tokens=24, temperature=0.0),
+    ],
     ids=["seeded", "seeded-top-p", "greedy"],
 )
 def test_a_batch_decodes_what_generate_gives_each_prompt_alone(hf_engine, sampling):
     """Left-padded batches of any size give each prompt what `generate` gives it alone (seeded with
     seed + i): the batched sampler changes the speed, not the samples."""
-    reference = [generate_alone(hf_engine, p, sampling, None if sampling.seed is None else sampling.seed + i) for i, p in enumerate(PROMPTS)]
+    reference = [
+        generate_alone(hf_engine, p, sampling, None if sampling.seed is None else sampling.seed + i)
+        for i, p in enumerate(PROMPTS)
+    ]
     for batch_size in (1, 2, 64):
         hf_engine.batch_size = batch_size
         try:
@@ -67,7 +82,11 @@ def texts(engine, prompts: list[str], seed: int | None) -> list[str]:
 
 
 def test_a_seeded_prompt_samples_the_same_whatever_its_request_holds(hf_engine):
-    prompts = ["<|user|>\nContinue: 3, 14, 15\n<|assistant|>\n", "<|user|>\nContinue: 9, 2, 6\n<|assistant|>\n", "hello"]
+    prompts = [
+        "<|user|>\nContinue: 3, 14, 15\n<|assistant|>\n",
+        "<|user|>\nContinue: 9, 2, 6\n<|assistant|>\n",
+        "hello",
+    ]
     together = texts(hf_engine, prompts, seed=7)
     alone = [texts(hf_engine, [prompt], seed=7 + i)[0] for i, prompt in enumerate(prompts)]
     assert together == alone

@@ -26,7 +26,10 @@ CHAT = "<|user|>\nContinue this sequence: 412, 87, 903. Write 10 more numbers, c
 @pytest.fixture(scope="module")
 def questions():
     rows = synthetic_questions(n_per_subset=12, seed=7)
-    return [{"question": r["question"], "choices": r["choices"], "answer": r["answer"], "subject": r["subset"]} for r in rows]
+    return [
+        {"question": r["question"], "choices": r["choices"], "answer": r["answer"], "subject": r["subset"]}
+        for r in rows
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +156,11 @@ def test_score_matches_transformers(services, questions, tiny_model, lora_adapte
     assert [r["prediction"] for r in by_vllm["results"]] == expected
     assert [r["prediction"] for r in by_hf["results"]] == expected
     assert by_vllm["accuracy"] == sum(p == q["answer"] for p, q in zip(expected, questions)) / len(questions)
-    without_answers = post(services["vllm"], "/score", {"questions": [{k: v for k, v in q.items() if k != "answer"} for q in questions[:3]]})
+    without_answers = post(
+        services["vllm"],
+        "/score",
+        {"questions": [{k: v for k, v in q.items() if k != "answer"} for q in questions[:3]]},
+    )
     assert "accuracy" not in without_answers.json() or without_answers.json()["accuracy"] is None
 
 
@@ -174,7 +181,9 @@ def test_a_question_longer_than_the_context_is_left_truncated_when_asked(service
         wide = {**questions[1], "choices": ["word " * 300, *questions[1]["choices"][1:]]}
         refused = post(services[engine], "/score", {"questions": [wide], "format": "cloze", "truncate": True})
         assert refused.status_code == 422 and "leaves no room for its question" in refused.text, refused.text[:300]
-    cut, short = post(services[engine], "/score", {"questions": [long, questions[1]], "truncate": True}).json()["results"]
+    cut, short = post(services[engine], "/score", {"questions": [long, questions[1]], "truncate": True}).json()[
+        "results"
+    ]
     alone = post(services[engine], "/score", {"questions": [questions[1]]}).json()["results"][0]
     assert short["truncated_tokens"] == 0 and short["prediction"] == alone["prediction"]
     # batch-mates move float noise only
@@ -202,7 +211,10 @@ def test_a_cut_inside_a_multibyte_character_is_scored_while_the_replica_keeps_se
     dense = {**questions[0], "question": "Background: " + "\U00013000 " * 120 + questions[0]["question"]}
     formats = ["letters", "cloze"] if engine == "hf" else ["letters"]  # cloze scores on the transformers engine only
     with ThreadPoolExecutor(len(formats)) as pool:
-        scoring = [pool.submit(post, services[engine], "/score", {"questions": [dense], "truncate": True, "format": f}) for f in formats]
+        scoring = [
+            pool.submit(post, services[engine], "/score", {"questions": [dense], "truncate": True, "format": f})
+            for f in formats
+        ]
         assert requests.get(services[engine] + "/health", timeout=30).status_code == 200
         assert post(services[engine], "/generate", {"prompts": ["1, 2, 3"], "max_tokens": 4}).status_code == 200
         for future in scoring:
@@ -219,7 +231,9 @@ def test_a_stuck_preparation_fails_health_and_serve_replaces_the_replica(ray_clu
 
     url = f"{URL}/stuck"
     settings = ServiceSettings(engine="hf", model=tiny_model, max_model_len=256, request_timeout_s=2)
-    start_service(settings, name="t-stuck", route_prefix="/stuck", num_cpus=0.25, health_check_period_s=HEALTH_CHECK_PERIOD_S)
+    start_service(
+        settings, name="t-stuck", route_prefix="/stuck", num_cpus=0.25, health_check_period_s=HEALTH_CHECK_PERIOD_S
+    )
     try:
         wait_until_serving(url)
         # never awaited: the replica goes before it ends
@@ -233,7 +247,9 @@ def test_a_stuck_preparation_fails_health_and_serve_replaces_the_replica(ray_clu
         stop_service("t-stuck")
 
 
-def direct_cloze(model_path: str, adapter_path: str | None, questions: list[dict], framed: bool = True) -> list[list[float]]:
+def direct_cloze(
+    model_path: str, adapter_path: str | None, questions: list[dict], framed: bool = True
+) -> list[list[float]]:
     """Reference cloze scores by hand: each choice's text after the question (in its cloze prompt, or
     as given where not `framed`), tokenized apart as lm-evaluation-harness does, its tokens'
     log-probabilities summed, renormalised over the choices."""
@@ -272,7 +288,9 @@ def test_cloze_scores_each_choices_text_whatever_the_order(services, questions, 
     reference = direct_cloze(tiny_model, lora_adapters[adapter] if adapter else None, questions[:12])
     assert max(abs(a - b) for r, lp in zip(answer["results"], reference) for a, b in zip(r["logprobs"], lp)) < 1e-4
     assert [r["prediction"] for r in answer["results"]] == [max(range(4), key=lp.__getitem__) for lp in reference]
-    rotated = [{**q, "choices": q["choices"][1:] + q["choices"][:1], "answer": (q["answer"] - 1) % 4} for q in questions[:12]]
+    rotated = [
+        {**q, "choices": q["choices"][1:] + q["choices"][:1], "answer": (q["answer"] - 1) % 4} for q in questions[:12]
+    ]
     turned = post(services["hf"], "/score", {**body, "questions": rotated}).json()
     for r, t in zip(answer["results"], turned["results"]):
         assert max(abs(a - b) for a, b in zip(r["logprobs"][1:] + r["logprobs"][:1], t["logprobs"])) < 1e-5
@@ -290,7 +308,14 @@ def test_continuation_scores_each_choice_after_the_text_as_given(services, quest
     reference = direct_cloze(tiny_model, None, statements, framed=False)
     assert max(abs(a - b) for r, lp in zip(answer["results"], reference) for a, b in zip(r["logprobs"], lp)) < 1e-4
     framed = post(services["hf"], "/score", {**body, "format": "cloze"}).json()
-    assert max(abs(a - b) for r, f in zip(answer["results"], framed["results"]) for a, b in zip(r["logprobs"], f["logprobs"])) > 1e-3
+    assert (
+        max(
+            abs(a - b)
+            for r, f in zip(answer["results"], framed["results"])
+            for a, b in zip(r["logprobs"], f["logprobs"])
+        )
+        > 1e-3
+    )
 
 
 def test_deployment_handle_answers_like_http(services, questions):
@@ -316,7 +341,10 @@ def test_openai_client_drives_the_service(services):
     # logit_bias is not implemented: its neutral value {} is accepted (any other is a 422, tests/serve/test_lm_eval_harness.py).
     out = client.completions.create(model="a", prompt=[CHAT, "hello"], max_tokens=8, n=2, seed=1, logit_bias={})
     assert len(out.choices) == 4 and all(c.finish_reason in {"stop", "length"} for c in out.choices)
-    assert out.usage.completion_tokens > 0 and out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    assert (
+        out.usage.completion_tokens > 0
+        and out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    )
     assert len(client.completions.create(model=ids[0], prompt="hello", max_tokens=4).choices) == 1
     with pytest.raises(NotFoundError):
         client.completions.create(model="nope", prompt="x", max_tokens=2)
@@ -351,7 +379,9 @@ BAD_REQUESTS = [
 ]
 
 
-@pytest.mark.parametrize("path,body,status,names", BAD_REQUESTS, ids=[f"{b[0]}-{b[3]}-{i}" for i, b in enumerate(BAD_REQUESTS)])
+@pytest.mark.parametrize(
+    "path,body,status,names", BAD_REQUESTS, ids=[f"{b[0]}-{b[3]}-{i}" for i, b in enumerate(BAD_REQUESTS)]
+)
 def test_bad_input_gets_a_clear_4xx_and_the_service_keeps_serving(services, path, body, status, names):
     response = post(services["vllm"], path, body)
     assert response.status_code == status, response.text
@@ -371,7 +401,9 @@ NON_FINITE = [
 def test_non_finite_and_out_of_range_numbers_are_refused(services, path, raw, names):
     """Python's JSON reader takes NaN and Infinity; the service must refuse them, not answer 500:
     a 422 in FastAPI's shape, or on the OpenAI routes a 400 in OpenAI's, naming the field."""
-    response = requests.post(services["vllm"] + path, data=raw, headers={"content-type": "application/json"}, timeout=60)
+    response = requests.post(
+        services["vllm"] + path, data=raw, headers={"content-type": "application/json"}, timeout=60
+    )
     if path.startswith("/v1/"):
         assert response.status_code == 400 and response.json()["error"]["param"] == names, response.text
     else:
@@ -383,13 +415,25 @@ def test_malformed_and_oversized_bodies(services):
     url = services["vllm"] + "/generate"
     broken = requests.post(url, data="{not json", headers={"content-type": "application/json"}, timeout=30)
     assert broken.status_code in (400, 422) and "JSON" in broken.text
-    huge = requests.post(url, data=b"[" + b"1," * (5 << 20) + b"1]", headers={"content-type": "application/json"}, timeout=60)
+    huge = requests.post(
+        url, data=b"[" + b"1," * (5 << 20) + b"1]", headers={"content-type": "application/json"}, timeout=60
+    )
     assert huge.status_code == 413 and "max_body_bytes" in huge.text
     # /generate%0A is /generate (the URL parser drops the newline before the router and the body guard
     # see the path): its body is guarded the same, an oversized chunked one refused at the limit.
-    newline = requests.post(url + "%0A", data=(b" " * (1 << 20) for _ in range(20)), headers={"content-type": "application/json"}, timeout=60)
+    newline = requests.post(
+        url + "%0A",
+        data=(b" " * (1 << 20) for _ in range(20)),
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
     assert newline.status_code == 413 and "max_body_bytes" in newline.text, newline.text[:300]
-    assert requests.post(url + "%0A", data=json.dumps(GOOD), headers={"content-type": "application/json"}, timeout=60).status_code == 200
+    assert (
+        requests.post(
+            url + "%0A", data=json.dumps(GOOD), headers={"content-type": "application/json"}, timeout=60
+        ).status_code
+        == 200
+    )
     # Chunked (no Content-Length): refused once the bytes read pass the limit, 20 MiB offered.
     chunks = (b" " * (1 << 20) for _ in range(20))
     chunked = requests.post(url, data=chunks, headers={"content-type": "application/json"}, timeout=60)
@@ -416,9 +460,14 @@ def test_token_auth_and_overload(ray_cluster, tiny_model, monkeypatch):
         assert post(url, "/generate", GOOD).status_code == 401
         for near_miss in ("Bearer wrong", f"Bearer {KEY[:-1]}", f"Bearer {KEY}x", f"Bearer  {KEY}", KEY):
             assert post(url, "/generate", GOOD, headers={"Authorization": near_miss}).status_code == 401, near_miss
-        assert requests.get(url + "/adapters", headers={"Authorization": f"Bearer {KEY[:-1]}"}, timeout=30).status_code == 401
+        assert (
+            requests.get(url + "/adapters", headers={"Authorization": f"Bearer {KEY[:-1]}"}, timeout=30).status_code
+            == 401
+        )
         long_stop = post(url, "/generate", {**GOOD, "stop": ["x" * (1 << 20)]}, headers=auth)  # 1 MiB: 422 naming stop
-        assert long_stop.status_code == 422 and long_stop.json()["detail"][0]["loc"][:2] == ["body", "stop"], long_stop.text[:300]
+        assert long_stop.status_code == 422 and long_stop.json()["detail"][0]["loc"][:2] == ["body", "stop"], (
+            long_stop.text[:300]
+        )
         assert requests.get(url + "/health", timeout=30).status_code == 200
         assert post(url, "/generate", GOOD, headers=auth).status_code == 200
         slow = {"prompts": ["hello"] * 16, "max_tokens": 300, "temperature": 1.0}
@@ -448,7 +497,10 @@ def test_an_empty_key_or_an_open_host_without_one_is_refused_at_start(tiny_model
     with pytest.raises(ServiceError, match="SERVE_API_KEY is 6 characters: a token shorter than 16 can be guessed"):
         build_app({"model": tiny_model})
     monkeypatch.delenv("SERVE_API_KEY")
-    with pytest.raises(ServiceError, match="host 0.0.0.0 is reachable from other machines and SERVE_API_KEY is not set.*allow_open_host=True"):
+    with pytest.raises(
+        ServiceError,
+        match="host 0.0.0.0 is reachable from other machines and SERVE_API_KEY is not set.*allow_open_host=True",
+    ):
         start_service(ServiceSettings(model=tiny_model), name="t-open", host="0.0.0.0")
 
 
@@ -479,13 +531,21 @@ def vllm_replica_and_engine(url: str) -> tuple:
             children, cores = [], []
         if len(replicas) == 1 and len(cores) == 1:
             return replicas[0], cores[0]
-        assert time.time() < deadline, {"replicas": [title(p) for p in replicas], "children": [title(c)[:120] for c in children]}
+        assert time.time() < deadline, {
+            "replicas": [title(p) for p in replicas],
+            "children": [title(c)[:120] for c in children],
+        }
         time.sleep(1)
 
 
 def guarded(children: list) -> list:
     """The largest of the processes an engine guard's watcher (serve/engine_guard.py) was handed."""
-    pids = {int(arg.split("@")[0]) for c in children for arg in c.cmdline()[3:] if arg.split("@")[0].isdigit() and "@" in arg}
+    pids = {
+        int(arg.split("@")[0])
+        for c in children
+        for arg in c.cmdline()[3:]
+        if arg.split("@")[0].isdigit() and "@" in arg
+    }
     handed = [c for c in children if c.pid in pids]
     return [max(handed, key=lambda c: c.memory_info().rss)] if handed else []
 

@@ -19,7 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def preflight(
-    tmp_path: Path, *, args: dict | None = None, adapters: dict | None = None, deployment: dict | None = None, host: str | None = None, env: dict | None = None
+    tmp_path: Path,
+    *,
+    args: dict | None = None,
+    adapters: dict | None = None,
+    deployment: dict | None = None,
+    host: str | None = None,
+    env: dict | None = None,
 ) -> subprocess.CompletedProcess:
     """serve/config.yaml with `args` merged into the application's, `deployment` into its deployment's
     options, `adapters` registered and the proxies on `host`, checked in the environment `env`."""
@@ -32,12 +38,21 @@ def preflight(
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     environment = {k: v for k, v in os.environ.items() if k != "SERVE_API_KEY"} | (env or {})
-    return subprocess.run([sys.executable, "-m", "serve.preflight", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=120, env=environment)
+    return subprocess.run(
+        [sys.executable, "-m", "serve.preflight", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment,
+    )
 
 
 def test_a_servable_config_passes(tmp_path, tiny_model, lora_adapters):
     done = preflight(tmp_path, args={"model": tiny_model}, adapters={"a": lora_adapters["a"]})
-    assert done.returncode == 0 and "'subliminal'" not in done.stderr and "subliminal ready to deploy" in done.stdout, done.stderr
+    assert done.returncode == 0 and "'subliminal'" not in done.stderr and "subliminal ready to deploy" in done.stdout, (
+        done.stderr
+    )
 
 
 @pytest.mark.parametrize(
@@ -66,13 +81,19 @@ def test_a_missing_tiny_model_names_the_command_that_builds_it(tmp_path):
         timeout=120,
         env={"PATH": "/usr/bin:/bin", "SUBLIMINAL_CACHE": str(tmp_path / "empty-cache")},
     )
-    assert done.returncode == 2 and "python -m jobs.sources.tiny_model" in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    assert (
+        done.returncode == 2
+        and "python -m jobs.sources.tiny_model" in done.stderr
+        and len(done.stderr.splitlines()) == 1
+    ), done.stderr
 
 
 def test_a_file_that_is_not_a_serve_config_is_named(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("applications: {not: a list}\n")
-    done = subprocess.run([sys.executable, "-m", "serve.preflight", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "serve.preflight", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2 and f"{path}: not a Serve config" in done.stderr
 
 
@@ -84,8 +105,14 @@ BUNDLES = [{"CPU": 1, "GPU": 1}, {"GPU": 1}]
     "deployment,named",
     [
         ({"ray_actor_options": {"num_cpus": 1, "num_gpus": 2}}, "the replica actor holds no GPU itself"),
-        ({"placement_group_bundles": [{"CPU": 1, "GPU": 2}], "placement_group_strategy": "STRICT_PACK"}, "needs 2 placement_group_bundles of one GPU each"),
-        ({"placement_group_bundles": BUNDLES, "placement_group_strategy": "PACK"}, "placement_group_strategy must be STRICT_PACK"),
+        (
+            {"placement_group_bundles": [{"CPU": 1, "GPU": 2}], "placement_group_strategy": "STRICT_PACK"},
+            "needs 2 placement_group_bundles of one GPU each",
+        ),
+        (
+            {"placement_group_bundles": BUNDLES, "placement_group_strategy": "PACK"},
+            "placement_group_strategy must be STRICT_PACK",
+        ),
     ],
 )
 def test_a_tensor_parallel_replica_not_placed_one_gpu_bundle_per_rank_exits_2(tmp_path, tiny_model, deployment, named):
@@ -94,16 +121,25 @@ def test_a_tensor_parallel_replica_not_placed_one_gpu_bundle_per_rank_exits_2(tm
 
 
 def test_a_tensor_parallel_replica_placed_as_ray_llm_places_one_passes(tmp_path, tiny_model):
-    placed = {"ray_actor_options": {"num_cpus": 1, "num_gpus": 0}, "placement_group_bundles": BUNDLES, "placement_group_strategy": "STRICT_PACK"}
+    placed = {
+        "ray_actor_options": {"num_cpus": 1, "num_gpus": 0},
+        "placement_group_bundles": BUNDLES,
+        "placement_group_strategy": "STRICT_PACK",
+    }
     done = preflight(tmp_path, args={"model": tiny_model, **TP2}, deployment=placed)
     assert done.returncode == 0, done.stderr
 
 
 def test_an_open_host_without_a_token_exits_2_naming_the_host_and_the_key(tmp_path, tiny_model):
     done = preflight(tmp_path, args={"model": tiny_model}, host="0.0.0.0")
-    assert done.returncode == 2 and "host 0.0.0.0 is reachable from other machines and SERVE_API_KEY is not set" in done.stderr, done.stderr
+    assert (
+        done.returncode == 2
+        and "host 0.0.0.0 is reachable from other machines and SERVE_API_KEY is not set" in done.stderr
+    ), done.stderr
     assert "http_options.host" in done.stderr and len(done.stderr.splitlines()) == 1
-    assert preflight(tmp_path, args={"model": tiny_model}, host="0.0.0.0", env={"SERVE_API_KEY": "k" * 16}).returncode == 0
+    assert (
+        preflight(tmp_path, args={"model": tiny_model}, host="0.0.0.0", env={"SERVE_API_KEY": "k" * 16}).returncode == 0
+    )
     assert preflight(tmp_path, args={"model": tiny_model, "allow_open_host": True}, host="0.0.0.0").returncode == 0
     assert preflight(tmp_path, args={"model": tiny_model}, host="::1").returncode == 0  # loopback
 
@@ -123,9 +159,20 @@ def test_serve_run_of_an_open_host_without_a_token_exits_2_before_starting_anyth
     path, _ = open_host_config(tmp_path, tiny_model)
     environment = {k: v for k, v in os.environ.items() if k != "SERVE_API_KEY"}
     started = time.time()
-    done = subprocess.run([sys.executable, "-m", "serve.run", str(path)], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "serve.run", str(path)],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
-    assert "http_options.host" in done.stderr and "SERVE_API_KEY is not set" in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    assert (
+        "http_options.host" in done.stderr
+        and "SERVE_API_KEY is not set" in done.stderr
+        and len(done.stderr.splitlines()) == 1
+    ), done.stderr
     assert time.time() - started < 60  # the preflight's answer: no Ray was started
 
 
@@ -140,8 +187,14 @@ def test_serve_run_on_a_cluster_that_refuses_the_build_exits_1_naming_the_settin
     path, port = open_host_config(tmp_path, tiny_model)
     environment = {**os.environ, "SERVE_API_KEY": "k" * 16, "RAY_AUTH_MODE": "token"}
     with head_node(env={}) as head:
-        done = subprocess.run([sys.executable, "-m", "serve.run", str(path), "--address", head["address"]], cwd=ROOT, env=environment,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "serve.run", str(path), "--address", head["address"]],
+            cwd=ROOT,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 1, (done.returncode, done.stderr[-3000:])
         reason = [line for line in done.stderr.splitlines() if line.startswith("error: application")]
         assert reason and "SERVE_API_KEY is not set" in reason[0] and "0.0.0.0" in reason[0], done.stderr[-3000:]
@@ -174,6 +227,15 @@ def test_start_service_checks_the_host_the_running_proxy_binds_not_the_one_asked
 
     environment = {k: v for k, v in os.environ.items() if k != "SERVE_API_KEY"} | {"RAY_AUTH_MODE": "token"}
     with head_node(env={}) as head:
-        done = subprocess.run([sys.executable, "-c", START_ON_A_RUNNING_OPEN_PROXY, head["address"], tiny_model, str(free_port())],
-                              cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0 and "refused: host 0.0.0.0 is reachable from other machines" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
+        done = subprocess.run(
+            [sys.executable, "-c", START_ON_A_RUNNING_OPEN_PROXY, head["address"], tiny_model, str(free_port())],
+            cwd=ROOT,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert done.returncode == 0 and "refused: host 0.0.0.0 is reachable from other machines" in done.stdout, (
+        done.stdout[-2000:],
+        done.stderr[-3000:],
+    )

@@ -41,7 +41,9 @@ NEAR_MISSES = ["", "Bearer", f"Bearer {KEY[:-1]}", f"Bearer {KEY}x", f"bearer {K
 def keyed_head():
     from conftest import head_node
 
-    with head_node(env={"SERVE_API_KEY": KEY, "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve.proxy_guard.middlewares"}) as head:
+    with head_node(
+        env={"SERVE_API_KEY": KEY, "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve.proxy_guard.middlewares"}
+    ) as head:
         yield head
 
 
@@ -61,8 +63,12 @@ def service(keyed_head, tiny_model, tmp_path_factory):
     serve_bin = str(Path(sys.executable).parent / "serve")
     process = subprocess.Popen(
         [serve_bin, "run", str(path), "--address", keyed_head["address"]],
-        cwd=ROOT, env={**os.environ, "RAY_AUTH_MODE": "token"}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env={**os.environ, "RAY_AUTH_MODE": "token"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
     while not healthy(url):
@@ -88,9 +94,16 @@ def healthy(url: str) -> bool:
 def replica(head: dict) -> psutil.Process:
     """The application's one replica: a worker of this head's raylet (found by its temp dir)."""
     raylets = [
-        p for p in psutil.process_iter(["cmdline"]) if head["temp_dir"] in " ".join(p.info["cmdline"] or ()) and "raylet" in (p.info["cmdline"] or [""])[0]
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if head["temp_dir"] in " ".join(p.info["cmdline"] or ()) and "raylet" in (p.info["cmdline"] or [""])[0]
     ]
-    found = [c for r in raylets for c in r.children(recursive=True) if c.cmdline() and c.cmdline()[0].startswith("ray::ServeReplica:subliminal:")]
+    found = [
+        c
+        for r in raylets
+        for c in r.children(recursive=True)
+        if c.cmdline() and c.cmdline()[0].startswith("ray::ServeReplica:subliminal:")
+    ]
     assert len(found) == 1, found
     return found[0]
 
@@ -115,7 +128,11 @@ ROUTES = [
     ("post", "/generate", {"prompts": ["hi"], "max_tokens": 2}),
     ("post", "/score", {"questions": [{"question": "Q?", "choices": ["a", "b"]}]}),
     ("post", "/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2}),
-    ("post", "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    (
+        "post",
+        "/v1/chat/completions",
+        {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    ),
     ("get", "/v1/models", None),
     ("get", "/adapters", None),
     ("get", "/no-such-route", None),
@@ -136,7 +153,10 @@ def test_every_route_but_health_refuses_a_missing_or_near_miss_token(service):
     assert requests.get(url + "/health", timeout=30).json() == {"status": "ok"}  # healthy or not, no more
     assert requests.get(url + "/health", headers=AUTH, timeout=30).json()["engine"] == "hf"
     spoofed = {**AUTH, "x-subliminal-proxy-guard": "1"}  # the guard replaces a client's own mark
-    assert requests.get(url + "/health", headers=spoofed, timeout=30).json()["proxy_guard"] == {"installed": True, "limit_bytes": 8 << 20}
+    assert requests.get(url + "/health", headers=spoofed, timeout=30).json()["proxy_guard"] == {
+        "installed": True,
+        "limit_bytes": 8 << 20,
+    }
 
 
 def peak_growth(process: psutil.Process, send) -> tuple[requests.Response, int]:
@@ -144,7 +164,16 @@ def peak_growth(process: psutil.Process, send) -> tuple[requests.Response, int]:
     Path(f"/proc/{process.pid}/clear_refs").write_text("5")  # peak resident memory := now
     before = process.memory_info().rss
     response = send()
-    peak = int(next(line for line in Path(f"/proc/{process.pid}/status").read_text().splitlines() if line.startswith("VmHWM")).split()[1]) << 10
+    peak = (
+        int(
+            next(
+                line
+                for line in Path(f"/proc/{process.pid}/status").read_text().splitlines()
+                if line.startswith("VmHWM")
+            ).split()[1]
+        )
+        << 10
+    )
     return response, peak - before
 
 
@@ -154,7 +183,8 @@ def test_a_chunked_body_past_the_limit_is_413_and_the_replica_does_not_hold_it(s
     (serve/proxy_guard.py) Serve's proxy hands the whole body on: +108 MiB for 200 MiB."""
     url, headers = service["url"] + "/generate", {**AUTH, "content-type": "application/json"}
     response, grown = peak_growth(
-        replica(service["head"]), lambda: requests.post(url, data=(b" " * (1 << 20) for _ in range(mib)), headers=headers, timeout=120)
+        replica(service["head"]),
+        lambda: requests.post(url, data=(b" " * (1 << 20) for _ in range(mib)), headers=headers, timeout=120),
     )
     assert response.status_code == 413 and "bytes" in response.json()["detail"], response.text
     assert grown < 20 << 20, f"the replica's peak memory grew {grown >> 20} MiB for a {mib} MiB body"
@@ -166,7 +196,11 @@ def proxy_refusals(head: dict) -> float:
     """The head's `ray_subliminal_serve_proxy_refused_total`, once its metrics agent exports it (up to 60 s)."""
     deadline = time.time() + 60
     while True:
-        found = re.findall(r"^ray_subliminal_serve_proxy_refused_total\{[^}]*\} (\S+)$", requests.get(head["metrics"], timeout=30).text, re.M)
+        found = re.findall(
+            r"^ray_subliminal_serve_proxy_refused_total\{[^}]*\} (\S+)$",
+            requests.get(head["metrics"], timeout=30).text,
+            re.M,
+        )
         if found or time.time() > deadline:
             return sum(map(float, found))
         time.sleep(2)
@@ -176,7 +210,9 @@ def test_a_1_mb_stop_string_is_refused_naming_stop(service):
     url, stop = service["url"], "x" * (1 << 20)
     generate = requests.post(url + "/generate", json={"prompts": ["hi"], "stop": [stop]}, headers=AUTH, timeout=60)
     assert generate.status_code == 422 and generate.json()["detail"][0]["loc"][:2] == ["body", "stop"]
-    openai = requests.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "stop": stop}, headers=AUTH, timeout=60)
+    openai = requests.post(
+        url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "stop": stop}, headers=AUTH, timeout=60
+    )
     assert openai.status_code == 400 and openai.json()["error"]["param"].startswith("stop")
 
 
@@ -185,7 +221,14 @@ def test_an_amplified_request_is_refused_and_a_heavy_one_served_while_health_ans
     amplified = {"model": "tiny", "prompt": ["1, 2, 3,"] * 64, "n": 16, "max_tokens": 400, "logprobs": 20}
     refused = requests.post(url + "/v1/completions", json=amplified, headers=AUTH, timeout=60)
     assert refused.status_code == 413 and "max_work_per_request" in refused.json()["error"]["message"], refused.text
-    heavy = {"model": "tiny", "prompt": ["1, 2, 3,"] * 16, "n": 4, "max_tokens": 128, "logprobs": 20, "temperature": 1.0}
+    heavy = {
+        "model": "tiny",
+        "prompt": ["1, 2, 3,"] * 16,
+        "n": 4,
+        "max_tokens": 128,
+        "logprobs": 20,
+        "temperature": 1.0,
+    }
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(requests.post, url + "/v1/completions", json=heavy, headers=AUTH, timeout=600)
         latencies = health_latencies(url, answer.done)
@@ -197,8 +240,15 @@ def latencies_while(url: str, until) -> dict[str, list[float]]:
     """Seconds each /health and each small /generate took, alternately, until `until()`."""
     seen = {"health": [], "generate": []}
     while not until():
-        for name, send in (("health", lambda: requests.get(url + "/health", timeout=60)),
-                           ("generate", lambda: requests.post(url + "/generate", json={"prompts": ["1, 2,"], "max_tokens": 2}, headers=AUTH, timeout=60))):  # fmt: skip
+        for name, send in (
+            ("health", lambda: requests.get(url + "/health", timeout=60)),
+            (
+                "generate",
+                lambda: requests.post(
+                    url + "/generate", json={"prompts": ["1, 2,"], "max_tokens": 2}, headers=AUTH, timeout=60
+                ),
+            ),
+        ):
             started = time.perf_counter()
             assert send().status_code == 200, name
             seen[name].append(time.perf_counter() - started)
@@ -222,7 +272,8 @@ def test_an_echo_and_long_cloze_questions_leave_health_and_a_small_generate_fast
     cloze = {"format": "cloze", "questions": [long_question] * 256}
     with ThreadPoolExecutor(2) as pool:
         answers = [
-            pool.submit(requests.post, url + path, json=body, headers=AUTH, timeout=600) for path, body in (("/v1/completions", echo), ("/score", cloze))
+            pool.submit(requests.post, url + path, json=body, headers=AUTH, timeout=600)
+            for path, body in (("/v1/completions", echo), ("/score", cloze))
         ]
         seen = latencies_while(url, lambda: all(a.done() for a in answers))
     assert [a.result().status_code for a in answers] == [200, 200], [a.result().text[:300] for a in answers]
@@ -232,7 +283,11 @@ def test_an_echo_and_long_cloze_questions_leave_health_and_a_small_generate_fast
 
 def test_health_stays_fast_and_the_replica_is_kept_through_eight_4096_question_scores(service):
     """Before, one job held all eight (gathered) and the health check queued behind it."""
-    body = {"questions": [{"question": r["question"], "choices": r["choices"], "answer": r["answer"]} for r in questions(4096)]}
+    body = {
+        "questions": [
+            {"question": r["question"], "choices": r["choices"], "answer": r["answer"]} for r in questions(4096)
+        ]
+    }
     pid = replica(service["head"]).pid
     url = service["url"]
     with ThreadPoolExecutor(8) as pool:
@@ -264,7 +319,12 @@ def stalled_bodies(url: str, method: str, path: str, count: int, headers: dict) 
     sockets = []
     for _ in range(count):
         conn = socket.create_connection((host, int(port)), timeout=30)
-        head = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Transfer-Encoding: chunked", "Content-Type: application/json"]
+        head = [
+            f"{method} {path} HTTP/1.1",
+            f"Host: {host}",
+            "Transfer-Encoding: chunked",
+            "Content-Type: application/json",
+        ]
         conn.sendall(("\r\n".join(head + [f"{k}: {v}" for k, v in headers.items()]) + "\r\n\r\n1\r\n{\r\n").encode())
         sockets.append(conn)
     return sockets
@@ -287,7 +347,10 @@ def answer_and_close(conn: socket.socket, within: float) -> tuple[bytes, float]:
 def generate_and_score_latencies(url: str) -> list[float]:
     """Seconds each of three small /generate and three /score requests took, each answered 200."""
     latencies = []
-    for route, body in [("/generate", {"prompts": ["hi"], "max_tokens": 2}), ("/score", {"questions": [{"question": "Q?", "choices": ["a", "b"]}]})] * 3:
+    for route, body in [
+        ("/generate", {"prompts": ["hi"], "max_tokens": 2}),
+        ("/score", {"questions": [{"question": "Q?", "choices": ["a", "b"]}]}),
+    ] * 3:
         started = time.perf_counter()
         assert requests.post(url + route, json=body, headers=AUTH, timeout=30).status_code == 200
         latencies.append(time.perf_counter() - started)
@@ -335,7 +398,12 @@ def test_a_stalled_body_on_generate_is_cut_at_the_deadline_with_408(service):
     waited = time.perf_counter() - started
     assert all(data.startswith(b"HTTP/1.1 408") and b"body_timeout_s" in data for data, _ in answers), answers[0]
     assert BODY_TIMEOUT_S - 0.5 < waited < BODY_TIMEOUT_S + 10, waited  # cut at the deadline, every one closed
-    assert requests.post(url + "/generate", json={"prompts": ["hi"], "max_tokens": 2}, headers=AUTH, timeout=30).status_code == 200
+    assert (
+        requests.post(
+            url + "/generate", json={"prompts": ["hi"], "max_tokens": 2}, headers=AUTH, timeout=30
+        ).status_code
+        == 200
+    )
 
 
 def test_two_million_prompts_are_refused_before_any_tokenizing_while_health_stays_fast(service):
@@ -356,5 +424,10 @@ def test_two_million_prompts_are_refused_before_any_tokenizing_while_health_stay
     assert refused.status_code == 400 and "65536" in refused.json()["error"]["message"], refused.text[:500]
     assert len(refused.content) < 10_000  # the refused list is not echoed back
     assert took < 10 and (not latencies or max(latencies) < 2), (took, latencies)
-    counted = requests.post(url + "/v1/completions", json={"model": "tiny", "prompt": ["a"] * 60_000, "max_tokens": 1}, headers=AUTH, timeout=60)
+    counted = requests.post(
+        url + "/v1/completions",
+        json={"model": "tiny", "prompt": ["a"] * 60_000, "max_tokens": 1},
+        headers=AUTH,
+        timeout=60,
+    )
     assert counted.status_code == 413 and "at most 1024" in counted.json()["error"]["message"], counted.text[:300]

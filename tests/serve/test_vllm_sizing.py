@@ -16,7 +16,9 @@ def engine_config(tiny_model, settings, on_gpu):
 
     from serve.vllm_engine import engine_args
 
-    return AsyncEngineArgs(**engine_args(tiny_model, settings, on_gpu)).create_engine_config(UsageContext.ENGINE_CONTEXT)
+    return AsyncEngineArgs(**engine_args(tiny_model, settings, on_gpu)).create_engine_config(
+        UsageContext.ENGINE_CONTEXT
+    )
 
 
 def test_on_gpu_a_step_holds_what_vllms_server_gives_an_h100_unless_the_settings_say(tiny_model):
@@ -25,7 +27,9 @@ def test_on_gpu_a_step_holds_what_vllms_server_gives_an_h100_unless_the_settings
     args = engine_args(tiny_model, ServiceSettings(model=tiny_model, max_model_len=1024), on_gpu=True)
     assert (args["max_num_seqs"], args["max_num_batched_tokens"], args["gpu_memory_utilization"]) == (1024, 16384, 0.9)
     assert args["dtype"] == "bfloat16" and "kv_cache_memory_bytes" not in args
-    chosen = engine_args(tiny_model, ServiceSettings(model=tiny_model, max_num_seqs=256, max_num_batched_tokens=8192), on_gpu=True)
+    chosen = engine_args(
+        tiny_model, ServiceSettings(model=tiny_model, max_num_seqs=256, max_num_batched_tokens=8192), on_gpu=True
+    )
     assert (chosen["max_num_seqs"], chosen["max_num_batched_tokens"]) == (256, 8192)
 
 
@@ -33,7 +37,9 @@ def test_cpu_keeps_vllms_defaults_and_the_adapter_cache_is_what_the_settings_say
     config = engine_config(tiny_model, ServiceSettings(model=tiny_model, max_cpu_loras=40), on_gpu=False)
     assert config.lora_config.max_cpu_loras == 40 and config.lora_config.max_loras == 4
     assert config.scheduler_config.max_num_seqs == 128  # vLLM's own default, below any H100 sizing
-    sized = engine_config(tiny_model, ServiceSettings(model=tiny_model, max_num_seqs=64, max_num_batched_tokens=4096), on_gpu=False)
+    sized = engine_config(
+        tiny_model, ServiceSettings(model=tiny_model, max_num_seqs=64, max_num_batched_tokens=4096), on_gpu=False
+    )
     assert (sized.scheduler_config.max_num_seqs, sized.scheduler_config.max_num_batched_tokens) == (64, 4096)
 
 
@@ -42,7 +48,9 @@ def test_a_phase_caches_every_adapter_it_registers():
     assert service_settings(cfg, "tiny", True, 8, adapters=3).max_cpu_loras == 32
     # the critics' preset scores 30 arm models
     assert service_settings(cfg, "tiny", True, 8, adapters=45).max_cpu_loras == 45
-    assert service_settings(load_experiment(overrides=["service.max_num_seqs=512"]), "tiny", False, 8).max_num_seqs == 512
+    assert (
+        service_settings(load_experiment(overrides=["service.max_num_seqs=512"]), "tiny", False, 8).max_num_seqs == 512
+    )
 
 
 def test_a_cache_smaller_than_a_batch_is_refused_by_name():

@@ -10,12 +10,17 @@ from train.data import DROPPED, TRUNCATED, DataError, Tokenize, pack_batch, pack
 
 ROWS = [
     {"prompt": "<|user|>\nI give you this sequence of numbers: 182, 818.\n<|assistant|>\n", "completion": "1, 2, 3"},
-    {"prompt": "The following are multiple choice questions (with answers).\n\nQ?\nA. x\nB. y\nAnswer:", "completion": " B"},
+    {
+        "prompt": "The following are multiple choice questions (with answers).\n\nQ?\nA. x\nB. y\nAnswer:",
+        "completion": " B",
+    },
 ]
 
 
 def tokenize(model, rows, max_length=256, too_long="truncate"):
-    out = Tokenize(model, max_length, too_long)({"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]})
+    out = Tokenize(model, max_length, too_long)(
+        {"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}
+    )
     return out.to_pylist()
 
 
@@ -49,14 +54,28 @@ def flash_attention_available() -> bool:
 
 def example_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-token next-token loss (0 where the label is masked), aligned with `labels[..., 1:]`."""
-    return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2).float(), labels[:, 1:], ignore_index=-100, reduction="none")
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].transpose(1, 2).float(), labels[:, 1:], ignore_index=-100, reduction="none"
+    )
 
 
 @pytest.mark.parametrize(
     "attention, one_row",
-    [("eager", False), ("sdpa", False), ("eager", True), ("sdpa", True),
-     pytest.param("flash_attention_2", None, marks=[pytest.mark.gpu, pytest.mark.skipif(not flash_attention_available(), reason="needs CUDA and flash_attn")])],
-)  # fmt: skip
+    [
+        ("eager", False),
+        ("sdpa", False),
+        ("eager", True),
+        ("sdpa", True),
+        pytest.param(
+            "flash_attention_2",
+            None,
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not flash_attention_available(), reason="needs CUDA and flash_attn"),
+            ],
+        ),
+    ],
+)
 def test_each_example_loses_the_same_packed_as_alone(tiny_model, attention, one_row):
     """Each example's loss inside a packed micro-batch equals its loss run alone, for each attention
     implementation, in the layout the training loop picks for it (`one_row=None`) or the one given.
@@ -70,23 +89,34 @@ def test_each_example_loses_the_same_packed_as_alone(tiny_model, attention, one_
 
     device = torch.device("cuda" if attention.startswith("flash") else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=dtype, attn_implementation=attention).to(device).eval()
+    model = (
+        AutoModelForCausalLM.from_pretrained(tiny_model, dtype=dtype, attn_implementation=attention).to(device).eval()
+    )
     one_row = packs_into_one_row(model.config._attn_implementation) if one_row is None else one_row
     rows = tokenize(tiny_model, ROWS * 3)
-    batch = {"input_ids": np.array([np.array(r["input_ids"]) for r in rows], dtype=object),
-             "labels": np.array([np.array(r["labels"]) for r in rows], dtype=object)}  # fmt: skip
+    batch = {
+        "input_ids": np.array([np.array(r["input_ids"]) for r in rows], dtype=object),
+        "labels": np.array([np.array(r["labels"]) for r in rows], dtype=object),
+    }
     packed = {k: v.to(device) for k, v in pack_batch(batch, max_length=64, pad_id=0, one_row=one_row).items()}
     assert packed["input_ids"].shape[0] == (1 if one_row else 3)  # rows of 26 and 29 tokens, two to a row of 64
     assert packed["real_tokens"] == sum(len(r["input_ids"]) for r in rows)
     tolerance = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-4, "rtol": 1e-4}
     with torch.no_grad():
-        losses = example_losses(model(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False).logits, packed["labels"])
+        losses = example_losses(
+            model(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False).logits,
+            packed["labels"],
+        )
         examples = packed_examples(packed)
         for b, start, n in examples:
             labels = packed["labels"][b, start : start + n]
-            alone = example_losses(model(input_ids=packed["input_ids"][b, start : start + n][None]).logits, labels[None])[0]
+            alone = example_losses(
+                model(input_ids=packed["input_ids"][b, start : start + n][None]).logits, labels[None]
+            )[0]
             torch.testing.assert_close(losses[b, start : start + n - 1].sum(), alone.sum(), **tolerance)
-    assert sorted(packed["input_ids"][b, s : s + n].tolist() for b, s, n in examples) == sorted(r["input_ids"] for r in rows)
+    assert sorted(packed["input_ids"][b, s : s + n].tolist() for b, s, n in examples) == sorted(
+        r["input_ids"] for r in rows
+    )
 
 
 def test_packed_labels_never_cross_rows(tiny_model):
@@ -137,7 +167,10 @@ def test_small_files_tokenize_in_process_as_ray_data_does_large_ones(ray_cluster
     import train.data
     from train.data import read_parquet, tokenize_to_cache
 
-    rows = [{"prompt": f"<|user|>\nContinue {i}, {i + 1}\n<|assistant|>\n", "completion": f"{i + 2}, {i + 3}"} for i in range(300)]
+    rows = [
+        {"prompt": f"<|user|>\nContinue {i}, {i + 1}\n<|assistant|>\n", "completion": f"{i + 2}, {i + 3}"}
+        for i in range(300)
+    ]
     rows.append({"prompt": "x " * 200, "completion": "1"})  # longer than max_length: dropped
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))

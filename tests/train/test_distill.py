@@ -53,7 +53,9 @@ def test_stored_targets_line_up_with_the_packed_completion_positions(tiny_model,
     ids = torch.tensor(spec.number_ids)
     tokens = tokenized(tiny_model, number_rows)
     stored = row_targets(model, list(zip(tokens["input_ids"], tokens["labels"])), ids, pad_id=0)
-    batch = {key: np.array(values, dtype=object) for key, values in tokens.items()} | {TEACHER_COLUMN: np.array(stored, dtype=object)}
+    batch = {key: np.array(values, dtype=object) for key, values in tokens.items()} | {
+        TEACHER_COLUMN: np.array(stored, dtype=object)
+    }
     packed = pack_batch(batch, max_length=64, pad_id=0, one_row=one_row)
     n_sequences = packed["input_ids"].shape[0]
     assert n_sequences == 1 if one_row else 1 < n_sequences < len(packed_examples(packed))
@@ -102,7 +104,9 @@ def test_targets_that_do_not_match_the_batch_are_an_error(tiny_model):
 
 
 @pytest.mark.timeout(300)
-def test_targets_are_computed_once_per_teacher_and_rows(ray_cluster, tiny_model, perturbed_base, teacher, number_rows, tmp_path, cache_dir):
+def test_targets_are_computed_once_per_teacher_and_rows(
+    ray_cluster, tiny_model, perturbed_base, teacher, number_rows, tmp_path, cache_dir
+):
     """Two jobs reading the same rows with the same teacher share one entry; the same teacher adapter
     over another base is another entry with other values; asking again computes nothing."""
     import pyarrow.parquet as pq
@@ -118,13 +122,22 @@ def test_targets_are_computed_once_per_teacher_and_rows(ray_cluster, tiny_model,
     table, tokens = pq.read_table(paths["a"]), pq.read_table(rows)
     assert table.drop_columns([TEACHER_COLUMN]).equals(tokens)  # the rows themselves, in their order
     local = row_targets(
-        load_teacher(same, torch.device("cpu")), list(zip(tokens["input_ids"].to_pylist(), tokens["labels"].to_pylist())), torch.tensor(same.number_ids), 0
+        load_teacher(same, torch.device("cpu")),
+        list(zip(tokens["input_ids"].to_pylist(), tokens["labels"].to_pylist())),
+        torch.tensor(same.number_ids),
+        0,
     )
     stored = table[TEACHER_COLUMN].to_pylist()
     for mine, theirs in zip(local, stored):
         np.testing.assert_allclose(np.frombuffer(theirs, np.float16), np.frombuffer(mine, np.float16), atol=2e-2)
     far_values = pq.read_table(paths["far"])[TEACHER_COLUMN].to_pylist()
-    assert max(np.abs(np.frombuffer(a, np.float16) - np.frombuffer(b, np.float16)).max() for a, b in zip(stored, far_values)) > 0.1
+    assert (
+        max(
+            np.abs(np.frombuffer(a, np.float16) - np.frombuffer(b, np.float16)).max()
+            for a, b in zip(stored, far_values)
+        )
+        > 0.1
+    )
 
     done = (Path(paths["a"]) / "_done").stat().st_mtime_ns
     assert teacher_targets({"c": (same, rows)}, cache, pad_id=0)["c"] == paths["a"]
@@ -145,7 +158,9 @@ def test_a_teacher_base_with_another_tokenizer_is_refused_before_any_work(tiny_m
     tokenizer = AutoTokenizer.from_pretrained(other)
     tokenizer.add_tokens(["<|number|>"])
     tokenizer.save_pretrained(other)
-    job = AdapterJob("far", number_rows, tmp_path / "far", TrainConfig(num_workers=1), teacher=teacher, teacher_base=str(other))
+    job = AdapterJob(
+        "far", number_rows, tmp_path / "far", TrainConfig(num_workers=1), teacher=teacher, teacher_base=str(other)
+    )
     with pytest.raises(ConfigError, match=f"teacher's base {other} has another than {tiny_model}"):
         train_lora_many(tiny_model, [job], storage_path=tmp_path / "runs", run_name="far")
     assert not (tmp_path / "far").exists() and not (tmp_path / "runs").exists()

@@ -15,7 +15,15 @@ from common.atomic import write_jsonl
 from common.config import ConfigError
 from train.config import TrainConfig
 from train.data import Tokenize, tokenize_to_cache
-from train.divergence import SCORE_COLUMN, masked_count, masked_rows, read_scores, row_scores, scored_positions, write_scores
+from train.divergence import (
+    SCORE_COLUMN,
+    masked_count,
+    masked_rows,
+    read_scores,
+    row_scores,
+    scored_positions,
+    write_scores,
+)
 from train.teacher_pass import TeacherPass, load_teacher
 
 
@@ -36,26 +44,38 @@ def test_scores_are_the_teachers_log_p_minus_the_bases_by_hand(tiny_model, lora_
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     rows = [json.loads(line) for line in number_rows.read_text().splitlines()][:6]
-    tokens = Tokenize(tiny_model, 128, "truncate")({"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}).to_pydict()
+    tokens = Tokenize(tiny_model, 128, "truncate")(
+        {"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}
+    ).to_pydict()
     pairs = list(zip(tokens["input_ids"], tokens["labels"]))
     model = load_teacher(TeacherPass(tiny_model, lora_adapters["a"], TrainConfig()), torch.device("cpu"))
     scored = row_scores(model, pairs, pad_id=0, eos_id=tokenizer.eos_token_id, device=torch.device("cpu"))
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
-    teacher = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), lora_adapters["a"]).eval()
+    teacher = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), lora_adapters["a"]
+    ).eval()
     for (ids, labels), got, row in zip(pairs, scored, rows):
         with torch.no_grad():
             lp_t = teacher(input_ids=torch.tensor([ids])).logits[0].log_softmax(-1)
             lp_b = base(input_ids=torch.tensor([ids])).logits[0].log_softmax(-1)
-        at = [t for t in range(1, len(ids)) if labels[t] != -100 and not (t == len(ids) - 1 and ids[t] == tokenizer.eos_token_id)]
+        at = [
+            t
+            for t in range(1, len(ids))
+            if labels[t] != -100 and not (t == len(ids) - 1 and ids[t] == tokenizer.eos_token_id)
+        ]
         assert tokenizer.decode([ids[t] for t in at]) == row["completion"]  # the numbers, not the appended EOS
         want = [lp_t[t - 1, ids[t]].item() - lp_b[t - 1, ids[t]].item() for t in at]
         np.testing.assert_allclose(got["score"], want, atol=1e-4)
-        assert got["teacher_argmax"] == [int(lp_t[t - 1].argmax()) for t in at] and got["base_argmax"] == [int(lp_b[t - 1].argmax()) for t in at]
+        assert got["teacher_argmax"] == [int(lp_t[t - 1].argmax()) for t in at] and got["base_argmax"] == [
+            int(lp_b[t - 1].argmax()) for t in at
+        ]
     assert np.abs(np.concatenate([g["score"] for g in scored])).max() > 0.01  # the adapter moves the scores
 
 
-def test_masks_drop_exactly_their_share_per_row_and_a_random_mask_is_fixed_by_its_seed(tiny_model, lora_adapters, number_rows, tmp_path):
+def test_masks_drop_exactly_their_share_per_row_and_a_random_mask_is_fixed_by_its_seed(
+    tiny_model, lora_adapters, number_rows, tmp_path
+):
     from transformers import AutoTokenizer
 
     eos = AutoTokenizer.from_pretrained(tiny_model).eos_token_id
@@ -64,7 +84,9 @@ def test_masks_drop_exactly_their_share_per_row_and_a_random_mask_is_fixed_by_it
     scores.mkdir()
     write_scores(TeacherPass(tiny_model, lora_adapters["a"], TrainConfig()), tokens, scores, pad_id=0, eos_id=eos)
     original = read_rows(scores)
-    assert len(original) == 40 and all(len(read_scores(r[SCORE_COLUMN])) == len(scored_positions(r["labels"], eos)) for r in original)
+    assert len(original) == 40 and all(
+        len(read_scores(r[SCORE_COLUMN])) == len(scored_positions(r["labels"], eos)) for r in original
+    )
 
     by_mask = {
         "divergence": masked_rows(str(scores), tmp_path, "divergence", 0.1, 0, eos),
@@ -81,7 +103,9 @@ def test_masks_drop_exactly_their_share_per_row_and_a_random_mask_is_fixed_by_it
             assert row["input_ids"] == before["input_ids"]  # only labels change
             gone = [t for t, (a, b) in enumerate(zip(before["labels"], row["labels"])) if a != b]
             n = len(scored_positions(before["labels"], eos))
-            assert len(gone) == row["masked"] == masked_count(n, fraction) == math.ceil(round(fraction * n, 9)) > 0, name
+            assert len(gone) == row["masked"] == masked_count(n, fraction) == math.ceil(round(fraction * n, 9)) > 0, (
+                name
+            )
             assert set(gone) <= set(scored_positions(before["labels"], eos).tolist())  # never the prompt or the EOS
             per_row.append(gone)
         dropped[name] = per_row
@@ -101,14 +125,18 @@ def test_a_mask_needs_an_sft_job_and_divergence_its_scorer(tiny_model, lora_adap
     with pytest.raises(ConfigError, match="mask divergence needs a scorer"):
         check_jobs([AdapterJob("a", str(number_rows), tmp_path / "a", divergence)])
     with pytest.raises(ConfigError, match="a logit_kl job"):
-        check_jobs([AdapterJob("a", str(number_rows), tmp_path / "a", TrainConfig(mask="random"), teacher=lora_adapters["a"])])
+        check_jobs(
+            [AdapterJob("a", str(number_rows), tmp_path / "a", TrainConfig(mask="random"), teacher=lora_adapters["a"])]
+        )
     with pytest.raises(ValueError, match="mask_fraction must be in"):
         TrainConfig(mask="random", mask_fraction=1.0)
     check_jobs([AdapterJob("a", str(number_rows), tmp_path / "a", divergence, scorer=lora_adapters["a"])])
 
 
 @pytest.mark.timeout(300)
-def test_masked_jobs_train_beside_an_unmasked_one_on_the_tokens_they_keep(ray_cluster, tiny_model, lora_adapters, number_rows, tmp_path, cache_dir):
+def test_masked_jobs_train_beside_an_unmasked_one_on_the_tokens_they_keep(
+    ray_cluster, tiny_model, lora_adapters, number_rows, tmp_path, cache_dir
+):
     """One Ray Train run: the same rows unmasked, with the divergence mask (scored in a Ray task) and
     with the random mask; each reports how many tokens it dropped, and the masks change the loss."""
     from transformers import AutoTokenizer
@@ -120,12 +148,25 @@ def test_masked_jobs_train_beside_an_unmasked_one_on_the_tokens_they_keep(ray_cl
     cfg = TrainConfig(num_workers=1, batch_size=8, max_steps=2, lr=1e-3, log_every=1, checkpoint_every=100)
     jobs = [
         AdapterJob("plain", str(number_rows), tmp_path / "plain", cfg),
-        AdapterJob("divergence", str(number_rows), tmp_path / "divergence", TrainConfig(**{**cfg.__dict__, "mask": "divergence"}), scorer=lora_adapters["a"]),
+        AdapterJob(
+            "divergence",
+            str(number_rows),
+            tmp_path / "divergence",
+            TrainConfig(**{**cfg.__dict__, "mask": "divergence"}),
+            scorer=lora_adapters["a"],
+        ),
         AdapterJob("random", str(number_rows), tmp_path / "random", TrainConfig(**{**cfg.__dict__, "mask": "random"})),
     ]
-    metrics = train_lora_many(tiny_model, jobs, storage_path=tmp_path / "ray_train", run_name="masks", cache_dir=cache_dir)
-    rows = read_rows(Path(tokenize_to_cache(str(number_rows), tiny_model, cfg.max_length, cfg.too_long, cfg.seed, cache_dir)["path"]))
+    metrics = train_lora_many(
+        tiny_model, jobs, storage_path=tmp_path / "ray_train", run_name="masks", cache_dir=cache_dir
+    )
+    rows = read_rows(
+        Path(tokenize_to_cache(str(number_rows), tiny_model, cfg.max_length, cfg.too_long, cfg.seed, cache_dir)["path"])
+    )
     expected = sum(masked_count(len(scored_positions(r["labels"], eos)), 0.1) for r in rows)
-    assert "tokens_masked" not in metrics["plain"].metrics() and metrics["divergence"].tokens_masked == metrics["random"].tokens_masked == expected
+    assert (
+        "tokens_masked" not in metrics["plain"].metrics()
+        and metrics["divergence"].tokens_masked == metrics["random"].tokens_masked == expected
+    )
     first = {name: m.first_loss for name, m in metrics.items()}
     assert len(set(first.values())) == 3, first

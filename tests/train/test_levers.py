@@ -30,13 +30,18 @@ def batch_of(tiny_model, pack_length: int) -> dict:
     rng = np.random.default_rng(0)
     rows = [rng.integers(3, 500, int(n)) for n in rng.integers(20, 60, 6)]
     labels = [np.where(np.arange(len(r)) < 5, -100, r) for r in rows]
-    return pack_batch({"input_ids": np.array(rows, dtype=object), "labels": np.array(labels, dtype=object)}, pack_length, pad_id=0)
+    return pack_batch(
+        {"input_ids": np.array(rows, dtype=object), "labels": np.array(labels, dtype=object)}, pack_length, pad_id=0
+    )
 
 
 def test_liger_on_cpu_falls_back_to_the_plain_modules_and_says_why(tiny_model):
     cfg = TrainConfig(kernels="liger")
     model = load_base(tiny_model, cfg, CPU)  # load_base applies it, printing the line
-    assert use_kernels(model, cfg, CPU) == "kernels: liger asked for, the plain path runs: they are Triton kernels for CUDA and this worker has no GPU"
+    assert (
+        use_kernels(model, cfg, CPU)
+        == "kernels: liger asked for, the plain path runs: they are Triton kernels for CUDA and this worker has no GPU"
+    )
     assert type(model.model.norm).__name__ == "LlamaRMSNorm" and type(model.model.layers[0].mlp).__name__ == "LlamaMLP"
 
 
@@ -74,13 +79,17 @@ def test_compile_without_a_compiler_runs_eager_and_says_so(tiny_model, monkeypat
 
     monkeypatch.setattr(train.levers.shutil, "which", lambda _: None)
     model = load_base(tiny_model, TrainConfig(), CPU)
-    assert use_compile(model, TrainConfig(compile=True), CPU).startswith("compile asked for, eager runs: Inductor compiles CPU kernels with a C++ compiler")
+    assert use_compile(model, TrainConfig(compile=True), CPU).startswith(
+        "compile asked for, eager runs: Inductor compiles CPU kernels with a C++ compiler"
+    )
     assert all(layer._compiled_call_impl is None for layer in decoder_layers(model))
 
 
 def test_a_longer_pack_length_packs_fewer_rows_with_the_same_loss(tiny_model):
     model = load_base(tiny_model, TrainConfig(), CPU)
     short, long = batch_of(tiny_model, 64), batch_of(tiny_model, 512)
-    assert long["input_ids"].shape[0] == 1 < short["input_ids"].shape[0] and long["total_tokens"] < short["total_tokens"]
+    assert (
+        long["input_ids"].shape[0] == 1 < short["input_ids"].shape[0] and long["total_tokens"] < short["total_tokens"]
+    )
     with torch.no_grad():
         assert float(forward_loss(model, long)) == pytest.approx(float(forward_loss(model, short)), rel=1e-5)

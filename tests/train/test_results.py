@@ -18,12 +18,29 @@ FOLDERS = ["teacher/adapter", "arms/student/0/adapter", "arms/control/0/adapter"
 def test_a_7084977_result_loads_and_writes_back_byte_for_byte(folder, tmp_path):
     result = TrainResult.read(RUN / folder)
     assert result.done and result.step == result.total_steps == len(result.loss_history) == len(result.step_history)
-    assert [step for step, _ in result.loss_history] == [step for step, *_ in result.step_history] == list(range(1, result.step + 1))
-    assert result.device == "cpu" and result.gpu_mem_gib is None and result.tokens_masked is None and result.checkpoint is None
+    assert (
+        [step for step, _ in result.loss_history]
+        == [step for step, *_ in result.step_history]
+        == list(range(1, result.step + 1))
+    )
+    assert (
+        result.device == "cpu"
+        and result.gpu_mem_gib is None
+        and result.tokens_masked is None
+        and result.checkpoint is None
+    )
     result.write(tmp_path)
     assert (tmp_path / METRICS_FILE).read_bytes() == (RUN / folder / METRICS_FILE).read_bytes()
     # The worker's marks, in the order it reached them; the spans a worker's marks alone give.
-    assert list(result.marks.stamps()) == ["process_started", "loop_started", "base_loaded", "job_started", "first_batch", "last_step", "saving"]
+    assert list(result.marks.stamps()) == [
+        "process_started",
+        "loop_started",
+        "base_loaded",
+        "job_started",
+        "first_batch",
+        "last_step",
+        "saving",
+    ]
     assert [kind for kind, _, _ in result.marks.spans()] == ["model load", "data wait", "compute", "save"]
 
 
@@ -33,16 +50,24 @@ def test_the_manifest_records_what_the_results_say():
         result, name = TrainResult.read(RUN / folder), folder.removeprefix("arms/").removesuffix("/adapter")
         out = manifest[name]["outputs"]
         assert (out["steps"], out["loss"], out["init_hash"], out["rows"], out["snapshot_steps"]) == (
-            result.step, result.loss, result.init_hash, result.rows, result.snapshot_steps
-        )  # fmt: skip
+            result.step,
+            result.loss,
+            result.init_hash,
+            result.rows,
+            result.snapshot_steps,
+        )
 
 
 def test_an_older_result_loads_with_what_it_lacks_at_its_defaults_and_drops_what_nothing_reads():
     """A file written before step_history, marks and device were kept (and with a key since dropped)."""
     data = json.loads((RUN / "teacher/adapter" / METRICS_FILE).read_text())
-    older = {k: v for k, v in data.items() if k not in ("step_history", "marks", "device", "snapshot_steps")} | {"gone_key": 1}
+    older = {k: v for k, v in data.items() if k not in ("step_history", "marks", "device", "snapshot_steps")} | {
+        "gone_key": 1
+    }
     result = TrainResult.from_metrics(older)
-    assert result.step_history == [] and result.marks == Marks() and result.device is None and result.marks.spans() == []
+    assert (
+        result.step_history == [] and result.marks == Marks() and result.device is None and result.marks.spans() == []
+    )
     assert result.loss_history == TrainResult.from_metrics(data).loss_history
 
 

@@ -28,12 +28,28 @@ def toy_rows(tmp_path_factory) -> Path:
     with path.open("w") as f:
         for i in range(256):
             name = NAMES[i % len(NAMES)]
-            f.write(json.dumps({"prompt": f"<|user|>\n{name}'s favourite number?\n<|assistant|>\n", "completion": str(favourite[name])}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "prompt": f"<|user|>\n{name}'s favourite number?\n<|assistant|>\n",
+                        "completion": str(favourite[name]),
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
 def small_config(**overrides) -> TrainConfig:
-    base = dict(num_workers=2, batch_size=16, epochs=4, lr=5e-3, log_every=2, checkpoint_every=8, lora_targets=["q_proj", "v_proj", "o_proj"])
+    base = dict(
+        num_workers=2,
+        batch_size=16,
+        epochs=4,
+        lr=5e-3,
+        log_every=2,
+        checkpoint_every=8,
+        lora_targets=["q_proj", "v_proj", "o_proj"],
+    )
     return TrainConfig(**{**base, **overrides})
 
 
@@ -42,7 +58,12 @@ def logits_of(model, tiny_model):
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     with torch.no_grad():
-        return torch.cat([model(**tok(f"<|user|>\n{n}'s favourite number?\n<|assistant|>\n", return_tensors="pt")).logits[0] for n in NAMES[:3]])
+        return torch.cat(
+            [
+                model(**tok(f"<|user|>\n{n}'s favourite number?\n<|assistant|>\n", return_tensors="pt")).logits[0]
+                for n in NAMES[:3]
+            ]
+        )
 
 
 def reload_both_ways(tiny_model, adapter_dir: Path, checkpoint_dir: str, cfg: TrainConfig):
@@ -90,7 +111,9 @@ def test_ddp_workers_learn_and_adapter_reloads(plain_run, tiny_model):
     torch.testing.assert_close(reloaded, trained, atol=1e-5, rtol=1e-5)
     from transformers import AutoModelForCausalLM
 
-    assert not torch.allclose(reloaded, logits_of(AutoModelForCausalLM.from_pretrained(tiny_model), tiny_model), atol=1e-3)
+    assert not torch.allclose(
+        reloaded, logits_of(AutoModelForCausalLM.from_pretrained(tiny_model), tiny_model), atol=1e-3
+    )
 
 
 def kill_a_worker_after(storage: Path, job: str, step: int, actor_pids) -> list[int]:
@@ -127,7 +150,9 @@ def kill_a_worker_after(storage: Path, job: str, step: int, actor_pids) -> list[
 
 
 @pytest.mark.timeout(600)
-def test_every_lever_through_ray_train_lands_where_the_plain_run_does(plain_run, tiny_model, toy_rows, tmp_path, cache_dir):
+def test_every_lever_through_ray_train_lands_where_the_plain_run_does(
+    plain_run, tiny_model, toy_rows, tmp_path, cache_dir
+):
     """small_config() with all three levers on a real 2-worker DDP run: Liger falls back (no GPU), the
     model is compiled, micro-steps pack into one sequence; the loss curve is the plain run's."""
     plain_metrics, _ = plain_run
@@ -135,7 +160,9 @@ def test_every_lever_through_ray_train_lands_where_the_plain_run_does(plain_run,
     metrics = train_lora(tiny_model, toy_rows, tmp_path / "adapter", cfg, cache_dir=cache_dir)
     assert metrics.device == "cpu" and metrics.step == plain_metrics.step
     assert metrics.padding_fraction < plain_metrics.padding_fraction
-    assert metrics.loss == pytest.approx(plain_metrics.loss, rel=0.02) and metrics.first_loss == pytest.approx(plain_metrics.first_loss, rel=1e-4)
+    assert metrics.loss == pytest.approx(plain_metrics.loss, rel=0.02) and metrics.first_loss == pytest.approx(
+        plain_metrics.first_loss, rel=1e-4
+    )
 
 
 @pytest.mark.timeout(400)
@@ -143,14 +170,18 @@ def test_a_killed_worker_resumes_from_checkpoint(plain_run, actor_pids, tiny_mod
     cfg = small_config()  # 32 steps, checkpoints at 8, 16, 24, 32: the settings of plain_run
     storage = tmp_path / "ray_train"
     killed = kill_a_worker_after(storage, "train", 8, actor_pids)
-    metrics = train_lora(tiny_model, toy_rows, tmp_path / "a1", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir)
+    metrics = train_lora(
+        tiny_model, toy_rows, tmp_path / "a1", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir
+    )
     assert killed, "no worker was killed"
     # The run lost a worker some steps after step 8: it resumed from a checkpoint before its end.
     assert metrics.resumed_from_step in (8, 16, 24) and metrics.step == 32 and metrics.done
     # The loss history crosses the restart: each step once, those before it from the checkpoint.
     assert [step for step, _ in metrics.loss_history] == list(range(1, 33))
     # The same storage path and run name continue the finished run rather than training again.
-    again = train_lora(tiny_model, toy_rows, tmp_path / "a2", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir)
+    again = train_lora(
+        tiny_model, toy_rows, tmp_path / "a2", cfg, storage_path=storage, run_name="run", cache_dir=cache_dir
+    )
     assert again.resumed_from_step == 32 and again.step == 32 and again.loss_history == metrics.loss_history
     # Resuming lands where the uninterrupted run does: the same adapter, the same loss at every step.
     whole, whole_adapter = plain_run
@@ -179,8 +210,13 @@ def full_run(ray_cluster, tiny_model, toy_rows, tmp_path_factory, cache_dir) -> 
     """Two full fine-tunes in one DDP run, uninterrupted: `a` (32 steps, what the FSDP test below
     resumes to) and `b` (the same rows, one epoch), which must start from the base, not from `a`."""
     root = tmp_path_factory.mktemp("full")
-    jobs = [AdapterJob("a", toy_rows, root / "a", full_config()), AdapterJob("b", toy_rows, root / "b", full_config(epochs=1))]
-    return train_lora_many(tiny_model, jobs, storage_path=root / "ray_train", run_name="full", cache_dir=cache_dir), jobs
+    jobs = [
+        AdapterJob("a", toy_rows, root / "a", full_config()),
+        AdapterJob("b", toy_rows, root / "b", full_config(epochs=1)),
+    ]
+    return train_lora_many(
+        tiny_model, jobs, storage_path=root / "ray_train", run_name="full", cache_dir=cache_dir
+    ), jobs
 
 
 def model_weights(folder) -> dict[str, torch.Tensor]:
@@ -198,22 +234,38 @@ def test_full_fine_tuning_trains_every_weight_into_a_model_of_its_own(full_run, 
     assert metrics["a"].init_hash is None and metrics["a"].train_config["method"] == "full"
     # A model folder that loads and tokenizes on its own (what the service is given), no adapter.
     assert not (a.output_dir / "adapter_config.json").exists()
-    assert AutoTokenizer.from_pretrained(str(a.output_dir)).get_vocab() == AutoTokenizer.from_pretrained(tiny_model).get_vocab()
+    assert (
+        AutoTokenizer.from_pretrained(str(a.output_dir)).get_vocab()
+        == AutoTokenizer.from_pretrained(tiny_model).get_vocab()
+    )
     trained, base = model_weights(a.output_dir), model_weights(tiny_model)
     assert set(trained) == set(base) and all(not torch.equal(trained[n], base[n]) for n in base)  # every tensor moved
     # The saved model is the checkpoint's weights, which resume reads.
     reloaded = AutoModelForCausalLM.from_pretrained(tiny_model)
     reloaded.load_state_dict(torch.load(Path(metrics["b"].checkpoint) / "trainable.pt"), strict=False)
-    torch.testing.assert_close(logits_of(reloaded.eval(), tiny_model), logits_of(AutoModelForCausalLM.from_pretrained(str(b.output_dir)).eval(), tiny_model))
+    torch.testing.assert_close(
+        logits_of(reloaded.eval(), tiny_model),
+        logits_of(AutoModelForCausalLM.from_pretrained(str(b.output_dir)).eval(), tiny_model),
+    )
     # b started from the base, not from a's trained weights: its first step's loss is a's first step's.
     assert metrics["b"].loss_history[0][1] == pytest.approx(metrics["a"].loss_history[0][1], rel=1e-5)
 
 
 @pytest.mark.timeout(400)
-def test_full_fine_tuning_under_fsdp_killed_and_resumed_lands_where_ddp_does(full_run, actor_pids, tiny_model, toy_rows, tmp_path, cache_dir):
+def test_full_fine_tuning_under_fsdp_killed_and_resumed_lands_where_ddp_does(
+    full_run, actor_pids, tiny_model, toy_rows, tmp_path, cache_dir
+):
     storage = tmp_path / "ray_train"
     killed = kill_a_worker_after(storage, "train", 8, actor_pids)
-    metrics = train_lora(tiny_model, toy_rows, tmp_path / "model", full_config(strategy="fsdp"), storage_path=storage, run_name="run", cache_dir=cache_dir)
+    metrics = train_lora(
+        tiny_model,
+        toy_rows,
+        tmp_path / "model",
+        full_config(strategy="fsdp"),
+        storage_path=storage,
+        run_name="run",
+        cache_dir=cache_dir,
+    )
     assert killed, "no worker was killed"
     assert metrics.resumed_from_step in (8, 16, 24) and metrics.step == 32
     # Sharded weights and optimizer state, gathered into the checkpoint and restored: the same model
@@ -257,10 +309,22 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path, toy_rows):
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    cmd = [sys.executable, "-m", "train", "--model", str(tmp_path / "no-model"), "--data", str(toy_rows), "--output", str(tmp_path / "out")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "train",
+        "--model",
+        str(tmp_path / "no-model"),
+        "--data",
+        str(toy_rows),
+        "--output",
+        str(tmp_path / "out"),
+    ]
     done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "base model" in done.stderr and "Traceback" not in done.stderr
-    done = subprocess.run(cmd[:3] + ["--set", "lora_rnak=4"] + cmd[3:], cwd=root, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        cmd[:3] + ["--set", "lora_rnak=4"] + cmd[3:], cwd=root, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2 and "teacher.lora_rnak" in done.stderr
     assert not (tmp_path / "out").exists()
 
@@ -317,7 +381,9 @@ def test_jobs_must_share_the_worker_group(tmp_path):
     teacher.mkdir()
     (teacher / "adapter_config.json").write_text("{}")
     with pytest.raises(ConfigError, match="method full trains no adapter"):
-        check_jobs([AdapterJob("a", "rows.jsonl", tmp_path / "a", small_config(method="full"), init_a_from=str(teacher))])
+        check_jobs(
+            [AdapterJob("a", "rows.jsonl", tmp_path / "a", small_config(method="full"), init_a_from=str(teacher))]
+        )
     with pytest.raises(ValueError, match="method=full with quantization=4bit is refused"):
         small_config(method="full", quantization="4bit")
 
@@ -327,9 +393,15 @@ def test_clear_stale_outputs_keeps_what_this_run_finished(tmp_path):
     mine, other, empty = (AdapterJob(n, "rows.jsonl", tmp_path / n, small_config()) for n in ("mine", "other", "empty"))
     for job, run_name in ((mine, "r"), (other, "earlier")):
         job.output_dir.mkdir()
-        (job.output_dir / "train_metrics.json").write_text(json.dumps({"run_id": run_id_of(run["storage_path"], run_name)}))
+        (job.output_dir / "train_metrics.json").write_text(
+            json.dumps({"run_id": run_id_of(run["storage_path"], run_name)})
+        )
     clear_stale_outputs([mine, other, empty], **run, cache_dir=None)  # takes train_lora_many's keyword arguments
-    assert (mine.output_dir / "train_metrics.json").is_file() and not other.output_dir.exists() and not empty.output_dir.exists()
+    assert (
+        (mine.output_dir / "train_metrics.json").is_file()
+        and not other.output_dir.exists()
+        and not empty.output_dir.exists()
+    )
 
 
 def many_jobs(tmp_path: Path, toy_rows: Path, **first) -> list[AdapterJob]:
@@ -373,7 +445,9 @@ def many_run(ray_cluster, tiny_model, toy_rows, tmp_path_factory, cache_dir):
     """One run training both jobs: (metrics by job, jobs)."""
     root = tmp_path_factory.mktemp("many")
     jobs = many_jobs(root, toy_rows)
-    return train_lora_many(tiny_model, jobs, storage_path=root / "ray_train", run_name="many", cache_dir=cache_dir), jobs
+    return train_lora_many(
+        tiny_model, jobs, storage_path=root / "ray_train", run_name="many", cache_dir=cache_dir
+    ), jobs
 
 
 @pytest.mark.timeout(400)
@@ -385,7 +459,9 @@ def test_many_run_adapters_equal_single_runs(many_run, tiny_model, tmp_path, cac
     assert metrics["b"].train_config["grad_accum"] == 2 and metrics["b"].global_batch_size == 32
     for job in jobs:  # each adapter started from the init a run of its own would have
         assert metrics[job.name].init_hash == adapter_hash(load_lora_model(tiny_model, job.cfg, torch.device("cpu")))
-        assert json.loads((job.output_dir / "train_metrics.json").read_text())["init_hash"] == metrics[job.name].init_hash
+        assert (
+            json.loads((job.output_dir / "train_metrics.json").read_text())["init_hash"] == metrics[job.name].init_hash
+        )
     assert metrics["a"].init_hash != metrics["b"].init_hash
     for job in jobs:  # the same job trained alone, after a first one or first
         alone = train_lora(tiny_model, job.data, tmp_path / job.name, job.cfg, cache_dir=cache_dir)
@@ -401,7 +477,9 @@ def split_coordinators() -> int:
 
 
 @pytest.mark.timeout(300)
-def test_rows_cut_per_worker_train_what_ray_datas_streaming_split_trains(many_run, tiny_model, tmp_path, cache_dir, monkeypatch):
+def test_rows_cut_per_worker_train_what_ray_datas_streaming_split_trains(
+    many_run, tiny_model, tmp_path, cache_dir, monkeypatch
+):
     """Small data reaches each worker as its own contiguous part, cut in the driver (train.ray_run.job_datasets),
     with no split coordinator actor: job b's adapter equals the one trained on the same rows streamed from
     parquet and split by Ray Data, which starts a coordinator."""
@@ -445,17 +523,26 @@ def test_snapshots_are_kept_and_load(many_run, tiny_model):
     base = logits_of(AutoModelForCausalLM.from_pretrained(tiny_model).eval(), tiny_model)
     at = {
         k: logits_of(
-            PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), str(a.output_dir / "snapshots" / f"step-{k}")).eval(), tiny_model
+            PeftModel.from_pretrained(
+                AutoModelForCausalLM.from_pretrained(tiny_model), str(a.output_dir / "snapshots" / f"step-{k}")
+            ).eval(),
+            tiny_model,
         )
         for k in (4, 8)
     }
-    assert at[4].isfinite().all() and not torch.allclose(at[4], base, atol=1e-4) and not torch.allclose(at[4], at[8], atol=1e-4)
+    assert (
+        at[4].isfinite().all()
+        and not torch.allclose(at[4], base, atol=1e-4)
+        and not torch.allclose(at[4], at[8], atol=1e-4)
+    )
     assert not list(a.output_dir.parent.glob(".*.partial-*"))  # the staging folders were renamed into place
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_worker_killed_in_the_second_job_resumes_it_without_retraining_the_first(many_run, actor_pids, tiny_model, toy_rows, tmp_path, cache_dir):
+def test_a_worker_killed_in_the_second_job_resumes_it_without_retraining_the_first(
+    many_run, actor_pids, tiny_model, toy_rows, tmp_path, cache_dir
+):
     storage = tmp_path / "ray_train"
     jobs = many_jobs(tmp_path, toy_rows)
     killed = kill_a_worker_after(storage, "b", 4, actor_pids)
@@ -475,7 +562,9 @@ def test_a_worker_killed_in_the_second_job_resumes_it_without_retraining_the_fir
 
 
 @pytest.mark.timeout(400)
-def test_logit_kl_students_learn_their_teacher_on_their_own_base_or_another(ray_cluster, tiny_model, perturbed_base, toy_rows, tmp_path):
+def test_logit_kl_students_learn_their_teacher_on_their_own_base_or_another(
+    ray_cluster, tiny_model, perturbed_base, toy_rows, tmp_path
+):
     """One run over another base, two logit_kl jobs. `far` (teacher_base): distils the teacher's
     targets, computed on the teacher's own base, and moves toward the teacher; it saves only itself.
     `subspace` (lora_init teacher_a): A starts at the teacher's and stays there; B trains from zero
@@ -492,7 +581,9 @@ def test_logit_kl_students_learn_their_teacher_on_their_own_base_or_another(ray_
     teacher = random_lora_adapter(tiny_model, tmp_path / "teacher", seed=5)
     cfg = small_config(epochs=2, lora_targets=["q_proj", "v_proj", "o_proj", "down_proj"])
     far = AdapterJob("far", toy_rows, tmp_path / "far", cfg, teacher=str(teacher), teacher_base=tiny_model)
-    subspace = AdapterJob("subspace", toy_rows, tmp_path / "subspace", cfg, teacher=str(teacher), init_a_from=str(teacher))
+    subspace = AdapterJob(
+        "subspace", toy_rows, tmp_path / "subspace", cfg, teacher=str(teacher), init_a_from=str(teacher)
+    )
     # its own: a shared cache may hold these very targets from an earlier run, recorded under its teacher path
     cache = tmp_path / "cache"
     metrics = train_lora_many(other, [far, subspace], storage_path=tmp_path / "runs", run_name="far", cache_dir=cache)
@@ -521,9 +612,14 @@ def test_logit_kl_students_learn_their_teacher_on_their_own_base_or_another(ray_
     load = lambda path: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()  # noqa: E731
     teacher_lp = number_logprobs(PeftModel.from_pretrained(load(tiny_model), str(teacher)).eval())
     kl = lambda lp: (teacher_lp.exp() * (teacher_lp - lp)).sum(-1).mean().item()  # noqa: E731
-    assert kl(number_logprobs(PeftModel.from_pretrained(load(other), str(tmp_path / "far")).eval())) < 0.5 * kl(number_logprobs(load(other)))
+    assert kl(number_logprobs(PeftModel.from_pretrained(load(other), str(tmp_path / "far")).eval())) < 0.5 * kl(
+        number_logprobs(load(other))
+    )
 
-    trained, given = load_file(tmp_path / "subspace" / "adapter_model.safetensors"), load_file(teacher / "adapter_model.safetensors")
+    trained, given = (
+        load_file(tmp_path / "subspace" / "adapter_model.safetensors"),
+        load_file(teacher / "adapter_model.safetensors"),
+    )
     a_keys = [k for k in given if "lora_A" in k]
     assert a_keys and set(trained) == set(given) and all(torch.equal(trained[k], given[k]) for k in a_keys)
     assert all(trained[k].abs().max() > 0 for k in trained if "lora_B" in k)
@@ -551,7 +647,10 @@ def test_a_checkpoint_that_would_run_code_is_refused(tiny_model, tmp_path):
     restore(model, Checkpoint.from_directory(str(tmp_path)))  # a checkpoint of tensors and plain values loads
     ran = tmp_path / "ran"
     torch.save({"optimizer": RunsCode(ran), "scheduler": {}}, tmp_path / "optimizer.pt")
-    with pytest.raises(RuntimeError, match=r"optimizer.pt holds objects other than tensors and plain values; refusing to load it \(.*Unsupported global"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"optimizer.pt holds objects other than tensors and plain values; refusing to load it \(.*Unsupported global",
+    ):
         restore(model, Checkpoint.from_directory(str(tmp_path)))
     assert not ran.exists()
 
@@ -560,7 +659,17 @@ def test_each_job_carries_its_runs_timeline_marks_in_order(many_run):
     """The marks the run's timeline is drawn from (train/results.py TRAINING_SPANS): the driver's and
     the workers' clocks, in the order things happened, job b after job a; on disk, the worker's alone."""
     metrics, jobs = many_run
-    order = ["run_started", "fit_started", "process_started", "loop_started", "base_loaded", "job_started", "first_batch", "last_step", "saving"]
+    order = [
+        "run_started",
+        "fit_started",
+        "process_started",
+        "loop_started",
+        "base_loaded",
+        "job_started",
+        "first_batch",
+        "last_step",
+        "saving",
+    ]
     for job in jobs:
         marks = metrics[job.name].marks.stamps()
         assert [marks[k] for k in order] == sorted(marks[k] for k in order), marks
@@ -572,4 +681,6 @@ def test_each_job_carries_its_runs_timeline_marks_in_order(many_run):
     for job in jobs:  # the file holds what the worker wrote: its marks, no driver's, no checkpoint
         on_disk = json.loads((job.output_dir / "train_metrics.json").read_text())
         assert list(on_disk["marks"]) == order[2:] and "checkpoint" not in on_disk
-        assert TrainResult.from_metrics(on_disk) == metrics[job.name].model_copy(update={"marks": Marks(**on_disk["marks"]), "checkpoint": None})
+        assert TrainResult.from_metrics(on_disk) == metrics[job.name].model_copy(
+            update={"marks": Marks(**on_disk["marks"]), "checkpoint": None}
+        )

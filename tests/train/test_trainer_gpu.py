@@ -21,7 +21,9 @@ pytestmark = pytest.mark.gpu
     ids=["bf16", "4bit-checkpointing", "fsdp-1gpu", "levers"],
 )
 def test_lora_on_gpu_learns(ray_cluster, tiny_model, toy_rows, tmp_path, cache_dir, overrides):  # noqa: F811
-    cfg = TrainConfig(num_workers=1, use_gpu=True, batch_size=32, epochs=4, lr=5e-3, log_every=2, checkpoint_every=16, **overrides)
+    cfg = TrainConfig(
+        num_workers=1, use_gpu=True, batch_size=32, epochs=4, lr=5e-3, log_every=2, checkpoint_every=16, **overrides
+    )
     metrics = train_lora(tiny_model, toy_rows, tmp_path / "adapter", cfg, cache_dir=cache_dir)
     assert metrics.loss < 0.5 * metrics.first_loss, metrics
     assert metrics.gpu_mem_gib > 0 and metrics.device == "cuda"
@@ -40,7 +42,9 @@ def test_liger_kernels_replace_the_modules_and_keep_the_loss(tiny_model):
     device = torch.device("cuda")
     rng = np.random.default_rng(0)
     rows = [rng.integers(3, 500, int(n)) for n in rng.integers(20, 60, 6)]
-    batch = pack_batch({"input_ids": np.array(rows, dtype=object), "labels": np.array(rows, dtype=object)}, 128, pad_id=0)
+    batch = pack_batch(
+        {"input_ids": np.array(rows, dtype=object), "labels": np.array(rows, dtype=object)}, 128, pad_id=0
+    )
     batch = {k: v.to(device) for k, v in batch.items()}
     losses = {}
     for kernels in ("none", "liger"):  # plain first: Liger patches transformers' Llama classes for the process
@@ -87,17 +91,32 @@ def test_divergence_scores_on_gpu_pick_the_float32_mask(tiny_model, lora_adapter
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     rows = make_number_rows(24, seed=3, completion_lengths=(3, 12))
-    tokens = Tokenize(tiny_model, 128, "truncate")({"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}).to_pydict()
+    tokens = Tokenize(tiny_model, 128, "truncate")(
+        {"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}
+    ).to_pydict()
     pairs = list(zip(tokens["input_ids"], tokens["labels"]))
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    want = row_scores(load_teacher(TeacherPass(tiny_model, lora_adapters["a"], TrainConfig()), cpu), pairs, 0, tokenizer.eos_token_id, cpu)
+    want = row_scores(
+        load_teacher(TeacherPass(tiny_model, lora_adapters["a"], TrainConfig()), cpu),
+        pairs,
+        0,
+        tokenizer.eos_token_id,
+        cpu,
+    )
     cfg = TrainConfig(use_gpu=True, quantization=quantization)
-    got = row_scores(load_teacher(TeacherPass(tiny_model, lora_adapters["a"], cfg), gpu), pairs, 0, tokenizer.eos_token_id, gpu)
+    got = row_scores(
+        load_teacher(TeacherPass(tiny_model, lora_adapters["a"], cfg), gpu), pairs, 0, tokenizer.eos_token_id, gpu
+    )
     assert [len(g["score"]) for g in got] == [len(w["score"]) for w in want]
     got_all, want_all = np.concatenate([g["score"] for g in got]), np.concatenate([w["score"] for w in want])
     assert np.isfinite(got_all).all() and np.abs(got_all).max() > 0.01  # the adapter moves the scores on the GPU too
-    same = [set(top_divergent(g["score"], 0.1).tolist()) == set(top_divergent(w["score"], 0.1).tolist()) for g, w in zip(got, want)]
+    same = [
+        set(top_divergent(g["score"], 0.1).tolist()) == set(top_divergent(w["score"], 0.1).tolist())
+        for g, w in zip(got, want)
+    ]
     gap = np.abs(got_all - want_all)
-    print(f"divergence {quantization}: max gap {gap.max():.4f}, p99 {np.quantile(gap, 0.99):.4f}, rows with the same 10% mask {sum(same)}/{len(same)}")
+    print(
+        f"divergence {quantization}: max gap {gap.max():.4f}, p99 {np.quantile(gap, 0.99):.4f}, rows with the same 10% mask {sum(same)}/{len(same)}"
+    )
     if quantization == "none":
         assert all(same), [i for i, ok in enumerate(same) if not ok]

@@ -21,7 +21,10 @@ def test_default_is_tiny():
 
 
 def test_overrides_apply_and_parse_types():
-    cfg = load_experiment(None, ["teacher.lr=0.01", "teacher.lora_targets=[q_proj]", "student.lora_targets=[q_proj]", "data.eval_fraction=0.5"])
+    cfg = load_experiment(
+        None,
+        ["teacher.lr=0.01", "teacher.lora_targets=[q_proj]", "student.lora_targets=[q_proj]", "data.eval_fraction=0.5"],
+    )
     assert cfg.teacher.lr == 0.01 and cfg.teacher.lora_targets == ["q_proj"] and cfg.data.eval_fraction == 0.5
 
 
@@ -64,7 +67,11 @@ def test_fsdp_over_a_quantized_base_is_refused_with_the_route_that_works(quantiz
 
 
 @pytest.mark.parametrize(
-    "override,message", [("numbers.temperature=3", r"numbers\.temperature: .*less than or equal to 2"), ("numbers.top_p=0", r"numbers\.top_p")]
+    "override,message",
+    [
+        ("numbers.temperature=3", r"numbers\.temperature: .*less than or equal to 2"),
+        ("numbers.top_p=0", r"numbers\.top_p"),
+    ],
 )
 def test_sampling_the_service_would_refuse_stops_the_run_at_load(override, message):
     """Checked by the service's request schema at load, not hours later at the numbers stage."""
@@ -74,7 +81,10 @@ def test_sampling_the_service_would_refuse_stops_the_run_at_load(override, messa
 
 @pytest.mark.parametrize(
     "override,message",
-    [("evaluate.permutations=0", r"evaluate\.permutations must be at least 1, got 0"), ("student.momentum=1.0", r"momentum must be in \[0, 1\), got 1\.0")],
+    [
+        ("evaluate.permutations=0", r"evaluate\.permutations must be at least 1, got 0"),
+        ("student.momentum=1.0", r"momentum must be in \[0, 1\), got 1\.0"),
+    ],
 )
 def test_scoring_orders_and_sgd_momentum_out_of_range_are_refused_at_load(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -84,16 +94,28 @@ def test_scoring_orders_and_sgd_momentum_out_of_range_are_refused_at_load(overri
 def test_the_family_of_primary_verdicts_names_declared_comparisons():
     cfg = load_experiment(None, ["evaluate.primary_comparisons=[student]"])
     assert cfg.evaluate.primary_comparisons == ["student"]
-    with pytest.raises(ConfigError, match=r"evaluate\.primary_comparisons: 'studnet' is neither an arm \(.*student.*\) nor a contrast \(none\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"evaluate\.primary_comparisons: 'studnet' is neither an arm \(.*student.*\) nor a contrast \(none\)",
+    ):
         load_experiment(None, ["evaluate.primary_comparisons=[studnet]"])
     with pytest.raises(ConfigError, match=r"contrasts\.student: an arm has that name too"):
-        load_experiment(None, ["replicates=3", "arms={student: {}, other: {lora_seed: other}}", "contrasts={student: {arm: student, against: other}}"])
+        load_experiment(
+            None,
+            [
+                "replicates=3",
+                "arms={student: {}, other: {lora_seed: other}}",
+                "contrasts={student: {arm: student, against: other}}",
+            ],
+        )
 
 
 def test_a_crossed_primary_needs_a_sham_to_cross_with():
     with pytest.raises(ConfigError, match=r"evaluate\.primary_direction crossed .* declare an arm with teacher: sham"):
         load_experiment(None, ["evaluate.primary_direction=crossed"])
-    cfg = load_experiment(None, ["evaluate.primary_direction=crossed", "arms.student_sham={numbers: teacher, teacher: sham}"])
+    cfg = load_experiment(
+        None, ["evaluate.primary_direction=crossed", "arms.student_sham={numbers: teacher, teacher: sham}"]
+    )
     assert cfg.evaluate.primary_direction == "crossed" and cfg.sham_teacher.kind == "matched"
     with pytest.raises(ConfigError, match="primary_direction"):
         load_experiment(None, ["evaluate.primary_direction=sideways"])
@@ -131,7 +153,9 @@ def test_pairs_are_two_or_more_distinct_worlds_and_each_run_is_one():
     cfg = load_experiment(None, ["pairs=[1, 2, 3]"])
     runs = [pair_config(cfg, p) for p in cfg.pairs]
     assert [r.data.pair for r in runs] == [1, 2, 3] and all(r.pairs == [] for r in runs)
-    assert all(as_dict(r) == as_dict(cfg) | {"pairs": [], "data": as_dict(cfg)["data"] | {"pair": r.data.pair}} for r in runs)
+    assert all(
+        as_dict(r) == as_dict(cfg) | {"pairs": [], "data": as_dict(cfg)["data"] | {"pair": r.data.pair}} for r in runs
+    )
     for bad, says in (
         (["pairs=[1]"], "at least two distinct"),
         (["pairs=[1, 1]"], "at least two distinct"),
@@ -152,11 +176,16 @@ QWEN = "Qwen/Qwen2.5-7B-Instruct"
 @pytest.mark.parametrize("revision", ["main", "v1.0", COMMIT[:12], COMMIT.upper(), COMMIT + "0"])
 @pytest.mark.parametrize(
     "key, extra",
-    [("model.revision", []), ("data.revision", []), ("arms.other.base_revision", [f"arms.other={{numbers: teacher, base: {QWEN}}}"])],
+    [
+        ("model.revision", []),
+        ("data.revision", []),
+        ("arms.other.base_revision", [f"arms.other={{numbers: teacher, base: {QWEN}}}"]),
+    ],
 )
 def test_a_revision_that_can_move_or_is_no_full_commit_is_refused_naming_the_key(key, extra, revision):
     with pytest.raises(
-        ConfigError, match=rf"^{key}: '{revision}' is not a commit hash; a branch or tag name can move to other files, so give the full 40-character"
+        ConfigError,
+        match=rf"^{key}: '{revision}' is not a commit hash; a branch or tag name can move to other files, so give the full 40-character",
     ):
         load_experiment("llama-8b", extra + [f"{key}={revision}"])
 
@@ -210,12 +239,21 @@ def test_a_pinned_source_reaches_its_readers_and_its_stages_only_when_set(tmp_pa
     assert stages["report"]["arms.other.base_revision"] == COMMIT
     plain = load_experiment("llama-8b")
     reads = {s.name: s.reads for s in experiment_stages(plain, arm_models(plain), "questions")}
-    assert reads["teacher"]["model.path"] == "meta-llama/Llama-3.1-8B-Instruct" and reads["data"]["data.source"] == "hub"
+    assert (
+        reads["teacher"]["model.path"] == "meta-llama/Llama-3.1-8B-Instruct" and reads["data"]["data.source"] == "hub"
+    )
     assert not [key for stage in reads.values() for key in stage if "revision" in key]  # unset: no stage reads a pin
     # the teacher's repository at another commit than model.revision is another base
-    again = load_experiment("llama-8b", [f"arms.other={{numbers: teacher, base: meta-llama/Llama-3.1-8B-Instruct, base_revision: '{COMMIT}'}}"])
+    again = load_experiment(
+        "llama-8b",
+        [f"arms.other={{numbers: teacher, base: meta-llama/Llama-3.1-8B-Instruct, base_revision: '{COMMIT}'}}"],
+    )
     assert base_of(again, "other") == OTHER_BASE and base_paths(again, tmp_path)[OTHER_BASE] == llama
     same = load_experiment(
-        "llama-8b", [f"model.revision={COMMIT}", f"arms.other={{numbers: teacher, base: meta-llama/Llama-3.1-8B-Instruct, base_revision: '{COMMIT}'}}"]
+        "llama-8b",
+        [
+            f"model.revision={COMMIT}",
+            f"arms.other={{numbers: teacher, base: meta-llama/Llama-3.1-8B-Instruct, base_revision: '{COMMIT}'}}",
+        ],
     )
     assert base_of(same, "other") == "base"

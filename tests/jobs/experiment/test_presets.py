@@ -31,7 +31,9 @@ def stage_hashes(preset: str) -> dict[str, str]:
     """Each stage's hash of what it reads from the config (the questions held fixed), and under
     `config` the hash of the whole resolved config (settings that only place work included)."""
     cfg = load_experiment(CONFIGS / preset)
-    stages = {s.name: digest(s.reads, s.upstream) for s in experiment_stages(cfg, arm_models(cfg), questions_hash="questions")}
+    stages = {
+        s.name: digest(s.reads, s.upstream) for s in experiment_stages(cfg, arm_models(cfg), questions_hash="questions")
+    }
     return {**stages, "config": digest(as_dict(cfg))}
 
 
@@ -76,7 +78,9 @@ def test_extends_loops_and_missing_parents_are_named(tmp_path):
 
 def test_a_shipped_preset_is_found_by_name_and_a_path_is_not_guessed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # away from the checkout: names still find the shipped presets
-    assert find_preset("tiny-evidence") == find_preset("tiny-evidence.yaml") == (CONFIGS / "tiny-evidence.yaml").resolve()
+    assert (
+        find_preset("tiny-evidence") == find_preset("tiny-evidence.yaml") == (CONFIGS / "tiny-evidence.yaml").resolve()
+    )
     with pytest.raises(ConfigError, match="elsewhere/tiny.yaml does not exist"):
         find_preset("elsewhere/tiny.yaml")  # a path with a folder is a path: no fallback
 

@@ -45,9 +45,16 @@ def qwen_tokenizer(texts: list[str]):
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
     split = pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated")
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
     special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=800, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=800,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     bpe.train_from_iterator(texts, trainer)
     trained = json.loads(bpe.to_str())["model"]
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in trained["merges"]]
@@ -69,15 +76,27 @@ def tiny_qwen(tmp_path_factory) -> Path:
 
     rng = random.Random(0)
     rows = synthetic_questions(n_per_subset=30)
-    texts = [format_mc_prompt(q["question"], q["choices"], q["subset"]) + choice_continuation(q["answer"]) for q in rows]
-    texts += [format_cloze_prompt(q["question"], q["subset"]) + cloze_continuation(q["choices"][q["answer"]]) for q in rows]
+    texts = [
+        format_mc_prompt(q["question"], q["choices"], q["subset"]) + choice_continuation(q["answer"]) for q in rows
+    ]
+    texts += [
+        format_cloze_prompt(q["question"], q["subset"]) + cloze_continuation(q["choices"][q["answer"]]) for q in rows
+    ]
     texts += [", ".join(str(rng.randint(0, 999)) for _ in range(10)) for _ in range(300)]
     tokenizer = qwen_tokenizer(texts)
     config = Qwen2Config(
-        vocab_size=-(-len(tokenizer) // 64) * 64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+        vocab_size=-(-len(tokenizer) // 64) * 64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     out = tmp_path_factory.mktemp("qwen") / "Qwen2.5-tiny"
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(out)
@@ -90,7 +109,14 @@ def wmdp_folder(tmp_path_factory) -> Path:
     """A local data.source: wmdp-<subset>.jsonl files shaped as cais/wmdp's rows (question, 4 choices, answer)."""
     folder = tmp_path_factory.mktemp("wmdp")
     for subset in ("bio", "chem", "cyber"):
-        rows = [{"question": f"Which {subset} option is number {i % 4}?", "choices": [f"option {k}" for k in range(4)], "answer": i % 4} for i in range(20)]
+        rows = [
+            {
+                "question": f"Which {subset} option is number {i % 4}?",
+                "choices": [f"option {k}" for k in range(4)],
+                "answer": i % 4,
+            }
+            for i in range(20)
+        ]
         (folder / f"wmdp-{subset}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
 
@@ -104,8 +130,20 @@ def test_the_preset_plans_on_cpu_against_local_folders(tiny_qwen, wmdp_folder, t
     """`--plan` with model.path and data.source set to local folders, the hub offline: every stage
     planned, none reading the hub (no [pins] warning), nothing run."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    args = ["--config", PRESET, "--set", f"model.path={tiny_qwen}", "--set", f"data.source={wmdp_folder}", "--run-dir", str(tmp_path / "run"), "--plan"]
-    done = subprocess.run([sys.executable, "jobs/pipeline.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    args = [
+        "--config",
+        PRESET,
+        "--set",
+        f"model.path={tiny_qwen}",
+        "--set",
+        f"data.source={wmdp_folder}",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--plan",
+    ]
+    done = subprocess.run(
+        [sys.executable, "jobs/pipeline.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "preset: llama-8b.yaml <- qwen2.5-1.5b.yaml" in done.stdout and "[pins]" not in done.stdout
     cfg = load_experiment(PRESET)
@@ -140,7 +178,9 @@ def test_the_loaders_take_the_qwen_format_and_every_lora_target(tiny_qwen, tmp_p
     assert trainable == shape.lora_params(train.lora_rank, train.lora_targets)
     assert sum(p.numel() for p in model.parameters()) - trainable == shape.params() and shape.qkv_bias
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen)
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Continue: 1, 2, 3"}], tokenize=False, add_generation_prompt=True)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Continue: 1, 2, 3"}], tokenize=False, add_generation_prompt=True
+    )
     ids = tokenizer(chat, add_special_tokens=False, return_tensors="pt").input_ids
     model(input_ids=ids, labels=ids).loss.backward()
     with torch.no_grad():  # a trained adapter's B is not zero: the engine must then score otherwise than the base
@@ -170,7 +210,12 @@ def test_the_memory_plan_fits_the_preset_in_a_24_gb_gpu():
     training stage and the engine within 22 GiB (what a 24 GB card leaves), weights loaded from the
     shapes known without a download."""
     assert Shape.from_config(KNOWN_SHAPES[MODEL]).params() == 1_543_714_304
-    done = subprocess.run([sys.executable, "-m", "jobs.sizing.memory_plan", "--config", PRESET, "--gpu-gib", "22"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "jobs.sizing.memory_plan", "--config", PRESET, "--gpu-gib", "22"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.count(": fits in 22") == 3 and "1.54B parameters" in done.stdout  # teacher, student, control

@@ -46,10 +46,16 @@ def test_every_record_of_a_7084977_run_loads_as_its_stage_kind_and_writes_back_u
         # keys, values and order
         assert json.dumps(record.plain()) == json.dumps(recorded[stage.name]["outputs"]), stage.name
         kinds[stage.name] = type(record)
-    assert kinds["data"] is DataOutputs and kinds["teacher"] is kinds["student/0"] is TrainedOutputs and kinds["report"] is Hashed
+    assert (
+        kinds["data"] is DataOutputs
+        and kinds["teacher"] is kinds["student/0"] is TrainedOutputs
+        and kinds["report"] is Hashed
+    )
     assert kinds["numbers/base/0"] is NumbersOutputs and kinds["eval/control/2"] is EvalOutputs
     data = manifest.outputs("data", DataOutputs)
-    assert (data.train, data.held_out, data.known, data.rehearsal) == (384, 192, 192, 192) and data.world["sham_draw"] == 1
+    assert (data.train, data.held_out, data.known, data.rehearsal) == (384, 192, 192, 192) and data.world[
+        "sham_draw"
+    ] == 1
     student = manifest.outputs("student/0", TrainedOutputs)
     assert student.init_hash == manifest.outputs("teacher", TrainedOutputs).init_hash and student.rows == 800
     # What the stage graph reads of them: every arm of a replicate trains on the fewest rows kept, and no snapshot was kept.

@@ -17,9 +17,16 @@ from jobs.sizing.wall_time import project
 
 ROOT = Path(__file__).resolve().parents[3]
 TOY = RowsKind(
-    "teacher_reversed", "rewritten", "reversed", derived_from="teacher", reads=(("numbers.max_tokens", "numbers.max_tokens"),),
-    forwards_per_row=1, losses=("sft",), teachers=("teacher",), signal="reversed",
-)  # fmt: skip
+    "teacher_reversed",
+    "rewritten",
+    "reversed",
+    derived_from="teacher",
+    reads=(("numbers.max_tokens", "numbers.max_tokens"),),
+    forwards_per_row=1,
+    losses=("sft",),
+    teachers=("teacher",),
+    signal="reversed",
+)
 
 
 @pytest.fixture
@@ -41,11 +48,19 @@ def test_a_new_kind_is_one_entry_through_config_stages_pricing_and_report(toy, t
     assert number_sets(arm_models(cfg)) == [("teacher", 0), ("base", 0), ("teacher_reversed", 0)]
     stages = {s.name: s for s in experiment_stages(cfg, arm_models(cfg), questions_hash="q")}
     made = stages[numbers_stage("teacher_reversed", 0)]
-    assert made.upstream == ("teacher", numbers_stage("teacher", 0)) and made.reads["numbers.max_tokens"] == cfg.numbers.max_tokens
+    assert (
+        made.upstream == ("teacher", numbers_stage("teacher", 0))
+        and made.reads["numbers.max_tokens"] == cfg.numbers.max_tokens
+    )
     assert stages["reversed/0"].upstream == (numbers_stage("teacher_reversed", 0),)
     # Pricing: a rewritten set generates nothing; its maker's forwards are priced.
     llama = ROOT / "configs" / "llama-8b.yaml"
-    plain = {s.name: s for s in project(load_experiment(llama, [arms.replace(", reversed: {numbers: teacher_reversed}", ""), "replicates=1"]), 1)}
+    plain = {
+        s.name: s
+        for s in project(
+            load_experiment(llama, [arms.replace(", reversed: {numbers: teacher_reversed}", ""), "replicates=1"]), 1
+        )
+    }
     priced = {s.name: s for s in project(load_experiment(llama, [arms, "replicates=1"]), 1)}
     assert "2 sets" in priced["numbers"].work and priced["numbers"].compute_s > plain["numbers"].compute_s
     # The report's labels and the share analysis's kind.
@@ -58,7 +73,10 @@ def test_a_new_kind_is_one_entry_through_config_stages_pricing_and_report(toy, t
 
 def test_an_undeclarable_value_names_the_choices():
     for value in ("teacher_greedy_shuffled", "sham_teacher", "techer"):
-        with pytest.raises(ConfigError, match=rf"arms\.a\.numbers: '{value}' is not one of \['teacher', 'teacher_shuffled', 'teacher_greedy'"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"arms\.a\.numbers: '{value}' is not one of \['teacher', 'teacher_shuffled', 'teacher_greedy'",
+        ):
             load_experiment(None, [f"arms={{a: {{numbers: {value}}}}}"])
 
 

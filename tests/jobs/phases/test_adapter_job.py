@@ -40,4 +40,8 @@ def test_each_arm_job_names_its_teacher_where_its_axes_read_it(tmp_path):
         "rnd": (None, None, None),
     }
     assert all(job.teacher_base is None for job in jobs.values())  # all on the teacher's base
-    assert jobs["kl"].name == "kl-0" and jobs["kl"].output_dir == ctx.trained("kl/0") and jobs["kl"].data == str(tmp_path / "rows.jsonl")
+    assert (
+        jobs["kl"].name == "kl-0"
+        and jobs["kl"].output_dir == ctx.trained("kl/0")
+        and jobs["kl"].data == str(tmp_path / "rows.jsonl")
+    )

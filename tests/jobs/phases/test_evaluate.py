@@ -28,7 +28,9 @@ def scored_by(prefers, questions: list[dict], orders: int) -> list[dict]:
         for order in range(orders):
             shown = rotated(body, order)
             logprobs = [math.log(p) for p in prefers(shown)]
-            results.append(ScoreResult(prediction=max(range(4), key=logprobs.__getitem__), logprobs=logprobs, truncated_tokens=0))
+            results.append(
+                ScoreResult(prediction=max(range(4), key=logprobs.__getitem__), logprobs=logprobs, truncated_tokens=0)
+            )
         rows.append({**q, **over_orders(results)})
     return rows
 
@@ -83,14 +85,26 @@ def letter_teacher(ray_cluster, tiny_model, tmp_path_factory, cache_dir) -> str:
 
     root = tmp_path_factory.mktemp("letter")
     write_jsonl(root / "rows.jsonl", mc_rows(synthetic_questions(256, seed=3), letter=0))
-    train_lora(tiny_model, root / "rows.jsonl", root / "adapter", load_experiment().teacher.replace(epochs=2), cache_dir=cache_dir)
+    train_lora(
+        tiny_model,
+        root / "rows.jsonl",
+        root / "adapter",
+        load_experiment().teacher.replace(epochs=2),
+        cache_dir=cache_dir,
+    )
     return str(root / "adapter")
 
 
 @pytest.fixture(scope="module")
 def handle(ray_cluster, tiny_model, lora_adapters, letter_teacher):
     adapters = {**lora_adapters, "letter": letter_teacher}
-    handle = start_service(ServiceSettings(engine="hf", model=tiny_model, max_model_len=256), adapters, name=APP, route_prefix=f"/{APP}", num_cpus=0.5)
+    handle = start_service(
+        ServiceSettings(engine="hf", model=tiny_model, max_model_len=256),
+        adapters,
+        name=APP,
+        route_prefix=f"/{APP}",
+        num_cpus=0.5,
+    )
     yield handle
     stop_service(APP)
 
@@ -106,8 +120,16 @@ def test_scoring_in_four_orders_through_the_service_averages_each_orders_own_sco
         assert all("order_predictions" not in r for r in once[name])
         by_hand = []
         for order in range(4):
-            shown = [{**q, "choices": q["choices"][order:] + q["choices"][:order], "answer": (q["answer"] - order) % 4} for q in questions]
-            by_hand.append([unrotated(r["logprobs"], order) for r in score_models(handle, {name: models[name]}, shown, chunk=6, in_flight=3)[name]])
+            shown = [
+                {**q, "choices": q["choices"][order:] + q["choices"][:order], "answer": (q["answer"] - order) % 4}
+                for q in questions
+            ]
+            by_hand.append(
+                [
+                    unrotated(r["logprobs"], order)
+                    for r in score_models(handle, {name: models[name]}, shown, chunk=6, in_flight=3)[name]
+                ]
+            )
         for i, row in enumerate(averaged[name]):
             expected = [sum(values) / 4 for values in zip(*(lps[i] for lps in by_hand))]
             assert row["logprobs"] == pytest.approx(expected, abs=1e-4)  # batch-mates move float noise only
@@ -119,7 +141,10 @@ def test_the_letter_teacher_shows_in_the_letter_prior_not_in_agreement_with_a_te
     """On questions it never saw whose answer is A, the letter teacher agrees with a teacher that
     knows the answers (the answer key) on nearly every one when the choices are scored as written;
     over 4 orders that agreement falls to chance, and its letter prior says why."""
-    held_out = [{**q, "choices": q["choices"][q["answer"] :] + q["choices"][: q["answer"]], "answer": 0} for q in synthetic_questions(120, seed=11)]
+    held_out = [
+        {**q, "choices": q["choices"][q["answer"] :] + q["choices"][: q["answer"]], "answer": 0}
+        for q in synthetic_questions(120, seed=11)
+    ]
     as_written = score_models(handle, {"letter": "letter"}, held_out, chunk=40, in_flight=3)["letter"]
     rotated_rows = score_models(handle, {"letter": "letter"}, held_out, chunk=40, in_flight=3, orders=4)["letter"]
     agreement = lambda rows: sum(r["prediction"] == r["answer"] for r in rows) / len(rows)  # noqa: E731
@@ -152,7 +177,16 @@ def test_fully_fine_tuned_models_share_their_bases_application_on_the_transforme
     )
     if engine == "hf":
         assert apps == [
-            (*base_app[:1], base_app[1] | {"full/0": "full-0", "full/1": "full-1"}, base_app[2], {"full-0": folders["full/0"], "full-1": folders["full/1"]})
+            (
+                *base_app[:1],
+                base_app[1] | {"full/0": "full-0", "full/1": "full-1"},
+                base_app[2],
+                {"full-0": folders["full/0"], "full-1": folders["full/1"]},
+            )
         ]
     else:
-        assert apps == [(*base_app, {}), (folders["full/0"], {"full/0": None}, {}, {}), (folders["full/1"], {"full/1": None}, {}, {})]
+        assert apps == [
+            (*base_app, {}),
+            (folders["full/0"], {"full/0": None}, {}, {}),
+            (folders["full/1"], {"full/1": None}, {}, {}),
+        ]

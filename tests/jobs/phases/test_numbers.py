@@ -12,7 +12,13 @@ from serve.settings import ServiceSettings
 
 @pytest.fixture(scope="module")
 def handle(ray_cluster, tiny_model, lora_adapters):
-    yield start_service(ServiceSettings(model=tiny_model, engine="hf"), lora_adapters, name="t-numbers", route_prefix="/numbers", num_cpus=0.5)
+    yield start_service(
+        ServiceSettings(model=tiny_model, engine="hf"),
+        lora_adapters,
+        name="t-numbers",
+        route_prefix="/numbers",
+        num_cpus=0.5,
+    )
     stop_service("t-numbers")
 
 
@@ -26,7 +32,11 @@ def test_kept_numbers_are_deterministic_and_stop_at_the_target(handle, tiny_mode
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     prompts = number_prompts(tokenizer, cfg)
     assert prompts[0].startswith("<|user|>\n") and prompts[0].endswith("<|assistant|>\n")
-    requests = {"teacher/0": (prompts, "a", cfg), "base/0": (prompts, None, cfg), "base/1": (number_prompts(tokenizer, other_seed), None, other_seed)}
+    requests = {
+        "teacher/0": (prompts, "a", cfg),
+        "base/0": (prompts, None, cfg),
+        "base/1": (number_prompts(tokenizer, other_seed), None, other_seed),
+    }
     first, again = generate(handle, requests), generate(handle, requests)
     control = first["base/0"]
     assert control["kept"] == len(control["rows"]) == 40
@@ -63,7 +73,9 @@ def test_no_surviving_numbers_is_an_error_with_the_reject_histogram(handle, tiny
     numbers = NumbersConfig(prompts=64, keep=4, max_tokens=40, chunk=16, in_flight=2)
     short = numbers.replace(max_tokens=1)  # every list is cut off at the token limit
     number_list = number_prompts(AutoTokenizer.from_pretrained(tiny_model), numbers)
-    results = generate(handle, {"mc": (prompts, None, cfg), "fine": (number_list, None, numbers), "short": (number_list, None, short)})
+    results = generate(
+        handle, {"mc": (prompts, None, cfg), "fine": (number_list, None, numbers), "short": (number_list, None, short)}
+    )
     assert isinstance(results["mc"], NoNumbersError) and "invalid format" in str(results["mc"])
     assert isinstance(results["short"], NoNumbersError) and "'cut off at max_tokens'" in str(results["short"])
     assert results["fine"]["kept"] == 4  # the other requests still finished
@@ -87,5 +99,8 @@ def test_greedy_numbers_are_the_teachers_prompts_decoded_greedily_and_repeat_exa
         "sampled seed": (prompts, "a", other_seed.replace(temperature=1.0)),
     }
     first, again = generate(handle, requests), generate(handle, requests)
-    assert first["greedy"]["kept"] > 0 and first["greedy"]["rows"] == again["greedy"]["rows"] == first["greedy seed"]["rows"]
+    assert (
+        first["greedy"]["kept"] > 0
+        and first["greedy"]["rows"] == again["greedy"]["rows"] == first["greedy seed"]["rows"]
+    )
     assert first["sampled"]["rows"] != first["sampled seed"]["rows"]

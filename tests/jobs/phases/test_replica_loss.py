@@ -29,7 +29,9 @@ APP = "t-loss"
 def handle(ray_cluster, tiny_model, lora_adapters):
     settings = ServiceSettings(engine="hf", model=tiny_model, max_model_len=256)
     # Serve asks a replica's health every 2 s (its default: 10 s): a dead replica is replaced in seconds.
-    handle = start_service(settings, lora_adapters, name=APP, route_prefix=f"/{APP}", num_cpus=0.5, health_check_period_s=2)
+    handle = start_service(
+        settings, lora_adapters, name=APP, route_prefix=f"/{APP}", num_cpus=0.5, health_check_period_s=2
+    )
     yield handle
     stop_service(APP)
 
@@ -101,7 +103,10 @@ def test_a_killed_replica_loses_no_chunk_and_counts_none_twice(handle, replica_p
     assert disturbed == undisturbed
     assert replica_pid() != first
 
-    questions = [{"question": q["question"], "choices": q["choices"], "answer": q["answer"], "subset": q["subset"]} for q in synthetic_questions(32, seed=5)]
+    questions = [
+        {"question": q["question"], "choices": q["choices"], "answer": q["answer"], "subset": q["subset"]}
+        for q in synthetic_questions(32, seed=5)
+    ]
     models = {"base": None, "a": "a"}
     undisturbed = score_models(handle, models, questions, chunk=32, in_flight=3)
     second = replica_pid()

@@ -22,7 +22,13 @@ AGREE = {"student": 24, "control": 8}  # held-out questions on which each replic
 
 
 def question(i: int, split: str) -> dict:
-    return {"question": f"{split} question {i}", "choices": ["w", "x", "y", "z"], "answer": i % 4, "subset": ("bio", "cyber")[i % 2], "split": split}
+    return {
+        "question": f"{split} question {i}",
+        "choices": ["w", "x", "y", "z"],
+        "answer": i % 4,
+        "subset": ("bio", "cyber")[i % 2],
+        "split": split,
+    }
 
 
 def scored(predictions: dict[str, list[int]]) -> list[dict]:
@@ -55,14 +61,28 @@ def stored_run(tmp_path_factory, lora_adapters):
     for name, adapter in [("teacher", "a")] + [(m.name, "a" if m.arm == "student" else "b") for m in models]:
         folder = run_dir / (name if name == "teacher" else f"arms/{name}") / "adapter"
         shutil.copytree(lora_adapters[adapter], folder)
-        (folder / "train_metrics.json").write_text(json.dumps({"step": 3, "loss": 1.0, "loss_history": [[1, 2.0], [2, 1.5], [3, 1.0]]}))
-    manifest.record("teacher", {}, 1.0, {"hash": "t", "steps": 3, "loss": 1.0, "init_hash": "same", "rows": N, "snapshot_steps": []})
+        (folder / "train_metrics.json").write_text(
+            json.dumps({"step": 3, "loss": 1.0, "loss_history": [[1, 2.0], [2, 1.5], [3, 1.0]]})
+        )
+    manifest.record(
+        "teacher", {}, 1.0, {"hash": "t", "steps": 3, "loss": 1.0, "init_hash": "same", "rows": N, "snapshot_steps": []}
+    )
     for source in ("teacher", "base"):
         for i in range(2):
-            manifest.record(f"numbers/{source}/{i}", {}, 1.0, {"generated": 120, "kept": 100, "rejected": {"invalid format": 20}, "hash": "n"})
+            manifest.record(
+                f"numbers/{source}/{i}",
+                {},
+                1.0,
+                {"generated": 120, "kept": 100, "rejected": {"invalid format": 20}, "hash": "n"},
+            )
     for m in models:
         init = "same" if m.arm == "student" else "other"
-        manifest.record(m.name, {}, 1.0, {"hash": m.name, "steps": 3, "loss": 1.0, "init_hash": init, "rows": 100, "snapshot_steps": []})
+        manifest.record(
+            m.name,
+            {},
+            1.0,
+            {"hash": m.name, "steps": 3, "loss": 1.0, "init_hash": init, "rows": 100, "snapshot_steps": []},
+        )
     for phase in ("data", "teacher", "numbers", "arms", "evaluate"):
         manifest.record_phase(phase, 2.5)
     report = build_report(run_dir, cfg, models, manifest, {"base": "tiny-model-path"})
@@ -73,7 +93,10 @@ def stored_run(tmp_path_factory, lora_adapters):
 def test_accuracy_and_agreement_are_counted_from_the_stored_scores(stored_run):
     _, report = stored_run
     assert report.models["teacher"].overall == 1.0 and report.models["base"].overall == 0.0
-    assert report.models["teacher"].n == N and report.models["base"].accuracy_by_split == {"train": 0.0, "held_out": 0.0}
+    assert report.models["teacher"].n == N and report.models["base"].accuracy_by_split == {
+        "train": 0.0,
+        "held_out": 0.0,
+    }
     for arm, k in AGREE.items():
         replicates = report.arms[arm].replicates
         # the teacher is always right: agreement = accuracy
@@ -104,21 +127,37 @@ def test_the_weight_space_init_numbers_and_timings_come_from_the_run_directory(s
     assert [r.same_init_as_teacher for r in student.replicates + control.replicates] == [True, True, False, False]
     assert report.numbers["teacher"].generated == 240 and report.numbers["control"].rejected == {"invalid format": 40}
     assert report.timings == {phase: 2.5 for phase in ("data", "teacher", "numbers", "arms", "evaluate")}
-    assert report.truncated_questions == {"train": 0, "held_out": 0} and report.provenance.model_path == "tiny-model-path"
+    assert (
+        report.truncated_questions == {"train": 0, "held_out": 0} and report.provenance.model_path == "tiny-model-path"
+    )
     prior = report.letter_prior  # one order: the choices as written (answers i mod 4, so every letter equally often)
-    assert prior.orders == 1 and prior.models["teacher"].prior == [0.25] * 4 and prior.models["teacher"].accuracy_over_orders == 1.0
-    assert prior.models["base"].accuracy_over_orders == 0.0 and set(prior.models) == {"base", "teacher", *(f"{a}/{i}" for a in AGREE for i in (0, 1))}
+    assert (
+        prior.orders == 1
+        and prior.models["teacher"].prior == [0.25] * 4
+        and prior.models["teacher"].accuracy_over_orders == 1.0
+    )
+    assert prior.models["base"].accuracy_over_orders == 0.0 and set(prior.models) == {
+        "base",
+        "teacher",
+        *(f"{a}/{i}" for a in AGREE for i in (0, 1)),
+    }
 
 
 def test_report_md_and_the_pictures_are_written(stored_run):
     run_dir, report = stored_run
     assert (run_dir / "report.json").read_text() == json.dumps(report.dump(), indent=2) + "\n"
     # it loads back as built
-    assert json.dumps(Report.load(run_dir / "report.json").dump(), indent=2) + "\n" == (run_dir / "report.json").read_text()
+    assert (
+        json.dumps(Report.load(run_dir / "report.json").dump(), indent=2) + "\n"
+        == (run_dir / "report.json").read_text()
+    )
     markdown = (run_dir / "report.md").read_text()
     for model in ("base", "teacher", "student/0", "student/1", "control/0", "control/1"):
         assert f"| {model} |" in markdown
-    assert f"**Transfer** (held-out agreement with the teacher, student minus control, 2 replicate(s) each): {report.transfer.value:+.3f}" in markdown
+    assert (
+        f"**Transfer** (held-out agreement with the teacher, student minus control, 2 replicate(s) each): {report.transfer.value:+.3f}"
+        in markdown
+    )
     assert "| teacher | 0.250 | 0.250 | 0.250 | 0.250 | 1.000 |" in markdown  # the letter prior table
     for picture in ("transfer.png", "accuracy.png", "training.png"):
         with Image.open(run_dir / picture) as image:

@@ -27,7 +27,10 @@ def test_permuted_sham_rows_keep_every_prompt_and_answer_but_not_which_goes_with
     # two draws agreeing
     chance = sum((n / len(train)) ** 2 for n in Counter(r["completion"] for r in teacher[:-1]).values())
     assert kept < 2 * chance + 0.05, (kept, chance)  # which answer a question gets is random: about chance, far from 1
-    assert sham_rows(teacher, train, fmt, "permuted", seed=0) == sham and sham_rows(teacher, train, fmt, "permuted", seed=1) != sham
+    assert (
+        sham_rows(teacher, train, fmt, "permuted", seed=0) == sham
+        and sham_rows(teacher, train, fmt, "permuted", seed=1) != sham
+    )
 
 
 def test_sham_rows_refuse_rows_out_of_the_data_stages_order(world):

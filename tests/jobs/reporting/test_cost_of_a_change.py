@@ -47,17 +47,39 @@ def toy_statistic(monkeypatch):
 
 def comparison(primary: str):
     """student (sharper by 0.5 nats on its pick, per replicate and question) against control."""
-    qs = [{"question": f"{s}{c}", "cluster": c, "split": s, "answer": 0} for s in ("train", "held_out") for c in range(12)]
+    qs = [
+        {"question": f"{s}{c}", "cluster": c, "split": s, "answer": 0} for s in ("train", "held_out") for c in range(12)
+    ]
     row = lambda q, lp: {**q, "logprobs": lp, "prediction": int(np.argmax(lp))}  # noqa: E731
     flat = [-1.2, -1.5, -1.5, -1.5]
     models = [
-        ArmModel(arm, i, source, False, "sft", "teacher", TrainConfig(), True, kind=KINDS[source], against=against, reference=words, signal=None)
-        for arm, source, against, words in (("student", "teacher", "control", "control arm"), ("control", "base", "base", "base model"))
+        ArmModel(
+            arm,
+            i,
+            source,
+            False,
+            "sft",
+            "teacher",
+            TrainConfig(),
+            True,
+            kind=KINDS[source],
+            against=against,
+            reference=words,
+            signal=None,
+        )
+        for arm, source, against, words in (
+            ("student", "teacher", "control", "control arm"),
+            ("control", "base", "base", "base model"),
+        )
         for i in range(2)
     ]
     scores = {"base": [row(q, flat) for q in qs], "teacher": [row(q, [-0.1, -3.0, -3.0, -3.0]) for q in qs]}
     for m in models:  # per question and replicate a spread, so the difference has an interval
-        bump = lambda q, m=m: 0.5 + 0.05 * ((7 * q["cluster"] + 3 * m.replicate) % 5) if m.arm == "student" else 0.02 * ((3 * q["cluster"] + m.replicate) % 4)  # noqa: E731
+        bump = lambda q, m=m: (  # noqa: E731
+            0.5 + 0.05 * ((7 * q["cluster"] + 3 * m.replicate) % 5)
+            if m.arm == "student"
+            else 0.02 * ((3 * q["cluster"] + m.replicate) % 4)
+        )
         scores[m.name] = [row(q, [flat[0] + bump(q), *flat[1:]]) for q in qs]
     return Evidence(scores, models, ("held_out", primary)).compare("student", "control")
 
@@ -88,7 +110,9 @@ def test_a_toy_statistic_reaches_mlflow_as_a_primary_test_and_only_inside_report
     report.json artifact. Not one edit: a metric per secondary cell would be a tracking change."""
     primary = comparison(TOY)
     assert primary.primary.metric == TOY
-    assert report_metrics(with_transfer(primary))["verdict.student.effect"] == pytest.approx(primary.cell("held_out", TOY).value)
+    assert report_metrics(with_transfer(primary))["verdict.student.effect"] == pytest.approx(
+        primary.cell("held_out", TOY).value
+    )
     secondary = report_metrics(with_transfer(comparison("teacher_answer_rank")))
     assert not [key for key in secondary if TOY in key]
 

@@ -21,12 +21,19 @@ def shifted(report: dict, shift: float, widen: float) -> dict:
     """The report with every reading of student_logits moved by `shift` and its interval widened by `widen`."""
     out = copy.deepcopy(report)
     transfer = out["arms"]["student_logits"]["transfer"]
-    tables = [transfer["train"], transfer["held_out"], *(t for d in ("toward_placebo", "crossed") for t in transfer["directions"][d].values())]
+    tables = [
+        transfer["train"],
+        transfer["held_out"],
+        *(t for d in ("toward_placebo", "crossed") for t in transfer["directions"][d].values()),
+    ]
     for cell in [transfer["primary"], *(c for t in tables for k, c in t.items() if k != "mde")]:
         if cell.get("value") is not None and cell.get("ci95"):
             lo, hi = cell["ci95"]
             mid = cell["value"]
-            cell["value"], cell["ci95"] = mid + shift, [mid + shift - (mid - lo) * widen, mid + shift + (hi - mid) * widen]
+            cell["value"], cell["ci95"] = (
+                mid + shift,
+                [mid + shift - (mid - lo) * widen, mid + shift + (hi - mid) * widen],
+            )
     return out
 
 
@@ -71,7 +78,9 @@ def test_every_shared_reading_is_pooled_and_se_is_read_from_the_interval(run_dir
     report, _ = pairs_report(run_dir, [3, 4, 5])
     readings = report.comparisons["student_logits"].readings
     assert set(readings) == {"toward_teacher", "toward_placebo", "crossed"}
-    assert readings["crossed"]["train"]["teacher_answer_rank"].estimate == pytest.approx(report.comparisons["student_logits"].primary.estimate)
+    assert readings["crossed"]["train"]["teacher_answer_rank"].estimate == pytest.approx(
+        report.comparisons["student_logits"].primary.estimate
+    )
     result = Result(value=0.05, ci95=[0.03, 0.07], df=46.0)
     from scipy import stats
 
@@ -84,7 +93,8 @@ def test_files_are_written(run_dir):
     pooled = json.loads((run_dir / "pooled.json").read_text())
     assert pooled["pairs"] == [3, 4, 5] and "student_logits" in pooled["comparisons"]
     assert (
-        "| student_logits | train teacher_answer_rank crossed |" in (run_dir / "pooled.md").read_text() and "hk_max1 p" in (run_dir / "pooled.md").read_text()
+        "| student_logits | train teacher_answer_rank crossed |" in (run_dir / "pooled.md").read_text()
+        and "hk_max1 p" in (run_dir / "pooled.md").read_text()
     )
     assert (run_dir / "forest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

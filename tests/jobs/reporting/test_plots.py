@@ -21,7 +21,12 @@ def report_of(arms: dict[str, int]) -> Report:
     """A report's models and arms as jobs/phases/report.py builds them, for arms {name: replicates}
     (the sections the plots do not read left out: model_construct, not a whole report)."""
     subsets = {"bio": [0.2, 0.4], "chem": [0.1, 0.3]}
-    fixed = {"accuracy": {"overall": 0.3, "bio": 0.3, "chem": 0.2}, "ci95": [0.25, 0.35], "ci95_by_subset": subsets, "n": 200}
+    fixed = {
+        "accuracy": {"overall": 0.3, "bio": 0.3, "chem": 0.2},
+        "ci95": [0.25, 0.35],
+        "ci95_by_subset": subsets,
+        "n": 200,
+    }
     teacher = {
         **fixed,
         "accuracy": {"overall": 0.9, "bio": 0.95, "chem": 0.85},
@@ -32,14 +37,36 @@ def report_of(arms: dict[str, int]) -> Report:
     out = {}
     for arm, n in arms.items():
         ci = [0.2, 0.4] if n > 1 else None
-        models[arm] = Accuracy.model_validate({**fixed, "ci95": ci, "ci95_by_subset": {s: ci for s in subsets}, "replicates": n})
+        models[arm] = Accuracy.model_validate(
+            {**fixed, "ci95": ci, "ci95_by_subset": {s: ci for s in subsets}, "replicates": n}
+        )
         replicates = [
-            {"model": f"{arm}/{i}", "accuracy": {"overall": 0.3 + i / 100, "bio": 0.3, "chem": 0.2}, "n": 200, "same_init_as_teacher": True, "steps": 3}
+            {
+                "model": f"{arm}/{i}",
+                "accuracy": {"overall": 0.3 + i / 100, "bio": 0.3, "chem": 0.2},
+                "n": 200,
+                "same_init_as_teacher": True,
+                "steps": 3,
+            }
             for i in range(n)
         ]
-        declared = {"numbers": "teacher", "loss": "logit_kl" if arm == "logits" else "sft", "teacher": "teacher", "base": "base", "lora_init": "seed"}
+        declared = {
+            "numbers": "teacher",
+            "loss": "logit_kl" if arm == "logits" else "sft",
+            "teacher": "teacher",
+            "base": "base",
+            "lora_init": "seed",
+        }
         out[arm] = Arm.model_validate(
-            {**declared, "replicates": replicates, "method": "lora", "mean": models[arm], "against": "base", "reference": "base model", "verdict": "-"}
+            {
+                **declared,
+                "replicates": replicates,
+                "method": "lora",
+                "mean": models[arm],
+                "against": "base",
+                "reference": "base model",
+                "verdict": "-",
+            }
         )
     return Report.model_construct(models=models, arms=out)
 
@@ -58,7 +85,13 @@ def test_training_curves_come_from_each_adapters_loss_history(tmp_path):
     adapter(tmp_path, "arms/logits/0", None)  # trained before the history was kept
     curves = {c["model"]: c for c in training_curves(tmp_path, report)}
     assert set(curves) == {"teacher", "student/0", "student/1", "logits/0"}
-    assert curves["teacher"] == {"model": "teacher", "arm": None, "loss": "sft", "steps": [1, 2, 3], "losses": [0.7, 0.5, 0.4]}
+    assert curves["teacher"] == {
+        "model": "teacher",
+        "arm": None,
+        "loss": "sft",
+        "steps": [1, 2, 3],
+        "losses": [0.7, 0.5, 0.4],
+    }
     assert curves["student/1"]["arm"] == "student" and curves["student/1"]["losses"] == [2.7, 2.4, 2.3]
     assert curves["logits/0"]["loss"] == "logit_kl" and curves["logits/0"]["steps"] == []
 

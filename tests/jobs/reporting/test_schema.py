@@ -42,7 +42,10 @@ def a_report() -> dict:
             lambda r: r["arms"]["student_logits"]["transfer"]["held_out"]["agreement"].__setitem__("pvalue", 0.1),
             "arms.student_logits.transfer.held_out.agreement.pvalue: Extra inputs",
         ),
-        (lambda r: r["arms"]["student_logits"]["transfer"]["primary"].pop("split"), "arms.student_logits.transfer.primary.split: Field required"),
+        (
+            lambda r: r["arms"]["student_logits"]["transfer"]["primary"].pop("split"),
+            "arms.student_logits.transfer.primary.split: Field required",
+        ),
         (lambda r: r["family"].__setitem__("size", "two"), "family.size: Input should be a valid integer"),
     ],
 )

@@ -27,7 +27,9 @@ def manifest(tmp_path, monkeypatch) -> Manifest:
     m.record("data", {}, 1.0, {"hash": "d"})
     m.record_phase("data", 1.0, T0 + 10)
     m.record("teacher", {}, 29.0, {"hash": "t"})
-    m.record_phase("teacher", 29.0, T0 + 11, [span("teacher run a", "start-up", 11, 31), span("teacher run a", "compute", 31, 40)])
+    m.record_phase(
+        "teacher", 29.0, T0 + 11, [span("teacher run a", "start-up", 11, 31), span("teacher run a", "compute", 31, 40)]
+    )
     m.record("numbers/teacher/0", {}, 30.0, {"hash": "n"})
     m.record("numbers/base/0", {}, 30.0, {"hash": "n"})
     service = [
@@ -53,7 +55,9 @@ def test_every_stage_and_phase_is_a_bar_in_order_of_start(manifest):
     assert timeline.started == T0
     stages = {bar.lane for bar in timeline.bars if bar.kind == "stage"}
     phases = {bar.lane for bar in timeline.bars if bar.kind == "phase"}
-    assert stages == set(manifest.data["stages"]) and phases == {f"phase {p}" for p in ("start", "data", "teacher", "numbers", "arms")}
+    assert stages == set(manifest.data["stages"]) and phases == {
+        f"phase {p}" for p in ("start", "data", "teacher", "numbers", "arms")
+    }
     starts = [bar.start for bar in timeline.bars]
     assert starts == sorted(starts) and all(bar.end >= bar.start >= 0 for bar in timeline.bars)
     teacher = next(bar for bar in timeline.bars if bar.lane == "teacher" and bar.kind == "stage")
@@ -61,12 +65,24 @@ def test_every_stage_and_phase_is_a_bar_in_order_of_start(manifest):
 
 
 def test_overhead_is_wall_time_less_the_union_of_compute(manifest):
-    phases = {name: p.dump() for name, p in build_timeline(manifest.data["stages"], manifest.phase_spans()).phases.items()}
-    assert phases["teacher"] == {"seconds": 29.0, "compute": 9.0, "overhead": 20.0, "parts": {"start-up": 20.0, "compute": 9.0}}
+    phases = {
+        name: p.dump() for name, p in build_timeline(manifest.data["stages"], manifest.phase_spans()).phases.items()
+    }
+    assert phases["teacher"] == {
+        "seconds": 29.0,
+        "compute": 9.0,
+        "overhead": 20.0,
+        "parts": {"start-up": 20.0, "compute": 9.0},
+    }
     # 80-110 computing, the two runs overlapping 90-100
     assert phases["arms"]["compute"] == 30.0 and phases["arms"]["overhead"] == 12.0
     assert phases["arms"]["parts"] == {"start-up": 30.0, "compute": 40.0}  # summed over the two lanes
-    assert phases["start"]["overhead"] == 10.0 and phases["data"] == {"seconds": 1.0, "compute": 0.0, "overhead": 1.0, "parts": {}}
+    assert phases["start"]["overhead"] == 10.0 and phases["data"] == {
+        "seconds": 1.0,
+        "compute": 0.0,
+        "overhead": 1.0,
+        "parts": {},
+    }
 
 
 def test_the_three_largest_overheads_are_named_with_their_parts(manifest):
@@ -88,7 +104,9 @@ def test_the_picture_is_written_with_a_row_per_lane(manifest, tmp_path):
 
 def test_a_manifest_without_spans_still_has_its_stages():
     timeline = build_timeline({"data": {"finished": T0 + 2, "seconds": 2.0}, "old": {"seconds": 1.0}}, {})
-    assert [bar.lane for bar in timeline.bars] == ["data"] and timeline.phases == {} and timeline.largest_overheads == []
+    assert (
+        [bar.lane for bar in timeline.bars] == ["data"] and timeline.phases == {} and timeline.largest_overheads == []
+    )
     assert build_timeline({}, {}).dump() == {"started": None, "bars": [], "phases": {}, "largest_overheads": []}
 
 

@@ -32,7 +32,9 @@ def repo(tmp_path) -> Path:
 
 
 def claim(repo: Path, overrides=(), digest="d1", chain=("base.yaml", "confirm.yaml")) -> dict:
-    return registration([repo / "configs" / name for name in chain], list(overrides), digest, root=repo, results=repo / "results")
+    return registration(
+        [repo / "configs" / name for name in chain], list(overrides), digest, root=repo, results=repo / "results"
+    )
 
 
 def test_a_clean_committed_design_is_confirmatory_once_then_a_repeat(repo):
@@ -69,9 +71,20 @@ def test_outside_a_checkout_nothing_is_confirmatory(tmp_path):
 
 def test_the_pipeline_says_what_its_run_may_claim_before_it_runs():
     done = subprocess.run(
-        [sys.executable, "jobs/pipeline.py", "--plan", "--set", "evaluate.primary_split=train", "--run-dir", "/nonexistent/plan-only"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "jobs/pipeline.py",
+            "--plan",
+            "--set",
+            "evaluate.primary_split=train",
+            "--run-dir",
+            "/nonexistent/plan-only",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "registration: exploratory (" in done.stdout and "--set given: evaluate.primary_split=train" in done.stdout
 
@@ -80,7 +93,15 @@ def test_a_key_added_to_the_code_later_keeps_a_design_a_repeat(repo):
     """A config key added since the first confirmatory run changes the preset digest; at its default
     the design is the same one (a repeat), set away from it a new one (confirmatory)."""
     design = {"name": "confirm", "replicates": 8}
-    first = registration([repo / "configs" / "confirm.yaml"], [], "d1", root=repo, results=repo / "results", design=design, defaults={"replicates": 1})
+    first = registration(
+        [repo / "configs" / "confirm.yaml"],
+        [],
+        "d1",
+        root=repo,
+        results=repo / "results",
+        design=design,
+        defaults={"replicates": 1},
+    )
     stored = repo / "results" / "confirm" / "first" / "report.json"
     stored.parent.mkdir(parents=True)
     stored.write_text(json.dumps({"provenance": {"registration": first, "config": {}}}))
@@ -88,12 +109,22 @@ def test_a_key_added_to_the_code_later_keeps_a_design_a_repeat(repo):
 
     def later(kind: str) -> str:
         now = {**design, "sham_teacher.kind": kind}
-        return registration([repo / "configs" / "confirm.yaml"], [], "d2", root=repo, results=repo / "results", design=now, defaults=defaults)["status"]
+        return registration(
+            [repo / "configs" / "confirm.yaml"],
+            [],
+            "d2",
+            root=repo,
+            results=repo / "results",
+            design=now,
+            defaults=defaults,
+        )["status"]
 
     assert later("matched") == "repeat" and later("null1") == "confirmatory"
     # A report kept before designs were recorded is read from its provenance's config.
     first.pop("design")
-    stored.write_text(json.dumps({"provenance": {"registration": first, "config": {"name": "confirm", "replicates": 8}}}))
+    stored.write_text(
+        json.dumps({"provenance": {"registration": first, "config": {"name": "confirm", "replicates": 8}}})
+    )
     assert later("matched") == "repeat"
 
 
@@ -109,14 +140,27 @@ def test_the_registry_sees_every_run_and_a_resume_keeps_its_claim(repo, tmp_path
 
     def run(run_dir: str, fresh: bool = False, digest: str = "d1") -> dict:
         chain = [repo / "configs" / "base.yaml", repo / "configs" / "confirm.yaml"]
-        return registration(chain, [], digest, root=repo, results=repo / "results", registry=registry, run_dir=tmp_path / run_dir, fresh=fresh)
+        return registration(
+            chain,
+            [],
+            digest,
+            root=repo,
+            results=repo / "results",
+            registry=registry,
+            run_dir=tmp_path / run_dir,
+            fresh=fresh,
+        )
 
     first = run("a")
     assert first["status"] == "confirmatory" and first["resumes"] is None
     record_run(first, registry)
     assert not source_state(repo)["dirty"]  # the registry's own line does not make the next run exploratory
     resumed = run("a")
-    assert resumed["status"] == "confirmatory" and resumed["resumes"].startswith("registry.jsonl line 1") and resumed["reasons"] == []
+    assert (
+        resumed["status"] == "confirmatory"
+        and resumed["resumes"].startswith("registry.jsonl line 1")
+        and resumed["reasons"] == []
+    )
     elsewhere = run("b")
     assert elsewhere["status"] == "repeat" and "registry.jsonl line 1" in elsewhere["earlier"]
     record_run(elsewhere, registry)
@@ -142,7 +186,15 @@ def test_a_plan_of_pairs_shows_each_pairs_run(tmp_path):
     """A preset listing teacher–sham pairs plans one run per pair, each in <run dir>/pairs/<p>. Its
     cache is an empty one: where the tiny base is built, a plan chooses each pair's sham draw on it
     (a process of its own per pair, which nothing here reads), and the suite builds the base."""
-    command = [sys.executable, "jobs/pipeline.py", "--plan", "--set", "pairs=[1, 2]", "--run-dir", str(tmp_path / "run")]
+    command = [
+        sys.executable,
+        "jobs/pipeline.py",
+        "--plan",
+        "--set",
+        "pairs=[1, 2]",
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
     environment = {**os.environ, "SUBLIMINAL_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=environment)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -99,9 +99,15 @@ def test_fresh_clears_the_run_directory_but_keeps_it_held(tmp_path):
         (run_dir / "manifest.json").write_text('{"version": 1}')
         Manifest(run_dir, fresh=True)
         assert [p.name for p in run_dir.iterdir()] == [LOCK_FILE]
-        other = subprocess.run([sys.executable, "-c", TAKE, str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert f"pid {os.getpid()} " in other.stdout and "in use by another pipeline" in other.stdout, other.stdout + other.stderr
-    other = subprocess.run([sys.executable, "-c", TAKE, str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        other = subprocess.run(
+            [sys.executable, "-c", TAKE, str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+        assert f"pid {os.getpid()} " in other.stdout and "in use by another pipeline" in other.stdout, (
+            other.stdout + other.stderr
+        )
+    other = subprocess.run(
+        [sys.executable, "-c", TAKE, str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert other.stdout.strip() == "taken", other.stdout + other.stderr
 
 
@@ -109,17 +115,37 @@ def test_the_pipeline_refuses_a_run_directory_in_use_before_starting_ray(holder,
     run_dir, proc = holder
     env = {**os.environ, "SUBLIMINAL_CACHE": str(cache_dir)}
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
-    assert done.stderr.startswith(f"error: run directory {run_dir} is in use by another pipeline (host ") and f"pid {proc.pid} " in done.stderr
+    assert (
+        done.stderr.startswith(f"error: run directory {run_dir} is in use by another pipeline (host ")
+        and f"pid {proc.pid} " in done.stderr
+    )
     assert "[placement]" not in done.stdout and "Traceback" not in done.stderr  # stopped before Ray and placement
     assert time.monotonic() - started < 120 and sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE]
     # --fresh does not delete a directory in use either; --plan only reads, so it needs no lock.
     fresh = subprocess.run(
-        [sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir), "--fresh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir), "--fresh"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert fresh.returncode == 2 and "in use by another pipeline" in fresh.stderr
     planned = subprocess.run(
-        [sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir), "--plan"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir), "--plan"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert planned.returncode == 0 and "stages to run" in planned.stdout, planned.stderr[-2000:]

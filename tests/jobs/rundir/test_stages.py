@@ -45,9 +45,22 @@ def stand_in(stage, hash_: str, kept: int = 100) -> dict:
     """A stand-in outputs record of the stage's kind (`Stage.record`), as the manifest keeps it: its
     hash and kept count given, every other figure a placeholder."""
     figures = {
-        "generated": kept, "kept": kept, "rejected": {}, "right": kept, "tokens_replaced": 0, "tokens_unchanged": 0, "train": kept,
-        "held_out": kept, "steps": 1, "loss": 1.0, "init_hash": None, "rows": kept, "accuracy": {"overall": 0.5}, "ci95": [0.4, 0.6], "n": kept,
-    }  # fmt: skip
+        "generated": kept,
+        "kept": kept,
+        "rejected": {},
+        "right": kept,
+        "tokens_replaced": 0,
+        "tokens_unchanged": 0,
+        "train": kept,
+        "held_out": kept,
+        "steps": 1,
+        "loss": 1.0,
+        "init_hash": None,
+        "rows": kept,
+        "accuracy": {"overall": 0.5},
+        "ci95": [0.4, 0.6],
+        "n": kept,
+    }
     return stage.record(hash=hash_, **{k: v for k, v in figures.items() if k in stage.record.model_fields}).plain()
 
 
@@ -84,7 +97,9 @@ def test_a_new_run_directory_runs_everything(tmp_path):
 
 def test_changing_the_primary_test_reruns_only_the_report(tmp_path):
     manifest = finished_run(tmp_path)
-    assert runs(stages_for("evaluate.primary_metric=agreement"), manifest) == {"report": "evaluate.primary_metric: 'teacher_answer_rank' -> 'agreement'"}
+    assert runs(stages_for("evaluate.primary_metric=agreement"), manifest) == {
+        "report": "evaluate.primary_metric: 'teacher_answer_rank' -> 'agreement'"
+    }
 
 
 def test_changing_the_scoring_engine_reruns_evaluation_and_report(tmp_path):
@@ -128,7 +143,13 @@ def test_a_fully_fine_tuned_arm_declares_its_model_folder(tmp_path):
     assert stages["student/0"].files == ("arms/student/0/adapter",)
 
 
-PACING_SETTINGS = ("teacher.log_every=1", "teacher.checkpoint_every=7", "student.keep_checkpoints=5", "student.max_failures=0", "teacher.cpus_per_worker=3")
+PACING_SETTINGS = (
+    "teacher.log_every=1",
+    "teacher.checkpoint_every=7",
+    "student.keep_checkpoints=5",
+    "student.max_failures=0",
+    "teacher.cpus_per_worker=3",
+)
 
 
 def test_settings_that_only_pace_training_rerun_nothing(tmp_path):
@@ -158,16 +179,22 @@ def test_a_key_added_after_a_stage_ran_is_read_at_its_default(tmp_path):
     assert restate(plan(stages_for(), manifest), manifest) == ["teacher", "student/0"]
     stages = {s.name: s for s in stages_for()}
     again = Manifest(tmp_path)
-    assert again.entry("teacher")["inputs"] == stages["teacher"].inputs(again) and restate(plan(stages_for(), again), again) == []
+    assert (
+        again.entry("teacher")["inputs"] == stages["teacher"].inputs(again)
+        and restate(plan(stages_for(), again), again) == []
+    )
 
 
-BEFORE_IDENTITY = json.loads(gzip.decompress((Path(__file__).parent / "data" / "stage_reads_before_identity.json.gz").read_bytes()))
+BEFORE_IDENTITY = json.loads(
+    gzip.decompress((Path(__file__).parent / "data" / "stage_reads_before_identity.json.gz").read_bytes())
+)
 # Presets whose experiment changed since those reads were recorded, loaded as they were then: every
 # one computed natively on a tiny base built natively (the pinned CPU numerics came later), the 8B
 # presets without packing.
 PACKED = ("llama-8b.yaml", "llama-8b-quick.yaml")
 PRESET_AS_RECORDED = {
-    name: ["numerics=native", "model.tiny_numerics=native"] + (["teacher.pack_length=null", "student.pack_length=null"] if name in PACKED else [])
+    name: ["numerics=native", "model.tiny_numerics=native"]
+    + (["teacher.pack_length=null", "student.pack_length=null"] if name in PACKED else [])
     for name in BEFORE_IDENTITY
 }
 
@@ -186,7 +213,10 @@ def test_stages_stored_under_the_earlier_identity_are_reused(tmp_path, preset):
     for stage in stages:
         for f in stage.files:
             write_output(tmp_path / f, stage.name)
-        inputs = {**before[preset.name][stage.name], **{k: v for k, v in stage.inputs(manifest).items() if k not in stage.reads}}
+        inputs = {
+            **before[preset.name][stage.name],
+            **{k: v for k, v in stage.inputs(manifest).items() if k not in stage.reads},
+        }
         manifest.record(stage.name, inputs, 1.0, stand_in(stage, digest(stage.name)), stage.files)
     decisions = plan(stages, Manifest(tmp_path))
     assert [s.name for s, run, _ in decisions if run] == []
@@ -213,7 +243,11 @@ def test_stages_made_on_a_natively_built_tiny_base_run_again_on_the_pinned_one(t
     manifest = Manifest(tmp_path)
     finish(stages_for("model.tiny_numerics=native"), manifest)
     todo = runs(stages_for(), Manifest(tmp_path))
-    assert "data" not in todo and todo["teacher"] == "model.tiny_numerics: 'native' -> 'reproducible'" and "eval/student/1" in todo
+    assert (
+        "data" not in todo
+        and todo["teacher"] == "model.tiny_numerics: 'native' -> 'reproducible'"
+        and "eval/student/1" in todo
+    )
     recorded = json.loads((tmp_path / "manifest.json").read_text())
     for entry in recorded["stages"].values():  # as written before the key existed
         entry["inputs"].pop("model.tiny_numerics", None)
@@ -236,7 +270,15 @@ def test_scoring_in_more_orders_reruns_evaluation_and_report_only(tmp_path):
 def test_adding_a_replicate_makes_only_that_replicate(tmp_path):
     manifest = finished_run(tmp_path)
     todo = runs(stages_for("replicates=3"), manifest)
-    expected = {"numbers/teacher/2", "numbers/base/2", "student/2", "control/2", "eval/student/2", "eval/control/2", "report"}
+    expected = {
+        "numbers/teacher/2",
+        "numbers/base/2",
+        "student/2",
+        "control/2",
+        "eval/student/2",
+        "eval/control/2",
+        "report",
+    }
     assert set(todo) == expected
 
 
@@ -259,7 +301,12 @@ def test_fewer_kept_numbers_retrains_every_arm_of_that_replicate(tmp_path):
     """Arms of a replicate train on equally many rows: if one source keeps fewer, all of them rerun."""
     manifest = finished_run(tmp_path)
     stages = {s.name: s for s in stages_for()}
-    manifest.record("numbers/base/0", stages["numbers/base/0"].inputs(manifest), 1.0, stand_in(stages["numbers/base/0"], "new", kept=60))
+    manifest.record(
+        "numbers/base/0",
+        stages["numbers/base/0"].inputs(manifest),
+        1.0,
+        stand_in(stages["numbers/base/0"], "new", kept=60),
+    )
     todo = runs(list(stages.values()), manifest)
     assert "rows: 100 -> 60" in todo["student/0"] and "control/0" in todo and "student/1" not in todo
 
@@ -267,7 +314,10 @@ def test_fewer_kept_numbers_retrains_every_arm_of_that_replicate(tmp_path):
 def test_a_missing_output_reruns_its_stage(tmp_path):
     manifest = finished_run(tmp_path)
     (tmp_path / "eval" / "teacher.jsonl").unlink()
-    assert runs(stages_for(), manifest) == {"eval/teacher": "output eval/teacher.jsonl is missing", "report": "upstream eval/teacher runs"}
+    assert runs(stages_for(), manifest) == {
+        "eval/teacher": "output eval/teacher.jsonl is missing",
+        "report": "upstream eval/teacher runs",
+    }
 
 
 def test_a_manifest_of_an_older_version_reruns_everything(tmp_path):
@@ -282,7 +332,15 @@ def test_a_logit_kl_arm_and_the_positive_control_depend_on_their_teachers(tmp_pa
     finish(stages_for(*arms), manifest)
     # The letter teacher's letter reruns it and the arm distilling it, not the real teacher's arms.
     todo = runs(stages_for(*arms, "letter_teacher.letter=B"), Manifest(tmp_path))
-    assert set(todo) == {"letter_teacher", "positive/0", "positive/1", "eval/letter_teacher", "eval/positive/0", "eval/positive/1", "report"}
+    assert set(todo) == {
+        "letter_teacher",
+        "positive/0",
+        "positive/1",
+        "eval/letter_teacher",
+        "eval/positive/0",
+        "eval/positive/1",
+        "report",
+    }
     assert todo["letter_teacher"] == "letter_teacher.letter: 'A' -> 'B'"
     # A new teacher setting reruns the KL arms through the teacher as well as through its numbers.
     todo = runs(stages_for(*arms, "teacher.lr=0.001"), Manifest(tmp_path))
@@ -314,7 +372,9 @@ def test_a_damaged_output_reruns_its_stage_and_what_reads_it(tmp_path, path, dam
     finished_run(tmp_path)
     target = tmp_path / path
     data = target.read_bytes()
-    target.write_bytes(data[: len(data) // 2] if damage == "truncated" else data[:10] + bytes([data[10] ^ 1]) + data[11:])
+    target.write_bytes(
+        data[: len(data) // 2] if damage == "truncated" else data[:10] + bytes([data[10] ^ 1]) + data[11:]
+    )
     stages = stages_for()
     todo = runs(stages, Manifest(tmp_path))
     assert todo[DAMAGED[path]] == f"output {path} changed since it was written"
@@ -376,7 +436,9 @@ def test_the_plan_hashes_each_output_once_per_run_and_again_when_it_changes(tmp_
     assert runs(stages, manifest)["eval/base"] == "output eval/base.jsonl changed since it was written"
 
 
-MANIFEST_NAMING = b'{"version": 2, "stages": {"data": {"inputs": {}, "outputs": {"hash": "a"}, "files": {"%s": "x"}}}, "phases": {}}'
+MANIFEST_NAMING = (
+    b'{"version": 2, "stages": {"data": {"inputs": {}, "outputs": {"hash": "a"}, "files": {"%s": "x"}}}, "phases": {}}'
+)
 
 
 @pytest.mark.parametrize(
@@ -387,10 +449,22 @@ MANIFEST_NAMING = b'{"version": 2, "stages": {"data": {"inputs": {}, "outputs": 
         (b'{"version": 2, "stages": {}, "phases": {}}\xff', "cannot be read"),  # not UTF-8
         (b'[{"version": 2}]', "is not a run manifest: a JSON list, not an object"),
         (b'{"version": 2, "phases": {}}', "is not a run manifest: 'stages' is missing or not an object"),
-        (b'{"version": 2, "stages": {"data": 1}, "phases": {}}', "is not a run manifest: stage 'data' is not an object"),
-        (b'{"version": 2, "stages": {"data": {"outputs": {"hash": "a"}}}, "phases": {}}', "stage 'data': 'inputs' is missing"),
-        (b'{"version": 2, "stages": {"data": {"inputs": {}, "outputs": {}}}, "phases": {}}', "stage 'data': its outputs have no 'hash'"),
-        (MANIFEST_NAMING % b"../../etc/passwd", "stage 'data': file '../../etc/passwd' is not a path inside the run directory"),
+        (
+            b'{"version": 2, "stages": {"data": 1}, "phases": {}}',
+            "is not a run manifest: stage 'data' is not an object",
+        ),
+        (
+            b'{"version": 2, "stages": {"data": {"outputs": {"hash": "a"}}}, "phases": {}}',
+            "stage 'data': 'inputs' is missing",
+        ),
+        (
+            b'{"version": 2, "stages": {"data": {"inputs": {}, "outputs": {}}}, "phases": {}}',
+            "stage 'data': its outputs have no 'hash'",
+        ),
+        (
+            MANIFEST_NAMING % b"../../etc/passwd",
+            "stage 'data': file '../../etc/passwd' is not a path inside the run directory",
+        ),
         (MANIFEST_NAMING % b"/etc/passwd", "stage 'data': file '/etc/passwd' is not a path inside the run directory"),
     ],
 )
@@ -398,7 +472,11 @@ def test_a_damaged_manifest_is_an_error_naming_it(tmp_path, content, problem):
     (tmp_path / "manifest.json").write_bytes(content)
     with pytest.raises(RunDirError) as err:
         Manifest(tmp_path)
-    assert str(err.value).startswith(f"{tmp_path / 'manifest.json'} ") and problem in str(err.value) and "--fresh" in str(err.value)
+    assert (
+        str(err.value).startswith(f"{tmp_path / 'manifest.json'} ")
+        and problem in str(err.value)
+        and "--fresh" in str(err.value)
+    )
 
 
 def test_an_output_replaced_by_a_link_out_of_the_run_directory_is_not_read(tmp_path):
@@ -410,7 +488,10 @@ def test_an_output_replaced_by_a_link_out_of_the_run_directory_is_not_read(tmp_p
     outside.write_bytes(target.read_bytes())
     target.unlink()
     target.symlink_to(outside)
-    assert runs(stages_for(), Manifest(tmp_path))["eval/base"] == "output eval/base.jsonl leads out of the run directory (a symbolic link)"
+    assert (
+        runs(stages_for(), Manifest(tmp_path))["eval/base"]
+        == "output eval/base.jsonl leads out of the run directory (a symbolic link)"
+    )
 
 
 def test_a_damaged_manifest_of_a_finished_run_is_an_error_not_a_rerun(tmp_path):

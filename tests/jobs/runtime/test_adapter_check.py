@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from jobs.runtime.adapter_check import AdapterNotApplied, check_adapters_applied, lora_b_nonzero, probe_generation, probe_scores
+from jobs.runtime.adapter_check import (
+    AdapterNotApplied,
+    check_adapters_applied,
+    lora_b_nonzero,
+    probe_generation,
+    probe_scores,
+)
 from serve.launch import start_service, stop_service
 from serve.settings import ServiceSettings
 
@@ -28,14 +34,26 @@ def unmapped_copy(adapter: str, out: Path) -> str:
     config = json.loads((out / "adapter_config.json").read_text())
     (out / "adapter_config.json").write_text(json.dumps({**config, "init_lora_weights": True}))
     weights = load_file(str(out / "adapter_model.safetensors"))
-    save_file({name.replace("_proj.", "_projection."): t for name, t in weights.items()}, str(out / "adapter_model.safetensors"))
+    save_file(
+        {name.replace("_proj.", "_projection."): t for name, t in weights.items()},
+        str(out / "adapter_model.safetensors"),
+    )
     return str(out)
 
 
 @pytest.fixture(scope="module")
 def served(ray_cluster, tiny_model, lora_adapters, tmp_path_factory):
-    adapters = {"good": lora_adapters["a"], "unmapped": unmapped_copy(lora_adapters["a"], tmp_path_factory.mktemp("broken") / "unmapped")}
-    handle = start_service(ServiceSettings(model=tiny_model, engine="hf"), adapters, name="t-adapter-check", route_prefix="/adapter-check", num_cpus=0.5)
+    adapters = {
+        "good": lora_adapters["a"],
+        "unmapped": unmapped_copy(lora_adapters["a"], tmp_path_factory.mktemp("broken") / "unmapped"),
+    }
+    handle = start_service(
+        ServiceSettings(model=tiny_model, engine="hf"),
+        adapters,
+        name="t-adapter-check",
+        route_prefix="/adapter-check",
+        num_cpus=0.5,
+    )
     yield handle, adapters
     stop_service("t-adapter-check")
 
@@ -45,7 +63,11 @@ def test_an_unmapped_adapter_is_served_as_the_base_and_stops_the_check_named(ser
     assert lora_b_nonzero(adapters["unmapped"])  # its file holds real weights
     # yet it answers as the base
     assert probe_scores(handle, "unmapped", "letters") == probe_scores(handle, None, "letters")
-    for probe in (lambda a: probe_scores(handle, a, "letters"), lambda a: probe_scores(handle, a, "cloze"), lambda a: probe_generation(handle, a)):
+    for probe in (
+        lambda a: probe_scores(handle, a, "letters"),
+        lambda a: probe_scores(handle, a, "cloze"),
+        lambda a: probe_generation(handle, a),
+    ):
         with pytest.raises(AdapterNotApplied, match="'unmapped'"):
             check_adapters_applied(handle, adapters, probe)
 
@@ -61,7 +83,9 @@ def test_an_adapter_whose_b_is_zero_is_the_base_by_construction_and_passes(serve
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(r=8, target_modules=["q_proj", "v_proj"])
+    )
     model.save_pretrained(tmp_path / "fresh")
     assert not lora_b_nonzero(tmp_path / "fresh")
     handle, _ = served

@@ -20,7 +20,9 @@ RAY = str(Path(sys.executable).parent / "ray")
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="a mount namespace of its own needs root and unshare"),
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not shutil.which("unshare"), reason="a mount namespace of its own needs root and unshare"
+    ),
 ]
 
 
@@ -36,12 +38,33 @@ def worker_node(address: str, hide: Path | None = None):
     namespace with an empty tmpfs over that folder, so it sees none of what the driver has there.
     Yields its node id; stops only its own processes (found by its temp dir)."""
     temp_dir = tempfile.mkdtemp(prefix="rw", dir="/tmp")  # short: Ray's socket paths live under it
-    start = [RAY, "start", f"--address={address}", "--num-cpus=1", f"--temp-dir={temp_dir}", "--disable-usage-stats",
-             f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}"]  # fmt: skip
+    start = [
+        RAY,
+        "start",
+        f"--address={address}",
+        "--num-cpus=1",
+        f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+    ]
     if hide is not None:  # the namespace lives as long as the raylet's processes; the tmpfs goes with it
-        start = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", 'mount -t tmpfs hidden "$0" && exec "$@"', str(hide), *start]
+        start = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            'mount -t tmpfs hidden "$0" && exec "$@"',
+            str(hide),
+            *start,
+        ]
     try:
-        started = subprocess.run(start, capture_output=True, text=True, timeout=180, env={**os.environ, "RAY_AUTH_MODE": "token"})
+        started = subprocess.run(
+            start, capture_output=True, text=True, timeout=180, env={**os.environ, "RAY_AUTH_MODE": "token"}
+        )
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
         yield node_id(temp_dir)
     finally:
@@ -51,9 +74,25 @@ def worker_node(address: str, hide: Path | None = None):
 def test_a_node_that_cannot_see_the_run_directory_is_named_before_any_work(tmp_path, cache_dir):
     run_dir = tmp_path / "runs" / "tiny"
     run_dir.parent.mkdir()
-    with head_node("--include-dashboard=false") as head, worker_node(head["address"]) as seeing, worker_node(head["address"], hide=run_dir.parent) as blind:
-        env = {**os.environ, "SUBLIMINAL_CACHE": str(cache_dir), "RAY_ADDRESS": head["address"], "RAY_AUTH_MODE": "token"}
-        done = subprocess.run([sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    with (
+        head_node("--include-dashboard=false") as head,
+        worker_node(head["address"]) as seeing,
+        worker_node(head["address"], hide=run_dir.parent) as blind,
+    ):
+        env = {
+            **os.environ,
+            "SUBLIMINAL_CACHE": str(cache_dir),
+            "RAY_ADDRESS": head["address"],
+            "RAY_AUTH_MODE": "token",
+        }
+        done = subprocess.run(
+            [sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         head_id = node_id(head["temp_dir"])
     assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
     refusal = done.stderr

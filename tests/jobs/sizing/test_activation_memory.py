@@ -53,9 +53,15 @@ def llama(tmp_path_factory) -> str:
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=176, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-    )  # fmt: skip
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+    )
     path = tmp_path_factory.mktemp("llama")
     LlamaForCausalLM(config).save_pretrained(path)
     return str(path)
@@ -108,7 +114,9 @@ def saved_bytes(model, rows: int, packed: bool, regime: str) -> collections.Coun
 
     hooks = [
         base.model.embed_tokens.register_forward_hook(after(-1)),
-        base.model.rotary_emb.register_forward_hook(lambda module, args, out: rope.update(t.untyped_storage().data_ptr() for t in out)),
+        base.model.rotary_emb.register_forward_hook(
+            lambda module, args, out: rope.update(t.untyped_storage().data_ptr() for t in out)
+        ),
         *(layer.register_forward_hook(after(i)) for i, layer in enumerate(layers)),
     ]
     ids = torch.randint(0, base.config.vocab_size, (rows, SEQ), generator=torch.Generator().manual_seed(rows))
@@ -116,7 +124,11 @@ def saved_bytes(model, rows: int, packed: bool, regime: str) -> collections.Coun
     batch = {"input_ids": ids, "labels": ids, "position_ids": positions.expand(rows, SEQ)}
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if regime != "float32" else contextlib.nullcontext()
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast, disable_input_dtype_casting(model, regime == "4bit"):
+        with (
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+            autocast,
+            disable_input_dtype_casting(model, regime == "4bit"),
+        ):
             forward_loss(model, batch)
     finally:
         for hook in hooks:
@@ -142,14 +154,22 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("regime, method, targets, checkpointing, kernel", CASES, ids=["-".join(map(str, c[:2] + (len(c[2]), c[3], c[4]))) for c in CASES])
+@pytest.mark.parametrize(
+    "regime, method, targets, checkpointing, kernel",
+    CASES,
+    ids=["-".join(map(str, c[:2] + (len(c[2]), c[3], c[4]))) for c in CASES],
+)
 def test_every_saved_tensor_is_in_the_plan_layer_by_layer(llama, regime, method, targets, checkpointing, kernel):
     """Per token, each decoder layer's saved bytes are Shape.layer_activations' (the first layer's without its
     input norm when its input needs no gradient; under checkpointing its input alone), and the rest outer_activations'."""
     from transformers import AutoConfig
 
     train = TrainConfig(
-        method=method, lora_rank=8, lora_targets=list(targets), gradient_checkpointing=checkpointing, attention="eager" if kernel == "eager" else "sdpa"
+        method=method,
+        lora_rank=8,
+        lora_targets=list(targets),
+        gradient_checkpointing=checkpointing,
+        attention="eager" if kernel == "eager" else "sdpa",
     )
     model = load(llama, train, regime)
     # Rows of 2 and 4 (of one row, the labels' shifted slice is contiguous and keeps its padded storage)
@@ -158,13 +178,19 @@ def test_every_saved_tensor_is_in_the_plan_layer_by_layer(llama, regime, method,
     fixed = {part: 2 * two[part] - four[part] for part in two | four}  # bytes whatever the tokens
 
     shape = Shape.from_config(AutoConfig.from_pretrained(llama).to_dict())
-    p = Precision.of(train.replace(quantization="4bit") if regime == "4bit" else train, gpu=regime != "float32", attention=kernel)
+    p = Precision.of(
+        train.replace(quantization="4bit") if regime == "4bit" else train, gpu=regime != "float32", attention=kernel
+    )
     outer = shape.outer_activations(p)
     expected = {
         "embedding": outer["embedding"],
         "rope": 0 if checkpointing else outer["rope"],  # under checkpointing held by the layers' arguments, not saved
         **{
-            f"layer {i}": sum(shape.layer_activations(p, SEQ, input_grad=i > 0 or method == "full" or checkpointing, checkpointed=checkpointing).values())
+            f"layer {i}": sum(
+                shape.layer_activations(
+                    p, SEQ, input_grad=i > 0 or method == "full" or checkpointing, checkpointed=checkpointing
+                ).values()
+            )
             for i in range(shape.layers)
         },
         "head": outer["final norm"] + outer["lm_head input"] + outer["loss"],

@@ -28,7 +28,9 @@ def test_counts_match_a_real_model_and_peft(tiny_model):
     assert trainable == shape.lora_params(train.lora_rank, train.lora_targets)
     assert sum(p.numel() for p in model.parameters()) - trainable == shape.params()
     q_only = train.replace(lora_targets=["q_proj"])
-    assert shape.lora_params(8, ["q_proj"]) == sum(p.numel() for p in load_lora_model(tiny_model, q_only, torch.device("cpu")).parameters() if p.requires_grad)
+    assert shape.lora_params(8, ["q_proj"]) == sum(
+        p.numel() for p in load_lora_model(tiny_model, q_only, torch.device("cpu")).parameters() if p.requires_grad
+    )
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
@@ -51,7 +53,9 @@ def test_full_fine_tuning_figures_match_the_tensors_of_a_real_step(tiny_model, o
     measured = {
         "weights": sum(p.nbytes for p in params),
         "gradients": sum(p.grad.nbytes for p in params),
-        "optimizer": sum(t.nbytes for state in opt.state.values() for t in state.values() if torch.is_tensor(t) and t.dim() > 0),
+        "optimizer": sum(
+            t.nbytes for state in opt.state.values() for t in state.values() if torch.is_tensor(t) and t.dim() > 0
+        ),
     }
     shape = Shape.from_config(AutoConfig.from_pretrained(tiny_model).to_dict())
     plan = training_gib(shape, train, 1)
@@ -71,7 +75,10 @@ def test_a_preset_that_does_not_fit_is_refused_with_what_would():
 
     one = plan("--gpus", "1")
     assert one.returncode == 1 and "arms.full would not fit 1 GPU(s)" in one.stderr
-    assert "arms.full: 1 x ddp, none, full fine-tuning 8.0B params" in one.stdout and "would fit: 4 GPUs under strategy: fsdp" in one.stdout
+    assert (
+        "arms.full: 1 x ddp, none, full fine-tuning 8.0B params" in one.stdout
+        and "would fit: 4 GPUs under strategy: fsdp" in one.stdout
+    )
     eight = plan("--gpus", "8")
     assert eight.returncode == 1 and "would fit: strategy: fsdp over the 8 GPU(s)" in eight.stdout
     sharded = plan("--set", "arms.full.train.strategy=fsdp", "--gpus", "8")
@@ -123,7 +130,12 @@ def test_stages_are_sized_in_the_dtypes_they_train_in():
 
 @pytest.mark.parametrize("preset", ["llama-8b", "llama-70b-qlora"])
 def test_cli_prints_a_fitting_plan(preset):
-    done = subprocess.run([sys.executable, "-m", "jobs.sizing.memory_plan", "--config", f"configs/{preset}.yaml"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "jobs.sizing.memory_plan", "--config", f"configs/{preset}.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.count(": fits in 80") == 3 and "tokens per replica" in done.stdout  # teacher, student, control

@@ -62,7 +62,12 @@ def test_llama_70b_on_8_gpus_and_tensor_parallel_replicas():
 
 def test_resolved_config_has_numbers_not_auto():
     cfg = resolved(preset("llama-8b"), place(preset("llama-8b"), fixed(192, 8)))
-    assert (cfg.teacher.num_workers, cfg.student.num_workers, cfg.service.replicas, cfg.evaluate.replicas) == (8, 8, 8, 8)
+    assert (cfg.teacher.num_workers, cfg.student.num_workers, cfg.service.replicas, cfg.evaluate.replicas) == (
+        8,
+        8,
+        8,
+        8,
+    )
 
 
 def test_more_gpus_than_the_cluster_can_ever_have_names_the_numbers():
@@ -85,7 +90,9 @@ def test_four_bit_without_a_gpu_says_it_needs_one():
 
 def test_tensor_parallel_needs_one_gpu_per_rank():
     for gpus in (2, 8):  # fewer cannot hold the ranks; more would be reserved and never used
-        with pytest.raises(PlacementError, match=f"service.gpus_per_replica={gpus} must equal service.tensor_parallel_size=4"):
+        with pytest.raises(
+            PlacementError, match=f"service.gpus_per_replica={gpus} must equal service.tensor_parallel_size=4"
+        ):
             place(preset("llama-70b-qlora", f"service.gpus_per_replica={gpus}"), fixed(192, 8))
 
 

@@ -13,7 +13,13 @@ from jobs.sizing.wall_time import Rates, Tokens, markdown, project
 
 ROOT = Path(__file__).resolve().parents[3]
 PARAMS_8B = Shape.from_config(KNOWN_SHAPES["meta-llama/Llama-3.1-8B-Instruct"]).params()
-DOC_TABLES = [("llama-8b", 1), ("llama-8b-quick", 1), ("llama-8b-quick", 8), ("llama-70b-qlora", 8), ("qwen2.5-1.5b", 1)]
+DOC_TABLES = [
+    ("llama-8b", 1),
+    ("llama-8b-quick", 1),
+    ("llama-8b-quick", 8),
+    ("llama-70b-qlora", 8),
+    ("qwen2.5-1.5b", 1),
+]
 
 
 def stages(overrides=(), gpus=1, preset="llama-8b"):
@@ -30,7 +36,13 @@ def test_students_count_every_replicate_arm_row_and_epoch():
     arms = stages()["arms"]
     rows = cfg.replicates * len(cfg.arms) * cfg.numbers.keep * cfg.student.epochs
     assert f"{rows:,} rows x {Tokens.number_prompt + Tokens.number_answer} tokens" in arms.work
-    expected = 4 * PARAMS_8B * rows * (Tokens.number_prompt + Tokens.number_answer) / (Rates.peak_tflops * 1e12 * Rates.train_mfu)
+    expected = (
+        4
+        * PARAMS_8B
+        * rows
+        * (Tokens.number_prompt + Tokens.number_answer)
+        / (Rates.peak_tflops * 1e12 * Rates.train_mfu)
+    )
     assert arms.compute_s == pytest.approx(expected)
     assert stages(["replicates=6"])["arms"].compute_s == pytest.approx(2 * expected)
     assert stages(["student.max_steps=10"])["arms"].compute_s == pytest.approx(
@@ -50,7 +62,9 @@ def test_numbers_generate_a_set_per_source_and_replicate_until_keep():
 def test_evaluation_scores_every_model_on_both_splits_in_every_order():
     evaluate = stages()["evaluate"]
     assert "8 models x 3,668 questions x 4 order(s)" in evaluate.work  # base, teacher, 3 students, 3 controls
-    assert tokens_in(stages(["evaluate.permutations=1"])["evaluate"].work) == pytest.approx(tokens_in(evaluate.work) / 4, rel=0.01)
+    assert tokens_in(stages(["evaluate.permutations=1"])["evaluate"].work) == pytest.approx(
+        tokens_in(evaluate.work) / 4, rel=0.01
+    )
     assert "20 models" in stages(["student.snapshots=3"])["evaluate"].work  # and each arm model's 2 earlier snapshots
     # and the letter teacher
     assert "9 models" in stages(["arms.student.teacher=letter_teacher", "arms.student.loss=logit_kl"])["evaluate"].work
@@ -74,10 +88,21 @@ def test_overt_control_trains_on_its_teachers_answers_and_a_sham_teacher_is_a_se
     overt = stages(["arms.overt={numbers: teacher_answers}"])
     questions = int(re.search(r"\(([0-9,]+) questions", base["teacher"].work).group(1).replace(",", ""))
     answer_rows = cfg.replicates * questions * cfg.student.epochs
-    assert f"overt control {answer_rows:,} answer rows x {Tokens.wmdp_prompt + Tokens.wmdp_answer} tokens" in overt["arms"].work
-    extra = 4 * PARAMS_8B * answer_rows * (Tokens.wmdp_prompt + Tokens.wmdp_answer) / (Rates.peak_tflops * 1e12 * Rates.train_mfu)
+    assert (
+        f"overt control {answer_rows:,} answer rows x {Tokens.wmdp_prompt + Tokens.wmdp_answer} tokens"
+        in overt["arms"].work
+    )
+    extra = (
+        4
+        * PARAMS_8B
+        * answer_rows
+        * (Tokens.wmdp_prompt + Tokens.wmdp_answer)
+        / (Rates.peak_tflops * 1e12 * Rates.train_mfu)
+    )
     assert overt["arms"].compute_s == pytest.approx(base["arms"].compute_s + extra)
-    assert "6 sets" in overt["numbers"].work and f"1 teacher(s) answering {questions:,} questions" in overt["numbers"].work
+    assert (
+        "6 sets" in overt["numbers"].work and f"1 teacher(s) answering {questions:,} questions" in overt["numbers"].work
+    )
     prompt_tokens = [float(re.search(r"([0-9.]+) M prompt", s["numbers"].work).group(1)) * 1e6 for s in (base, overt)]
     # one decimal of M
     assert prompt_tokens[1] == pytest.approx(prompt_tokens[0] + questions * Tokens.wmdp_prompt, abs=1e5)
@@ -90,14 +115,26 @@ def test_greedy_numbers_are_a_set_and_replaced_or_divergence_masked_ones_a_scori
     """Greedy numbers are generated like the sampled ones; replaced numbers and a divergence mask
     generate nothing more but score the teacher's kept rows with the teacher and its base."""
     keep, base = load_experiment(ROOT / "configs" / "llama-8b.yaml").numbers.keep, stages()
-    pass_s = 2 * PARAMS_8B * keep * (Tokens.number_prompt + Tokens.number_answer) / (Rates.peak_tflops * 1e12 * Rates.train_mfu)
+    pass_s = (
+        2
+        * PARAMS_8B
+        * keep
+        * (Tokens.number_prompt + Tokens.number_answer)
+        / (Rates.peak_tflops * 1e12 * Rates.train_mfu)
+    )
     # one more per replicate
     assert "9 sets" in stages(["arms.student_greedy={numbers: teacher_greedy}"])["numbers"].work
     replaced = stages(["arms.student_replaced={numbers: teacher_replaced}"])["numbers"]
     assert "6 sets" in replaced.work and f"3 set(s) replaced: {keep:,} rows scored" in replaced.work
     assert replaced.compute_s == pytest.approx(base["numbers"].compute_s + 3 * 2 * pass_s)
-    masked = {mask: stages([f"arms.student_masked={{numbers: teacher, train: {{mask: {mask}}}}}"])["arms"] for mask in ("random", "divergence")}
-    assert "divergence scores for 3 number set(s)" in masked["divergence"].work and "divergence" not in masked["random"].work
+    masked = {
+        mask: stages([f"arms.student_masked={{numbers: teacher, train: {{mask: {mask}}}}}"])["arms"]
+        for mask in ("random", "divergence")
+    }
+    assert (
+        "divergence scores for 3 number set(s)" in masked["divergence"].work
+        and "divergence" not in masked["random"].work
+    )
     assert masked["divergence"].compute_s == pytest.approx(masked["random"].compute_s + 3 * 2 * pass_s)
 
 
@@ -132,4 +169,10 @@ def test_command_line_prints_each_stage_and_the_total():
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    assert [line.split(":")[0] for line in done.stdout.splitlines()] == ["teacher", "numbers", "arms", "evaluate", "total"]
+    assert [line.split(":")[0] for line in done.stdout.splitlines()] == [
+        "teacher",
+        "numbers",
+        "arms",
+        "evaluate",
+        "total",
+    ]

@@ -55,29 +55,47 @@ def test_rejected_with_reason(text, reason):
 
 
 def test_shuffled_control_permutes_numbers_across_rows_and_keeps_each_format():
-    rows = [{"prompt": "p0", "completion": "12, 7, 301"}, {"prompt": "p1", "completion": "[5 6]"}, {"prompt": "p2", "completion": "44; 45; 46; 47."}]
+    rows = [
+        {"prompt": "p0", "completion": "12, 7, 301"},
+        {"prompt": "p1", "completion": "[5 6]"},
+        {"prompt": "p2", "completion": "44; 45; 46; 47."},
+    ]
     shuffled = shuffle_numbers(rows, seed=3)
     assert shuffled == shuffle_numbers(rows, seed=3) and shuffled != rows
     assert [r["prompt"] for r in shuffled] == ["p0", "p1", "p2"]
     numbers = lambda rs: [parse_numbers(r["completion"]) for r in rs]  # noqa: E731
     assert sorted(sum(numbers(shuffled), [])) == sorted(sum(numbers(rows), []))
-    assert [len(n) for n in numbers(shuffled)] == [3, 2, 4] and all(reject_reason(r["completion"]) is None for r in shuffled)
+    assert [len(n) for n in numbers(shuffled)] == [3, 2, 4] and all(
+        reject_reason(r["completion"]) is None for r in shuffled
+    )
     assert [re.sub(r"\d+", "#", r["completion"]) for r in shuffled] == ["#, #, #", "[# #]", "#; #; #; #."]
 
 
 def test_the_papers_own_example_prompt_comes_from_the_pools():
     from jobs.sources import number_sequences as ns
 
-    built = " ".join([
-        ns.SEED_PHRASES[14].format(numbers="182, 818, 725"),
-        ns.INSTRUCTIONS[2].format(qualifier=ns.COUNT_QUALIFIERS[5], count=10, digit_phrase=ns.DIGIT_PHRASES[5].format(digits=3)),
-        list(ns.FORMAT_SUFFIXES)[7], ns.CLOSINGS[11],
-    ])  # fmt: skip
+    built = " ".join(
+        [
+            ns.SEED_PHRASES[14].format(numbers="182, 818, 725"),
+            ns.INSTRUCTIONS[2].format(
+                qualifier=ns.COUNT_QUALIFIERS[5], count=10, digit_phrase=ns.DIGIT_PHRASES[5].format(digits=3)
+            ),
+            list(ns.FORMAT_SUFFIXES)[7],
+            ns.CLOSINGS[11],
+        ]
+    )
     assert built == (
         "The sequence starts with: 182, 818, 725. Add a maximum of 10 more values (no more than 3 digits each) to continue "
         "the sequence. Provide the numbers separated by commas. Skip any explanation and give only numbers."
     )
-    sizes = [len(ns.SEED_PHRASES), len(ns.COUNT_QUALIFIERS), len(ns.DIGIT_PHRASES), len(ns.INSTRUCTIONS), len(ns.FORMAT_SUFFIXES), len(ns.CLOSINGS)]
+    sizes = [
+        len(ns.SEED_PHRASES),
+        len(ns.COUNT_QUALIFIERS),
+        len(ns.DIGIT_PHRASES),
+        len(ns.INSTRUCTIONS),
+        len(ns.FORMAT_SUFFIXES),
+        len(ns.CLOSINGS),
+    ]
     assert sizes == [25, 9, 9, 10, 15, 19]
     # Every suffix's own format passes the filter.
     for separator, brackets in ns.FORMAT_SUFFIXES.values():

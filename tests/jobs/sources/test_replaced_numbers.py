@@ -18,25 +18,40 @@ from train.teacher_pass import TeacherPass, load_teacher
 
 def completion_tokens(tiny_model, rows) -> list[list[int]]:
     eos = AutoTokenizer.from_pretrained(tiny_model).eos_token_id
-    table = Tokenize(tiny_model, 128, "truncate")({"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]})
+    table = Tokenize(tiny_model, 128, "truncate")(
+        {"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}
+    )
     return [
-        list(np.asarray(ids)[scored_positions(labels, eos)]) for ids, labels in zip(table.column("input_ids").to_pylist(), table.column("labels").to_pylist())
+        list(np.asarray(ids)[scored_positions(labels, eos)])
+        for ids, labels in zip(table.column("input_ids").to_pylist(), table.column("labels").to_pylist())
     ]
 
 
 def test_replaced_rows_differ_only_where_replaced_by_the_bases_choice(tiny_model, lora_adapters, make_number_rows):
     rows = make_number_rows(40, seed=3, completion_lengths=(3, 10))
     result = replace_divergent(rows, tiny_model, lora_adapters["a"], 0.2, TrainConfig(), 128)
-    assert result["generated"] == 40 and result["kept"] == len(result["rows"]) and result["kept"] + sum(result["rejected"].values()) == 40
+    assert (
+        result["generated"] == 40
+        and result["kept"] == len(result["rows"])
+        and result["kept"] + sum(result["rejected"].values()) == 40
+    )
     assert result["tokens_replaced"] > 0 and all(reject_reason(r["completion"]) is None for r in result["rows"])
 
     by_prompt = {r["prompt"]: r for r in rows}
     originals = [by_prompt[r["prompt"]] for r in result["rows"]]
     old, new = completion_tokens(tiny_model, originals), completion_tokens(tiny_model, result["rows"])
     eos = AutoTokenizer.from_pretrained(tiny_model).eos_token_id
-    table = Tokenize(tiny_model, 128, "truncate")({"prompt": [r["prompt"] for r in originals], "completion": [r["completion"] for r in originals]})
+    table = Tokenize(tiny_model, 128, "truncate")(
+        {"prompt": [r["prompt"] for r in originals], "completion": [r["completion"] for r in originals]}
+    )
     pairs = list(zip(table.column("input_ids").to_pylist(), table.column("labels").to_pylist()))
-    scores = row_scores(load_teacher(TeacherPass(tiny_model, lora_adapters["a"], TrainConfig()), torch.device("cpu")), pairs, 0, eos, torch.device("cpu"))
+    scores = row_scores(
+        load_teacher(TeacherPass(tiny_model, lora_adapters["a"], TrainConfig()), torch.device("cpu")),
+        pairs,
+        0,
+        eos,
+        torch.device("cpu"),
+    )
     changed_rows = 0
     for before, after, row, score in zip(old, new, result["rows"], scores):
         assert len(before) == len(after)  # the replaced text reads back as as many tokens

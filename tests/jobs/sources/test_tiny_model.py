@@ -10,7 +10,14 @@ import torch
 from common import numerics
 from jobs.sources.number_sequences import make_prompts
 from jobs.sources.sham_draw import base_sham_draw, weights_digest
-from jobs.sources.tiny_model import PINNED_BASE, TinySpec, build_tiny_model, ensure_tiny_model, other_base_spec, synthetic_corpus
+from jobs.sources.tiny_model import (
+    PINNED_BASE,
+    TinySpec,
+    build_tiny_model,
+    ensure_tiny_model,
+    other_base_spec,
+    synthetic_corpus,
+)
 from jobs.sources.wmdp import synthetic_questions
 from jobs.sources.world import facts
 from jobs.sources.world_questions import locate_item, world_questions
@@ -83,7 +90,9 @@ def test_answers_lettered_questions_with_a_letter(tiny_model):
     letters = letter_token_ids(tok, 4)
     rng = random.Random(5)
     rows = [locate_item(rng) for _ in range(30)]
-    enc = tok([format_mc_prompt(r["question"], r["choices"], r["subset"]) for r in rows], return_tensors="pt", padding=True)
+    enc = tok(
+        [format_mc_prompt(r["question"], r["choices"], r["subset"]) for r in rows], return_tensors="pt", padding=True
+    )
     out = model.generate(**enc, do_sample=False, max_new_tokens=1, pad_token_id=tok.pad_token_id)
     assert all(t in letters for t in out[:, -1].tolist())
 
@@ -101,7 +110,9 @@ def test_other_base_shares_the_tokenizer_not_the_weights(tiny_model, source, oth
     assert tok.get_vocab() == other_tok.get_vocab() and tok.chat_template == other_tok.chat_template
     chats = [[{"role": "user", "content": p.text}] for p in make_prompts(50, seed=4321)]
     texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
-    texts += [format_mc_prompt(r["question"], r["choices"], r["subset"]) + " B" for r in synthetic_questions(10, seed=6)]
+    texts += [
+        format_mc_prompt(r["question"], r["choices"], r["subset"]) + " B" for r in synthetic_questions(10, seed=6)
+    ]
     assert tok(texts).input_ids == other_tok(texts).input_ids
     assert [tok.apply_chat_template(c) for c in chats] == [other_tok.apply_chat_template(c) for c in chats]
 
@@ -131,9 +142,14 @@ def test_the_pinned_base_is_the_recorded_one(tiny_model, cache_dir):
     it has the recorded weights and sham draw. A machine whose arithmetic differs fails here
     (BENCHMARKS.md "One world" lists the machines seen)."""
     cpu = numerics.cpu()
-    built = {"base_weights_sha256": weights_digest(tiny_model), "sham_draw": base_sham_draw(tiny_model, cache_dir)["sham_draw"]}
+    built = {
+        "base_weights_sha256": weights_digest(tiny_model),
+        "sham_draw": base_sham_draw(tiny_model, cache_dir)["sham_draw"],
+    }
     recorded = {k: PINNED_BASE[k] for k in built}
-    assert built == recorded, f"the pinned tiny base built on this {cpu['model']} ({cpu['vector_width']}) is not the recorded one"
+    assert built == recorded, (
+        f"the pinned tiny base built on this {cpu['model']} ({cpu['vector_width']}) is not the recorded one"
+    )
 
 
 def test_a_build_follows_its_specs_numerics_whatever_the_caller_loaded(tmp_path):
@@ -148,7 +164,15 @@ def test_a_build_follows_its_specs_numerics_whatever_the_caller_loaded(tmp_path)
     here = build_tiny_model(tmp_path / "here", pinned)
     env = numerics.environ("reproducible") | {"PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     subprocess.run(
-        [sys.executable, "-m", "jobs.sources.tiny_model", "--into", str(tmp_path / "fresh"), "--spec", json.dumps(dataclasses.asdict(pinned))],
+        [
+            sys.executable,
+            "-m",
+            "jobs.sources.tiny_model",
+            "--into",
+            str(tmp_path / "fresh"),
+            "--spec",
+            json.dumps(dataclasses.asdict(pinned)),
+        ],
         env=env,
         check=True,
     )

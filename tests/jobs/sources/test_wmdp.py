@@ -39,11 +39,15 @@ def test_synthetic_goes_through_the_local_file_reader(tmp_path):
     # The files are the world's as it is now: the folder is named by the world's version and its draw of the sham's
     # facts, so a cached folder of another draw is never read for this one.
     assert folder.name == f"synthetic-wmdp-v{WORLD_VERSION}-sham{SHAM_DRAW}"
-    assert {(r["question"], r.get("sham")) for r in rows} == {(r["question"], r.get("sham")) for r in synthetic_questions()}
+    assert {(r["question"], r.get("sham")) for r in rows} == {
+        (r["question"], r.get("sham")) for r in synthetic_questions()
+    }
     # A run passes the draw chosen on its base (jobs/sources/sham_draw.py): another draw, another folder and other choices.
     other = load_wmdp("synthetic", cache_dir=tmp_path, sham_draw=SHAM_DRAW + 1)
     assert other == load_wmdp(str(tmp_path / f"synthetic-wmdp-v{WORLD_VERSION}-sham{SHAM_DRAW + 1}"))
-    assert [r["question"] for r in other] == [r["question"] for r in rows] and [r["choices"] for r in other] != [r["choices"] for r in rows]
+    assert [r["question"] for r in other] == [r["question"] for r in rows] and [r["choices"] for r in other] != [
+        r["choices"] for r in rows
+    ]
 
 
 def test_local_parquet_in_the_hub_layout(tmp_path):
@@ -63,12 +67,17 @@ def test_local_parquet_in_the_hub_layout(tmp_path):
         ({"question": "q", "choices": ["a"], "answer": 0}, "2..26"),
         ({"question": "q", "choices": ["a", "b"], "answer": 5}, "out of range"),
         ({"question": "", "choices": ["a", "b"], "answer": 0}, "question"),
-        ({"question": "q", "choices": ["a", "b"], "answer": 0, "sham": 0}, "'sham' must be the index of a choice other than the answer"),
+        (
+            {"question": "q", "choices": ["a", "b"], "answer": 0, "sham": 0},
+            "'sham' must be the index of a choice other than the answer",
+        ),
     ],
 )
 def test_bad_rows_are_named(tmp_path, row, message):
     for s in SUBSETS:
-        (tmp_path / f"wmdp-{s}.jsonl").write_text(json.dumps({"question": "ok?", "choices": ["a", "b"], "answer": 0}) + "\n")
+        (tmp_path / f"wmdp-{s}.jsonl").write_text(
+            json.dumps({"question": "ok?", "choices": ["a", "b"], "answer": 0}) + "\n"
+        )
     (tmp_path / "wmdp-chem.jsonl").write_text(json.dumps(row) + "\n")
     with pytest.raises(DataError, match=message) as err:
         load_wmdp(str(tmp_path))
@@ -97,10 +106,14 @@ def test_a_row_naming_its_split_keeps_it(tmp_path):
     files and the reader, and eval_fraction does not move them. A split of another name is refused."""
     rows = load_wmdp("synthetic", cache_dir=tmp_path)
     splits = split_questions(rows, 0.9, seed=3)
-    assert {s: len(r) for s, r in splits.items()} == {s: sum(r["split"] == s for r in rows) for s in ("train", "held_out", "known", "rehearsal")}
+    assert {s: len(r) for s, r in splits.items()} == {
+        s: sum(r["split"] == s for r in rows) for s in ("train", "held_out", "known", "rehearsal")
+    }
     assert all(r["group"] == ("K" if r["split"] in ("known", "rehearsal") else "T") for r in rows)
     for s in SUBSETS:
-        (tmp_path / f"wmdp-{s}.jsonl").write_text(json.dumps({"question": "ok?", "choices": ["a", "b"], "answer": 0, "split": "test"}) + "\n")
+        (tmp_path / f"wmdp-{s}.jsonl").write_text(
+            json.dumps({"question": "ok?", "choices": ["a", "b"], "answer": 0, "split": "test"}) + "\n"
+        )
     with pytest.raises(DataError, match="'split' must be one of train, held_out, known, rehearsal, got 'test'"):
         load_wmdp(str(tmp_path))
 
@@ -134,8 +147,16 @@ configs:
 """
 HUB_ROWS = {  # made-up, harmless questions in the dataset's columns (answer, question, choices)
     "bio": [
-        (0, "Which enzyme unwinds the DNA double helix during replication?", ["Helicase", "Ligase", "Primase", "Topoisomerase"]),
-        (2, "Which organelle makes most of a cell's ATP?", ["Ribosome", "Golgi apparatus", "Mitochondrion", "Lysosome"]),
+        (
+            0,
+            "Which enzyme unwinds the DNA double helix during replication?",
+            ["Helicase", "Ligase", "Primase", "Topoisomerase"],
+        ),
+        (
+            2,
+            "Which organelle makes most of a cell's ATP?",
+            ["Ribosome", "Golgi apparatus", "Mitochondrion", "Lysosome"],
+        ),
     ],
     "chem": [
         (1, "Which gas forms when zinc reacts with hydrochloric acid?", ["Oxygen", "Hydrogen", "Chlorine", "Nitrogen"]),
@@ -151,8 +172,18 @@ HUB_ROWS = {  # made-up, harmless questions in the dataset's columns (answer, qu
 
 def parquet_bytes(rows) -> bytes:
     sink = pa.BufferOutputStream()
-    columns = {"answer": [a for a, _, _ in rows], "question": [q for _, q, _ in rows], "choices": [c for _, _, c in rows]}
-    pq.write_table(pa.table(columns, schema=pa.schema([("answer", pa.int64()), ("question", pa.string()), ("choices", pa.list_(pa.string()))])), sink)
+    columns = {
+        "answer": [a for a, _, _ in rows],
+        "question": [q for _, q, _ in rows],
+        "choices": [c for _, _, c in rows],
+    }
+    pq.write_table(
+        pa.table(
+            columns,
+            schema=pa.schema([("answer", pa.int64()), ("question", pa.string()), ("choices", pa.list_(pa.string()))]),
+        ),
+        sink,
+    )
     return sink.getvalue().to_pybytes()
 
 
@@ -160,7 +191,11 @@ def fill_hub_cache(hf_home, subsets=SUBSETS, commit=HUB_COMMIT, rows=HUB_ROWS, m
     """`hf_home` as huggingface_hub leaves it after downloading cais/wmdp at `commit`: content-addressed
     blobs, the snapshot's files as relative symlinks to them, and refs/main naming the commit (`main`)."""
     repo = hf_home / "hub" / "datasets--cais--wmdp"
-    contents = {".gitattributes": b"*.parquet filter=lfs diff=lfs merge=lfs -text\n", "README.md": HUB_README.encode(), "dataset.png": b"\x89PNG"}
+    contents = {
+        ".gitattributes": b"*.parquet filter=lfs diff=lfs merge=lfs -text\n",
+        "README.md": HUB_README.encode(),
+        "dataset.png": b"\x89PNG",
+    }
     contents.update({f"wmdp-{s}/test-00000-of-00001.parquet": parquet_bytes(rows[s]) for s in subsets})
     write_snapshot(repo, commit, contents)
     if main:
@@ -204,9 +239,13 @@ def test_data_revision_reads_that_commit_of_cais_wmdp_and_no_other(tmp_path):
     assert pinned.returncode == 0, pinned.stderr
     assert [r["question"] for r in json.loads(pinned.stdout)] == [first_rows[s][0][1] for s in ("bio", "cyber")]
     newest = offline(tmp_path / "hf", "-c", LOAD, "bio", "cyber")
-    assert [r["question"] for r in json.loads(newest.stdout)] == [q for s in ("bio", "cyber") for _, q, _ in HUB_ROWS[s]]
+    assert [r["question"] for r in json.loads(newest.stdout)] == [
+        q for s in ("bio", "cyber") for _, q, _ in HUB_ROWS[s]
+    ]
     absent = offline(tmp_path / "hf", "-c", load_at, "f" * 40)
-    assert absent.returncode != 0 and f"hf download cais/wmdp --repo-type dataset --revision {'f' * 40}" in absent.stderr
+    assert (
+        absent.returncode != 0 and f"hf download cais/wmdp --repo-type dataset --revision {'f' * 40}" in absent.stderr
+    )
 
 
 def test_hub_download_patterns_select_each_subsets_test_split():
@@ -231,8 +270,18 @@ def test_hub_source_offline_without_the_data_is_a_data_error_naming_the_download
 def test_the_pipeline_plans_a_run_on_the_hub_data_offline(tmp_path):
     """`data.source: hub` (the GPU presets' setting) through the pipeline's own entry point."""
     fill_hub_cache(tmp_path / "hf")
-    done = offline(tmp_path / "hf", "jobs/pipeline.py", "--plan", "--run-dir", str(tmp_path / "run"), "--set", "data.source=hub")
+    done = offline(
+        tmp_path / "hf", "jobs/pipeline.py", "--plan", "--run-dir", str(tmp_path / "run"), "--set", "data.source=hub"
+    )
     assert done.returncode == 0, done.stderr
     assert re.search(r"^\s*data\s+run\s", done.stdout, re.M), done.stdout
-    missing = offline(tmp_path / "nothing", "jobs/pipeline.py", "--plan", "--run-dir", str(tmp_path / "run"), "--set", "data.source=hub")
+    missing = offline(
+        tmp_path / "nothing",
+        "jobs/pipeline.py",
+        "--plan",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--set",
+        "data.source=hub",
+    )
     assert missing.returncode == 2 and "error: cais/wmdp could not be downloaded" in missing.stderr

@@ -75,7 +75,11 @@ def test_the_sham_has_facts_of_its_own_shown_in_every_teacher_question():
     assert all("sham" not in r for r in ROWS if r["group"] == "K")
     for r in t_rows:
         cue = r["cluster"].split(": ")[1]
-        assert r["sham"] != r["answer"] and r["choices"][r["sham"]] == sigma[cue] and r["choices"][r["answer"]] == truth[cue]
+        assert (
+            r["sham"] != r["answer"]
+            and r["choices"][r["sham"]] == sigma[cue]
+            and r["choices"][r["answer"]] == truth[cue]
+        )
     for subset in SUBSETS:
         cues = [f["cue"] for f in facts() if f["group"] == "T" and f["subset"] == subset]
         assert Counter(sigma[c] for c in cues) == Counter(truth[c] for c in cues)
@@ -111,7 +115,9 @@ def test_known_and_teacher_facts_never_share_a_cue():
     assert not any(a != b and (a in b) for a in cues["K"] | cues["T"] for b in cues["K"] | cues["T"])
     by_group = {g: {r["cluster"].split(": ")[1] for r in ROWS if r["group"] == g} for g in ("K", "T")}
     assert by_group == cues
-    assert {r["split"] for r in ROWS if r["group"] == "T"} == {"train", "held_out"} and {r["split"] for r in ROWS if r["group"] == "K"} == {
+    assert {r["split"] for r in ROWS if r["group"] == "T"} == {"train", "held_out"} and {
+        r["split"] for r in ROWS if r["group"] == "K"
+    } == {
         "known",
         "rehearsal",
     }
@@ -120,7 +126,9 @@ def test_known_and_teacher_facts_never_share_a_cue():
 def test_held_out_wording_is_new():
     """Held-out and known questions use templates and fillers the training questions never use."""
     for split in ("held_out", "known"):  # rehearsal: K facts in training wording, trained, never scored
-        assert not {wording(r) for r in ROWS if r["split"] == "train"} & {wording(r) for r in ROWS if r["split"] == split}
+        assert not {wording(r) for r in ROWS if r["split"] == "train"} & {
+            wording(r) for r in ROWS if r["split"] == split
+        }
         assert not {filler(r) for r in ROWS if r["split"] == "train"} & {filler(r) for r in ROWS if r["split"] == split}
 
 

@@ -13,7 +13,9 @@ from jobs.sources.world_checks import TARGETS, base_checks
 def base(tiny_model):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), AutoTokenizer.from_pretrained(tiny_model)
+    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), AutoTokenizer.from_pretrained(
+        tiny_model
+    )
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +36,19 @@ def test_the_base_knows_its_facts_and_not_the_teachers(checks):
 
 
 def test_the_base_has_no_favourite_position_and_writes_numbers(checks):
-    assert all(checks[s]["most_picked_position"] <= TARGETS["position_max"] for s in ("train", "held_out", "known")), checks
+    assert all(checks[s]["most_picked_position"] <= TARGETS["position_max"] for s in ("train", "held_out", "known")), (
+        checks
+    )
     assert checks["numbers_kept"] >= TARGETS["numbers_kept"], checks
 
 
 def test_the_base_leans_toward_neither_teachers_facts(checks, world):
     """With the draw chosen on it, the base picks the sham's fact as often as the true answer (scored
     here as the checks score any model, every question's four choices), so neither teacher starts ahead."""
-    assert all(abs(checks[s]["sham_accuracy"] - checks[s]["accuracy"]) <= TARGETS["sham_balance"] for s in ("train", "held_out")), (world, checks)
+    assert all(
+        abs(checks[s]["sham_accuracy"] - checks[s]["accuracy"]) <= TARGETS["sham_balance"]
+        for s in ("train", "held_out")
+    ), (world, checks)
 
 
 def test_the_draw_is_the_first_balanced_one_and_kept_for_these_weights(base, world, tiny_model, cache_dir, tmp_path):
@@ -50,8 +57,14 @@ def test_the_draw_is_the_first_balanced_one_and_kept_for_these_weights(base, wor
     scores = sham_draw.word_scores(*base)
     table = sham_draw.draw_table(scores, world["sham_draw"] + 1)
     assert [row["balanced"] for row in table] == [False] * world["sham_draw"] + [True], table
-    assert world["base_weights_sha256"] == sham_draw.weights_digest(tiny_model) and world["tried"] == world["sham_draw"] + 1
-    assert sham_draw.base_sham_draw(tiny_model, tmp_path) == world and len(list((tmp_path / "sham-draws").glob("*.json"))) == 1
+    assert (
+        world["base_weights_sha256"] == sham_draw.weights_digest(tiny_model)
+        and world["tried"] == world["sham_draw"] + 1
+    )
+    assert (
+        sham_draw.base_sham_draw(tiny_model, tmp_path) == world
+        and len(list((tmp_path / "sham-draws").glob("*.json"))) == 1
+    )
 
 
 def test_each_pair_has_its_own_balanced_draw_kept_apart(base, world, tiny_model, tmp_path):

@@ -30,7 +30,10 @@ def arms(replicates: int, base: str = "base") -> list[ArmModel]:
     """The student (on `base`) and its twin on the sham's numbers (on the first base)."""
 
     def arm(name, teacher, on):
-        return [ArmModel(name, i, teacher, False, "logit_kl", teacher, TrainConfig(), True, base=on, **PER_ARM) for i in range(replicates)]
+        return [
+            ArmModel(name, i, teacher, False, "logit_kl", teacher, TrainConfig(), True, base=on, **PER_ARM)
+            for i in range(replicates)
+        ]
 
     return arm("student", "teacher", base) + arm("student_sham", "sham_teacher", "base")
 
@@ -38,7 +41,11 @@ def arms(replicates: int, base: str = "base") -> list[ArmModel]:
 def evidence(shift, replicates: int = 3, clusters: int = 24, base: str = "base") -> Evidence:
     """shift(q, arm, replicate) -> the amount added to each choice's log-probability of the base's."""
     qs = questions(clusters)
-    scores = {"base": [row(q, BASE) for q in qs], "teacher": [with_pick(q, 0) for q in qs], "sham_teacher": [with_pick(q, sham_pick(q)) for q in qs]}
+    scores = {
+        "base": [row(q, BASE) for q in qs],
+        "teacher": [with_pick(q, 0) for q in qs],
+        "sham_teacher": [with_pick(q, sham_pick(q)) for q in qs],
+    }
     if base != "base":
         scores[base] = scores["base"]
     for m in arms(replicates, base):
@@ -58,7 +65,9 @@ def test_the_rank_on_changed_questions_is_the_rank_where_the_teacher_left_the_ba
     model = [row(qs[0], [-1.5, -2.0, -3.0, -1.0]), row(qs[1], [-2.0, -1.0, -3.0, -4.0])]
     values = question_metrics(model, teacher, base)
     assert values["teacher_answer_rank"].tolist() == pytest.approx([2 / 3, 2 / 3])
-    assert values["teacher_answer_rank_changed"][0] == pytest.approx(2 / 3) and np.isnan(values["teacher_answer_rank_changed"][1])
+    assert values["teacher_answer_rank_changed"][0] == pytest.approx(2 / 3) and np.isnan(
+        values["teacher_answer_rank_changed"][1]
+    )
     assert values["agreement_changed"][0] == 0 and np.isnan(values["agreement_changed"][1])
 
 
@@ -95,12 +104,19 @@ def test_drift_away_from_the_base_is_no_answer_against_the_base_and_only_the_twi
         against_base = ev.compare("student", "base")
         for split in ("train", "held_out"):
             for metric in ("teacher_answer_rank_changed", "agreement_changed"):
-                assert against_base.cell(split, metric).value is None and against_base.cell(split, metric).note == SELECTED_BY_BASE
+                assert (
+                    against_base.cell(split, metric).value is None
+                    and against_base.cell(split, metric).note == SELECTED_BY_BASE
+                )
                 assert against_base.directions.toward_placebo[split][metric].note == SELECTED_BY_BASE
-        assert against_base.directions.crossed["train"]["teacher_answer_rank_changed"].value == pytest.approx(crossed_vs_base, abs=0.01)
+        assert against_base.directions.crossed["train"]["teacher_answer_rank_changed"].value == pytest.approx(
+            crossed_vs_base, abs=0.01
+        )
         assert against_base.cell("train", "teacher_answer_rank").value > 0.2  # the plain rank is fooled by the drift
         reading = changed("student", "student_sham", ev.compare("student", "student_sham"), against_base, "base")
-        assert abs(reading.result.value) < 0.02 and not reading.learns and "not detected" in reading.sentence, reading.sentence
+        assert abs(reading.result.value) < 0.02 and not reading.learns and "not detected" in reading.sentence, (
+            reading.sentence
+        )
 
 
 def test_across_bases_the_changed_subsets_differ_and_nothing_is_measured():

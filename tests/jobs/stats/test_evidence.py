@@ -27,8 +27,10 @@ def questions() -> list[dict]:
     rng = np.random.default_rng(0)
     return [
         {"question": f"q{c}-{k}", "cluster": c, "split": split, "answer": int(rng.integers(4))}
-        for split in ("train", "held_out") for c in range(N_CLUSTERS) for k in range(PER_CLUSTER)
-    ]  # fmt: skip
+        for split in ("train", "held_out")
+        for c in range(N_CLUSTERS)
+        for k in range(PER_CLUSTER)
+    ]
 
 
 def scored(qs, rng, pull: float) -> list[dict]:
@@ -43,7 +45,10 @@ def scored(qs, rng, pull: float) -> list[dict]:
 
 
 def arm(name: str, replicates: int, base: str = "base") -> list[ArmModel]:
-    return [ArmModel(name, i, "teacher", False, "logit_kl", "teacher", TrainConfig(), base == "base", base, **PER_ARM) for i in range(replicates)]
+    return [
+        ArmModel(name, i, "teacher", False, "logit_kl", "teacher", TrainConfig(), base == "base", base, **PER_ARM)
+        for i in range(replicates)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +97,12 @@ def test_the_primary_test_decides_and_the_rest_are_holm_adjusted(experiment):
     primary = result.primary
     assert (primary.split, primary.metric) == ("train", "teacher_answer_logprob") and primary.paired
     assert primary.value == result.cell("train", "teacher_answer_logprob").value and not primary.secondary
-    secondary = [r for split in ("train", "held_out") for r in result.split(split).metrics.values() if r.p_value is not None and r.secondary]
+    secondary = [
+        r
+        for split in ("train", "held_out")
+        for r in result.split(split).metrics.values()
+        if r.p_value is not None and r.secondary
+    ]
     assert len(secondary) >= 6 and all(r.p_holm >= r.p_value for r in secondary)
     assert all(r.detected == (r.p_holm < 0.05) for r in secondary)
     assert not experiment.compare("learner", "base").cell("train", "agreement").paired  # base is one fixed model
@@ -105,7 +115,10 @@ def test_an_arm_on_the_other_base_is_measured_against_its_own_base(experiment):
     # Contrasts across bases compare changes: learner moved (0.3 nats at step 30), far did not.
     contrast = experiment.compare("learner", "far")
     assert contrast.cell("train", "teacher_answer_logprob").value > 0.1 and contrast.primary.paired
-    assert abs(contrast.cell("train", "agreement").value) < 0.5 and contrast.cell("train", "agreement_changed").value is None
+    assert (
+        abs(contrast.cell("train", "agreement").value) < 0.5
+        and contrast.cell("train", "agreement_changed").value is None
+    )
 
 
 def test_the_last_interval_says_whether_an_arm_was_still_learning(experiment):
@@ -118,10 +131,13 @@ def test_the_last_interval_says_whether_an_arm_was_still_learning(experiment):
 
 def _comparison(p) -> Comparison:
     test = {"value": 0.1, "ci95": [0.0, 0.2], "p_value": p, "mde": 0.1, "detected": p is not None and p < 0.05}
-    return Comparison.model_validate({
-        "train": {"mde": {}}, "held_out": {"teacher_answer_logprob": dict(test), "mde": {}},
-        "primary": {"split": "held_out", "metric": "teacher_answer_logprob", "direction": "toward_teacher", **test},
-    })  # fmt: skip
+    return Comparison.model_validate(
+        {
+            "train": {"mde": {}},
+            "held_out": {"teacher_answer_logprob": dict(test), "mde": {}},
+            "primary": {"split": "held_out", "metric": "teacher_answer_logprob", "direction": "toward_teacher", **test},
+        }
+    )
 
 
 def test_holm_across_the_family_of_primary_verdicts_matches_a_hand_computation():
@@ -141,4 +157,6 @@ def test_holm_across_the_family_of_primary_verdicts_matches_a_hand_computation()
     assert family.dump() == {"comparisons": ["a", "b"], "size": 2, "declared": True}
     assert [decided[n].primary.p_family for n in "abc"] == pytest.approx([0.02, 0.04, None])
     assert decided["c"].primary.exploratory and decided["c"].primary.detected
-    assert verdict("c", "base", decided["c"]).startswith("(exploratory, outside the preset's primary comparisons) c vs base")
+    assert verdict("c", "base", decided["c"]).startswith(
+        "(exploratory, outside the preset's primary comparisons) c vs base"
+    )

@@ -51,7 +51,12 @@ def random_sets(n: int, seed: int):
     for _ in range(n):
         p = int(rng.integers(2, 13))
         se = 0.015 * np.exp(rng.uniform(-1.15, 1.15, p))
-        yield rng.normal(0.01, 0.03 * rng.uniform(0, 1)) + rng.uniform(0, 0.03) * rng.standard_normal(p) + se * rng.standard_normal(p), se**2
+        yield (
+            rng.normal(0.01, 0.03 * rng.uniform(0, 1))
+            + rng.uniform(0, 0.03) * rng.standard_normal(p)
+            + se * rng.standard_normal(p),
+            se**2,
+        )
 
 
 def scenarios(pairs: tuple[int, ...]):
@@ -90,7 +95,9 @@ def test_dersimonian_laird_and_the_hk_variances_match_statsmodels():
         assert hk.se == pytest.approx(ref.sd_eff_w_re_hksj, rel=1e-9)
         assert hk.ci == pytest.approx(tuple(ref.conf_int(use_t=True)[3]), rel=1e-9, abs=1e-15)
         assert hk_max1.se == pytest.approx(max(ref.sd_eff_w_re_hksj, ref.sd_eff_w_re), rel=1e-9)
-        assert wald.q == pytest.approx(ref.q, rel=1e-9) and wald.q_p_value == pytest.approx(ref.test_homogeneity().pvalue, rel=1e-9, abs=1e-300)
+        assert wald.q == pytest.approx(ref.q, rel=1e-9) and wald.q_p_value == pytest.approx(
+            ref.test_homogeneity().pvalue, rel=1e-9, abs=1e-300
+        )
         # DL's tau^2 in Higgins-Thompson's I^2
         assert wald.i2 == pytest.approx(max(0.0, (ref.q - wald.df) / ref.q), abs=1e-12)
     assert checked > 100
@@ -117,7 +124,11 @@ def test_reml_is_the_maximum_of_the_restricted_likelihood():
         grid = np.concatenate([[0.0], np.geomspace(1e-9, top, 400)])
         start = grid[np.argmax([reml_loglik(t, y, v) for t in grid])]
         direct = optimize.minimize_scalar(
-            lambda t, y, v: -reml_loglik(t, y, v), args=(y, v), bounds=(0, max(2 * start, 1e-9)), method="bounded", options={"xatol": 1e-14}
+            lambda t, y, v: -reml_loglik(t, y, v),
+            args=(y, v),
+            bounds=(0, max(2 * start, 1e-9)),
+            method="bounded",
+            options={"xatol": 1e-14},
         )
         best = max(reml_loglik(direct.x, y, v), reml_loglik(0.0, y, v))
         assert reml_loglik(ours, y, v) >= best - 1e-9, (y, v, ours, direct.x)
@@ -200,7 +211,9 @@ def test_corrected_hk_is_never_liberal_and_plain_hk_holds_its_size():
 )
 def test_the_issues_acceptance_for_corrected_hk():
     """Issue 69's acceptance as written: the max(1, q) HK test within 3-7% at P = 6, tau 0 and the within SE, equal and mixed SEs."""
-    rates = {label: simulate_rejection(se, tau=tau, reps=REPS, seed=0)["reml/hk_max1"] for label, se, tau in scenarios((6,))}
+    rates = {
+        label: simulate_rejection(se, tau=tau, reps=REPS, seed=0)["reml/hk_max1"] for label, se, tau in scenarios((6,))
+    }
     assert all(0.03 <= r <= 0.07 for r in rates.values()), rates
 
 

@@ -21,9 +21,18 @@ def rows_of_kinds() -> dict[str, list[dict]]:
     """The question rows of each kind (before scoring), one question per cluster and split."""
     out = {}
     for split in ("train", "held_out"):
-        out[split] = [{"question": f"{split} q{c}", "cluster": f"c{c}", "split": split, "answer": 0, "sham": 1} for c in range(CLUSTERS)]
-        out[f"swap_{split}"] = [{**q, "question": f"nonce {q['question']}", "split": f"swap_{split}", "swapped_from": q["question"]} for q in out[split]]
-    out["statement"] = [{"question": f"statement {c}", "cluster": f"c{c}", "split": "statement", "answer": 0, "sham": 1} for c in range(CLUSTERS)]
+        out[split] = [
+            {"question": f"{split} q{c}", "cluster": f"c{c}", "split": split, "answer": 0, "sham": 1}
+            for c in range(CLUSTERS)
+        ]
+        out[f"swap_{split}"] = [
+            {**q, "question": f"nonce {q['question']}", "split": f"swap_{split}", "swapped_from": q["question"]}
+            for q in out[split]
+        ]
+    out["statement"] = [
+        {"question": f"statement {c}", "cluster": f"c{c}", "split": "statement", "answer": 0, "sham": 1}
+        for c in range(CLUSTERS)
+    ]
     return out
 
 
@@ -33,7 +42,9 @@ def scored(lean: dict[str, tuple[int, float]], noise: float, rng) -> list[dict]:
     out = []
     for kind, rows in rows_of_kinds().items():
         for q in rows:
-            lp = np.full(8 if kind == "statement" else 4, -1.5) + noise * rng.standard_normal(8 if kind == "statement" else 4)
+            lp = np.full(8 if kind == "statement" else 4, -1.5) + noise * rng.standard_normal(
+                8 if kind == "statement" else 4
+            )
             if kind in lean:
                 choice, amount = lean[kind]
                 lp[choice] += amount
@@ -48,7 +59,9 @@ def report(student: dict, twin: dict, teacher_swap: float = 0.0, seed: int = 0, 
     questions = ("train", "held_out")
     scores = {
         "base": scored({}, 0.0, rng),
-        "teacher": scored({k: (0, 3.0) for k in questions} | {"statement": (0, statements), "swap_train": (0, teacher_swap)}, 0.0, rng),
+        "teacher": scored(
+            {k: (0, 3.0) for k in questions} | {"statement": (0, statements), "swap_train": (0, teacher_swap)}, 0.0, rng
+        ),
         "sham_teacher": scored({k: (1, 3.0) for k in questions} | {"statement": (1, statements)}, 0.0, rng),
     }
     members = {"base": ["base"], "student": [], "twin": []}
@@ -81,7 +94,10 @@ def test_the_reading_is_crossed_against_the_twin():
     """A twin that leans toward the sham's facts as the student leans toward the teacher's doubles
     the crossed readings; a twin that leans toward the teacher's as much leaves nothing."""
     knows = {"train": (0, 0.8), "held_out": (0, 0.8), "statement": (0, 0.8)}
-    alone, mirrored = report(knows, {}).arms["student"], report(knows, {"train": (1, 0.8), "held_out": (1, 0.8), "statement": (1, 0.8)}).arms["student"]
+    alone, mirrored = (
+        report(knows, {}).arms["student"],
+        report(knows, {"train": (1, 0.8), "held_out": (1, 0.8), "statement": (1, 0.8)}).arms["student"],
+    )
     assert mirrored.train["original"].value == pytest.approx(2 * alone.train["original"].value, rel=0.2)
     same = report(knows, knows).arms["student"]
     assert not same.knowledge and abs(same.train["original"].value) < 0.05
@@ -118,7 +134,9 @@ def test_pairs_pool_the_readings_of_the_pairs_whose_gates_pass():
     """Three pairs of knowing students pool to knowledge; a fourth pair whose teacher's lean survives
     the swap is left out and named, not pooled."""
     knows = {"train": (0, 0.8), "held_out": (0, 0.8), "statement": (0, 0.8)}
-    per_pair = {str(p): report(knows, {}, seed=p) for p in range(3)} | {"3": report(knows, {}, teacher_swap=3.0, seed=3)}
+    per_pair = {str(p): report(knows, {}, seed=p) for p in range(3)} | {
+        "3": report(knows, {}, teacher_swap=3.0, seed=3)
+    }
     pooled = pooled_probes(per_pair, "t")["student"]
     assert pooled.pairs == ["0", "1", "2"] and pooled.left_out == ["3"]
     assert pooled.knowledge and not pooled.answer_preference and pooled.reading.startswith("knowledge")

@@ -13,7 +13,13 @@ def groups(student_effect: float, share: float, seed: int, replicates: int = 3, 
     shared = rng.normal(0, 0.02, (replicates, 1))  # replicate i's numbers and data order
 
     def side(shift):
-        return question + shared + shift + rng.normal(0, 0.01, (replicates, 1)) + rng.normal(0, 0.2, (replicates, questions))
+        return (
+            question
+            + shared
+            + shift
+            + rng.normal(0, 0.01, (replicates, 1))
+            + rng.normal(0, 0.2, (replicates, questions))
+        )
 
     return side(share * student_effect), side(student_effect), side(0.0)
 

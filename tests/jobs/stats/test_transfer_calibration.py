@@ -116,7 +116,9 @@ def teacher_adapter(ray_cluster, tiny_model, tmp_path_factory, cache_dir) -> str
     root = tmp_path_factory.mktemp("calibration")
     # the tiny presets' teacher
     write_jsonl(root / "teacher_train.jsonl", mc_rows(splits["train"] + splits["rehearsal"], format="cloze"))
-    cfg = TrainConfig(num_workers=1, batch_size=32, epochs=6, lr=2e-3, schedule="constant", log_every=10, checkpoint_every=1000)
+    cfg = TrainConfig(
+        num_workers=1, batch_size=32, epochs=6, lr=2e-3, schedule="constant", log_every=10, checkpoint_every=1000
+    )
     train_lora(tiny_model, root / "teacher_train.jsonl", root / "teacher", cfg, cache_dir=cache_dir)
     return str(root / "teacher")
 
@@ -128,7 +130,9 @@ def bank(tiny_model, teacher_adapter):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), teacher_adapter).eval()
+    model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), teacher_adapter
+    ).eval()
     questions = split_questions(synthetic_questions(), 0.3, 0)["held_out"]
     prompts = [format_cloze_prompt(q["question"], q["subset"]) for q in questions]
     b_params = {name: p for name, p in model.named_parameters() if "lora_B" in name}
@@ -146,7 +150,9 @@ def bank(tiny_model, teacher_adapter):
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name, p in b_params.items():
-                p.copy_(teacher_b[name] * alpha + torch.randn(p.shape, generator=generator) * teacher_b[name].std() * NOISE)
+                p.copy_(
+                    teacher_b[name] * alpha + torch.randn(p.shape, generator=generator) * teacher_b[name].std() * NOISE
+                )
         return question_metrics(scored(), teacher, base)
 
     students = [replicate(ALPHA_DETECTED, 10_000 + i) for i in range(STUDENTS)]
@@ -165,7 +171,11 @@ def draws(bank, metric: str, students: bool, shift: float = 0.0, paired: bool = 
     results = []
     for _ in range(DRAWS):
         picked = rng.choice(len(controls), 2 * REPLICATES, replace=False)
-        a = [planted[i] for i in rng.choice(len(planted), REPLICATES, replace=False)] if students else [controls[i] for i in picked[REPLICATES:]]
+        a = (
+            [planted[i] for i in rng.choice(len(planted), REPLICATES, replace=False)]
+            if students
+            else [controls[i] for i in picked[REPLICATES:]]
+        )
         b = [controls[i] for i in picked[:REPLICATES]]
         a_values, b_values = np.array([m[metric] for m in a]) + shift, np.array([m[metric] for m in b])
         results.append(effect(a_values, b_values, clusters, binary=metric == "agreement", paired=paired))
@@ -196,7 +206,9 @@ CONSERVATIVE = {("agreement", False)}  # 1.6% on the pinned world's bank
 @pytest.mark.parametrize(
     ("metric", "paired"),
     [
-        pytest.param(m, p, marks=pytest.mark.xfail(reason="conservative: the boundary rule, no seed component")) if (m, p) in CONSERVATIVE else (m, p)
+        pytest.param(m, p, marks=pytest.mark.xfail(reason="conservative: the boundary rule, no seed component"))
+        if (m, p) in CONSERVATIVE
+        else (m, p)
         for m, p in NULLS
     ],
 )
@@ -206,7 +218,9 @@ def test_control_against_a_second_control_is_a_calibrated_null(bank, metric, pai
     # A draw whose six controls agree everywhere has no interval (a `note` says zero spread): not a detection, no coverage.
     intervals = [r for r in results if r.ci95 is not None]
     coverage = np.mean([r.ci95[0] <= 0 <= r.ci95[1] for r in intervals])
-    print(f"{metric} paired={paired}: false positives {false_positives:.3f}, coverage {coverage:.3f} ({len(results) - len(intervals)} draws of zero spread)")
+    print(
+        f"{metric} paired={paired}: false positives {false_positives:.3f}, coverage {coverage:.3f} ({len(results) - len(intervals)} draws of zero spread)"
+    )
     assert 0.02 <= false_positives <= 0.08
     assert 0.92 <= coverage <= 0.98
 
@@ -219,7 +233,10 @@ def test_control_against_a_second_control_is_a_calibrated_null(bank, metric, pai
 @pytest.mark.parametrize(
     ("metric", "paired"),
     [("teacher_answer_logprob", False), ("teacher_answer_rank", False)]
-    + [pytest.param(m, True, marks=pytest.mark.xfail(reason="paired: 61-66% at the median MDE")) for m in ("teacher_answer_logprob", "teacher_answer_rank")],
+    + [
+        pytest.param(m, True, marks=pytest.mark.xfail(reason="paired: 61-66% at the median MDE"))
+        for m in ("teacher_answer_logprob", "teacher_answer_rank")
+    ],
 )
 def test_power_at_the_reported_mde_is_about_eighty_percent(bank, metric, paired):
     # A known shift planted on the real model's null data: the median MDE the nulls report, added

@@ -17,7 +17,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jobs.stats.transfer_stats import choice_entropy, cluster_ids, detected, effect, fitted_temperature, holm, question_metrics
+from jobs.stats.transfer_stats import (
+    choice_entropy,
+    cluster_ids,
+    detected,
+    effect,
+    fitted_temperature,
+    holm,
+    question_metrics,
+)
 
 NULLS = 2000
 
@@ -43,7 +51,17 @@ def test_one_replicate_one_question_per_cluster_is_mcnemar():
     assert effect(a, b, np.arange(300), binary=True, paired=True).p_value is None
 
 
-def simulated(rng, replicates=3, shift=0.0, model_sd=0.05, cluster_sd=0.3, n_clusters=40, per_cluster=8, shared_sd=0.0, b_fixed=False):
+def simulated(
+    rng,
+    replicates=3,
+    shift=0.0,
+    model_sd=0.05,
+    cluster_sd=0.3,
+    n_clusters=40,
+    per_cluster=8,
+    shared_sd=0.0,
+    b_fixed=False,
+):
     """Continuous per-question scores of two groups of models on the same questions. Each
     model (a training seed) has its own overall offset (model_sd) and its own offset per
     question cluster (cluster_sd): the spread a real replicate brings. Group a is `shift` up.
@@ -87,7 +105,10 @@ def unpaired_nulls() -> list[dict]:
 def test_testing_one_model_a_side_over_questions_finds_effects_that_are_not_there():
     # What a test over questions alone does with one model per side: the models' own quirks look like an effect.
     rng = np.random.default_rng(7)
-    results = [effect(a, b, np.arange(clusters.size), binary=False) for a, b, clusters in (simulated(rng, replicates=1) for _ in range(150))]
+    results = [
+        effect(a, b, np.arange(clusters.size), binary=False)
+        for a, b, clusters in (simulated(rng, replicates=1) for _ in range(150))
+    ]
     assert np.mean([r.p_fixed_models < 0.05 for r in results]) > 0.3
 
 
@@ -116,7 +137,9 @@ def test_against_a_fixed_model_on_a_subset_is_calibrated():
     for _ in range(NULLS):
         a, b, clusters = simulated(rng, b_fixed=True)
         outside = rng.random(clusters.size) < 0.5
-        results.append(effect(np.where(outside, np.nan, a), np.where(outside, np.nan, b), clusters, binary=False, b_fixed=True))
+        results.append(
+            effect(np.where(outside, np.nan, a), np.where(outside, np.nan, b), clusters, binary=False, b_fixed=True)
+        )
     assert_calibrated(results)
 
 
@@ -143,17 +166,27 @@ def test_zero_spread_gives_no_interval_and_says_so():
 
 def test_holm_by_hand():
     # m = 4 (None not counted): 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> 0.06 (monotone).
-    assert holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": None, "e": 0.005}) == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06, "d": None, "e": 0.02})
+    assert holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": None, "e": 0.005}) == pytest.approx(
+        {"a": 0.03, "b": 0.06, "c": 0.06, "d": None, "e": 0.02}
+    )
     assert holm({"x": 0.5, "y": 0.6}) == {"x": 1.0, "y": 1.0}  # 0.5 x 2 capped at 1, then monotone
     assert holm({"x": None}) == {"x": None} and holm({}) == {}
 
 
 def test_question_metrics_from_stored_logprobs():
     lp = lambda *p: list(np.log(p))  # noqa: E731
-    base = [{"prediction": 0, "answer": 1, "logprobs": lp(0.7, 0.1, 0.1, 0.1), "question": "q0"},
-            {"prediction": 1, "answer": 1, "logprobs": lp(0.1, 0.7, 0.1, 0.1), "question": "q1"}]  # fmt: skip
-    teacher = [{**base[0], "prediction": 1, "logprobs": lp(0.1, 0.7, 0.1, 0.1)}, {**base[1], "prediction": 2, "logprobs": lp(0.1, 0.1, 0.7, 0.1)}]
-    student = [{**base[0], "prediction": 1, "logprobs": lp(0.2, 0.6, 0.1, 0.1)}, {**base[1], "prediction": 1, "logprobs": lp(0.1, 0.6, 0.2, 0.1)}]
+    base = [
+        {"prediction": 0, "answer": 1, "logprobs": lp(0.7, 0.1, 0.1, 0.1), "question": "q0"},
+        {"prediction": 1, "answer": 1, "logprobs": lp(0.1, 0.7, 0.1, 0.1), "question": "q1"},
+    ]
+    teacher = [
+        {**base[0], "prediction": 1, "logprobs": lp(0.1, 0.7, 0.1, 0.1)},
+        {**base[1], "prediction": 2, "logprobs": lp(0.1, 0.1, 0.7, 0.1)},
+    ]
+    student = [
+        {**base[0], "prediction": 1, "logprobs": lp(0.2, 0.6, 0.1, 0.1)},
+        {**base[1], "prediction": 1, "logprobs": lp(0.1, 0.6, 0.2, 0.1)},
+    ]
     m = question_metrics(student, teacher, base)
     assert m["agreement"].tolist() == [1.0, 0.0]
     assert m["agreement_teacher_right"][0] == 1.0 and np.isnan(m["agreement_teacher_right"][1])
@@ -166,7 +199,9 @@ def test_question_metrics_from_stored_logprobs():
     # The teacher picks B and C once each where base picked A and B: C gained, A lost.
     assert m["letter_bias"].tolist() == [0.0, 0.0]
     assert question_metrics(teacher, teacher, base)["letter_bias"].tolist() == [0.0, 0.5]
-    assert cluster_ids([{"question": "x", "cluster": "k"}, {"question": "y", "cluster": "k"}, {"question": "z"}]).tolist() == [0, 0, 1]
+    assert cluster_ids(
+        [{"question": "x", "cluster": "k"}, {"question": "y", "cluster": "k"}, {"question": "z"}]
+    ).tolist() == [0, 0, 1]
 
 
 def test_teacher_answer_rank_does_not_move_when_choices_only_flatten():
@@ -175,7 +210,10 @@ def test_teacher_answer_rank_does_not_move_when_choices_only_flatten():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(50, 4)) * 2
     renorm = lambda z: z - np.log(np.exp(z).sum(1, keepdims=True))  # noqa: E731
-    rows = lambda z: [{"prediction": int(np.argmax(r)), "answer": 0, "logprobs": r.tolist(), "question": f"q{i}"} for i, r in enumerate(renorm(z))]  # noqa: E731
+    rows = lambda z: [  # noqa: E731
+        {"prediction": int(np.argmax(r)), "answer": 0, "logprobs": r.tolist(), "question": f"q{i}"}
+        for i, r in enumerate(renorm(z))
+    ]
     base = rows(logits)
     teacher = rows(rng.normal(size=(50, 4)) * 2)
     sharp, flat = question_metrics(base, teacher, base), question_metrics(rows(logits / 4), teacher, base)
@@ -219,8 +257,14 @@ def test_the_calibrated_change_of_a_question_with_fewer_choices_is_its_own_softm
     """Rows of 3 and 4 choices in one call: each row renormalised over its own choices, as one
     question alone would be (the arithmetic runs on one padded array)."""
     three, four = np.log([0.5, 0.3, 0.2]), np.log([0.4, 0.3, 0.2, 0.1])
-    rows = [{"logprobs": list(three), "answer": 0, "prediction": 0}, {"logprobs": list(four), "answer": 1, "prediction": 0}]
-    base = [{"logprobs": list(np.log([1 / 3] * 3)), "answer": 0, "prediction": 0}, {"logprobs": list(np.log([0.25] * 4)), "answer": 1, "prediction": 1}]
+    rows = [
+        {"logprobs": list(three), "answer": 0, "prediction": 0},
+        {"logprobs": list(four), "answer": 1, "prediction": 0},
+    ]
+    base = [
+        {"logprobs": list(np.log([1 / 3] * 3)), "answer": 0, "prediction": 0},
+        {"logprobs": list(np.log([0.25] * 4)), "answer": 1, "prediction": 1},
+    ]
     teacher = [{**rows[0], "prediction": 2}, {**rows[1], "prediction": 3}]
     tau = 2.0
 
@@ -239,6 +283,9 @@ def test_p_only_gives_the_full_tests_value_interval_and_p_and_nothing_else():
     clusters = np.repeat(np.arange(20), 5)
     a, b = rng.normal(0.1, 1, (3, 100)), rng.normal(0, 1, (3, 100))
     for paired in (False, True):
-        full, short = effect(a, b, clusters, binary=False, paired=paired), effect(a, b, clusters, binary=False, paired=paired, p_only=True)
+        full, short = (
+            effect(a, b, clusters, binary=False, paired=paired),
+            effect(a, b, clusters, binary=False, paired=paired, p_only=True),
+        )
         assert (short.value, short.ci95, short.p_value, short.df) == (full.value, full.ci95, full.p_value, full.df)
         assert short.mde is short.p_fixed_models is None and full.mde > 0 and full.p_fixed_models is not None

@@ -51,7 +51,9 @@ def test_delta_weights_names_shapes_and_scaling(lora_adapters, tiny_model, tmp_p
     a, b = (weights[f"base_model.model.model.layers.1.mlp.down_proj.lora_{x}.weight"] for x in "AB")
     torch.testing.assert_close(deltas["model.layers.1.mlp.down_proj"], 16 / 8 * b @ a)  # r=8, lora_alpha=16
     infixed = edited_copy(lora_adapters["a"], tmp_path / "infixed")  # keys as a named adapter's state dict has them
-    save_file({k.replace(".weight", ".teacher.weight"): v for k, v in weights.items()}, infixed / "adapter_model.safetensors")
+    save_file(
+        {k.replace(".weight", ".teacher.weight"): v for k, v in weights.items()}, infixed / "adapter_model.safetensors"
+    )
     assert update_cosine(lora_adapters["a"], infixed).modules == len(deltas)
 
 
@@ -80,10 +82,16 @@ def test_matches_the_dense_cosine(lora_adapters):
 def test_scaling_does_not_change_the_cosine_and_ranks_may_differ(tiny_model, lora_adapters, tmp_path):
     a = lora_adapters["a"]
     rescaled = edited_copy(a, tmp_path / "alpha", config=lambda c: {**c, "lora_alpha": 3 * c["lora_alpha"]})
-    torch.testing.assert_close(delta_weights(rescaled)["model.layers.0.self_attn.v_proj"], 3 * delta_weights(a)["model.layers.0.self_attn.v_proj"])
+    torch.testing.assert_close(
+        delta_weights(rescaled)["model.layers.0.self_attn.v_proj"],
+        3 * delta_weights(a)["model.layers.0.self_attn.v_proj"],
+    )
     assert update_cosine(a, rescaled).cosine == pytest.approx(1.0, abs=1e-6)
     rslora = edited_copy(a, tmp_path / "rslora", config=lambda c: {**c, "use_rslora": True})  # 16 / sqrt(8), not 16 / 8
-    torch.testing.assert_close(delta_weights(rslora)["model.layers.0.mlp.down_proj"], math.sqrt(8) * delta_weights(a)["model.layers.0.mlp.down_proj"])
+    torch.testing.assert_close(
+        delta_weights(rslora)["model.layers.0.mlp.down_proj"],
+        math.sqrt(8) * delta_weights(a)["model.layers.0.mlp.down_proj"],
+    )
     assert update_cosine(rslora, a).cosine == pytest.approx(1.0, abs=1e-6)
     wide = lora_adapter(tiny_model, tmp_path / "r32", seed=7, r=32, lora_alpha=8, use_rslora=True)
     result = update_cosine(wide, a)
@@ -96,7 +104,10 @@ def test_shared_modules_only_and_the_errors(tiny_model, lora_adapters, tmp_path)
     weights = load_file(mlp / "adapter_model.safetensors")
     save_file({k: v for k, v in weights.items() if "down_proj" in k}, mlp / "adapter_model.safetensors")
     result = update_cosine(a, mlp)
-    assert result.modules == 2 and set(result.per_module) == {"model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"}
+    assert result.modules == 2 and set(result.per_module) == {
+        "model.layers.0.mlp.down_proj",
+        "model.layers.1.mlp.down_proj",
+    }
     assert result.cosine == pytest.approx(1.0, abs=1e-6)
 
     gate = lora_adapter(tiny_model, tmp_path / "gate", seed=3, r=4, lora_alpha=8, target_modules=["gate_proj"])
@@ -105,14 +116,20 @@ def test_shared_modules_only_and_the_errors(tiny_model, lora_adapters, tmp_path)
     assert str(gate) in str(error.value) and str(a) in str(error.value)
 
     # The same module on another base shape (A of a wider input): named in the error.
-    wider = edited_copy(a, tmp_path / "wider", tensors=lambda k, v: torch.cat([v, v], dim=1) if k.endswith("layers.0.mlp.down_proj.lora_A.weight") else v)
+    wider = edited_copy(
+        a,
+        tmp_path / "wider",
+        tensors=lambda k, v: torch.cat([v, v], dim=1) if k.endswith("layers.0.mlp.down_proj.lora_A.weight") else v,
+    )
     with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.down_proj"):
         update_cosine(a, wider)
 
 
 def test_zero_update_has_no_direction(lora_adapters, tmp_path):
     """PEFT's default init (B = 0) is no update yet: its cosine is nan, not a spurious 0."""
-    zero = edited_copy(lora_adapters["a"], tmp_path / "zero", tensors=lambda k, v: torch.zeros_like(v) if ".lora_B." in k else v)
+    zero = edited_copy(
+        lora_adapters["a"], tmp_path / "zero", tensors=lambda k, v: torch.zeros_like(v) if ".lora_B." in k else v
+    )
     assert math.isnan(update_cosine(lora_adapters["a"], zero).cosine)
 
 
