@@ -217,3 +217,21 @@ def test_modules_and_functions_stay_small():
                             f"{path.relative_to(ROOT)}: {node.name}, {node.end_lineno - node.lineno + 1} lines"
                         )
     assert not long_modules and not long_functions, "\n".join(long_modules + long_functions)
+
+
+def test_lines_are_kept_short_by_splitting_not_by_formatter_exemptions():
+    """The formatter's line length stays at 120 or under and no line is exempted from it (by the
+    formatter's skip or off comments): a rule kept by packing a line past the formatter is no rule."""
+    import tomllib
+
+    length = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["line-length"]
+    assert length <= 120, f"pyproject.toml: ruff line-length {length}"
+    marker = "# fmt: " + "skip"  # split, so this file does not hold the marker itself
+    exempted = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for top in ("jobs", "bench", "tests", *LIBRARY)
+        for path in sorted((ROOT / top).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if marker in line or "# fmt: " + "off" in line
+    ]
+    assert not exempted, "formatter exemptions: " + ", ".join(exempted)
