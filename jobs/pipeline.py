@@ -83,6 +83,7 @@ from jobs.sources.sham_draw import base_sham_draw  # noqa: E402
 from jobs.sources.wmdp import load_wmdp  # noqa: E402
 from jobs.tracking import Tracker  # noqa: E402
 from train.cluster import cluster_capacity, load_launcher_config  # noqa: E402
+from train.data import stats_actor_on_this_node  # noqa: E402
 from train.model import check_model_path  # noqa: E402
 
 
@@ -161,6 +162,7 @@ class Experiment:
         quiet_driver()  # a readable log: Ray's progress bars and per-dataset lines off (jobs/job_log.py)
         if not ray.is_initialized():
             ray.init(runtime_env=runtime_env(self.cfg.numerics))
+        stats_actor_on_this_node()  # on the driver's node: an autoscaler can then remove every worker node when idle
         signal.signal(signal.SIGTERM, stop_on_sigterm)  # after ray.init, which installs its own
         placement = place(self.cfg, cluster_capacity())  # before any work: a preset that cannot fit stops here
         print(f"[placement] {placement.summary(self.cfg)}", flush=True)

@@ -263,3 +263,27 @@ def test_mlflows_embedded_store_is_on_a_local_disk_not_the_shared_file_system(co
     local = {o.split(":")[1] for o in config["docker"]["run_options"] if o.startswith("-v /opt/dlami/nvme:")}
     assert uri.startswith("sqlite:///") and not uri.removeprefix("sqlite:///").startswith("/mnt/shared")
     assert any(uri.removeprefix("sqlite:///").startswith(folder + "/") for folder in local)  # the node's own NVMe
+
+
+def test_the_local_autoscaling_stand_in_is_made_from_this_file(config):
+    """bench/autoscale.py's fake_multinode config takes cluster.yaml's node-type section (one source):
+    the same worker types and bounds, each a CPU stand-in of one CPU per GPU; Ray's validation passes it,
+    and the capacity reading sees what the autoscaler can add."""
+    import sys
+
+    sys.path.insert(0, str(CLUSTER_YAML.parent / "bench"))
+    from autoscale import HEAD_TYPE, stand_in_config
+
+    from train.cluster import launcher_nodes
+
+    stand_in = stand_in_config(config, "10.0.0.5:41234", 0.5)
+    # as the autoscaler itself checks a config it reads (no prepare: its defaults file is not in the wheel)
+    validate_config(stand_in)
+    workers = {name: node for name, node in config["available_node_types"].items() if name != config["head_node_type"]}
+    assert set(stand_in["available_node_types"]) == {HEAD_TYPE, *workers}
+    for name, node in workers.items():
+        mirrored = stand_in["available_node_types"][name]
+        assert (mirrored["min_workers"], mirrored["max_workers"]) == (node["min_workers"], node["max_workers"])
+        assert mirrored["resources"]["CPU"] == node["resources"]["GPU"]
+    assert stand_in["max_workers"] == config["max_workers"] and stand_in["provider"]["gcs_address"] == "10.0.0.5:41234"
+    assert sorted(launcher_nodes(stand_in, "CPU")) == sorted([0.0, *launcher_node_gpus(config)])

@@ -171,6 +171,19 @@ class Tokenize:
 FOOTER_READERS = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"
 
 
+def stats_actor_on_this_node() -> None:
+    """Ray Data's stats actor made now, from this process (call it from the driver, after ray.init).
+
+    It is one detached, 0-CPU actor per cluster, placed on the node of the first process that runs
+    a dataset and never ended. Left to a training worker, it sits on a worker node, which then never
+    counts as idle: an autoscaler keeps that node (a GPU node on a real cluster) up for as long as the
+    cluster runs (found with bench/autoscale.py). Made by the driver, it lives on the driver's node.
+    """
+    from ray.data._internal.stats import get_or_create_stats_actor  # Ray 2.60's only way to place it
+
+    get_or_create_stats_actor()
+
+
 def read_parquet(path: str | Path):
     """`ray.data.read_parquet` with one footer-reading actor instead of Ray Data 2.60's 32.
 

@@ -52,12 +52,15 @@ def worker_resources(cfg: TrainConfig, cap: Capacity) -> dict:
 
     Two workers holding both CPUs of a 2-CPU machine starve Ray Data's read tasks
     and the run hangs without an error, so CPU workers take fractional CPUs
-    (cfg.cpus_per_worker when several runs share the cluster at once).
+    (cfg.cpus_per_worker when several runs share the cluster at once). Sized to the
+    CPUs the cluster can have (Capacity.cpus_at_most): on an autoscaling cluster the
+    CPUs there now may be the head's alone, and a request sized to them would ask
+    the autoscaler for nothing, packing every worker onto the nodes already up.
     """
     if cfg.cpus_per_worker is not None:
         resources = {"CPU": cfg.cpus_per_worker}
     else:
-        resources = {"CPU": min(1.0, max(0.1, (max(cap.cpus, 1) - 1) / cfg.num_workers))}
+        resources = {"CPU": min(1.0, max(0.1, (max(cap.cpus_at_most, 1) - 1) / cfg.num_workers))}
     if cfg.use_gpu:
         if cap.max_gpus < cfg.num_workers:
             raise ConfigError(

@@ -97,15 +97,18 @@ def unpinned(cfg) -> list[str]:
 
 
 def unpinned_cluster(launcher: dict | None) -> list[str]:
-    """What the launcher config of a head node started by `ray up` (`~/ray_bootstrap_config.yaml`;
-    None elsewhere) leaves mutable: a container image named by tag alone, and a node type whose
-    machine image is not an `ami-` id (an SSM alias, or none: the launcher's default)."""
+    """What the launcher config the cluster's autoscaler runs with (train/cluster.py
+    load_launcher_config; None without one) leaves mutable: a container image named by tag alone,
+    and, on AWS, a node type whose machine image is not an `ami-` id (an SSM alias, or none: the
+    launcher's default). Other providers (a local `fake_multinode` test cluster) have no machine image."""
     if not launcher:
         return []
     found = []
     image = (launcher.get("docker") or {}).get("image")
     if image and "@sha256:" not in image:
         found.append(f"docker.image {image} is a tag, which can move, not a digest (cluster.yaml shows how to pin it)")
+    if (launcher.get("provider") or {}).get("type") != "aws":
+        return found
     for name, node in (launcher.get("available_node_types") or {}).items():
         machine = (node.get("node_config") or {}).get("ImageId") or "(none)"
         if not re.fullmatch(r"ami-[0-9a-f]+", machine):

@@ -84,3 +84,6 @@ def test_a_cluster_started_from_cluster_yaml_has_its_images_pinned_and_an_old_on
         "node type head's ImageId resolve:ssm:/aws/service/deeplearning/ami/x86_64/latest/ami-id is not a pinned ami- id",
         "node type gpu-1x-l40s's ImageId (none) is not a pinned ami- id",
     ]
+    # A local autoscaling test cluster (bench/autoscale.py: provider fake_multinode) has no machine images.
+    local = {"provider": {"type": "fake_multinode"}, "available_node_types": {"gpu-1x-l40s": {"node_config": {}}}}
+    assert unpinned_cluster(local) == []
