@@ -54,7 +54,7 @@ sys.path.insert(1, str(ROOT))  # run as `python bench/autoscale.py`: bench/ stay
 sys.path.insert(2, str(ROOT / "tests"))  # conftest's free_port and stop_head, one copy of each
 
 from conftest import free_port, stop_head  # noqa: E402
-from multinode import NODE_BYTES, comparable, differences, node_use, one_node, run_pipeline  # noqa: E402
+from multinode import NODE_BYTES, against_reference, node_use, one_node, run_pipeline  # noqa: E402
 
 TOKEN = Path.home() / ".ray" / "auth_token"
 HEAD_TYPE = "ray.head.default"  # the type the fake provider tags its head with
@@ -284,16 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.reference, None) if args.reference or args.smoke or result["exit_status"] else one_node(out)
     )
     ok = result["exit_status"] == 0 and not args.smoke
-    ours, theirs = (comparable(Path(result["run_dir"])), comparable(reference)) if ok else ({}, {})
-    found = differences(theirs, ours) + differences(ours, theirs)
-    for line in found[:20]:
-        print(f"[autoscale] differs: {line}", flush=True)
-    result |= {
-        "one_node_seconds": one_node_s and round(one_node_s, 1),
-        "reference": str(reference),
-        "report_equal": ok and not found,
-        "differences": len(found),
-    }
+    result = against_reference(result, reference, one_node_s, ok, "autoscale")
     print(json.dumps(result), flush=True)
     grew = bool(result["nodes_added"]) and result["worker_nodes_left"] == 0
     return 0 if grew and (args.smoke and result["exit_status"] == 0 or result["report_equal"]) else 1

@@ -245,6 +245,22 @@ def multi_node(out: Path, kill: str | None) -> dict:
     }
 
 
+def against_reference(result: dict, reference: Path, one_node_s: float | None, ok: bool, tag: str) -> dict:
+    """`result` with its run's report compared against the one-node run's in `reference` (`comparable`:
+    ASIDE left out; jobs/rebuild.py's `differences`, both ways), each difference printed under `[tag]`;
+    a run that did not finish (`ok` false) compares nothing and is not equal."""
+    ours, theirs = (comparable(Path(result["run_dir"])), comparable(reference)) if ok else ({}, {})
+    found = differences(theirs, ours) + differences(ours, theirs)
+    for line in found[:20]:
+        print(f"[{tag}] differs: {line}", flush=True)
+    return result | {
+        "one_node_seconds": one_node_s and round(one_node_s, 1),
+        "reference": str(reference),
+        "report_equal": ok and not found,
+        "differences": len(found),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -257,17 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="multinode-"))
     reference, one_node_s = (args.reference, None) if args.reference else one_node(out)
     result = multi_node(out, args.kill)
-    ok = result["exit_status"] == 0
-    ours, theirs = (comparable(Path(result["run_dir"])), comparable(reference)) if ok else ({}, {})
-    found = differences(theirs, ours) + differences(ours, theirs)
-    for line in found[:20]:
-        print(f"[multinode] differs: {line}", flush=True)
-    result |= {
-        "one_node_seconds": one_node_s and round(one_node_s, 1),
-        "reference": str(reference),
-        "report_equal": ok and not found,
-    }
-    result["differences"] = len(found)
+    result = against_reference(result, reference, one_node_s, result["exit_status"] == 0, "multinode")
     print(json.dumps(result), flush=True)
     return 0 if result["report_equal"] and result["train_workers_spread"] and result["replicas_off_driver_node"] else 1
 
