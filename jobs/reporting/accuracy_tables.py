@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jobs.experiment.arms import ArmModel
+from jobs.experiment.cast import Cast
 from jobs.experiment.config import ExperimentConfig
 from jobs.experiment.stages import SPLIT_FILES
 from jobs.reporting.schema import Accuracy, AccuracyByOrder, LetterPrior
@@ -76,11 +76,10 @@ def by_order(rows_per_model: list[list[dict]]) -> dict:
     return out
 
 
-def prompt_sections(cfg: ExperimentConfig, models: list[ArmModel], both: dict, scores: dict, fixed: list[str]) -> dict:
+def prompt_sections(cfg: ExperimentConfig, cast: Cast, both: dict, scores: dict) -> dict:
     """report.json's `truncated_questions`, `letter_prior` and `accuracy_by_order`: how the prompts
-    were read rather than what the models learnt. `both`: every model's rows of every split,
-    `scores` its held-out rows; `fixed`: the models no arm trains."""
-    final = fixed + [m.name for m in models]  # every model as trained (no earlier snapshots)
+    were read rather than what the models learnt, for every model as trained (`cast.final`: no
+    earlier snapshots). `both`: every model's rows of every split, `scores` its held-out rows."""
     # Questions whose prompt was cut from the left to fit the context (the same for every model).
     truncated = {
         split: sum(r.get("truncated_tokens", 0) > 0 for r in both["base"] if r["split"] == split) for split in SPLITS
@@ -89,11 +88,11 @@ def prompt_sections(cfg: ExperimentConfig, models: list[ArmModel], both: dict, s
         orders=cfg.evaluate.orders(),
         models={
             name: {"prior": letter_prior(scores[name]), "accuracy_over_orders": accuracy_over_orders(scores[name])}
-            for name in final
+            for name in cast.final
         },
     )
-    arms = {arm: by_order([both[m.name] for m in models if m.arm == arm]) for arm in cfg.arms}
+    arms = {arm: by_order([both[m.name] for m in cast.arms[arm]]) for arm in cfg.arms}
     orders = AccuracyByOrder(
-        orders=cfg.evaluate.orders(), models={name: by_order([both[name]]) for name in fixed} | arms
+        orders=cfg.evaluate.orders(), models={name: by_order([both[name]]) for name in cast.fixed} | arms
     )
     return {"truncated_questions": truncated, "letter_prior": prior, "accuracy_by_order": orders}
