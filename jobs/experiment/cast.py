@@ -94,15 +94,15 @@ class Cast:
 def cast_of(models: list[ArmModel], manifest: Manifest) -> Cast:
     """The run's cast: the arm models as the expansion resolved them, and what their training
     recorded in the manifest (each read once here)."""
-    teachers = teachers_used(models)
+    teachers, overt, sets = teachers_used(models), overt_arm(models), number_sets(models)
     on_other = any(m.base == OTHER_BASE for m in models)
     trained = {m.name: manifest.outputs(m.name, TrainedOutputs) for m in models}
     return Cast(
         models=tuple(models),
         teachers=tuple(teachers),
         fixed=("base", *((OTHER_BASE,) if on_other else ()), *teachers),
-        overt=overt_arm(models),
-        number_sets=tuple(number_sets(models)),
+        overt=overt,
+        number_sets=tuple(sets),
         trained=trained,
         teacher_init=manifest.output("teacher", "init_hash"),
         points={name: _points(name, out) for name, out in trained.items()},
