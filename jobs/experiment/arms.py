@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from common.config import ConfigError, build
 from common.model_source import pinned
-from jobs.experiment.rows_kinds import KINDS, SHAM, RowsKind, declared_kind, signal_kind, source_for
+from jobs.experiment.rows_kinds import SHAM, RowsKind, declared_kind, signal_kind, source_for
 from serve.mc_format import LETTERS
 from train.axes import INITS, LOSSES, MASKS
 from train.config import TrainConfig
@@ -351,11 +351,6 @@ def check_contrasts(cfg) -> None:
             raise ConfigError(f"contrasts.{name}: {contrast.arm} and {contrast.against} learn from different teachers")
 
 
-def teachers_used(models: list[ArmModel]) -> list[str]:
-    """The teacher, and the letter teacher and the sham teacher when some arm learns from them."""
-    return ["teacher"] + [name for name in ("letter_teacher", SHAM) if any(m.teacher == name for m in models)]
-
-
 def arm_groups(pairs: list, runs: int, base_of) -> list[list]:
     """(stage, AdapterJob) pairs split into training runs: jobs that can share a worker group (the same
     base model, `base_of(stage)`, worker count, hardware, strategy...) go together, `runs` runs' worth
@@ -370,20 +365,3 @@ def arm_groups(pairs: list, runs: int, base_of) -> list[list]:
         per_run = 1 if members[0][1].cfg.strategy == "fsdp" else -(-len(members) // runs)
         groups += [members[i : i + per_run] for i in range(0, len(members), per_run)]
     return groups
-
-
-def overt_arm(models: list[ArmModel]) -> str | None:
-    """The overt positive control: the first arm taught its teacher's answers directly (`numbers:
-    teacher_answers`) by the teacher itself, not the sham."""
-    return next((m.arm for m in models if m.kind.answers and m.teacher == "teacher"), None)
-
-
-def number_sets(models: list[ArmModel]) -> list[tuple[str, int]]:
-    """The (source, replicate) pairs of numbers some arm model reads, replicate by replicate, in
-    the table's order (a rewritten kind after what it derives from: made too, though no arm reads
-    it). Every source read at all is made for each replicate that any arm has, so the arms of a
-    replicate can train on equally many rows. Answers are no numbers: none here."""
-    used = {m.source for m in models}
-    used |= {KINDS[s].derived_from for s in used if KINDS[s].derived_from}
-    sources = [s for s, kind in KINDS.items() if s in used and not kind.answers]
-    return [(s, i) for i in range(max(m.replicate for m in models) + 1) for s in sources]

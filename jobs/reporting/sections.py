@@ -7,7 +7,7 @@ each arm's verdict."""
 
 from __future__ import annotations
 
-from jobs.experiment.arms import ArmModel
+from jobs.experiment.cast import Cast
 from jobs.experiment.config import ExperimentConfig
 from jobs.reporting.schema import Arm, Calibration, Contrast, HeadlineTransfer, MeasuredArm
 from jobs.stats.evidence import Evidence, apply_family
@@ -23,7 +23,7 @@ def verdict_sections(
     """report.json's `arms`, `contrasts`, `family`, `overt_control` and `positive_control`: the
     declared contrasts computed, Holm across the preset's primary verdicts before any verdict is read
     (arm and contrast names never clash: config.check_family), every arm's effect as a fraction of
-    the overt control's (`overt_name`: jobs/experiment/arms.overt_arm), then each comparison's verdict."""
+    the overt control's (`overt_name`: jobs/experiment/cast.overt_arm), then each comparison's verdict."""
     contrasts = {}
     for name, c in cfg.contrasts.items():
         contrast = {"arm": c.arm, "against": c.against, **evidence.compare(c.arm, c.against).given()}
@@ -56,24 +56,22 @@ def verdict_sections(
 
 def evidence_sections(
     cfg: ExperimentConfig,
-    models: list[ArmModel],
+    cast: Cast,
     measured: dict[str, MeasuredArm],
     evidence: Evidence,
     both: dict,
-    fixed: list[str],
 ) -> dict:
     """report.json's `calibration`, `sham_fit`, `probes`, `where_signal_rides` and `transfer`: what
     the evidence says beside the verdicts, each section present only where the run has what it reads.
-    `both`: every model's rows of every split; `fixed`: the models no arm trains."""
-    final = fixed + [m.name for m in models]  # every model as trained (no earlier snapshots)
+    `cast`: the run's models (jobs/experiment/cast.py); `both`: every model's rows of every split."""
     sections = {  # how flat each model's choices are, and the temperature that fits its known split
         "calibration": {
             name: Calibration(temperature=evidence.temperatures.get(name), entropy=evidence.entropy[name])
-            for name in final
+            for name in cast.final  # every model as trained (no earlier snapshots)
         }
     }
-    fitted = {name: [both[name]] for name in fixed} | {
-        arm: [both[m.name] for m in models if m.arm == arm] for arm in cfg.arms
+    fitted = {name: [both[name]] for name in cast.fixed} | {
+        arm: [both[m.name] for m in cast.arms[arm]] for arm in cfg.arms
     }
     if (fit := sham_fit(fitted)) is not None:  # the matched sham holds its facts as the teacher holds its own?
         sections["sham_fit"] = fit
@@ -84,7 +82,7 @@ def evidence_sections(
     if (probes := probe_report(both, evidence.members, probe_arms)) is not None:  # evaluate.probes: knowledge or habit?
         sections["probes"] = probes
     # masked, replaced, greedy: as the expansion resolved each arm, shares of the student's effect
-    rides = {m.arm: m.signal for m in models if m.signal}
+    rides = {m.arm: m.signal for m in cast.models if m.signal}
     if rides and "student" in measured and "student" not in rides:
         sections["where_signal_rides"] = where_signal_rides(evidence, "student", measured["student"].against, rides)
     if (transfer := headline_transfer(measured, evidence)) is not None:

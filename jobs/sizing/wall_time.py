@@ -170,7 +170,7 @@ class Workload:
 
 
 def teacher_time(w: Workload) -> PhaseTime:
-    from jobs.experiment.arms import teachers_used
+    from jobs.experiment.cast import teachers_used
     from train.config import resolve_batch
 
     teachers = len(teachers_used(w.models))
@@ -192,7 +192,7 @@ def teacher_time(w: Workload) -> PhaseTime:
 
 
 def numbers_time(w: Workload) -> PhaseTime:
-    from jobs.experiment.arms import number_sets
+    from jobs.experiment.cast import number_sets
     from jobs.experiment.rows_kinds import KINDS
 
     kinds = [KINDS[source] for source, _ in number_sets(w.models)]
@@ -255,7 +255,7 @@ def arms_time(w: Workload) -> PhaseTime:
 
 
 def evaluate_time(w: Workload) -> PhaseTime:
-    from jobs.experiment.arms import teachers_used
+    from jobs.experiment.cast import teachers_used
 
     snapshots = sum(max(m.train.snapshots - 1, 0) for m in w.models)
     other_base = any(m.base != "base" for m in w.models)

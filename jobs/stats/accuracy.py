@@ -55,6 +55,17 @@ def wilson_ci(correct: int, n: int, z: float = 1.96) -> list[float]:
     return [max(0.0, centre - half), min(1.0, centre + half)]
 
 
+def subset_cis(rows: list[dict]) -> dict[str, list[float]]:
+    """{subset: the Wilson 95% interval of the accuracy on it}, subsets in sorted order."""
+    subsets = sorted({r["subset"] for r in rows})
+    return {
+        s: wilson_ci(
+            sum(r["prediction"] == r["answer"] for r in rows if r["subset"] == s), sum(r["subset"] == s for r in rows)
+        )
+        for s in subsets
+    }
+
+
 def summarise(predictions: list[dict]) -> Summary:
     """accuracy (overall and per subset), ci95 of the overall accuracy, n."""
     correct = [p["prediction"] == p["answer"] for p in predictions]

@@ -84,7 +84,7 @@ class Evidence:
 
     `scores` holds every scored name: the bases, the teachers, the arm models and their snapshots;
     `models` the arm models (each with `arm`, `name`, `teacher`, `base`: jobs/experiment/arms.ArmModel);
-    `points[model]` lists an arm model's (step, scored name) snapshots (jobs/experiment/stages.snapshot_points).
+    `points[model]` lists an arm model's (step, scored name) snapshots (jobs/experiment/cast.snapshot_points).
     Every model's metrics are taken against its own base (teacher_answer_logprob: its log p of the
     teacher's answer minus its base's), so arms on different bases compare changes, not levels.
     `primary` = (split, metric): the one test that decides each comparison; `direction` which reading

@@ -40,7 +40,7 @@ def overt_control(
     transfers: dict[str, Comparison], against: dict[str, str], name: str | None, ev: Evidence
 ) -> tuple[OvertControl | None, dict[str, Fraction | None]]:
     """The overt positive control, `name` (an arm taught its teacher's answers directly:
-    jobs/experiment/arms.overt_arm), and every arm's effect as a fraction of its effect
+    jobs/experiment/cast.overt_arm), and every arm's effect as a fraction of its effect
     (`fraction_of_overt`: Evidence.fraction_of, held out, with Fieller's interval), so a null reads
     as "less than x% of overt transfer" at what the data allow. `transfers` and `against`: each
     arm's comparison and what it is measured against. Returns (the control, {arm: fraction});

@@ -119,6 +119,26 @@ def update_share(student: dict, teacher: dict) -> float:
     return sum(_inner(student[m], teacher[m]) for m in shared) / norm
 
 
+def weight_readings(teachers: dict[str, Path], students: dict[str, tuple[Path, str]]) -> dict[str, dict]:
+    """{student: {cosine, shares}}, each adapter read once: Theorem 1's cosine of a student's update
+    with its own teacher's (None on a base of other shapes, where the two live in different spaces),
+    and the share of every teacher's update it carries (None there too). `teachers`: {name: adapter
+    folder}; `students`: {name: (adapter folder, the name of the teacher it learns from)}."""
+    factors = {name: lora_factors(folder) for name, folder in teachers.items()}
+    out = {}
+    for name, (folder, teacher) in students.items():
+        student, out[name] = lora_factors(folder), {"cosine": None, "shares": None}
+        try:  # another base's shapes: no shared module of one shape
+            out[name]["cosine"] = factors_cosine(student, factors[teacher]).cosine
+        except ValueError:
+            pass
+        try:
+            out[name]["shares"] = {t: update_share(student, f) for t, f in factors.items()}
+        except ValueError:
+            pass
+    return out
+
+
 def share_directions(arm: list[dict], against: list[dict] | None, teacher: str, placebo: str) -> WeightSpace:
     """The weight-space readings of a comparison, as the behavioural directions (docs/report.md):
     arm and against hold per replicate {teacher name: update share}; `against` None is the base (no

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from common.config import ConfigError
-from jobs.experiment.arms import OTHER_BASE, arm_models, number_sets, numbers_seed, other_base, overt_arm, teachers_used
+from jobs.experiment.arms import OTHER_BASE, arm_models, numbers_seed, other_base
+from jobs.experiment.cast import number_sets, overt_arm, teachers_used
 from jobs.experiment.config import load_experiment
 from jobs.experiment.rows_kinds import KINDS
 

@@ -14,9 +14,10 @@ from pydantic import ValidationError
 
 import jobs.experiment.records as records
 from jobs.experiment.arms import arm_models
+from jobs.experiment.cast import snapshot_points
 from jobs.experiment.config import load_experiment
 from jobs.experiment.records import DataOutputs, EvalOutputs, NumbersOutputs, TrainedOutputs
-from jobs.experiment.stages import experiment_stages, snapshot_points, training_rows
+from jobs.experiment.stages import experiment_stages, training_rows
 from jobs.rundir.manifest import Hashed, Manifest, Outputs, RunDirError
 from jobs.runtime.context import RunContext
 

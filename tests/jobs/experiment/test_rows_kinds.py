@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from common.config import ConfigError
-from jobs.experiment.arms import arm_models, number_sets
+from jobs.experiment.arms import arm_models
+from jobs.experiment.cast import number_sets
 from jobs.experiment.config import load_experiment
 from jobs.experiment.rows_kinds import KINDS, RowsKind, declarable
 from jobs.experiment.stages import experiment_stages, numbers_stage
@@ -67,7 +68,12 @@ def test_a_new_kind_is_one_entry_through_config_stages_pricing_and_report(toy, t
     manifest = Manifest(tmp_path)
     for source, i in number_sets(arm_models(cfg)):
         manifest.record(numbers_stage(source, i), {}, 1.0, {"generated": 10, "kept": 8, "rejected": {"too_short": 2}})
-    assert list(numbers_made(manifest, arm_models(cfg))) == ["teacher", "control", "reversed"]
+    models = arm_models(cfg)
+    assert list(numbers_made(manifest, number_sets(models), {m.source for m in models})) == [
+        "teacher",
+        "control",
+        "reversed",
+    ]
     assert {m.arm: m.signal for m in arm_models(cfg)} == {"student": None, "control": None, "reversed": "reversed"}
 
 
