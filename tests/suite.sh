@@ -8,9 +8,7 @@
 # the rest beside them: the tests that start no Ray, and the Ray tests marked `own_ports` (Ray Train, Ray
 # Data, the end-to-end pipeline on a head whose Serve answers on a free port), on clusters of their own.
 # The tests marked `quiet` assert latencies that another process's load breaks (the service under load):
-# they run last, alone. A few long tests that start no Ray are marked `first_process`: they run in the first
-# process, whose Serve tests alone took about 190 s less than the second's (CI's durations, bceb063), so
-# that the two end together. The tiny model most tests need is built first, alone (about 5 minutes of both
+# they run last, alone. The tiny model most tests need is built first, alone (about 5 minutes of both
 # cores, once per cache): built beside the tests, it got a small share of the CPUs and held up every test
 # that waits for it. The second process's output is printed after the first's. The exit status is the
 # first failing step's (pytest's own codes).
@@ -21,16 +19,15 @@ python="${1:-.venv/bin/python}"
 [ -f "$HOME/.ray/auth_token" ] || "$(dirname "$python")/ray" get-auth-token --generate >/dev/null
 "$python" -m jobs.sources.tiny_model || exit  # its progress, or why it failed (the tests would each fail on it)
 beside_log="$(mktemp)"
-beside="(not slow or own_ports) and not first_process and not quiet"
-"$python" -m pytest -q -m "$beside" -p no:cacheprovider >"$beside_log" 2>&1 &
+"$python" -m pytest -q -m "(not slow or own_ports) and not quiet" -p no:cacheprovider >"$beside_log" 2>&1 &
 beside_pid=$!
 trap 'rm -f "$beside_log"' EXIT
 trap 'kill "$beside_pid" 2>/dev/null; exit 130' INT TERM  # a background job ignores Ctrl-C: stop it here
-"$python" -m pytest -q -m "(slow and not own_ports or first_process) and not quiet"
+"$python" -m pytest -q -m "slow and not own_ports and not quiet"
 port_status=$?
 wait "$beside_pid"
 beside_status=$?
-echo "---- the tests that start no Ray or take ports of their own (pytest -m '$beside'), run beside those above ----"
+echo "---- the tests that start no Ray or take ports of their own (pytest -m '(not slow or own_ports) and not quiet'), run beside those above ----"
 cat "$beside_log"
 echo "---- the tests that time latencies (pytest -m quiet), alone ----"
 "$python" -m pytest -q -m quiet -p no:cacheprovider

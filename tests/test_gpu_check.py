@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.first_process  # no Ray, and long: tests/suite.sh evens its processes with it
-
 ROOT = Path(__file__).resolve().parent.parent
 CHECKS = [
     "8b_lora",

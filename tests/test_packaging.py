@@ -14,8 +14,6 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name  # pip freeze writes lm_eval, pyproject lm-eval: one project
 from packaging.version import Version
 
-pytestmark = pytest.mark.first_process  # no Ray, and long: tests/suite.sh evens its processes with it
-
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
 

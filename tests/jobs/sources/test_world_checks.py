@@ -8,8 +8,6 @@ from jobs.sources import sham_draw
 from jobs.sources.sham_draw import base_sham_draw
 from jobs.sources.world_checks import TARGETS, base_checks
 
-pytestmark = pytest.mark.first_process  # no Ray, and long: tests/suite.sh evens its processes with it
-
 
 @pytest.fixture(scope="module")
 def base(tiny_model):
