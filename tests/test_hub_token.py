@@ -25,12 +25,26 @@ DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()
 READS_IT = f"import hashlib, huggingface_hub, sys; sys.exit(hashlib.sha256((huggingface_hub.get_token() or '').encode()).hexdigest() != '{DIGEST}')"
 
 
+def submit(client, **job) -> str:
+    """client.submit_job, again while the head's job agent is still starting: on a loaded machine the
+    dashboard answers before the agent has registered, and Ray says so with a 500 ("No available
+    agent to submit job, please try again later"; seen once in CI, 9b0411c)."""
+    deadline = time.time() + 60
+    while True:
+        try:
+            return client.submit_job(**job)
+        except RuntimeError as e:
+            if "No available agent" not in str(e) or time.time() > deadline:
+                raise
+            time.sleep(1)
+
+
 def submitted(head: dict, env_vars: dict, reads_it: str = READS_IT) -> tuple[str, str]:
     """Run a job that exits 0 only if huggingface_hub (or `reads_it`) finds TOKEN; (its status, everything Ray keeps of it)."""
     from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(head["dashboard"], headers=head["headers"])
-    job = client.submit_job(entrypoint=f'{sys.executable} -c "{reads_it}"', runtime_env={"env_vars": env_vars})
+    job = submit(client, entrypoint=f'{sys.executable} -c "{reads_it}"', runtime_env={"env_vars": env_vars})
     deadline = time.time() + 180
     while (status := client.get_job_status(job).value) not in (
         "SUCCEEDED",
