@@ -1,6 +1,6 @@
 """The tiny preset across several Ray nodes on one machine, its report against the one-node run's.
 
-    python bench/multinode.py [--reference RUN_DIR] [--out DIR] [--kill arms|numbers]
+    python bench/multinode.py [--reference RUN_DIR | --no-reference] [--out DIR] [--kill arms|numbers] [--set K=V ...]
 
 Starts a local cluster with `ray.cluster_utils.Cluster` (each node a raylet of its own, with its
 own CPUs and object store): a head of 0 CPUs, where the driver runs (as on a cluster whose head
@@ -14,6 +14,8 @@ The reference is the one-node run: the same command on a cluster of one node of 
 preset's machine), run first, or read from `--reference` (a finished run directory of this
 commit). The reports are compared with jobs/rebuild.py's `differences`, both ways, without
 `timings`, `timeline` and `provenance` (wall times, and the run's packages, host and commit).
+`--no-reference` runs the several nodes alone and compares nothing (the suite's smoke test,
+tests/test_many_nodes.py, on a cut-down preset); `--set` is the pipeline's, passed to every run.
 
 `--kill arms` SIGKILLs, once the arms train (their first `[train]` report), the node holding a
 training worker, its raylet and everything on it; `--kill numbers` the node holding a generating
@@ -26,12 +28,15 @@ Which node did what comes from Ray's actor table (RayTrainWorker, ServeReplica:*
 assigned to the phase whose recorded span (manifest.json) holds its start. The last line printed
 is a JSON object: the nodes (label -> Ray node id), the driver's node, per phase the nodes of its
 training workers and replicas, the node killed and the stages rerun, the seconds of each run, and
-whether the reports are equal; the exit status is 0 when they are and the spread held (training
+whether the reports are equal; the exit status is 0 when the run finished, they are equal (with a
+reference) and the spread held (training
 workers of each training phase on two nodes or more, no replica on the driver's node).
 
 The cluster's files (logs, the address file a `ray.init()` would find) live under a temporary
 folder of its own (RAY_TMPDIR), and only its processes are stopped at the end (Cluster.shutdown):
-never `ray stop`, which would end every Ray process on the machine.
+never `ray stop`, which would end every Ray process on the machine. Serve is started before the
+pipeline with one proxy, on the head, on a free port: the nodes share one host, where a proxy on
+every node (Serve's default) would each bind the same port, and 8000 may be another cluster's.
 """
 
 from __future__ import annotations
@@ -72,14 +77,33 @@ def local_cluster(head_cpus: int, workers: int):
         for i in range(workers):
             nodes[f"worker{i + 1}"] = cluster.add_node(num_cpus=1, object_store_memory=NODE_BYTES)
         cluster.wait_for_nodes()
+        start_serve(cluster.address)
         yield cluster, nodes
     finally:
         cluster.shutdown()  # its own nodes' processes only
 
 
-def run_pipeline(address: str, run_dir: Path, on_line=None) -> tuple[int, str, float]:
-    """`python jobs/pipeline.py --run-dir RUN_DIR` on the cluster at `address`: (exit status, log, seconds).
-    The log is echoed as it comes, so a long run shows where it is; `on_line(line)` sees each line."""
+def start_serve(address: str) -> None:
+    """Serve on the cluster at `address` with its one HTTP proxy on the head, on a free port (the
+    pipeline keeps a running Serve's HTTP options, docs/api.md)."""
+    import socket
+
+    import ray
+    from ray import serve
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    try:
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+    finally:
+        ray.shutdown()  # Serve's controller is detached: it stays
+
+
+def run_pipeline(address: str, run_dir: Path, on_line=None, args: tuple = ()) -> tuple[int, str, float]:
+    """`python jobs/pipeline.py --run-dir RUN_DIR ARGS` on the cluster at `address`: (exit status, log,
+    seconds). The log is echoed as it comes, so a long run shows where it is; `on_line(line)` sees each line."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     # Each run registers its design and tracks into files of its own: both runs are a first run of the
     # design (a repeat's report says so), and neither touches results/registry.jsonl or the user's MLflow store.
@@ -93,7 +117,7 @@ def run_pipeline(address: str, run_dir: Path, on_line=None) -> tuple[int, str, f
     env["RAY_TRAIN_ENABLE_STATE_TRACKING"] = "0"
     started, log = time.time(), []
     with subprocess.Popen(
-        [sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir)],
+        [sys.executable, "jobs/pipeline.py", "--run-dir", str(run_dir), *args],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -204,17 +228,17 @@ def comparable(run_dir: Path) -> dict:
     return {key: value for key, value in report.items() if key not in ASIDE}
 
 
-def one_node(out: Path) -> tuple[Path, float]:
+def one_node(out: Path, args: tuple = ()) -> tuple[Path, float]:
     """The reference: the pipeline on one node of 2 CPUs."""
     run_dir = out / "one-node"
     with local_cluster(head_cpus=2, workers=0) as (cluster, _):
-        status, log, seconds = run_pipeline(cluster.address, run_dir)
+        status, log, seconds = run_pipeline(cluster.address, run_dir, args=args)
     if status != 0:
         sys.exit(f"the one-node run failed (exit status {status}); its log is above")
     return run_dir, seconds
 
 
-def multi_node(out: Path, kill: str | None) -> dict:
+def multi_node(out: Path, kill: str | None, args: tuple = ()) -> dict:
     """The pipeline on the head and worker nodes (one spare with --kill, so the nodes left still hold
     two training workers and a CPU for Ray Data); a run that fails after the kill is rerun once on the
     nodes left, and the stages its plan runs are recorded."""
@@ -222,10 +246,10 @@ def multi_node(out: Path, kill: str | None) -> dict:
     with local_cluster(head_cpus=0, workers=4 if kill else 3) as (cluster, nodes):
         labels = {node.node_id: label for label, node in nodes.items()}
         killer = Killer(kill, cluster, nodes) if kill else None
-        status, log, seconds = run_pipeline(cluster.address, run_dir, killer)
+        status, log, seconds = run_pipeline(cluster.address, run_dir, killer, args)
         first_status, rerun = status, []
         if status != 0 and killer and killer.killed:
-            status, log, more = run_pipeline(cluster.address, run_dir)
+            status, log, more = run_pipeline(cluster.address, run_dir, args=args)
             rerun, seconds = planned_runs(log), seconds + more
         phases = node_use(cluster.address, run_dir, labels) if status == 0 else {}
     return {
@@ -263,19 +287,28 @@ def against_reference(result: dict, reference: Path, one_node_s: float | None, o
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
+    reference = parser.add_mutually_exclusive_group()
+    reference.add_argument(
         "--reference", type=Path, help="a finished one-node run directory of this commit (default: run it first)"
     )
+    reference.add_argument("--no-reference", action="store_true", help="no one-node run, no comparison")
     parser.add_argument("--out", type=Path, help="where the run directories go (default: a new temporary folder)")
     what = "SIGKILL the node holding a training worker (arms) or a generating replica (numbers) mid-phase"
     parser.add_argument("--kill", choices=sorted(Killer.HELD), help=what)
+    parser.add_argument("--set", action="append", default=[], metavar="K=V", help="the pipeline's, for every run")
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="multinode-"))
-    reference, one_node_s = (args.reference, None) if args.reference else one_node(out)
-    result = multi_node(out, args.kill)
-    result = against_reference(result, reference, one_node_s, result["exit_status"] == 0, "multinode")
+    extra = tuple(arg for pair in args.set for arg in ("--set", pair))
+    if args.no_reference:
+        reference, one_node_s = None, None
+    else:
+        reference, one_node_s = (args.reference, None) if args.reference else one_node(out, extra)
+    result = multi_node(out, args.kill, extra)
+    if reference:
+        result = against_reference(result, reference, one_node_s, result["exit_status"] == 0, "multinode")
     print(json.dumps(result), flush=True)
-    return 0 if result["report_equal"] and result["train_workers_spread"] and result["replicas_off_driver_node"] else 1
+    spread = result["train_workers_spread"] and result["replicas_off_driver_node"] and result["exit_status"] == 0
+    return 0 if spread and (reference is None or result["report_equal"]) else 1
 
 
 if __name__ == "__main__":
