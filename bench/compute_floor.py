@@ -3,6 +3,11 @@
     .venv/bin/python jobs/pipeline.py --config PRESET --run-dir DIR        # a finished run of any preset
     .venv/bin/python bench/compute_floor.py --run-dir DIR [--json bench/results/compute_floor.json]
 
+A run of teacher–sham pairs (a preset listing `pairs`) is one run per pair under DIR/pairs/<p>:
+its floor and its time are the pairs' summed, phase by phase. The floor is timed under the
+numerics mode the run was made in (its provenance; the process runs itself again pinned when the
+run was, common/numerics.py), so a pinned preset is held to a pinned floor.
+
 From a finished run directory it reads the config the run was made with (its report's provenance)
 and the work each phase did: every trained model's optimizer steps (teachers and arm models, as
 their train_metrics.json record them), the sequences each kind of numbers generated, the questions
@@ -40,6 +45,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from common import numerics
 from common.config import build
 from jobs.experiment.arms import OTHER_BASE, arm_models
 from jobs.experiment.config import ExperimentConfig
@@ -258,6 +264,45 @@ def floors(run_dir: Path, sample_steps: int, sample_prompts: int, spread: int = 
     }
 
 
+def run_dirs(run_dir: Path) -> list[Path]:
+    """The run directories a finished run is made of: each pair's, for a run of pairs; else its own."""
+    pairs = run_dir / "pairs"
+    return (
+        sorted((p for p in pairs.iterdir() if p.is_dir()), key=lambda p: int(p.name)) if pairs.is_dir() else [run_dir]
+    )
+
+
+def summed(tables: list[dict]) -> dict:
+    """Per-phase tables of several runs (pairs) as one: seconds added, each run's work listed."""
+    if len(tables) == 1:
+        return tables[0]
+    return {
+        phase: {
+            key: sum(t[phase][key] for t in tables)
+            if key.endswith("_s")
+            else " + ".join(f"{t[phase][key]}" for t in tables)
+            for key in tables[0][phase]
+        }
+        for phase in tables[0]
+    }
+
+
+def outside_phases(dirs: list[Path]) -> float:
+    """Seconds of a run in none of its phases, none of it work: the driver's start before the first
+    phase, and between pairs the next pair's checks (each later pair's own `start` span counts from
+    the driver's start, so it holds the pairs before it)."""
+    total, end = 0.0, None
+    for d in dirs:
+        spans = Manifest(d).phase_spans()
+        phases = [span for name, span in spans.items() if name != "start"]
+        if not phases:
+            continue
+        first = min(span["started"] for span in phases)
+        total += first - (end if end is not None else spans.get("start", {"started": first})["started"])
+        end = max(span["started"] + span["seconds"] for span in phases)
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, required=True, help="a finished run directory, of any preset")
@@ -267,18 +312,21 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=256, help="number prompts generated to time each kind")
     parser.add_argument("--json", type=Path, help="also write the table here")
     args = parser.parse_args()
+    dirs = run_dirs(args.run_dir)
+    mode = (Report.load(dirs[0] / "report.json").provenance.numerics or {}).get("mode", numerics.DEFAULT)
+    numerics.enter(mode, reexec=True)  # torch's threads: one per core natively, the pinned count pinned
     torch.manual_seed(0)
     transformers.logging.disable_progress_bar()
-    cores = torch.get_num_threads()  # torch's default: one thread per core
-    table = floors(args.run_dir, args.steps, args.prompts)
+    cores = torch.get_num_threads()
+    table = summed([floors(d, args.steps, args.prompts) for d in dirs])
     torch.set_num_threads(1)  # as Ray runs each worker and replica: one thread, one core each
-    per_core = floors(args.run_dir, args.steps, args.prompts, spread=cores)
+    per_core = summed([floors(d, args.steps, args.prompts, spread=cores) for d in dirs])
     for phase, row in table.items():
         row["per_core_floor_s"], row["per_core_work"] = per_core[phase]["floor_s"], per_core[phase]["work"]
-    spans = Manifest(args.run_dir).phase_spans()
-    start = spans.get("start", {}).get("seconds", 0.0)  # the driver's start before the first phase: no work
+    start = outside_phases(dirs)
     table["start"] = {"work": "none (interpreter, imports, Ray, the plan)", "floor_s": 0.0, "run_s": start}
     table["start"]["per_core_floor_s"] = 0.0
+    print(f"numerics {mode}; {len(dirs)} run(s): {', '.join(str(d) for d in dirs)}")
     print(
         f"{'phase':<9} {'per-core':>8} {'1-proc':>7} {'run s':>7} {'ratios':>11}  work (one process, {cores} threads)"
     )
@@ -292,7 +340,7 @@ def main() -> None:
     tight = sum(r["per_core_floor_s"] for r in table.values())
     print(f"{'total':<9} {tight:8.1f} {floor:7.1f} {run:7.1f} {run / tight:5.2f} {run / floor:5.2f}")
     if args.json:
-        summary = {"floor_s": floor, "per_core_floor_s": tight, "run_s": run, "cores": cores}
+        summary = {"floor_s": floor, "per_core_floor_s": tight, "run_s": run, "cores": cores, "numerics": mode}
         args.json.write_text(json.dumps({"run_dir": str(args.run_dir), "phases": table} | summary, indent=2))
 
 
