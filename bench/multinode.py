@@ -232,7 +232,7 @@ def one_node(out: Path, args: tuple = ()) -> tuple[Path, float]:
     """The reference: the pipeline on one node of 2 CPUs."""
     run_dir = out / "one-node"
     with local_cluster(head_cpus=2, workers=0) as (cluster, _):
-        status, log, seconds = run_pipeline(cluster.address, run_dir, args=args)
+        status, log, seconds = run_pipeline(cluster.address, run_dir, args=("--fresh", *args))
     if status != 0:
         sys.exit(f"the one-node run failed (exit status {status}); its log is above")
     return run_dir, seconds
@@ -246,7 +246,8 @@ def multi_node(out: Path, kill: str | None, args: tuple = ()) -> dict:
     with local_cluster(head_cpus=0, workers=4 if kill else 3) as (cluster, nodes):
         labels = {node.node_id: label for label, node in nodes.items()}
         killer = Killer(kill, cluster, nodes) if kill else None
-        status, log, seconds = run_pipeline(cluster.address, run_dir, killer, args)
+        # --fresh: a run directory left in --out by an earlier bench would otherwise be reused whole
+        status, log, seconds = run_pipeline(cluster.address, run_dir, killer, ("--fresh", *args))
         first_status, rerun = status, []
         if status != 0 and killer and killer.killed:
             status, log, more = run_pipeline(cluster.address, run_dir, args=args)
