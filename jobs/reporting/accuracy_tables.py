@@ -8,6 +8,7 @@ choices)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,6 +29,14 @@ from jobs.stats.results import Summary
 from jobs.stats.transfer_stats import cluster_ids, effect
 
 
+class OrderReading(NamedTuple):
+    """One model's accuracy on one split: its choices as written, over the orders scored, of how many questions."""
+
+    as_written: float
+    over_orders: float
+    n: int
+
+
 @dataclass(frozen=True)
 class ModelAccuracy:
     """One model's accuracy, read once from its rows of every split (`read_accuracy`)."""
@@ -37,21 +46,23 @@ class ModelAccuracy:
     by_split: dict[str, float]  # overall accuracy on each split of SPLITS
     letter_prior: list[float]  # held out, over the orders scored (jobs/stats/accuracy.letter_prior)
     over_orders: float  # held out, over every (question, order) scored
-    # {split: (as written, over the orders, questions)} for every split scored (SPLIT_FILES); 0 questions where none
-    by_order: dict[str, tuple[float, float, int]]
+    by_order: dict[str, OrderReading]  # every split scored (SPLIT_FILES); n 0 where it has no rows
 
 
 def read_accuracy(rows: list[dict]) -> ModelAccuracy:
     """A model's `ModelAccuracy` from its rows of every split."""
-    held = on_split(rows, "held_out")
     per_split = {split: on_split(rows, split) for split in SPLIT_FILES}
+    held = per_split["held_out"]
     return ModelAccuracy(
         held_out=summarise(held),
         ci95_by_subset=subset_cis(held),
         by_split={split: summarise(per_split[split]).overall for split in SPLITS},
         letter_prior=letter_prior(held),
         over_orders=accuracy_over_orders(held),
-        by_order={split: (accuracy_as_written(r), accuracy_over_orders(r), len(r)) for split, r in per_split.items()},
+        by_order={
+            split: OrderReading(accuracy_as_written(r), accuracy_over_orders(r), len(r))
+            for split, r in per_split.items()
+        },
     )
 
 
@@ -91,11 +102,11 @@ def by_order(readings: list[ModelAccuracy]) -> dict:
     out = {}
     for split in SPLIT_FILES:
         per = [r.by_order[split] for r in readings]
-        if per[0][2]:
+        if per[0].n:
             out[split] = {
-                "as_written": sum(p[0] for p in per) / len(per),
-                "over_orders": sum(p[1] for p in per) / len(per),
-                "n": per[0][2],
+                "as_written": sum(p.as_written for p in per) / len(per),
+                "over_orders": sum(p.over_orders for p in per) / len(per),
+                "n": per[0].n,
             }
     return out
 
