@@ -28,9 +28,9 @@ Which node did what comes from Ray's actor table (RayTrainWorker, ServeReplica:*
 assigned to the phase whose recorded span (manifest.json) holds its start. The last line printed
 is a JSON object: the nodes (label -> Ray node id), the driver's node, per phase the nodes of its
 training workers and replicas, the node killed and the stages rerun, the seconds of each run, and
-whether the reports are equal; the exit status is 0 when the run finished, they are equal (with a
-reference) and the spread held (training
-workers of each training phase on two nodes or more, no replica on the driver's node).
+whether the reports are equal; the exit status is 0 when the run finished, the spread held
+(training workers of each training phase on two nodes or more, no replica on the driver's node)
+and, with a reference, the reports are equal.
 
 The cluster's files (logs, the address file a `ray.init()` would find) live under a temporary
 folder of its own (RAY_TMPDIR), and only its processes are stopped at the end (Cluster.shutdown):
@@ -308,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     if reference:
         result = against_reference(result, reference, one_node_s, result["exit_status"] == 0, "multinode")
     print(json.dumps(result), flush=True)
-    spread = result["train_workers_spread"] and result["replicas_off_driver_node"] and result["exit_status"] == 0
-    return 0 if spread and (reference is None or result["report_equal"]) else 1
+    held = result["exit_status"] == 0 and result["train_workers_spread"] and result["replicas_off_driver_node"]
+    return 0 if held and (reference is None or result["report_equal"]) else 1
 
 
 if __name__ == "__main__":
