@@ -4,11 +4,11 @@ A head of 0 CPUs, where the driver runs, and three worker nodes of 1 CPU each, e
 its own (`ray.cluster_utils.Cluster`). From those sizes alone, with no placement code of the
 test's, the training workers of each training phase land on two nodes and no Serve replica on the
 driver's node; the storage check at start hears from all four nodes; the run finishes its report.
-The preset is cut down (one replicate, one teacher epoch, 128 prompts: about 80 s on 2 cores) to fit
+The preset is cut down (one replicate, one teacher epoch, 128 prompts: 92-95 s alone on 2 cores) to fit
 the suite's budget: the whole tiny preset across nodes, its report equal to the one-node run's, and
 a node killed mid-phase are the bench's own runs (BENCHMARKS.md, "Many nodes").
 
-Serve's one proxy is on the head, on a free port, so this runs beside the tests that hold 8000.
+Serve's one proxy is on the head, on a free port: the suite's session cluster holds 8000.
 """
 
 import json
