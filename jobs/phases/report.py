@@ -25,12 +25,22 @@ from common.files import file_digest
 from jobs.experiment.arms import OTHER_BASE, ArmModel, numbers_seed, other_base
 from jobs.experiment.cast import Cast, cast_of
 from jobs.experiment.config import ExperimentConfig, as_dict
+from jobs.experiment.records import NumbersOutputs
 from jobs.experiment.rows_kinds import KINDS
 from jobs.experiment.stages import numbers_stage, scored_file, trained_folder
 from jobs.reporting.accuracy_tables import fixed_model, mean_model, prompt_sections, read_accuracy
 from jobs.reporting.markdown import markdown
 from jobs.reporting.plots import plot_accuracy, plot_training, plot_transfer, training_curves
-from jobs.reporting.schema import Accuracy, MeasuredArm, NumbersMade, Provenance, Replicate, Report, Spread
+from jobs.reporting.schema import (
+    Accuracy,
+    MeasuredArm,
+    NumbersCount,
+    NumbersMade,
+    Provenance,
+    Replicate,
+    Report,
+    Spread,
+)
 from jobs.reporting.sections import evidence_sections, verdict_sections
 from jobs.reporting.timeline import build_timeline, plot_timeline
 from jobs.rundir.manifest import Manifest, read_jsonl
@@ -111,16 +121,17 @@ def numbers_made(manifest: Manifest, sets: list[tuple[str, int]], read: set[str]
 
 
 def _numbers(manifest: Manifest, replicates: list[int], source: str) -> NumbersMade:
-    per = []
-    for i in replicates:
-        out = manifest.entry(numbers_stage(source, i))["outputs"]
-        per.append({k: out[k] for k in ("generated", "kept", "rejected")})
+    # a rewritten kind's record read as NumbersOutputs too: the counts every numbers record has
+    per = [manifest.outputs(numbers_stage(source, i), NumbersOutputs) for i in replicates]
     rejected: dict = {}
-    for p in per:
-        for reason, count in p["rejected"].items():
+    for made in per:
+        for reason, count in made.rejected.items():
             rejected[reason] = rejected.get(reason, 0) + count
     return NumbersMade(
-        generated=sum(p["generated"] for p in per), kept=sum(p["kept"] for p in per), rejected=rejected, replicates=per
+        generated=sum(made.generated for made in per),
+        kept=sum(made.kept for made in per),
+        rejected=rejected,
+        replicates=[NumbersCount(generated=made.generated, kept=made.kept, rejected=made.rejected) for made in per],
     )
 
 
