@@ -67,7 +67,8 @@ def test_a_new_kind_is_one_entry_through_config_stages_pricing_and_report(toy, t
     # The report's labels and the share analysis's kind.
     manifest = Manifest(tmp_path)
     for source, i in number_sets(arm_models(cfg)):
-        manifest.record(numbers_stage(source, i), {}, 1.0, {"generated": 10, "kept": 8, "rejected": {"too_short": 2}})
+        made = {"generated": 10, "kept": 8, "rejected": {"too_short": 2}, "hash": "h"}  # as a numbers stage records
+        manifest.record(numbers_stage(source, i), {}, 1.0, made)
     models = arm_models(cfg)
     assert list(numbers_made(manifest, number_sets(models), {m.source for m in models})) == [
         "teacher",
