@@ -67,7 +67,9 @@ def local_cluster(head_cpus: int, workers: int):
     """A Cluster of a head of `head_cpus` CPUs and `workers` nodes of 1 CPU; yields (cluster, {label: node})."""
     from ray.cluster_utils import Cluster
 
-    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="mn", dir="/tmp")  # its logs and address file, no one else's
+    # its logs and address file, no one else's: a new folder under RAY_TMPDIR where it is set (a caller that
+    # must find this cluster's processes, tests/test_many_nodes.py), else under /tmp (short: Ray's socket paths)
+    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="mn", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": head_cpus, "include_dashboard": False, "object_store_memory": NODE_BYTES},

@@ -13,11 +13,14 @@ Serve's one proxy is on the head, on a free port: the suite's session cluster ho
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import stop_head
 
 ROOT = Path(__file__).resolve().parents[1]
 CUT_DOWN = ("teacher.epochs=1", "replicates=1", "numbers.prompts=128", "numbers.keep=64")
@@ -27,14 +30,20 @@ pytestmark = pytest.mark.slow
 
 def test_the_pipeline_spreads_over_three_worker_nodes_and_finishes(tmp_path, tiny_model, cache_dir):
     sets = [arg for pair in CUT_DOWN for arg in ("--set", pair)]
-    done = subprocess.run(
-        [sys.executable, "bench/multinode.py", "--no-reference", "--out", str(tmp_path), *sets],
-        cwd=ROOT,
-        env={**os.environ, "SUBLIMINAL_CACHE": str(cache_dir)},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    cluster_files = tempfile.mkdtemp(prefix="mnt", dir="/tmp")  # short: Ray's socket paths live under it
+    try:
+        done = subprocess.run(
+            [sys.executable, "bench/multinode.py", "--no-reference", "--out", str(tmp_path), *sets],
+            cwd=ROOT,
+            env={**os.environ, "SUBLIMINAL_CACHE": str(cache_dir), "RAY_TMPDIR": cluster_files},
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    finally:  # a bench killed at the timeout leaves its pipeline's driver (its run is under tmp_path) and any node process
+        stop_head(cluster_files)
+        stop_head(str(tmp_path))
+        shutil.rmtree(cluster_files, ignore_errors=True)
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
