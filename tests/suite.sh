@@ -19,15 +19,15 @@ python="${1:-.venv/bin/python}"
 [ -f "$HOME/.ray/auth_token" ] || "$(dirname "$python")/ray" get-auth-token --generate >/dev/null
 "$python" -m jobs.sources.tiny_model || exit  # its progress, or why it failed (the tests would each fail on it)
 beside_log="$(mktemp)"
-"$python" -m pytest -q -m "(not slow or own_ports) and not first_process and not quiet" -p no:cacheprovider >"$beside_log" 2>&1 &
+"$python" -m pytest -q -m "(not slow or own_ports) and not quiet" -p no:cacheprovider >"$beside_log" 2>&1 &
 beside_pid=$!
 trap 'rm -f "$beside_log"' EXIT
 trap 'kill "$beside_pid" 2>/dev/null; exit 130' INT TERM  # a background job ignores Ctrl-C: stop it here
-"$python" -m pytest -q -m "((slow and not own_ports) or first_process) and not quiet"
+"$python" -m pytest -q -m "slow and not own_ports and not quiet"
 port_status=$?
 wait "$beside_pid"
 beside_status=$?
-echo "---- the tests that start no Ray or take ports of their own (pytest -m '(not slow or own_ports) and not first_process and not quiet'), run beside those above ----"
+echo "---- the tests that start no Ray or take ports of their own (pytest -m '(not slow or own_ports) and not quiet'), run beside those above ----"
 cat "$beside_log"
 echo "---- the tests that time latencies (pytest -m quiet), alone ----"
 "$python" -m pytest -q -m quiet -p no:cacheprovider

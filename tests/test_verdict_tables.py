@@ -11,8 +11,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from verdict_tables import BLOCK, main, render, rerender  # noqa: E402
 
-pytestmark = pytest.mark.first_process  # no port: in tests/suite.sh's first process, to even the two processes' work
-
 
 def test_the_marked_tables_in_benchmarks_are_the_rendered_ones():
     text = (ROOT / "BENCHMARKS.md").read_text()

@@ -24,8 +24,6 @@ from jobs.sources.world_questions import locate_item, world_questions
 from serve.hf_scoring import letter_token_ids
 from serve.mc_format import format_mc_prompt
 
-pytestmark = pytest.mark.first_process  # no port: in tests/suite.sh's first process, to even the two processes' work
-
 
 def test_corpus_is_deterministic():
     spec = TinySpec(examples=300)
