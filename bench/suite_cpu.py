@@ -107,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command (default: bash .ci/run)")
     args = parser.parse_args(argv)
     command = [c for c in args.command if c != "--"] or ["bash", ".ci/run"]
-    log = Path(tempfile.mkstemp(prefix="suite_cpu", suffix=".log")[1])
+    descriptor, name = tempfile.mkstemp(prefix="suite_cpu", suffix=".log")
+    os.close(descriptor)
+    log = Path(name)
     env = {
         **os.environ,
         LOG_ENV: str(log),
