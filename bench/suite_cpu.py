@@ -4,7 +4,7 @@
 
 Runs the command (the suite as CI runs it, or any `python -m pytest` command from the checkout) with
 this file loaded into every pytest process it starts (`-p bench.suite_cpu` through PYTEST_ADDOPTS), which records each test's start and
-end (setup to teardown) and its process. Beside it, the machine's CPU time (/proc/stat) is read
+end (setup to teardown) and its process. Beside it, the machine's busy share (psutil.cpu_percent) is read
 every 2 s. Each reading's busy core-seconds are shared equally among the tests running then; readings
 with no test running are counted apart (the install, the tiny base's build, collection).
 
@@ -28,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 LOG_ENV = "SUITE_CPU_LOG"  # where the plugin appends "pid start end nodeid" per test
 SAMPLE_S = 2.0
 
@@ -46,28 +48,22 @@ except ImportError:  # the tool half needs no pytest
     pass
 
 
-def cpu_times() -> tuple[float, float]:
-    """(busy, total) jiffies of the whole machine, from /proc/stat's first line."""
-    user, nice, system, idle, iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
-    busy = user + nice + system + irq + softirq + steal
-    return busy, busy + idle + iowait
-
-
 def sample(readings: list, stop: threading.Event) -> None:
-    """Append (time, busy cores) every SAMPLE_S until `stop`."""
+    """Append (time, busy cores of the whole machine since the last reading) every SAMPLE_S until `stop`."""
     cores = os.cpu_count() or 1
-    last = cpu_times()
+    psutil.cpu_percent()  # the first reading's start
     while not stop.wait(SAMPLE_S):
-        now = cpu_times()
-        total = now[1] - last[1]
-        readings.append((time.time(), cores * (now[0] - last[0]) / total if total else 0.0))
-        last = now
+        readings.append((time.time(), cores * psutil.cpu_percent() / 100))
 
 
-def attribute(readings: list, tests: list) -> dict:
-    """Busy and idle core-seconds in all, outside tests, by process and module, and the costliest tests."""
+def attribute(readings: list, tests: list, origin: float) -> dict:
+    """Busy and idle core-seconds in all, outside tests, by process and module, and the costliest tests;
+    each process's first start and last end in seconds from `origin`."""
     cores = os.cpu_count() or 1
-    by_module: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    by_process: dict[str, list] = collections.defaultdict(list)
+    for t in tests:
+        by_process[t["pid"]].append(t)
+    shares: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)  # pid -> module -> core-s
     by_test: collections.Counter = collections.Counter()
     busy = idle = busy_outside = idle_outside = 0.0
     for at, busy_cores in readings:
@@ -80,17 +76,17 @@ def attribute(readings: list, tests: list) -> dict:
             idle_outside += (cores - busy_cores) * SAMPLE_S
         for t in running:
             share = busy_cores * SAMPLE_S / len(running)
-            by_module[t["pid"]][t["nodeid"].split("::")[0]] += share
+            shares[t["pid"]][t["nodeid"].split("::")[0]] += share
             by_test[t["nodeid"]] += share
     processes = {
         pid: {
-            "tests": sum(1 for t in tests if t["pid"] == pid),
-            "first_start": min(t["start"] for t in tests if t["pid"] == pid),
-            "last_end": max(t["end"] for t in tests if t["pid"] == pid),
-            "core_s": round(sum(modules.values()), 1),
-            "modules": {m: round(s, 1) for m, s in modules.most_common()},
+            "tests": len(ran),
+            "first_start": round(min(t["start"] for t in ran) - origin, 1),
+            "last_end": round(max(t["end"] for t in ran) - origin, 1),
+            "core_s": round(sum(shares[pid].values()), 1),
+            "modules": {m: round(s, 1) for m, s in shares[pid].most_common()},
         }
-        for pid, modules in by_module.items()
+        for pid, ran in by_process.items()
     }
     return {
         "busy_core_s": round(busy, 1),
@@ -129,10 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         tests.append({"pid": pid, "start": float(start), "end": float(end), "nodeid": nodeid})
     log.unlink()
     result = {"command": command, "exit_status": status, "wall_s": round(time.time() - started, 1)}
-    result |= attribute(readings, tests)
-    for process in result["processes"].values():
-        process["first_start"] = round(process["first_start"] - started, 1)
-        process["last_end"] = round(process["last_end"] - started, 1)
+    result |= attribute(readings, tests, started)
     text = json.dumps(result, indent=1)
     if args.json:
         args.json.write_text(text + "\n")
