@@ -16,7 +16,7 @@ project's own arithmetic: a training step as the workers take it (pack_batch, fo
 the logit-KL targets where the loss reads them, backward, clipping, the configured optimizer) over
 a whole global batch, once per distinct step (the training settings bar the seeds, the base, the
 loss, the kind of rows); seeded generation through HFEngine, once per (whose adapter, temperature);
-cloze scoring through HFEngine.complete_tokens with an adapter, in the phase's chunks. Each rate
+cloze scoring through HFEngine.score_continuations with an adapter, in the phase's chunks. Each rate
 times its count of that work is its floor, twice:
 
 - one process: the rates at torch's threads (one per core), as the floor was first defined;
@@ -54,7 +54,7 @@ from jobs.experiment.stages import TEACHER_TRAIN, trained_folder
 from jobs.phases.numbers import numbers_request
 from jobs.reporting.schema import Report
 from jobs.rundir.manifest import Manifest, read_jsonl
-from serve.cloze import cloze_parts, cloze_sequences
+from serve.cloze import cloze_parts
 from serve.engine import Sampling
 from serve.hf_engine import HFEngine
 from serve.mc_format import format_cloze_prompt
@@ -188,10 +188,7 @@ def scoring_seconds(engine: HFEngine, questions: list[dict], adapter: str, chunk
         ids, continuations, _ = cloze_parts(
             engine.counting_tokenizer, prompts, [q["choices"] for q in part], max_len, True
         )
-        sequences, _ = cloze_sequences(ids, continuations)
-        asyncio.run(
-            engine.complete_tokens(sequences, Sampling(max_tokens=0, temperature=0.0), adapter, prompt_logprobs=0)
-        )
+        asyncio.run(engine.score_continuations(ids, continuations, adapter))
 
     score(questions[:chunk])  # warm-up
     started = time.perf_counter()

@@ -31,7 +31,7 @@ import uuid
 from fastapi import HTTPException
 from ray import serve
 
-from serve.cloze import choice_logprobs, cloze_lengths, cloze_parts, cloze_sequences
+from serve.cloze import cloze_lengths, cloze_parts, renormalised
 from serve.engine import BatchKey, Sampling
 from serve.engine_choice import build_engines
 from serve.http_api import build_http_api
@@ -266,12 +266,8 @@ class InferenceService(OpenAIServing):
         owner = [i for i, q in enumerate(body.questions) for _ in q.choices]  # the question of each sequence
         check_room(self.settings, lengths, 0, lambda i: ("questions", owner[i]))
         check_work(self.settings, lengths, 0)
-        # each prompt copied per choice: once it all fits
-        sequences, starts = await self._off_loop(cloze_sequences, prompt_ids, continuations)
-        scored = await scorer.complete_tokens(
-            sequences, Sampling(max_tokens=0, temperature=0.0), adapter, prompt_logprobs=0
-        )
-        return choice_logprobs(scored, starts, [len(q.choices) for q in body.questions]), cut, lengths
+        sums = await scorer.score_continuations(prompt_ids, continuations, adapter)
+        return renormalised(sums, [len(q.choices) for q in body.questions]), cut, lengths
 
     @timed
     async def score(self, body: ScoreRequest) -> ScoreResponse:

@@ -7,15 +7,15 @@ whatever the prompt; lm-eval's causal models tokenize the two together and split
 them after the prompt's tokens, the same tokens wherever the tokenizer merges
 none across "Answer:" and the choice's leading space: tests/test_lm_eval_task.py). The choices' sums are renormalised
 over the question's choices, as one-pass letter scoring renormalises over the
-letters, so every consumer of /score reads the same kind of number. One
-sequence per (question, choice), scored by the engine's prompt log-probabilities.
+letters, so every consumer of /score reads the same kind of number. The engine
+scores the continuations (`score_continuations`: serve/hf_scoring.py, a forward
+per distinct question-and-choice input, every one-token choice of a question in one).
 """
 
 from __future__ import annotations
 
 import math
 
-from serve.engine import TokenCompletion
 from serve.mc_format import cloze_continuation, left_truncate
 
 
@@ -25,8 +25,7 @@ def cloze_parts(
     """(each question's prompt token ids, each of its choices' continuation ids, prompt tokens cut
     per question), tokenized apart. With `truncate`, a prompt is cut from the left to leave room for
     its longest choice (lm-eval's rule); otherwise it is kept whole and the caller checks that the
-    sequences fit (`cloze_lengths`) before building them (`cloze_sequences`): a question's prompt is
-    copied once per choice, so that copy waits for the checks."""
+    sequences fit (`cloze_lengths`) before any is scored."""
     prompt_ids, continuations, cut = [], [], []
     for prompt, options in zip(prompts, choices):
         ids = [tokenizer(cloze_continuation(c), add_special_tokens=False).input_ids for c in options]
@@ -43,28 +42,8 @@ def cloze_parts(
 
 
 def cloze_lengths(prompt_ids: list[list[int]], continuations: list[list[list[int]]]) -> list[int]:
-    """The token count of every (question, choice) sequence, in order, before any is built."""
+    """The token count of every (question, choice) sequence (its question and its choice), in order."""
     return [len(prompt) + len(c) for prompt, options in zip(prompt_ids, continuations) for c in options]
-
-
-def cloze_sequences(
-    prompt_ids: list[list[int]], continuations: list[list[list[int]]]
-) -> tuple[list[list[int]], list[int]]:
-    """(token ids of prompt + choice for every question's choices in order, where each choice's tokens start)."""
-    sequences, starts = [], []
-    for prompt, options in zip(prompt_ids, continuations):
-        for continuation in options:
-            sequences.append(prompt + continuation)
-            starts.append(len(prompt))
-    return sequences, starts
-
-
-def choice_logprobs(scored: list[TokenCompletion], starts: list[int], n_choices: list[int]) -> list[list[float]]:
-    """Per question, each choice's summed continuation log-probability (from the engine's prompt
-    log-probabilities), renormalised over its choices."""
-    return renormalised(
-        [sum(entry.logprob for entry in s.prompt_logprobs[start:]) for s, start in zip(scored, starts)], n_choices
-    )
 
 
 def renormalised(sums: list[float], n_choices: list[int]) -> list[list[float]]:

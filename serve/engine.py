@@ -106,7 +106,8 @@ class Engine(Protocol):
     continuous_batching: bool  # True: the engine batches concurrent calls itself; False: the deployment gathers them
     max_choices: int  # how many choices one-pass scoring handles with this tokenizer
     counting_tokenizer: Any  # the model's tokenizer, for the event loop (counting and truncating prompts)
-    scores_prompts: bool  # complete_tokens takes prompt_logprobs (False on vLLM 0.32 with LoRA: see VLLMEngine)
+    # complete_tokens takes prompt_logprobs and score_continuations is there (False on vLLM 0.32 with LoRA: see VLLMEngine)
+    scores_prompts: bool
 
     async def generate(self, prompts: list[str], sampling: Sampling, adapter: str | None) -> list[Completion]: ...
 
@@ -131,6 +132,13 @@ class Engine(Protocol):
         `sampling.max_tokens == 0` nothing is generated: only the prompt is scored. Prompt i
         samples with seed + i, as in `generate`.
         """
+
+    async def score_continuations(
+        self, prompt_ids: list[list[int]], continuations: list[list[list[int]]], adapter: str | None
+    ) -> list[float]:
+        """Where `scores_prompts`: per question and each of its choices in order, the summed
+        log-probability of the choice's tokens (`continuations`) after the question's (`prompt_ids`),
+        as lm-evaluation-harness's loglikelihood (cloze scoring, serve/cloze.py)."""
 
     async def add_adapter(self, name: str, path: str) -> None: ...
 

@@ -43,7 +43,17 @@ from serve.engine import (
     cut_at_stop,
 )
 from serve.hf_decode import decode
-from serve.hf_scoring import length_sorted_chunks, letter_token_ids, mc_logprobs_batch, scorable_choices
+from serve.hf_scoring import (
+    LOGITS_BYTES,
+    cloze_chunks,
+    cloze_plan,
+    continuation_sums,
+    length_sorted_chunks,
+    letter_token_ids,
+    mc_logprobs_batch,
+    read_sums,
+    scorable_choices,
+)
 from serve.settings import ServiceError, ServiceSettings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -53,14 +63,11 @@ class Stopped(Exception):
     """The request behind a job went away: the job ends at its next step, its result unread."""
 
 
-LOGITS_BYTES = 256 * 2**20  # float32 logits one prompt-scoring forward may hold
-
-
 class HFEngine:
     name = "hf"
     kind = ENGINES["hf"]
     continuous_batching = False  # one call at a time: the deployment gathers concurrent requests (@serve.batch)
-    scores_prompts = True  # complete_tokens takes prompt_logprobs
+    scores_prompts = True  # complete_tokens takes prompt_logprobs; score_continuations scores cloze
 
     def __init__(self, model_path: str, settings: ServiceSettings):
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -192,6 +199,27 @@ class HFEngine:
     def _score_batch(self, prompts: list[str], n_choices: list[int], adapter: str | None, pulse) -> list[list[float]]:
         with self._selected(adapter) as model:
             return mc_logprobs_batch(model, self.tokenizer, prompts, n_choices, self.letters)
+
+    async def score_continuations(
+        self, prompt_ids: list[list[int]], continuations: list[list[list[int]]], adapter: str | None
+    ) -> list[float]:
+        """The contract's `score_continuations`: serve/hf_scoring.py's cloze arithmetic, one forward per
+        chunk of distinct inputs (`cloze_chunks`), each chunk a job (the plan too: never on the event loop)."""
+        inputs, targets, reads = await self._run(lambda pulse: cloze_plan(prompt_ids, continuations))
+        sums: list[list[float]] = [[] for _ in inputs]
+        for chunk in cloze_chunks(inputs, targets, self.batch_size, self.model.config.vocab_size):
+            rows = await self._run(
+                self._continuations_batch, [inputs[i] for i in chunk], [targets[i] for i in chunk], adapter
+            )
+            for i, row in zip(chunk, rows):
+                sums[i] = row
+        return read_sums(reads, targets, sums)
+
+    def _continuations_batch(
+        self, inputs: list[list[int]], targets: list[list[list[int]]], adapter: str | None, pulse
+    ) -> list[list[float]]:
+        with self._selected(adapter) as model:
+            return continuation_sums(model, inputs, targets, self.tokenizer.pad_token_id)
 
     async def generate(self, prompts: list[str], sampling: Sampling, adapter: str | None) -> list[Completion]:
         return await self._chunked(

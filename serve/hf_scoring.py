@@ -5,6 +5,13 @@ log-likelihood of each choice is the next-token log-probability of its letter
 after the prompt: one forward per question gives all of them, where
 lm-evaluation-harness spends one request per choice. The result is renormalised
 over the choices (a log-softmax over the letters' logits).
+
+Cloze scoring (each choice's text after the question, lm-evaluation-harness's
+loglikelihood) reads a choice's tokens from the forward over its question and the
+choice but its last token: every one-token choice of a question shares one forward,
+and only the positions a choice is read from are kept. The service
+(HFEngine.score_continuations) and the scorers outside it (`cloze_logprobs`) run the
+same chunks with the same arithmetic.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from __future__ import annotations
 import torch
 
 from serve.mc_format import LETTERS, choice_continuation
+
+LOGITS_BYTES = 256 * 2**20  # float32 logits one scoring forward may hold
 
 
 def letter_token_ids(tokenizer, n_choices: int) -> list[int]:
@@ -104,34 +113,74 @@ def continuation_logprobs(model, inputs: list[list[int]], wanted: list[int], pad
     return [row[keep - n :] for row, n in zip(logp, wanted)]
 
 
+def cloze_plan(
+    prompt_ids: list[list[int]], continuations: list[list[list[int]]]
+) -> tuple[list[list[int]], list[list[list[int]]], list[tuple[int, list[int]]]]:
+    """(the distinct inputs (`cloze_inputs`), per input the distinct continuations read from it, and
+    per (question, choice) in order its read): what `cloze_chunks` and `continuation_sums` work on."""
+    inputs, reads = cloze_inputs(prompt_ids, continuations)
+    targets: list[list[list[int]]] = [[] for _ in inputs]
+    for i, continuation in reads:
+        if continuation and continuation not in targets[i]:
+            targets[i].append(continuation)
+    return inputs, targets, reads
+
+
+def cloze_chunks(
+    inputs: list[list[int]], targets: list[list[list[int]]], batch_size: int, vocab_size: int
+) -> list[list[int]]:
+    """Input indices a forward each: `length_sorted_chunks` of batch_size, a chunk cut further where
+    the float32 logits it keeps (its inputs x its longest continuation x the vocabulary) would pass
+    LOGITS_BYTES (long choices on a large vocabulary)."""
+    chunks = []
+    for chunk in length_sorted_chunks(inputs, batch_size):
+        part, keep = [], 0
+        for i in chunk:
+            wider = max(keep, max(map(len, targets[i])))
+            if part and (len(part) + 1) * wider * vocab_size * 4 > LOGITS_BYTES:
+                chunks.append(part)
+                part, wider = [], max(map(len, targets[i]))
+            part.append(i)
+            keep = wider
+        chunks.append(part)
+    return chunks
+
+
 @torch.inference_mode()
+def continuation_sums(model, inputs: list[list[int]], targets: list[list[list[int]]], pad_id: int) -> list[list[float]]:
+    """One forward over `inputs` (`continuation_logprobs`): per input, the summed log-probability of
+    each of its continuations (each token's float32 log-probability, summed in float64)."""
+    rows = continuation_logprobs(model, inputs, [max(map(len, t)) for t in targets], pad_id)
+    return [
+        [float(row[-len(c) :].gather(-1, torch.tensor(c, device=row.device)[:, None]).cpu().double().sum()) for c in t]
+        for row, t in zip(rows, targets)
+    ]
+
+
+def read_sums(
+    reads: list[tuple[int, list[int]]], targets: list[list[list[int]]], sums: list[list[float]]
+) -> list[float]:
+    """Each (question, choice)'s summed log-probability from its input's `continuation_sums` (0 for none)."""
+    return [sums[i][targets[i].index(c)] if c else 0.0 for i, c in reads]
+
+
 def cloze_sums(model, tokenizer, prompts: list[str], choices: list[list[str]], batch_size: int = 64) -> list[float]:
     """Every (question, choice)'s summed continuation log-probability, question by question and each
     question's choices in order (the raw log-likelihood lm-evaluation-harness logs), with the
-    service's arithmetic (serve/cloze.py): `continuation_logprobs` over the distinct inputs
-    (`cloze_inputs`: one per question where every choice is one token), batch_size inputs a
-    forward, shortest first."""
+    service's arithmetic (HFEngine.score_continuations): `continuation_sums` over the distinct inputs
+    (`cloze_plan`: one per question where every choice is one token), in `cloze_chunks`."""
     from serve.cloze import cloze_parts
 
     prompt_ids, continuations, _ = cloze_parts(tokenizer, prompts, choices, 0, truncate=False)
-    inputs, reads = cloze_inputs(prompt_ids, continuations)
-    wanted = [0] * len(inputs)
-    for i, continuation in reads:
-        if continuation:
-            wanted[i] = max(wanted[i], len(continuation))
-    rows: list[torch.Tensor] = [torch.empty(0)] * len(inputs)
-    for chunk in length_sorted_chunks(inputs, batch_size):
-        for i, row in zip(
-            chunk,
-            continuation_logprobs(
-                model, [inputs[i] for i in chunk], [wanted[i] for i in chunk], tokenizer.pad_token_id
-            ),
-        ):
-            rows[i] = row.cpu()
-    # each token's float32 log-probability, summed in float64
-    return [
-        float(rows[i][-len(c) :].gather(-1, torch.tensor(c)[:, None]).double().sum()) if c else 0.0 for i, c in reads
-    ]
+    inputs, targets, reads = cloze_plan(prompt_ids, continuations)
+    sums: list[list[float]] = [[] for _ in inputs]
+    for chunk in cloze_chunks(inputs, targets, batch_size, model.config.vocab_size):
+        batch = continuation_sums(
+            model, [inputs[i] for i in chunk], [targets[i] for i in chunk], tokenizer.pad_token_id
+        )
+        for i, row in zip(chunk, batch):
+            sums[i] = row
+    return read_sums(reads, targets, sums)
 
 
 def cloze_logprobs(

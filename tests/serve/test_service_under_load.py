@@ -264,16 +264,22 @@ def test_an_echo_and_long_cloze_questions_leave_health_and_a_small_generate_fast
     """The expensive answers to cheap requests: an echo listing 21 log-probabilities of every prompt
     token in each of 16 choices, sized before any work (the whole one refused, a smaller one served,
     its prompt's entries built and decoded once), and cloze questions whose prompts fill the context,
-    their lengths checked before each prompt is copied for its choices."""
+    their lengths checked before any is scored."""
     url, ids = service["url"], list(range(5, 505))
     # 12,000 ids: inside max_work_per_request
     amplified = {"model": "tiny", "prompt": [ids] * 24, "echo": True, "logprobs": 20, "max_tokens": 0, "n": 16}
     refused = requests.post(url + "/v1/completions", json=amplified, headers=AUTH, timeout=60)
     assert refused.status_code == 413 and "max_logprobs_per_answer" in refused.json()["error"]["message"], refused.text
     echo = {**amplified, "prompt": [ids] * 2}  # 336,000 log-probabilities
-    # 494 tokens of a context of 512
-    long_question = {"question": " ".join(["1, 2, 3"] * 96), "choices": ["4", "5", "6", "7"], "answer": 0}
-    cloze = {"format": "cloze", "questions": [long_question] * 256}
+    # about 494 tokens of a context of 512; each question its own (the scorer reads a question's one-token choices,
+    # and equal questions, from one forward)
+    cloze = {
+        "format": "cloze",
+        "questions": [
+            {"question": f"{i} " + " ".join(["1, 2, 3"] * 95), "choices": ["4", "5", "6", "7"], "answer": 0}
+            for i in range(256)
+        ],
+    }
     with ThreadPoolExecutor(2) as pool:
         answers = [
             pool.submit(requests.post, url + path, json=body, headers=AUTH, timeout=600)
