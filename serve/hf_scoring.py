@@ -136,12 +136,12 @@ def cloze_chunks(
     for chunk in length_sorted_chunks(inputs, batch_size):
         part, keep = [], 0
         for i in chunk:
-            wider = max(keep, max(map(len, targets[i])))
-            if part and (len(part) + 1) * wider * vocab_size * 4 > LOGITS_BYTES:
+            need = max(map(len, targets[i]))
+            if part and (len(part) + 1) * max(keep, need) * vocab_size * 4 > LOGITS_BYTES:
                 chunks.append(part)
-                part, wider = [], max(map(len, targets[i]))
+                part, keep = [], 0
             part.append(i)
-            keep = wider
+            keep = max(keep, need)
         chunks.append(part)
     return chunks
 

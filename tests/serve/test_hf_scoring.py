@@ -5,13 +5,21 @@ import math
 import pytest
 import torch
 
-from serve.hf_scoring import cloze_inputs, cloze_logprobs
+from serve.hf_scoring import LOGITS_BYTES, cloze_chunks, cloze_inputs, cloze_logprobs
 
 
 def test_one_token_choices_share_their_prompt_and_longer_ones_drop_their_last_token():
     inputs, reads = cloze_inputs([[1, 5], [1, 6]], [[[7], [8], [9, 10, 11]], [[7], []]])
     assert inputs == [[1, 5], [1, 5, 9, 10], [1, 6]]
     assert reads == [(0, [7]), (0, [8]), (1, [9, 10, 11]), (2, [7]), (-1, [])]
+
+
+def test_a_chunk_is_cut_where_its_kept_logits_would_pass_the_bound():
+    # a vocabulary whose one kept position is half the bound: two one-token inputs fit, a two-token one stays alone
+    inputs, targets = [[1, 1, 1], [1], [1, 1]], [[[5]], [[5, 6]], [[5], [7]]]
+    assert cloze_chunks(inputs, targets, 64, LOGITS_BYTES // 8) == [[1], [2, 0]]
+    assert cloze_chunks(inputs, targets, 64, 1024) == [[1, 2, 0]]  # the tiny model's: never cut
+    assert cloze_chunks(inputs, targets, 2, 1024) == [[1, 2], [0]]  # batch_size first, shortest first
 
 
 def by_hand(model, tokenizer, prompts: list[str], choices: list[list[str]]) -> list[list[float]]:
