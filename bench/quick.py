@@ -88,10 +88,8 @@ def generation(engine: HFEngine) -> tuple:
     return lambda: asyncio.run(engine.generate(prompts, sampling, None)), reference
 
 
-def scoring(engine: HFEngine) -> tuple:
-    questions = mc_questions(512)
-    prompts = [format_mc_prompt(q["question"], q["choices"], q["subject"]) for q in questions]
-    n_choices = [len(q["choices"]) for q in questions]
+def plain_forwards(engine: HFEngine, prompts: list[str]):
+    """The scoring paths' reference: one forward of the prompts in batches of 64, the last position's logits kept."""
 
     def reference():
         with torch.inference_mode():
@@ -100,22 +98,21 @@ def scoring(engine: HFEngine) -> tuple:
                     **engine.tokenizer(prompts[start : start + 64], return_tensors="pt", padding=True), logits_to_keep=1
                 )
 
-    return lambda: asyncio.run(engine.score(prompts, n_choices, None)), reference
+    return reference
+
+
+def scoring(engine: HFEngine) -> tuple:
+    questions = mc_questions(512)
+    prompts = [format_mc_prompt(q["question"], q["choices"], q["subject"]) for q in questions]
+    n_choices = [len(q["choices"]) for q in questions]
+    return lambda: asyncio.run(engine.score(prompts, n_choices, None)), plain_forwards(engine, prompts)
 
 
 def cloze_scoring(engine: HFEngine) -> tuple:
     questions = synthetic_questions()[:512]
     prompts = [format_cloze_prompt(q["question"], q["subset"]) for q in questions]
     ids, continuations, _ = cloze_parts(engine.counting_tokenizer, prompts, [q["choices"] for q in questions], 0, False)
-
-    def reference():
-        with torch.inference_mode():
-            for start in range(0, len(prompts), 64):
-                engine.model(
-                    **engine.tokenizer(prompts[start : start + 64], return_tensors="pt", padding=True), logits_to_keep=1
-                )
-
-    return lambda: asyncio.run(engine.score_continuations(ids, continuations, None)), reference
+    return lambda: asyncio.run(engine.score_continuations(ids, continuations, None)), plain_forwards(engine, prompts)
 
 
 def training(model_path: str, teacher: Path | None) -> tuple:
