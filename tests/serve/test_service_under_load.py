@@ -291,11 +291,13 @@ def test_an_echo_and_long_cloze_questions_leave_health_and_a_small_generate_fast
     assert seen["health"] and max(seen["health"]) < 2 and max(seen["generate"]) < 5, seen
 
 
-def test_health_stays_fast_and_the_replica_is_kept_through_eight_4096_question_scores(service):
-    """Before, one job held all eight (gathered) and the health check queued behind it."""
+def test_health_stays_fast_and_the_replica_is_kept_through_eight_2048_question_scores(service):
+    """Before, one job held all eight (gathered) and the health check queued behind it: all 16,384
+    questions, 25-36 s of this replica's scoring on two cores, against the 2 s allowed here. (4,096 each, as
+    before, took 45-50 s of the suite's quiet end and showed nothing more.)"""
     body = {
         "questions": [
-            {"question": r["question"], "choices": r["choices"], "answer": r["answer"]} for r in questions(4096)
+            {"question": r["question"], "choices": r["choices"], "answer": r["answer"]} for r in questions(2048)
         ]
     }
     pid = replica(service["head"]).pid
@@ -304,7 +306,7 @@ def test_health_stays_fast_and_the_replica_is_kept_through_eight_4096_question_s
         answers = [pool.submit(requests.post, url + "/score", json=body, headers=AUTH, timeout=900) for _ in range(8)]
         latencies = health_latencies(url, lambda: all(a.done() for a in answers))
     assert [a.result().status_code for a in answers] == [200] * 8
-    assert all(len(a.result().json()["results"]) == 4096 for a in answers)
+    assert all(len(a.result().json()["results"]) == 2048 for a in answers)
     assert max(latencies) < 2, f"slowest /health {max(latencies):.1f} s of {len(latencies)}"
     assert replica(service["head"]).pid == pid  # never replaced: no failed health checks
 
