@@ -450,11 +450,25 @@ def many_run(ray_cluster, tiny_model, toy_rows, tmp_path_factory, cache_dir):
     ), jobs
 
 
+def split_coordinators() -> int:
+    """Ray Data split coordinator actors this cluster has started, alive or dead (the GCS's actor table)."""
+    import ray._private.state
+
+    return sum(actor["ActorClassName"] == "SplitCoordinator" for actor in ray._private.state.actors().values())
+
+
 @pytest.mark.timeout(400)
-def test_many_run_adapters_equal_single_runs(many_run, tiny_model, tmp_path, cache_dir):
-    metrics, jobs = many_run
+def test_many_run_adapters_equal_single_runs_and_rows_cut_per_worker_equal_ray_datas_split(
+    many_run, tiny_model, tmp_path, cache_dir, monkeypatch
+):
+    """Each job trained alone lands on the adapter the run of both made. Job a alone has its rows cut
+    per worker in the driver (train.ray_run.job_datasets), as every run so far, with no split
+    coordinator actor; job b alone streams the same rows from parquet, split by Ray Data, which starts
+    one: small data cut by hand reaches each worker as Ray Data's own equal split would."""
+    import train.ray_run
     from train.model import adapter_hash, load_lora_model
 
+    metrics, jobs = many_run
     assert [metrics[j.name].step for j in jobs] == [8, 8] and all(m.done for m in metrics.values())
     assert metrics["b"].train_config["grad_accum"] == 2 and metrics["b"].global_batch_size == 32
     for job in jobs:  # each adapter started from the init a run of its own would have
@@ -464,33 +478,13 @@ def test_many_run_adapters_equal_single_runs(many_run, tiny_model, tmp_path, cac
         )
     assert metrics["a"].init_hash != metrics["b"].init_hash
     for job in jobs:  # the same job trained alone, after a first one or first
+        if job.name == "b":
+            assert split_coordinators() == 0  # every run so far cut its rows per worker
+            monkeypatch.setattr(train.ray_run, "MATERIALIZE_BYTES", -1)  # b's rows stream
         alone = train_lora(tiny_model, job.data, tmp_path / job.name, job.cfg, cache_dir=cache_dir)
         assert alone.init_hash == metrics[job.name].init_hash and alone.step == metrics[job.name].step
         assert_same_adapter(tmp_path / job.name, job.output_dir)
-
-
-def split_coordinators() -> int:
-    """Ray Data split coordinator actors this cluster has started, alive or dead (the GCS's actor table)."""
-    import ray._private.state
-
-    return sum(actor["ActorClassName"] == "SplitCoordinator" for actor in ray._private.state.actors().values())
-
-
-@pytest.mark.timeout(300)
-def test_rows_cut_per_worker_train_what_ray_datas_streaming_split_trains(
-    many_run, tiny_model, tmp_path, cache_dir, monkeypatch
-):
-    """Small data reaches each worker as its own contiguous part, cut in the driver (train.ray_run.job_datasets),
-    with no split coordinator actor: job b's adapter equals the one trained on the same rows streamed from
-    parquet and split by Ray Data, which starts a coordinator."""
-    import train.ray_run
-
-    _, (_, b) = many_run
-    assert split_coordinators() == 0  # every run so far cut its rows per worker
-    monkeypatch.setattr(train.ray_run, "MATERIALIZE_BYTES", -1)  # every dataset streams
-    streamed = train_lora(tiny_model, b.data, tmp_path / "b", b.cfg, cache_dir=cache_dir)
-    assert split_coordinators() == 1 and streamed.step == 8
-    assert_same_adapter(tmp_path / "b", b.output_dir)
+    assert split_coordinators() == 1
 
 
 def test_each_job_steps_with_its_own_optimizer_and_checkpoints_its_state(many_run):
