@@ -15,7 +15,7 @@ TORCH_INDEX ?= $(shell python3 -m pip install --dry-run --no-deps -q 'torch==2.1
 .PHONY: install install-vllm run test bench bench-quick lock
 
 # constraints/cpu.txt pins every distribution to the versions the tests passed with. pip byte-compiles what it
-# installs (about 80 s of one core): not --no-compile, since where PYTHONDONTWRITEBYTECODE is set (these machines
+# installs (60-90 s of one core): not --no-compile, since where PYTHONDONTWRITEBYTECODE is set (these machines
 # set it) Python then never keeps a compiled module, and every process compiles all it imports (BENCHMARKS.md).
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	python3 -m venv $(VENV)
