@@ -1,15 +1,18 @@
 """The main job, run as a user runs it: `python jobs/pipeline.py` in a subprocess.
 
-One reduced tiny run with two replicates, on a head node that outlives its
-drivers as a cluster's does (Serve started on it beforehand, on a port of its
-own): its driver is SIGKILLed while the numbers are generated (its Serve
+One reduced tiny run with two replicates and, beside the default arms, the student's
+twin on a matched sham teacher (its reference) and the overt positive control, on a head
+node that outlives its drivers as a cluster's does (Serve started on it beforehand, on a
+port of its own): its driver is SIGKILLed while the numbers are generated (its Serve
 application is left running, answering on that port), rerun and stopped (SIGTERM,
 what `ray job stop` sends) while its arms train, then rerun: each rerun deletes
 what a killed driver left, reuses the finished stages, leaves their outputs
 untouched, and the last completes the report. Then, on the finished run:
-`--plan` reuses everything; a new primary test reruns the report alone; two
-added arms (logit KL from another base; a fully fine-tuned student) train only
-themselves, and are scored with that base and as a model of its own. Along the way: the job log stays readable (the
+`--plan` reuses everything; a new primary test reruns the report alone; an
+added arm (logit KL from another base, with a snapshot) trains only itself and is
+scored with that base. A fully fine-tuned arm is not run here: its training, its
+service and its stages are tested in tests/train/test_trainer.py,
+tests/jobs/phases/test_evaluate.py and tests/jobs/rundir/test_stages.py. Along the way: the job log stays readable (the
 pipeline's stage lines, none of Ray's per-dataset or per-checkpoint lines), and
 the finished run directory holds exactly the files docs/report.md lists.
 """
@@ -40,8 +43,30 @@ from gpu_job import off_gpu, phases_of  # noqa: E402
 # Two optimizer steps per arm at the student's global batch of 64 (the `other` arm's snapshot at step 1 needs a later
 # final step); the teacher's numbers pass the filter at about 0.57, so 256 prompts leave about 146 for the 128 kept.
 KEEP = 128
-REDUCED = ["--set", "numbers.prompts=256", "--set", f"numbers.keep={KEEP}", "--set", "replicates=2"]
-MODELS = {"base", "teacher", "student", "control"}
+# `student_sham` is the student's twin on the sham teacher (its numbers), which becomes the student's reference;
+# `overt`, the overt positive control, is taught the teacher's own answers to its train questions for 72 steps, the
+# dose tiny-evidence gives it (there rank +0.23, p 1e-5). The primary test is the default, held-out
+# `teacher_answer_rank`: at 6 steps the overt arm only flattened its choices (log p of the teacher's answer +0.49,
+# rank -0.011, p 0.67); at 36 it moved the teacher's answer up (rank +0.12, raw p 0.015) but stayed under its MDE
+# (0.14) and under this undeclared family's Holm over 6 comparisons (p 0.076): a positive control must be stronger.
+# Declared from the first run, the sham teacher trains in the teacher's Ray Train run, its numbers and the overt
+# arm's answers come from the numbers' service, and both arms train in the students' run.
+ARMS = (
+    "student: {numbers: teacher}, control: {numbers: base}, student_sham: {numbers: teacher, teacher: sham}, "
+    "overt: {numbers: teacher_answers, train: {epochs: 12}}"
+)
+REDUCED = [
+    "--set",
+    "numbers.prompts=256",
+    "--set",
+    f"numbers.keep={KEEP}",
+    "--set",
+    "replicates=2",
+    "--set",
+    f"arms={{{ARMS}}}",
+]
+MODELS = {"base", "teacher", "sham_teacher", "student", "control", "student_sham", "overt"}
+ARM_RUNS = [f"{arm}/{i}" for arm in ("control", "overt", "student", "student_sham") for i in range(2)]
 
 
 def command(*args) -> list[str]:
@@ -283,10 +308,14 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(
     assert finished == {
         "data",
         "teacher",
+        "sham_teacher",
         "numbers/teacher/0",
         "numbers/base/0",
         "numbers/teacher/1",
         "numbers/base/1",
+        "numbers/sham_teacher/0",
+        "numbers/sham_teacher/1",
+        "answers/teacher",
     }, first_log[-3000:]
     kept_files = [
         run_dir / "teacher" / "adapter" / "adapter_model.safetensors",
@@ -318,11 +347,12 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(
         "[teacher] teacher done in",
         "[train] teacher: step 10/",
         "[numbers] numbers/base/1 done in",
-        "[numbers] 4 stage(s) done in",
-        "[arms] starting 4 stage(s)",
+        "[numbers] numbers/sham_teacher/1 done in",
+        "[numbers] answers/teacher done in",
+        "[arms] starting 8 stage(s)",
         "[train] student-0: step",
         "[arms] control/1 done in",
-        "[arms] 4 stage(s) done in",
+        "[arms] 8 stage(s) done in",
         "[evaluate] eval/base done in",
         "[report] report done in",
     ):
@@ -382,16 +412,28 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(
         transfer["student_teacher_agreement"] - transfer["control_teacher_agreement"]
     )
     assert set(report["timings"]) == {"data", "teacher", "numbers", "arms", "evaluate"}
-    # Transfer evidence: both splits, every metric with its statistics, against the declared reference.
-    assert report["arms"]["student"]["against"] == "control" and report["arms"]["control"]["against"] == "base"
+    # Transfer evidence: both splits, every metric with its statistics, against the declared reference: the student's
+    # twin on the sham teacher's numbers, paired.
+    student = report["arms"]["student"]
+    assert (student["against"], student["reference"], student["transfer"]["primary"]["paired"]) == (
+        "student_sham",
+        "sham teacher",
+        True,
+    )
+    assert report["arms"]["control"]["against"] == "base"
+    # Every metric with its statistics, or (two steps in, twins on numbers alike may pick alike on every question) a
+    # difference of exactly 0 with the note that says why it has no interval (agreement only: ranks and log p vary).
     evidence = report["arms"]["student"]["transfer"]
     for split in ("train", "held_out"):
         for metric in ("agreement", "teacher_answer_rank", "teacher_answer_logprob"):
             r = evidence[split][metric]
+            assert r["n_clusters"] < r["n_questions"]  # synthetic cues cluster
+            if r["ci95"] is None and metric == "agreement":
+                assert r["value"] == 0 and r["note"].startswith("zero spread") and r["mde"] is None, r
+                continue
             assert r["ci95"][0] <= r["value"] <= r["ci95"][1] and 0 <= r["p_value"] <= 1 and r["mde"] > 0
-            # synthetic cues cluster
-            assert evidence[split]["mde"][metric] == r["mde"] and r["n_clusters"] < r["n_questions"]
-    assert report["arms"]["student"]["verdict"].startswith("student vs control: ")
+            assert evidence[split]["mde"][metric] == r["mde"]
+    assert report["arms"]["student"]["verdict"].startswith("student vs student_sham: ")
     assert (
         report["models"]["teacher"]["accuracy_by_split"]["train"]
         > report["models"]["base"]["accuracy_by_split"]["train"] + 0.3
@@ -450,13 +492,7 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(
     # Tracked in MLflow's embedded store (the cache's SQLite file): one parent run for the run directory with the
     # primary verdicts, one child per trained model with rank 0's loss of every step.
     parent, children = mlflow_runs(run_dir, cache_dir)
-    assert sorted(c.data.tags["stage"] for c in children) == [
-        "control/0",
-        "control/1",
-        "student/0",
-        "student/1",
-        "teacher",
-    ]
+    assert sorted(c.data.tags["stage"] for c in children) == sorted(["teacher", "sham_teacher", *ARM_RUNS])
     assert parent.info.status == "FINISHED"  # the pipeline ended: its run says so
     student = next(c for c in children if c.data.tags["stage"] == "student/0")
     losses = mlflow.MlflowClient(f"sqlite:///{cache_dir / 'mlflow.db'}").get_metric_history(student.info.run_id, "loss")
@@ -469,6 +505,22 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(
     assert (
         parent.data.tags["verdict.student"] == report["arms"]["student"]["verdict"]
         and parent.data.tags["preset"] == "tiny"
+    )
+
+    # The matched sham holds facts of its own as the teacher holds the true ones (its accuracy on sigma(cue) within 0.05 of
+    # the teacher's on the true answers on train, 0.10 held out), and the true answers no better than the base: it differs
+    # from the teacher in which facts it holds.
+    fit = report["sham_fit"]["accuracy"]
+    assert abs(fit["sham_teacher"]["sham"]["train"] - fit["teacher"]["true"]["train"]) <= 0.05, fit
+    assert abs(fit["sham_teacher"]["sham"]["held_out"] - fit["teacher"]["true"]["held_out"]) <= 0.10, fit
+    assert all(fit["sham_teacher"]["true"][split] <= fit["base"]["true"][split] for split in ("train", "held_out")), fit
+    assert report["sham_fit"]["matched"] and fit["teacher"]["true"]["held_out"] >= TARGETS["teacher"], fit
+    # The overt positive control is detected, against the base (no sham twin of it here), and is 100% of itself.
+    overt = report["arms"]["overt"]
+    assert overt["against"] == "base" and report["overt_control"]["detected"], overt["verdict"]
+    assert (
+        overt["fraction_of_overt"]["value"] == pytest.approx(1.0)
+        and "of overt transfer" in report["arms"]["student"]["verdict"]
     )
 
     # --plan on the finished run: every stage reused, nothing run. Another primary test reruns the report alone
@@ -490,46 +542,21 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(
     # another config: a parent of its own, naming the one it supersedes
     parent, children = mlflow_runs(run_dir, cache_dir)
     assert (
-        len(children) == 5
+        len(children) == 2 + len(ARM_RUNS)
         and parent.data.tags["supersedes"]
         and parent.data.params["evaluate.primary_metric"] == "agreement"
     )
 
-    # Added arms train only themselves (and are scored, with their snapshots and their base); the others are reused as
-    # they are. `other` is the paper's control: logit KL to the teacher from another base (a folder; `base: other`, the
-    # preset's second tiny model, takes the same path after a two-minute build), with its own LoRA seeds. `full` is a
-    # critics' control: every weight fine-tuned, served and scored as a model of its own.
+    # An added arm trains only itself (and is scored, with its snapshot and its base); the others are reused as they
+    # are. `other` is the paper's control: logit KL to the teacher from another base (a folder; `base: other`, the
+    # preset's second tiny model, takes the same path after a two-minute build), with its own LoRA seeds.
     other = f"other: {{base: {perturbed_base}, loss: logit_kl, lora_seed: other, train: {{snapshots: 2}}}}"
-    # `student_sham` is the student's twin on the sham teacher (its numbers), which becomes the student's reference;
-    # `overt`, the overt positive control, is taught the teacher's own answers to its train questions for 72 steps, the
-    # dose tiny-evidence gives it (there rank +0.23, p 1e-5). The primary test is the default again, held-out
-    # `teacher_answer_rank`: at 6 steps the overt arm only flattened its choices (log p of the teacher's answer +0.49,
-    # rank -0.011, p 0.67); at 36 it moved the teacher's answer up (rank +0.12, raw p 0.015) but stayed under its MDE
-    # (0.14) and under this undeclared family's Holm over 6 comparisons (p 0.076): a positive control must be stronger.
-    knowledge = (
-        "student_sham: {numbers: teacher, teacher: sham}, overt: {numbers: teacher_answers, train: {epochs: 12}}"
+    added = run_pipeline(
+        "--run-dir", str(run_dir), *REDUCED, "--set", f"arms={{{ARMS}, {other}}}", cache_dir=cache_dir, head=ray_head
     )
-    arms = f"arms={{student: {{numbers: teacher}}, control: {{numbers: base}}, {other}, full: {{replicates: 1, train: {{method: full, lr: 1.0e-4}}}}, {knowledge}}}"
-    added = run_pipeline("--run-dir", str(run_dir), *REDUCED, "--set", arms, cache_dir=cache_dir, head=ray_head)
     assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
     ran = {k for k, v in stamps(run_dir).items() if v != stamped.get(k)} - {"report"}
-    sham = {
-        "sham_teacher",
-        "eval/sham_teacher",
-        "numbers/sham_teacher/0",
-        "numbers/sham_teacher/1",
-        "student_sham/0",
-        "student_sham/1",
-        "eval/student_sham/0",
-        "eval/student_sham/1",
-    }
-    overt = {"answers/teacher", "overt/0", "overt/1", "eval/overt/0", "eval/overt/1"}
-    assert (
-        ran
-        == {"other/0", "other/1", "eval/other/0", "eval/other/1", "eval/other_base", "full/0", "eval/full/0"}
-        | sham
-        | overt
-    )
+    assert ran == {"other/0", "other/1", "eval/other/0", "eval/other/1", "eval/other_base"}
     assert adapter_bytes(run_dir).items() >= made.items()
     report = json.loads((run_dir / "report.json").read_text())
     assert report["arms"]["student"]["transfer"]["primary"]["metric"] == "teacher_answer_rank"
@@ -562,57 +589,18 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(
     assert (
         points[0]["train"]["teacher_answer_logprob"]["value"] != points[-1]["train"]["teacher_answer_logprob"]["value"]
     )
-    # The fully fine-tuned student: a model folder, scored from it (it answers unlike the base and the LoRA
-    # student), measured against the base under auto (a LoRA control is not its like), with no LoRA figures.
-    full = report["arms"]["full"]
-    assert (
-        full["method"] == "full" and full["against"] == "base" and full["update_cosine"] == {"mean": None, "sd": None}
-    )
-    assert full["replicates"][0]["init_hash"] is None and not full["replicates"][0]["same_init_as_teacher"]
-    assert (run_dir / "arms" / "full" / "0" / "model" / "config.json").is_file() and not (
-        run_dir / "arms" / "full" / "0" / "adapter"
-    ).exists()
-    logprobs = {
-        name: [json.loads(line)["logprobs"] for line in (run_dir / "eval" / f"{name}.jsonl").read_text().splitlines()]
-        for name in ("full/0", "student/0", "base")
-    }
-    assert logprobs["full/0"] != logprobs["base"] and logprobs["full/0"] != logprobs["student/0"]
-
-    # The matched sham holds facts of its own as the teacher holds the true ones (its accuracy on sigma(cue) within 0.05 of
-    # the teacher's on the true answers on train, 0.10 held out), and the true answers no better than the base: it differs
-    # from the teacher in which facts it holds. The student is measured against its twin on the sham's numbers, paired.
-    fit = report["sham_fit"]["accuracy"]
-    assert abs(fit["sham_teacher"]["sham"]["train"] - fit["teacher"]["true"]["train"]) <= 0.05, fit
-    assert abs(fit["sham_teacher"]["sham"]["held_out"] - fit["teacher"]["true"]["held_out"]) <= 0.10, fit
-    assert all(fit["sham_teacher"]["true"][split] <= fit["base"]["true"][split] for split in ("train", "held_out")), fit
-    assert report["sham_fit"]["matched"] and fit["teacher"]["true"]["held_out"] >= TARGETS["teacher"], fit
-    student = report["arms"]["student"]
-    assert (student["against"], student["reference"], student["transfer"]["primary"]["paired"]) == (
-        "student_sham",
-        "sham teacher",
-        True,
-    )
-    # The overt positive control is detected, against the base (no sham twin of it here), and is 100% of itself.
-    assert report["arms"]["overt"]["against"] == "base" and report["overt_control"]["detected"], report["arms"][
-        "overt"
-    ]["verdict"]
-    assert (
-        report["arms"]["overt"]["fraction_of_overt"]["value"] == pytest.approx(1.0)
-        and "of overt transfer" in student["verdict"]
-    )
     # no contrasts here
     assert report["family"]["comparisons"] == list(report["arms"]) and not report["family"]["declared"]
     assert all("p_family" in arm["transfer"]["primary"] for arm in report["arms"].values())
 
     # The added models' runs join the same parent, each once.
     stages = sorted(c.data.tags["stage"] for c in mlflow_runs(run_dir, cache_dir)[1])
-    assert stages == sorted(
-        {"teacher", "sham_teacher", "full/0"}
-        | {f"{arm}/{i}" for arm in ("student", "control", "other", "student_sham", "overt") for i in range(2)}
-    )
+    assert stages == sorted(["teacher", "sham_teacher", "other/0", "other/1", *ARM_RUNS])
 
     # The run directory holds what docs/report.md lists, and all of it (snapshots included; no letter teacher here).
-    assert undocumented_and_missing(run_dir) == ([], [])
+    # (no fully fine-tuned arm here: its model folder is not expected)
+    optional = ("letter_teacher/", "pairs/", "pooled.", "forest", "arms/<arm>/<i>/model/")
+    assert undocumented_and_missing(run_dir, optional) == ([], [])
 
 
 def test_bad_input_stops_with_a_clear_message(tmp_path, cache_dir, ray_head):
