@@ -428,8 +428,8 @@ def test_pipeline_end_to_end_killed_stopped_resumed_and_changed(
     for split in ("train", "held_out"):
         for metric in ("agreement", "teacher_answer_rank", "teacher_answer_logprob"):
             r = evidence[split][metric]
-            # synthetic cues cluster
-            assert evidence[split]["mde"][metric] == r["mde"] and r["n_clusters"] < r["n_questions"]
+            assert r["n_clusters"] < r["n_questions"]  # synthetic cues cluster
+            assert evidence[split]["mde"][metric] == r["mde"]  # the per-split table, the zero-spread case included
             if r["ci95"] is None and metric == "agreement":
                 assert r["value"] == 0 and r["note"].startswith("zero spread") and r["mde"] is None, r
                 continue
