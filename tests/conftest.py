@@ -1,4 +1,4 @@
-"""Shared fixtures: one tiny model per test session (built into the cache once) and one local Ray cluster."""
+"""Shared fixtures: one tiny model per test session (copied into the cache once) and one local Ray cluster."""
 
 import contextlib
 import os
@@ -11,9 +11,9 @@ from common import numerics
 
 # The suite computes as the pipeline does by default (native CPU numerics; SUBLIMINAL_NUMERICS=reproducible
 # pins them), set before anything loads torch (common/numerics.py); Ray clusters the tests start inherit them.
-# The tiny model it builds is pinned whatever the suite's mode (jobs/sources/tiny_model.TinySpec): one world.
+# The tiny base is the pinned one whatever the suite's mode (jobs/sources/shipped_base.py): one world.
 numerics.pin(os.environ.get(numerics.ENV, numerics.DEFAULT))
-# Tests share the user's cache (the tiny model takes about 5 minutes to build) unless CI points it elsewhere.
+# Tests share the user's cache (the tiny base and the bases tests build) unless CI points it elsewhere.
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 # Pipeline runs register their designs in a file of the suite's own, never the checkout's results/registry.jsonl.
 os.environ["SUBLIMINAL_REGISTRY"] = str(Path(tempfile.mkdtemp(prefix="subliminal-registry-")) / "registry.jsonl")

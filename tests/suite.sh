@@ -8,16 +8,16 @@
 # the rest beside them: the tests that start no Ray, and the Ray tests marked `own_ports` (Ray Train, Ray
 # Data, the end-to-end pipeline on a head whose Serve answers on a free port), on clusters of their own.
 # The tests marked `quiet` assert latencies that another process's load breaks (the service under load):
-# they run last, alone. The tiny model most tests need is built first, alone (about 5 minutes of both
-# cores, once per cache): built beside the tests, it got a small share of the CPUs and held up every test
-# that waits for it. The second process's output is printed after the first's. The exit status is the
+# they run last, alone. The tiny base most tests need is put in the cache first (copied from the shipped
+# one, jobs/sources/shipped_base.py; the suite rebuilds its first steps, `--verify` all of it). The second
+# process's output is printed after the first's. The exit status is the
 # first failing step's (pytest's own codes).
 set -u
 cd "$(dirname "$0")/.."
 python="${1:-.venv/bin/python}"
 # One cluster token before two processes start clusters (each would make its own on a fresh machine).
 [ -f "$HOME/.ray/auth_token" ] || "$(dirname "$python")/ray" get-auth-token --generate >/dev/null
-"$python" -m jobs.sources.tiny_model || exit  # its progress, or why it failed (the tests would each fail on it)
+"$python" -m jobs.sources.tiny_model || exit  # the base, or why it is not there (the tests would each fail on it)
 beside_log="$(mktemp)"
 "$python" -m pytest -q -m "(not slow or own_ports) and not quiet" -p no:cacheprovider >"$beside_log" 2>&1 &
 beside_pid=$!

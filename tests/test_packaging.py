@@ -66,7 +66,8 @@ def test_the_environment_is_the_locked_one():
 def test_an_installed_wheel_plans_the_default_preset_outside_the_checkout(tmp_path):
     """The wheel carries the presets and the console commands: built, installed into a fresh venv
     (this environment's dependencies lent through PYTHONPATH, not its editable checkout), and run
-    from elsewhere, `subliminal-pipeline --plan` finds tiny.yaml inside the installed package."""
+    from elsewhere, `subliminal-pipeline --plan` finds tiny.yaml inside the installed package, and
+    `subliminal-tiny-model` the shipped tiny base."""
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp_path / "dist", PYPROJECT.parent],
         check=True,
@@ -104,6 +105,8 @@ def test_an_installed_wheel_plans_the_default_preset_outside_the_checkout(tmp_pa
     refused = command("subliminal-serve", "nowhere.yaml")
     assert refused.returncode == 2 and "nowhere.yaml: cannot read the config" in refused.stderr, refused.stderr
     assert command("subliminal-tiny-model", "--help").returncode == 0
+    installed = command("subliminal-tiny-model")  # the shipped tiny base, copied from the installed package
+    assert installed.returncode == 0 and f"copied from {venv}/lib/" in installed.stdout, installed.stderr
 
 
 def test_the_gpu_constraints_pin_the_gpu_extra_as_declared():

@@ -17,9 +17,12 @@ later stage (Ray Train, vLLM, PEFT) goes through the real loading path:
    weights initialised from `init_seed` (default: `seed`); `other_base_spec` gives "another base model":
    the same corpus, tokenizer and recipe from another random initialisation.
 
-Run it alone (the pipeline also builds it on first use):
+The default base (TinySpec()) ships built (jobs/sources/shipped_base.py): it is copied into the
+cache, not built, unless its shipped copy is missing. Run it alone (the pipeline also does it on
+first use):
 
-    python -m jobs.sources.tiny_model            # builds into the cache, prints the path
+    python -m jobs.sources.tiny_model            # the default base in the cache, its path
+    python -m jobs.sources.tiny_model --verify   # the default base rebuilt here and compared with its record
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import json
 import math
 import random
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -41,22 +45,14 @@ from common.atomic import atomic_dir, atomic_file, build_once
 from common.cli import program
 from common.files import default_cache_dir, tiny_model_link
 from jobs.sources.number_sequences import make_prompts
+from jobs.sources.shipped_base import FOLDER as SHIPPED_BASE
+from jobs.sources.shipped_base import PINNED_BASE, install, tokenizer_rules
 from jobs.sources.world import facts
 from jobs.sources.world_questions import known_fact_item, locate_item
 from serve.mc_format import LETTERS, choice_continuation, cloze_continuation, format_cloze_prompt, format_mc_prompt
 
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
-
-
-# The default base (TinySpec()), pinned: its cache key, its weights' sha256 (sham_draw.weights_digest)
-# and the sham draw chosen on it, the same on any x86-64 CPU with AVX2 (BENCHMARKS.md "One world"
-# lists the machines seen). A build of it that differs says so; tests/jobs/sources/test_tiny_model.py fails.
-PINNED_BASE = {
-    "key": "38285cc88a5b",
-    "base_weights_sha256": "76790c7133e9febc60921604333342378efd4aa22faa459b11be6e2668de838e",
-    "sham_draw": 21,
-}
 
 
 @dataclass(frozen=True)
@@ -189,9 +185,10 @@ def length_batches(lengths: list[int], batch_size: int, rng: random.Random, pool
     return batches
 
 
-def pretrain(corpus: list[tuple[str, str]], tokenizer, spec: TinySpec):
+def pretrain(corpus: list[tuple[str, str]], tokenizer, spec: TinySpec, stop_after: int | None = None):
     """Full-parameter pretraining of a fresh Llama on the corpus (plain loop, fixed steps, every
-    token a target), in batches of similar length."""
+    token a target), in batches of similar length; `stop_after`: only the first steps of the same
+    run (its learning-rate schedule unchanged), for jobs/sources/shipped_base.py's check."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -224,7 +221,7 @@ def pretrain(corpus: list[tuple[str, str]], tokenizer, spec: TinySpec):
     )
     batches = length_batches([len(x) for x in ids], spec.batch_size, random.Random(spec.seed))
     model.train()
-    for step in range(spec.steps):
+    for step in range(spec.steps if stop_after is None else stop_after):
         batch = batches[step % len(batches)]
         width = max(len(ids[i]) for i in batch)
         input_ids = torch.full((len(batch), width), tokenizer.pad_token_id)
@@ -278,18 +275,32 @@ def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
         f"tiny model built in {time.time() - started:.0f}s under {spec.numerics} numerics, {numerics.threads(spec.numerics)} threads: {out_dir}",
         flush=True,
     )
-    if spec.key() == PINNED_BASE["key"]:
-        same = record["base_weights_sha256"] == PINNED_BASE["base_weights_sha256"]
-        print(
-            f"tiny model weights sha256 {record['base_weights_sha256']}: "
-            + (
-                "the recorded pinned base (PINNED_BASE)"
-                if same
-                else f"NOT the recorded pinned base {PINNED_BASE['base_weights_sha256']}: this machine's numbers differ (BENCHMARKS.md, One world)"
-            ),
-            flush=True,
-        )
+    if spec.key() == PINNED_BASE["key"] and record["base_weights_sha256"] != PINNED_BASE["base_weights_sha256"]:
+        print(f"tiny model weights sha256 {record['base_weights_sha256']}: NOT the recorded pinned base (PINNED_BASE)")
     return out_dir
+
+
+def verify_pinned_base(steps: int | None = None) -> list[str]:
+    """The default base rebuilt here from its recipe (this process pinned before torch loads), all
+    of it (`steps` None) or its first PINNED_BASE["first_steps"] optimizer steps, against its record
+    (jobs/sources/shipped_base.py): what differs, nothing when this machine builds the shipped base."""
+    from jobs.sources.sham_draw import choose_draw, weights_digest
+
+    spec, differs = TinySpec(), []
+    corpus = synthetic_corpus(spec)
+    tokenizer = train_tokenizer([prompt + completion for prompt, completion in corpus], spec)
+    model = pretrain(corpus, tokenizer, spec, stop_after=steps)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if tokenizer_rules(Path(tmp)) != tokenizer_rules(SHIPPED_BASE):
+            differs.append("the tokenizer trained here is not the shipped one")
+        got, want = weights_digest(tmp), PINNED_BASE["first_steps_sha256" if steps else "base_weights_sha256"]
+    if got != want:
+        differs.append(f"weights sha256 after {steps or spec.steps} steps {got}, recorded {want}")
+    if steps is None and (draw := choose_draw(model, tokenizer)["sham_draw"]) != PINNED_BASE["sham_draw"]:
+        differs.append(f"sham draw {draw}, recorded {PINNED_BASE['sham_draw']}")
+    return differs
 
 
 def tiny_model_folder(spec: TinySpec = TinySpec(), root: Path | None = None) -> Path:
@@ -298,9 +309,12 @@ def tiny_model_folder(spec: TinySpec = TinySpec(), root: Path | None = None) -> 
 
 
 def ensure_tiny_model(spec: TinySpec = TinySpec(), root: Path | None = None) -> Path:
-    """Path of the tiny model, building it once (a file lock keeps concurrent builders apart)."""
+    """Path of the tiny model, made once (a file lock keeps concurrent makers apart): the default
+    base copied from the shipped one (jobs/sources/shipped_base.py), any other spec built."""
     out_dir = tiny_model_folder(spec, root)
-    build_once(out_dir, lambda: (out_dir / "config.json").is_file(), lambda: build_tiny_model(out_dir, spec))
+    shipped = spec.key() == PINNED_BASE["key"] and (SHIPPED_BASE / "model.safetensors").is_file()
+    make = (lambda: install(out_dir)) if shipped else (lambda: build_tiny_model(out_dir, spec))
+    build_once(out_dir, lambda: (out_dir / "config.json").is_file(), make)
     if spec.key() == TinySpec().key():
         _point_link(tiny_model_link(root), out_dir)
     return out_dir
@@ -341,6 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--other-base", action="store_true", help="the other base (init seed = seed + 1)")
     parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="rebuild the default base from its recipe here (pinned) and compare it with the shipped one's record",
+    )
+    parser.add_argument("--steps", type=int, default=None, help="with --verify: only the first steps (25)")
+    parser.add_argument(
         "--numerics",
         choices=numerics.MODES,
         default=TinySpec.numerics,
@@ -350,6 +370,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--into", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--spec", type=json.loads, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.steps not in (None, PINNED_BASE["first_steps"]) or (args.steps and not args.verify):
+        parser.error(
+            f"--steps: {PINNED_BASE['first_steps']} with --verify only (the one step count with a recorded digest)"
+        )
+    if args.verify:
+        numerics.enter("reproducible", reexec=True)
+        started, differs = time.time(), verify_pinned_base(args.steps)
+        if differs:
+            sys.exit("the tiny base rebuilt here is NOT the recorded one: " + "; ".join(differs))
+        print(
+            f"the tiny base rebuilt here ({args.steps or TinySpec.steps} steps, {time.time() - started:.0f} s) is the recorded one"
+        )
+        return 0
     if args.into:
         build_tiny_model(args.into, TinySpec(**args.spec))
         return 0

@@ -1,6 +1,7 @@
 """The tiny preset's base model: usable for number generation and multiple-choice format."""
 
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -8,8 +9,11 @@ import pytest
 import torch
 
 from common import numerics
+from common.files import DataError
 from jobs.sources.number_sequences import make_prompts
 from jobs.sources.sham_draw import base_sham_draw, weights_digest
+from jobs.sources.shipped_base import FOLDER as SHIPPED_BASE
+from jobs.sources.shipped_base import install
 from jobs.sources.tiny_model import (
     PINNED_BASE,
     TinySpec,
@@ -138,9 +142,9 @@ def test_a_build_from_another_init_is_deterministic(source, other_base, tmp_path
 
 
 def test_the_pinned_base_is_the_recorded_one(tiny_model, cache_dir):
-    """The default base, built under pinned numerics, is the same model on any x86-64 CPU with AVX2:
-    it has the recorded weights and sham draw. A machine whose arithmetic differs fails here
-    (BENCHMARKS.md "One world" lists the machines seen)."""
+    """The default base (copied from the shipped one) has the recorded weights, and the sham draw
+    chosen on it on this machine, under pinned numerics, is the recorded one. A machine whose
+    arithmetic differs fails here (BENCHMARKS.md "One world" lists the machines seen)."""
     cpu = numerics.cpu()
     built = {
         "base_weights_sha256": weights_digest(tiny_model),
@@ -148,8 +152,39 @@ def test_the_pinned_base_is_the_recorded_one(tiny_model, cache_dir):
     }
     recorded = {k: PINNED_BASE[k] for k in built}
     assert built == recorded, (
-        f"the pinned tiny base built on this {cpu['model']} ({cpu['vector_width']}) is not the recorded one"
+        f"the pinned tiny base on this {cpu['model']} ({cpu['vector_width']}) is not the recorded one"
     )
+
+
+def test_a_fresh_build_of_the_pinned_base_starts_as_recorded():
+    """The shipped base's recipe, rebuilt here from scratch (corpus, tokenizer, the first optimizer
+    steps) under pinned numerics, gives the recorded tokenizer and weights: this machine builds the
+    same base (`--verify` without `--steps` runs all 1,000 steps, 5-8 minutes, outside the suite)."""
+    done = numerics.run_apart(
+        "reproducible",
+        "jobs.sources.tiny_model",
+        "--verify",
+        "--steps",
+        str(PINNED_BASE["first_steps"]),
+        capture=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_damaged_shipped_base_is_refused_and_leaves_nothing(tmp_path):
+    """A shipped copy whose weights are not the recorded ones is never installed: DataError naming
+    the digest, and no folder (not even a partial one) where the base would be."""
+    damaged = tmp_path / "shipped"
+    shutil.copytree(SHIPPED_BASE, damaged)
+    weights = bytearray((damaged / "model.safetensors").read_bytes())
+    weights[-1] ^= 1
+    (damaged / "model.safetensors").write_bytes(weights)
+    out = tmp_path / "cache" / "tiny-llama-x"
+    with pytest.raises(DataError, match="not the recorded"):
+        install(out, source=damaged)
+    assert not out.exists() and list((tmp_path / "cache").iterdir()) == []
+    assert install(tmp_path / "ok", source=SHIPPED_BASE) == tmp_path / "ok"
+    assert weights_digest(tmp_path / "ok") == PINNED_BASE["base_weights_sha256"]
 
 
 def test_a_build_follows_its_specs_numerics_whatever_the_caller_loaded(tmp_path):
