@@ -34,7 +34,7 @@ def tiny_spec(cfg) -> TinySpec:
 
 def base_paths(cfg, cache: Path) -> dict[str, str]:
     """{"base": the teacher's base, "other_base": the other base when an arm declares one}, as paths
-    or hub ids; tiny models are built into the cache on first use."""
+    or hub ids; tiny models are put in the cache on first use (the default copied, others built)."""
     tiny = tiny_spec(cfg)
     paths = {"base": teacher_base(cfg, cache)}
     other = other_base(cfg)
