@@ -6,7 +6,7 @@ AVX2 (BENCHMARKS.md "One world"). Its weights and tokenizer (6.3 MB) ship in `ti
 this module, so a new clone's first run and every CI run start from it at once:
 `ensure_tiny_model` copies them into the cache, and refuses a copy whose weights' sha256 is not
 the recorded one (PINNED_BASE). Its sham draw is still chosen on this machine, on first use
-(jobs/sources/sham_draw.py), and must come out as recorded.
+(jobs/sources/sham_draw.py); the suite checks it against the recorded one.
 
 Whether this machine builds the same model from the recipe is checked apart, from scratch (corpus,
 tokenizer, pretraining; `verify_pinned_base` in jobs/sources/tiny_model.py):
