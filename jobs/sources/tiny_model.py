@@ -241,6 +241,14 @@ def pretrain(corpus: list[tuple[str, str]], tokenizer, spec: TinySpec, stop_afte
     return model.eval()
 
 
+def from_recipe(spec: TinySpec, stop_after: int | None = None):
+    """(tokenizer, model) of `spec`: its corpus, the tokenizer trained on it, the model pretrained on
+    both (the first `stop_after` steps only, where given), under whatever numerics this process has."""
+    corpus = synthetic_corpus(spec)
+    tokenizer = train_tokenizer([prompt + completion for prompt, completion in corpus], spec)
+    return tokenizer, pretrain(corpus, tokenizer, spec, stop_after)
+
+
 def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
     """Build the model into out_dir (written beside it, then renamed into place), under the spec's
     numerics: here when this process computes under them (its torch loaded under them, or not
@@ -253,9 +261,7 @@ def build_tiny_model(out_dir: Path, spec: TinySpec = TinySpec()) -> Path:
         return out_dir
     numerics.enter(spec.numerics, reexec=False)  # the variables (before torch loads) and the thread count
     started = time.time()
-    corpus = synthetic_corpus(spec)
-    tokenizer = train_tokenizer([prompt + completion for prompt, completion in corpus], spec)
-    model = pretrain(corpus, tokenizer, spec)
+    tokenizer, model = from_recipe(spec)
     from jobs.sources.sham_draw import choose_draw, remember
     from jobs.sources.world_checks import base_checks, table
 
@@ -287,9 +293,7 @@ def verify_pinned_base(steps: int | None = None) -> list[str]:
     from jobs.sources.sham_draw import choose_draw, weights_digest
 
     spec, differs = TinySpec(), []
-    corpus = synthetic_corpus(spec)
-    tokenizer = train_tokenizer([prompt + completion for prompt, completion in corpus], spec)
-    model = pretrain(corpus, tokenizer, spec, stop_after=steps)
+    tokenizer, model = from_recipe(spec, stop_after=steps)
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
