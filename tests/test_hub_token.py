@@ -23,6 +23,16 @@ TOKEN = "hf_job_secret_5b1e7c0f9a2d4e6b8c3f"
 # what the job compares with: the token itself is not in its command
 DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()
 READS_IT = f"import hashlib, huggingface_hub, sys; sys.exit(hashlib.sha256((huggingface_hub.get_token() or '').encode()).hexdigest() != '{DIGEST}')"
+# The tracking test's own secret: the two tests share one head, and each one's job that passes its token
+# the old way leaves it in the head's files, where the other test must not find its own.
+TRACKING_TOKEN = "mlflow_job_secret_9c2e4a7d1f3b6e8a0c5d"
+
+
+@pytest.fixture(scope="module")
+def head():
+    """One head node (conftest.head_node) for both tests: each searches its files for its own token."""
+    with head_node() as started:
+        yield started
 
 
 def submit(client, **job) -> str:
@@ -64,17 +74,16 @@ def ray_files_holding(temp_dir: str, text: str) -> list[str]:
     ]
 
 
-def test_a_token_file_keeps_the_token_out_of_rays_logs_and_job_records(tmp_path):
+def test_a_token_file_keeps_the_token_out_of_rays_logs_and_job_records(head, tmp_path):
     token_file = tmp_path / "hf_token"
     token_file.write_text(TOKEN)
     token_file.chmod(0o600)
-    with head_node() as head:
-        status, kept = submitted(head, {"HF_TOKEN_PATH": str(token_file)})
-        assert status == "SUCCEEDED", kept[-2000:]  # the job read the token from the file
-        assert TOKEN not in kept and ray_files_holding(head["temp_dir"], TOKEN) == []
-        status, kept = submitted(head, {"HF_TOKEN": TOKEN})  # the way the docs no longer show
-        assert status == "SUCCEEDED"
-        assert TOKEN in kept or ray_files_holding(head["temp_dir"], TOKEN)
+    status, kept = submitted(head, {"HF_TOKEN_PATH": str(token_file)})
+    assert status == "SUCCEEDED", kept[-2000:]  # the job read the token from the file
+    assert TOKEN not in kept and ray_files_holding(head["temp_dir"], TOKEN) == []
+    status, kept = submitted(head, {"HF_TOKEN": TOKEN})  # the way the docs no longer show
+    assert status == "SUCCEEDED"
+    assert TOKEN in kept or ray_files_holding(head["temp_dir"], TOKEN)
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,21 +91,21 @@ ROOT = Path(__file__).resolve().parent.parent
 READS_THE_TRACKING_TOKEN = (
     f"import hashlib, sys; sys.path.insert(0, '{ROOT}'); from jobs.experiment.credentials import read_tracking_token; read_tracking_token(); "
     "from mlflow.utils.credentials import get_default_host_creds; "
-    f"sys.exit(hashlib.sha256((get_default_host_creds('http://127.0.0.1:5000').token or '').encode()).hexdigest() != '{DIGEST}')"
+    f"sys.exit(hashlib.sha256((get_default_host_creds('http://127.0.0.1:5000').token or '').encode()).hexdigest() != "
+    f"'{hashlib.sha256(TRACKING_TOKEN.encode()).hexdigest()}')"
 )
 
 
-def test_a_tracking_token_file_keeps_the_token_out_of_rays_logs_and_job_records(tmp_path):
+def test_a_tracking_token_file_keeps_the_token_out_of_rays_logs_and_job_records(head, tmp_path):
     """A team MLflow server's token goes as the hub token does: its file's path in MLFLOW_TRACKING_TOKEN_PATH
     (docs/operations.md, section 5), read by the job into its own process."""
     token_file = tmp_path / "mlflow_token"
-    token_file.write_text(TOKEN)
+    token_file.write_text(TRACKING_TOKEN)
     token_file.chmod(0o600)
-    with head_node() as head:
-        status, kept = submitted(head, {"MLFLOW_TRACKING_TOKEN_PATH": str(token_file)}, READS_THE_TRACKING_TOKEN)
-        assert status == "SUCCEEDED", kept[-2000:]  # MLflow's client would send the token from the file
-        assert TOKEN not in kept and ray_files_holding(head["temp_dir"], TOKEN) == []
-        # the way the docs no longer show
-        status, kept = submitted(head, {"MLFLOW_TRACKING_TOKEN": TOKEN}, READS_THE_TRACKING_TOKEN)
-        assert status == "SUCCEEDED"
-        assert TOKEN in kept or ray_files_holding(head["temp_dir"], TOKEN)
+    status, kept = submitted(head, {"MLFLOW_TRACKING_TOKEN_PATH": str(token_file)}, READS_THE_TRACKING_TOKEN)
+    assert status == "SUCCEEDED", kept[-2000:]  # MLflow's client would send the token from the file
+    assert TRACKING_TOKEN not in kept and ray_files_holding(head["temp_dir"], TRACKING_TOKEN) == []
+    # the way the docs no longer show
+    status, kept = submitted(head, {"MLFLOW_TRACKING_TOKEN": TRACKING_TOKEN}, READS_THE_TRACKING_TOKEN)
+    assert status == "SUCCEEDED"
+    assert TRACKING_TOKEN in kept or ray_files_holding(head["temp_dir"], TRACKING_TOKEN)
