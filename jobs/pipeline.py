@@ -115,14 +115,15 @@ class Experiment:
         """The WMDP questions, and every stage declared from them and the config as written. Loading
         the questions may download them: a run does it once the preset is known to fit the cluster.
         The tiny world's questions depend on the base: the sham's facts are the draw chosen for
-        balance on it (jobs/sources/sham_draw.py), so its base is built first where it is the tiny
-        one; a plan (`build_base` False) builds nothing and assumes the default draw instead."""
+        balance on it (jobs/sources/sham_draw.py), so its base is put in the cache first where it is
+        the tiny one; a plan (`build_base` False) does no work and assumes the default draw instead."""
         draw, synthetic = {}, self.cfg.data.source == "synthetic"
         if synthetic and (build_base or not tiny_base_missing(self.cfg, self.cache)):
             draw = {"sham_draw": self.choose_world()["sham_draw"]}
         elif synthetic:
             print(
-                "[world] the tiny base is not built yet: this plan assumes the default sham draw (a run builds the base and chooses it)",
+                "[world] the tiny base is not in the cache yet: this plan assumes the default sham draw (a run puts the "
+                "base there, copied from the shipped one or built, and chooses the draw on it)",
                 flush=True,
             )
         data = self.cfg.data

@@ -120,12 +120,14 @@ def resolve_model(model: str) -> str:
     if model == "tiny":
         path = tiny_model_link()
         if not (path / "config.json").is_file():
-            raise ServiceError(f"the tiny model is not built yet at {path}: build it with `{TINY_BUILD_COMMAND}`")
+            raise ServiceError(
+                f"the tiny model is not in the cache yet at {path}: put it there with `{TINY_BUILD_COMMAND}`"
+            )
         return str(path.resolve())
     try:
         return model_source(model).path  # a hub id is downloaded by the engine
     except ModelSourceError as err:
-        raise ServiceError(f"{err}; the tiny preset's model is built with `{TINY_BUILD_COMMAND}`") from err
+        raise ServiceError(f"{err}; the tiny preset's model is put in the cache with `{TINY_BUILD_COMMAND}`") from err
 
 
 def model_id(settings: ServiceSettings) -> str:

@@ -117,7 +117,7 @@ def test_prestaging_a_folder_still_needs_a_destination(workdir):
 
 def test_tiny_is_the_services_own_name(workdir, monkeypatch):
     monkeypatch.setenv("SUBLIMINAL_CACHE", str(workdir / "cache"))
-    with pytest.raises(ServiceError, match="not built yet"):
+    with pytest.raises(ServiceError, match="not in the cache yet"):
         resolve_model("tiny")
     build = workdir / "cache" / "tiny-llama"
     build.mkdir(parents=True)
