@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import head_node
 
-pytestmark = pytest.mark.slow  # starts Ray
+# starts Ray: a head of its own, on free ports and with no Serve, so it runs beside the tests that bind 8000
+pytestmark = [pytest.mark.slow, pytest.mark.own_ports]
 
 TOKEN = "hf_job_secret_5b1e7c0f9a2d4e6b8c3f"
 # what the job compares with: the token itself is not in its command
