@@ -24,8 +24,8 @@ TOKEN = "hf_job_secret_5b1e7c0f9a2d4e6b8c3f"
 # what the job compares with: the token itself is not in its command
 DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()
 READS_IT = f"import hashlib, huggingface_hub, sys; sys.exit(hashlib.sha256((huggingface_hub.get_token() or '').encode()).hexdigest() != '{DIGEST}')"
-# The tracking test's own secret: the two tests share one head, and each one's job that passes its token
-# the old way leaves it in the head's files, where the other test must not find its own.
+# The tracking test's own secret: both tests share one head, where each leaves its secret when it passes
+# it the old way, so each looks only for its own.
 TRACKING_TOKEN = "mlflow_job_secret_9c2e4a7d1f3b6e8a0c5d"
 
 
