@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import head_node
 
 # starts Ray: a head of its own, on free ports and with no Serve, so it runs beside the tests that bind 8000
 pytestmark = [pytest.mark.slow, pytest.mark.own_ports]
@@ -27,13 +26,6 @@ READS_IT = f"import hashlib, huggingface_hub, sys; sys.exit(hashlib.sha256((hugg
 # The tracking test's own secret: both tests share one head, where each leaves its secret when it passes
 # it the old way, so each looks only for its own.
 TRACKING_TOKEN = "mlflow_job_secret_9c2e4a7d1f3b6e8a0c5d"
-
-
-@pytest.fixture(scope="module")
-def head():
-    """One head node (conftest.head_node) for both tests: each searches its files for its own token."""
-    with head_node() as started:
-        yield started
 
 
 def submit(client, **job) -> str:
@@ -75,16 +67,16 @@ def ray_files_holding(temp_dir: str, text: str) -> list[str]:
     ]
 
 
-def test_a_token_file_keeps_the_token_out_of_rays_logs_and_job_records(head, tmp_path):
+def test_a_token_file_keeps_the_token_out_of_rays_logs_and_job_records(ray_head, tmp_path):
     token_file = tmp_path / "hf_token"
     token_file.write_text(TOKEN)
     token_file.chmod(0o600)
-    status, kept = submitted(head, {"HF_TOKEN_PATH": str(token_file)})
+    status, kept = submitted(ray_head, {"HF_TOKEN_PATH": str(token_file)})
     assert status == "SUCCEEDED", kept[-2000:]  # the job read the token from the file
-    assert TOKEN not in kept and ray_files_holding(head["temp_dir"], TOKEN) == []
-    status, kept = submitted(head, {"HF_TOKEN": TOKEN})  # the way the docs no longer show
+    assert TOKEN not in kept and ray_files_holding(ray_head["temp_dir"], TOKEN) == []
+    status, kept = submitted(ray_head, {"HF_TOKEN": TOKEN})  # the way the docs no longer show
     assert status == "SUCCEEDED"
-    assert TOKEN in kept or ray_files_holding(head["temp_dir"], TOKEN)
+    assert TOKEN in kept or ray_files_holding(ray_head["temp_dir"], TOKEN)
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,16 +89,16 @@ READS_THE_TRACKING_TOKEN = (
 )
 
 
-def test_a_tracking_token_file_keeps_the_token_out_of_rays_logs_and_job_records(head, tmp_path):
+def test_a_tracking_token_file_keeps_the_token_out_of_rays_logs_and_job_records(ray_head, tmp_path):
     """A team MLflow server's token goes as the hub token does: its file's path in MLFLOW_TRACKING_TOKEN_PATH
     (docs/operations.md, section 5), read by the job into its own process."""
     token_file = tmp_path / "mlflow_token"
     token_file.write_text(TRACKING_TOKEN)
     token_file.chmod(0o600)
-    status, kept = submitted(head, {"MLFLOW_TRACKING_TOKEN_PATH": str(token_file)}, READS_THE_TRACKING_TOKEN)
+    status, kept = submitted(ray_head, {"MLFLOW_TRACKING_TOKEN_PATH": str(token_file)}, READS_THE_TRACKING_TOKEN)
     assert status == "SUCCEEDED", kept[-2000:]  # MLflow's client would send the token from the file
-    assert TRACKING_TOKEN not in kept and ray_files_holding(head["temp_dir"], TRACKING_TOKEN) == []
+    assert TRACKING_TOKEN not in kept and ray_files_holding(ray_head["temp_dir"], TRACKING_TOKEN) == []
     # the way the docs no longer show
-    status, kept = submitted(head, {"MLFLOW_TRACKING_TOKEN": TRACKING_TOKEN}, READS_THE_TRACKING_TOKEN)
+    status, kept = submitted(ray_head, {"MLFLOW_TRACKING_TOKEN": TRACKING_TOKEN}, READS_THE_TRACKING_TOKEN)
     assert status == "SUCCEEDED"
-    assert TRACKING_TOKEN in kept or ray_files_holding(head["temp_dir"], TRACKING_TOKEN)
+    assert TRACKING_TOKEN in kept or ray_files_holding(ray_head["temp_dir"], TRACKING_TOKEN)

@@ -198,9 +198,8 @@ def test_a_plan_of_pairs_shows_each_pairs_run(tmp_path):
     environment = {**os.environ, "SUBLIMINAL_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=environment)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert (
-        done.stdout.count("[world] the tiny base is not in the cache yet") == 2
-    )  # each pair's plan, at the default draw
+    # each pair's plan, at the default draw
+    assert done.stdout.count("[world] the tiny base is not in the cache yet") == 2
     for pair in (1, 2):
         assert f"pair {pair} ({tmp_path / 'run' / 'pairs' / str(pair)}): " in done.stdout
     assert not (tmp_path / "run").exists()  # a plan writes nothing
