@@ -177,29 +177,26 @@ def test_serve_run_of_an_open_host_without_a_token_exits_2_before_starting_anyth
 
 
 @pytest.mark.slow  # starts Ray
-def test_serve_run_on_a_cluster_that_refuses_the_build_exits_1_naming_the_setting(tmp_path, tiny_model):
+def test_serve_run_on_a_cluster_that_refuses_the_build_exits_1_naming_the_setting(tmp_path, tiny_model, ray_head):
     """The key is set here, so the preflight passes, but the cluster was started without it: its
     build refuses the open host (DEPLOY_FAILED). Ray's own `serve run CONFIG` keeps running then;
     `python -m serve.run` reads the status, stops it and exits 1 with the build's reason, and
     nothing ever answered on the port."""
-    from conftest import head_node
-
     path, port = open_host_config(tmp_path, tiny_model)
     environment = {**os.environ, "SERVE_API_KEY": "k" * 16, "RAY_AUTH_MODE": "token"}
-    with head_node(env={}) as head:
-        done = subprocess.run(
-            [sys.executable, "-m", "serve.run", str(path), "--address", head["address"]],
-            cwd=ROOT,
-            env=environment,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 1, (done.returncode, done.stderr[-3000:])
-        reason = [line for line in done.stderr.splitlines() if line.startswith("error: application")]
-        assert reason and "SERVE_API_KEY is not set" in reason[0] and "0.0.0.0" in reason[0], done.stderr[-3000:]
-        with pytest.raises(requests.RequestException):
-            requests.post(f"http://127.0.0.1:{port}/generate", json={"prompts": ["hi"]}, timeout=5).raise_for_status()
+    done = subprocess.run(
+        [sys.executable, "-m", "serve.run", str(path), "--address", ray_head["address"]],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, (done.returncode, done.stderr[-3000:])
+    reason = [line for line in done.stderr.splitlines() if line.startswith("error: application")]
+    assert reason and "SERVE_API_KEY is not set" in reason[0] and "0.0.0.0" in reason[0], done.stderr[-3000:]
+    with pytest.raises(requests.RequestException):
+        requests.post(f"http://127.0.0.1:{port}/generate", json={"prompts": ["hi"]}, timeout=5).raise_for_status()
 
 
 START_ON_A_RUNNING_OPEN_PROXY = """
@@ -220,21 +217,18 @@ sys.exit(1)
 
 
 @pytest.mark.slow  # starts Ray
-def test_start_service_checks_the_host_the_running_proxy_binds_not_the_one_asked(tiny_model):
+def test_start_service_checks_the_host_the_running_proxy_binds_not_the_one_asked(tiny_model, ray_head):
     """Serve keeps the host its proxies were started on: a service asked for 127.0.0.1 on a cluster
     whose proxy already binds 0.0.0.0 is reachable from other machines, and without a token refused."""
-    from conftest import head_node
-
     environment = {k: v for k, v in os.environ.items() if k != "SERVE_API_KEY"} | {"RAY_AUTH_MODE": "token"}
-    with head_node(env={}) as head:
-        done = subprocess.run(
-            [sys.executable, "-c", START_ON_A_RUNNING_OPEN_PROXY, head["address"], tiny_model, str(free_port())],
-            cwd=ROOT,
-            env=environment,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+    done = subprocess.run(
+        [sys.executable, "-c", START_ON_A_RUNNING_OPEN_PROXY, ray_head["address"], tiny_model, str(free_port())],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0 and "refused: host 0.0.0.0 is reachable from other machines" in done.stdout, (
         done.stdout[-2000:],
         done.stderr[-3000:],
