@@ -2,9 +2,8 @@
 
 The service runs as an operator starts it: a real `serve run` subprocess on a copy of
 serve/config.yaml (engine and scoring `auto`: vLLM generates, transformers scores prompts on
-CPU) with three overrides: the tiny model, one registered adapter, and a free port. `RAY_ADDRESS=local`
-and a private `RAY_TMPDIR` give it a Ray cluster of its own, which it stops on SIGINT; teardown
-kills only the processes that subprocess started, by pid. Everything goes over real HTTP.
+CPU) with three overrides: the tiny model, one registered adapter, and a free port, in a Ray cluster
+of its own (tests/serve_run_process.py). Everything goes over real HTTP.
 
 The harness scores the WMDP-format task of bench/lm_eval_reference.py twice, through the service
 (`local-completions`: token-id prompts, `echo`, `logprobs`) and with its own `hf` backend on the
@@ -17,19 +16,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import requests
 import yaml
-from conftest import free_port
+from serve_run_process import serve_run_started, stop_serve_run  # tests/ is on the path, as for conftest
 
 from jobs.sources.wmdp import synthetic_questions
 
@@ -47,61 +42,19 @@ MAX_BODY_BYTES = 12 << 20
 def served(tiny_model, lora_adapters):
     """`python -m serve.run` (a local Ray of its own, as `serve run` starts one) on serve/config.yaml
     with the tiny model, adapter "a", a free port and a 12 MiB max_body_bytes: {"url", "model", "log"}."""
-    temp_dir = tempfile.mkdtemp(prefix="lmh", dir="/tmp")  # short: Ray's socket paths live under it
     config = yaml.safe_load((ROOT / "serve" / "config.yaml").read_text())
-    port = free_port()
-    config["http_options"]["port"] = port
     (app,) = config["applications"]
     app["args"].update(model=tiny_model, kv_cache_gib=0.5, max_body_bytes=MAX_BODY_BYTES)
     app["deployments"][0]["user_config"] = {"adapters": {"a": lora_adapters["a"]}}
-    path = Path(temp_dir) / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = {k: v for k, v in os.environ.items() if k not in ("SERVE_API_KEY", "RAY_ADDRESS")}
-    env.update(RAY_ADDRESS="local", RAY_TMPDIR=temp_dir, HF_HUB_OFFLINE="1")
-    log = open(Path(temp_dir) / "serve_run.log", "w")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "serve.run", str(path)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    proc, temp_dir, url = serve_run_started(config)
     try:
-        deadline = time.time() + 300
-        while True:
-            assert proc.poll() is None, (
-                f"serve run exited with {proc.returncode}:\n{(Path(temp_dir) / 'serve_run.log').read_text()[-4000:]}"
-            )
-            assert time.time() < deadline, "the service did not answer /health within 300 s"
-            try:
-                if requests.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except requests.RequestException:  # not listening yet, or the proxy holds the request while the app deploys
-                pass
-            time.sleep(2)
         yield {
             "url": url,
             "model": requests.get(url + "/v1/models", timeout=30).json()["data"][0]["id"],
             "log": Path(temp_dir) / "serve_run.log",
         }
     finally:
-        started = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
-        started += [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or ())]
-        proc.send_signal(signal.SIGINT)  # serve.run stops serve run (serve.shutdown()), then its Ray cluster
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        for p in started:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(started, timeout=30)
-        log.close()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        stop_serve_run(proc, temp_dir)
 
 
 @pytest.fixture(scope="module")

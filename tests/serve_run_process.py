@@ -1,0 +1,101 @@
+"""`python -m serve.run CONFIG` as an operator starts it, for a test: a subprocess with a local Ray of its own.
+
+`RAY_ADDRESS=local` and a private `RAY_TMPDIR` give it a Ray cluster of its own, which it stops on
+SIGINT; `stop_serve_run` then kills only the processes that subprocess started, by pid. Ray's local
+start gives the raylet a fixed 30 s to register (ray/_private/node.py); on the 2-core machine, beside
+the other test process, it once took longer and serve.run's `ray.init()` failed there: such a start
+(and only such) is tried again, as conftest.head_node retries a head that lost its ports.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import requests
+import yaml
+from conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+RAY_START_TIMED_OUT = "The current node timed out during startup"
+
+
+class RayStartTimedOut(AssertionError):
+    """serve.run's local Ray did not start within Ray's own wait."""
+
+
+def stop_serve_run(proc: subprocess.Popen, temp_dir: str) -> None:
+    """SIGINT to serve.run (it stops `serve run`, serve.shutdown(), then its Ray cluster); then every
+    process it started, by pid, and its folder."""
+    started = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
+    started += [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or ())]
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    for p in started:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(started, timeout=30)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def start_serve_run(config: dict, timeout_s: float = 300) -> tuple[subprocess.Popen, str, str]:
+    """serve.run on `config` (a Serve config; its proxy moved to a free port) under a new folder:
+    (the process, the folder, the URL) once /health answers. Raises RayStartTimedOut where Ray's own
+    start timed out, AssertionError on any other failure; what started is stopped either way."""
+    temp_dir = tempfile.mkdtemp(prefix="lmh", dir="/tmp")  # short: Ray's socket paths live under it
+    port = free_port()
+    config = {**config, "http_options": {**config["http_options"], "port": port}}
+    path = Path(temp_dir) / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if k not in ("SERVE_API_KEY", "RAY_ADDRESS")}
+    env.update(RAY_ADDRESS="local", RAY_TMPDIR=temp_dir, HF_HUB_OFFLINE="1")
+    log = Path(temp_dir) / "serve_run.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "serve.run", str(path)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                said = log.read_text()
+                failure = RayStartTimedOut if RAY_START_TIMED_OUT in said else AssertionError
+                raise failure(f"serve run exited with {proc.returncode}:\n{said[-4000:]}")
+            assert time.time() < deadline, f"the service did not answer /health within {timeout_s:.0f} s"
+            try:
+                if requests.get(url + "/health", timeout=5).status_code == 200:
+                    return proc, temp_dir, url
+            except requests.RequestException:  # not listening yet, or the proxy holds the request while the app deploys
+                pass
+            time.sleep(2)
+    except BaseException:
+        stop_serve_run(proc, temp_dir)
+        raise
+
+
+def serve_run_started(config: dict, tries: int = 3) -> tuple[subprocess.Popen, str, str]:
+    """`start_serve_run`, started again where Ray's own start timed out, at most `tries` times."""
+    for _ in range(tries - 1):
+        try:
+            return start_serve_run(config)
+        except RayStartTimedOut:
+            continue
+    return start_serve_run(config)
