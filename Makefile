@@ -14,15 +14,15 @@ TORCH_INDEX ?= $(shell python3 -m pip install --dry-run --no-deps -q 'torch==2.1
 
 .PHONY: install install-vllm run test bench bench-quick lock
 
-# constraints/cpu.txt pins every distribution to the versions the tests passed with. The installed modules are
-# byte-compiled, since where PYTHONDONTWRITEBYTECODE is set (these machines set it) Python never keeps a compiled
-# module and every process would compile all it imports (BENCHMARKS.md); pip compiles file by file on one core,
-# so it installs with --no-compile and compileall then uses every core (COMPILE; BENCHMARKS.md, the test suite).
+# constraints/cpu.txt pins every distribution to the versions the tests passed with. Installed modules are
+# byte-compiled (where PYTHONDONTWRITEBYTECODE is set, as on these machines, Python never keeps a compiled module
+# and every process would compile all it imports): pip compiles file by file on one core, so it installs with
+# --no-compile and COMPILE uses every core, 110 s against 142 s for install-vllm (BENCHMARKS.md, the test suite).
 # A new venv's pip is the interpreter's (23.2 here): pip 26 resolves the pinned set in 20 s where 23.2 takes
 # 56 s, and the whole install took 114 s against 156 s (BENCHMARKS.md, the test suite), so it comes first.
 NEW_PIP := $(PY) -m pip install -q 'pip>=26.3'
-# -j 0: a process a core. Exit status ignored as pip ignores it: a file Python cannot compile (a package's
-# Python 2 test data, say) fails only where it is imported.
+# Its exit status is ignored, as pip ignores it: a file this Python cannot compile (torch's one Python 3.12
+# module) fails only where it is imported.
 COMPILE := $(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
