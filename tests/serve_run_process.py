@@ -9,6 +9,7 @@ the other test process, it once took longer and serve.run's `ray.init()` failed 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -21,10 +22,11 @@ from pathlib import Path
 import psutil
 import requests
 import yaml
-from conftest import free_port
+from conftest import free_port, stop_head
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY_START_TIMED_OUT = "The current node timed out during startup"
+LOG = "serve_run.log"  # in the folder: what serve.run printed
 
 
 class RayStartTimedOut(AssertionError):
@@ -32,21 +34,20 @@ class RayStartTimedOut(AssertionError):
 
 
 def stop_serve_run(proc: subprocess.Popen, temp_dir: str) -> None:
-    """SIGINT to serve.run (it stops `serve run`, serve.shutdown(), then its Ray cluster); then every
-    process it started, by pid, and its folder."""
+    """SIGINT to serve.run (it stops `serve run`, serve.shutdown(), then its Ray cluster); then what it
+    started that still runs: its children as they were (taken first: an exited parent's are reparented),
+    and every process naming its folder with theirs (conftest.stop_head); then the folder."""
     started = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
-    started += [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or ())]
     proc.send_signal(signal.SIGINT)
     try:
         proc.wait(timeout=90)
     except subprocess.TimeoutExpired:
         proc.kill()
     for p in started:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(started, timeout=30)
+    stop_head(temp_dir)
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
@@ -61,7 +62,7 @@ def start_serve_run(config: dict, timeout_s: float = 300) -> tuple[subprocess.Po
     path.write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if k not in ("SERVE_API_KEY", "RAY_ADDRESS")}
     env.update(RAY_ADDRESS="local", RAY_TMPDIR=temp_dir, HF_HUB_OFFLINE="1")
-    log = Path(temp_dir) / "serve_run.log"
+    log = Path(temp_dir) / LOG
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "serve.run", str(path)],

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-from serve_run_process import serve_run_started, stop_serve_run  # tests/ is on the path, as for conftest
+from serve_run_process import LOG, serve_run_started, stop_serve_run  # tests/ is on the path, as for conftest
 
 from jobs.sources.wmdp import synthetic_questions
 
@@ -51,7 +51,7 @@ def served(tiny_model, lora_adapters):
         yield {
             "url": url,
             "model": requests.get(url + "/v1/models", timeout=30).json()["data"][0]["id"],
-            "log": Path(temp_dir) / "serve_run.log",
+            "log": Path(temp_dir) / LOG,
         }
     finally:
         stop_serve_run(proc, temp_dir)
