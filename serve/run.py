@@ -19,7 +19,11 @@ reads the status). This command wraps it:
 3. the applications' status is read every 2 s: one line when all of them run; when one is
    DEPLOY_FAILED (the build, where Ray started, refused it: a cluster started without
    SERVE_API_KEY, say), the child is stopped (it shuts its applications down) and the command
-   exits 1 naming the application and the build's error.
+   exits 1 naming the application and the build's error;
+4. when `serve run` itself exits non-zero before the applications run, the command exits with its
+   status and one last line saying why: Serve's HTTP proxy not ready within its readiness check
+   (`RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S`, which the local Ray started here sets to 30 s, Serve's
+   own 5 s being too short for a proxy starting on a busy machine), or the error it ended on.
 
 Ctrl-C stops the child as it stops `serve run` itself. A failure after the applications ran
 (a replica dying, say) is Serve's to repair and does not end the command.
@@ -33,7 +37,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -44,6 +51,8 @@ from serve.proxy_guard import CALLBACK, CALLBACK_ENV, PROXY_LIMIT_ENV
 from serve.settings import ServiceError, ServiceSettings, config_args
 
 POLL_S = 2.0
+PROXY_READY_ENV = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
+LOCAL_PROXY_READY_S = "30"  # Serve waits 5 s, 3 times; on 2 busy cores a proxy took longer to start
 
 
 def serve_cli() -> str:
@@ -93,6 +102,39 @@ def build_error(message: str) -> str:
     return lines[-1] if lines else "(no message)"
 
 
+def relay_stderr(child: subprocess.Popen) -> Callable[[], list[str]]:
+    """Copy the child's stderr to this process's, line by line, in a thread; returns a call that waits
+    for the stream's end and gives its last lines (what `serve run` ended on)."""
+    tail: deque = deque(maxlen=60)
+
+    def copy():
+        for line in child.stderr:
+            sys.stderr.write(line)
+            tail.append(line.rstrip("\n"))
+
+    thread = threading.Thread(target=copy, daemon=True)
+    thread.start()
+
+    def last_lines() -> list[str]:
+        thread.join(timeout=10)
+        return list(tail)
+
+    return last_lines
+
+
+def exit_reason(tail: list[str]) -> str:
+    """Why `serve run` ended before its applications ran, read from its last lines of stderr."""
+    said = "\n".join(tail)
+    if "class_name: ProxyActor" in said or "HTTP proxies not available" in said:
+        here = f"; {os.environ[PROXY_READY_ENV]} s in this environment" if PROXY_READY_ENV in os.environ else ""
+        return (
+            f"Serve's HTTP proxy was not ready within its readiness checks (3 tries of {PROXY_READY_ENV} "
+            f"seconds, read where Ray starts{here}); on a busy machine raise it"
+        )
+    errors = [line.strip() for line in tail if line[:1].isalpha() and ("Error" in line or "Exception" in line)]
+    return errors[-1] if errors else "see its output above"
+
+
 def stop(child: subprocess.Popen) -> None:
     """SIGINT, as Ctrl-C: `serve run` then shuts its applications down; harder if it will not."""
     for send, wait_s in ((lambda: child.send_signal(signal.SIGINT), 60), (child.terminate, 15), (child.kill, 15)):
@@ -105,8 +147,9 @@ def stop(child: subprocess.Popen) -> None:
             continue
 
 
-def watch(child: subprocess.Popen, names: list[str], url: str, since: float) -> int:
-    """Exit status: 1 when an application fails to deploy, else the child's own."""
+def watch(child: subprocess.Popen, names: list[str], url: str, since: float, last_lines: Callable) -> int:
+    """Exit status: 1 when an application fails to deploy, else the child's own (with its reason where
+    it failed before the applications ran)."""
     announced = False
     while child.poll() is None:
         time.sleep(POLL_S)
@@ -120,6 +163,13 @@ def watch(child: subprocess.Popen, names: list[str], url: str, since: float) -> 
         if not announced and len(now) == len(names) and all(status == "RUNNING" for status, _ in now.values()):
             print(f"serving {', '.join(names)} on {url}", flush=True)
             announced = True
+    if child.returncode and not announced:
+        print(
+            f"error: serve run exited with status {child.returncode} before {', '.join(names)} ran: "
+            f"{exit_reason(last_lines())}",
+            file=sys.stderr,
+            flush=True,
+        )
     return child.returncode
 
 
@@ -141,11 +191,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.address is None:
         for name, value in guard_environment(config).items():
             os.environ.setdefault(name, value)  # the Ray started below, and its proxy, inherit them
+        os.environ.setdefault(PROXY_READY_ENV, LOCAL_PROXY_READY_S)  # Serve's controller reads it
     context = ray.init(address=args.address, log_to_driver=False)
     since = time.time() - 10  # margin for a cluster clock a little behind this one
-    child = subprocess.Popen([serve_cli(), "run", args.config, "--address", context.address_info["gcs_address"]])
+    child = subprocess.Popen(
+        [serve_cli(), "run", args.config, "--address", context.address_info["gcs_address"]],
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+    )
     try:
-        return watch(child, names, url, since)
+        return watch(child, names, url, since, relay_stderr(child))
     except KeyboardInterrupt:
         stop(child)
         return 130

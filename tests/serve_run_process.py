@@ -51,12 +51,12 @@ def stop_serve_run(proc: subprocess.Popen, temp_dir: str) -> None:
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def start_serve_run(config: dict, timeout_s: float = 300) -> tuple[subprocess.Popen, str, str]:
-    """serve.run on `config` (a Serve config; its proxy moved to a free port) under a new folder:
+def start_serve_run(config: dict, timeout_s: float = 300, port: int | None = None) -> tuple[subprocess.Popen, str, str]:
+    """serve.run on `config` (a Serve config; its proxy moved to `port`, else a free one) under a new folder:
     (the process, the folder, the URL) once /health answers. Raises RayStartTimedOut where Ray's own
     start timed out, AssertionError on any other failure; what started is stopped either way."""
     temp_dir = tempfile.mkdtemp(prefix="lmh", dir="/tmp")  # short: Ray's socket paths live under it
-    port = free_port()
+    port = port or free_port()
     config = {**config, "http_options": {**config["http_options"], "port": port}}
     path = Path(temp_dir) / "config.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -92,11 +92,11 @@ def start_serve_run(config: dict, timeout_s: float = 300) -> tuple[subprocess.Po
         raise
 
 
-def serve_run_started(config: dict, tries: int = 3) -> tuple[subprocess.Popen, str, str]:
+def serve_run_started(config: dict, tries: int = 3, **options) -> tuple[subprocess.Popen, str, str]:
     """`start_serve_run`, started again where Ray's own start timed out, at most `tries` times."""
     for _ in range(tries - 1):
         try:
-            return start_serve_run(config)
+            return start_serve_run(config, **options)
         except RayStartTimedOut:
             continue
-    return start_serve_run(config)
+    return start_serve_run(config, **options)

@@ -5,6 +5,7 @@ with one line naming the problem (a missing model, a bad adapter path, a wrong s
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import pytest
 import requests
 import yaml
 from conftest import free_port
+from serve_run_process import serve_run_started  # tests/ is on the path, as for conftest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -197,6 +199,25 @@ def test_serve_run_on_a_cluster_that_refuses_the_build_exits_1_naming_the_settin
     assert reason and "SERVE_API_KEY is not set" in reason[0] and "0.0.0.0" in reason[0], done.stderr[-3000:]
     with pytest.raises(requests.RequestException):
         requests.post(f"http://127.0.0.1:{port}/generate", json={"prompts": ["hi"]}, timeout=5).raise_for_status()
+
+
+@pytest.mark.slow  # starts Ray
+def test_serve_run_whose_proxy_cannot_start_exits_1_ending_on_why(tiny_model):
+    """The config's port is held by another process: Serve's proxy cannot bind it and Ray's `serve run`
+    dies in its start with a traceback; `python -m serve.run` exits with its status and ends on one
+    line naming the cause (a proxy not ready in time ends the same way, naming its setting)."""
+    config = yaml.safe_load((ROOT / "serve" / "config.yaml").read_text())
+    config["applications"][0]["args"].update(model=tiny_model, engine="hf")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(AssertionError, match="serve run exited with 1") as failed:
+            serve_run_started(config, port=port)
+    assert str(failed.value).strip().splitlines()[-1] == (
+        "error: serve run exited with status 1 before subliminal ran: "
+        f"RuntimeError: Failed to bind to address '127.0.0.1:{port}'."
+    ), str(failed.value)[-3000:]
 
 
 START_ON_A_RUNNING_OPEN_PROXY = """
