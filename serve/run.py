@@ -52,7 +52,7 @@ from serve.settings import ServiceError, ServiceSettings, config_args
 
 POLL_S = 2.0
 PROXY_READY_ENV = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
-LOCAL_PROXY_READY_S = "30"  # Serve waits 5 s, 3 times; on 2 busy cores a proxy took longer to start
+LOCAL_PROXY_READY_S = "30"  # Serve gives a starting proxy 5 s; on 2 busy cores one took longer to start
 
 
 def serve_cli() -> str:
@@ -128,8 +128,8 @@ def exit_reason(tail: list[str]) -> str:
     if "class_name: ProxyActor" in said or "HTTP proxies not available" in said:
         here = f"; {os.environ[PROXY_READY_ENV]} s in this environment" if PROXY_READY_ENV in os.environ else ""
         return (
-            f"Serve's HTTP proxy was not ready within its readiness checks (3 tries of {PROXY_READY_ENV} "
-            f"seconds, read where Ray starts{here}); on a busy machine raise it"
+            f"Serve's HTTP proxy was not ready within its readiness check ({PROXY_READY_ENV} seconds, "
+            f"read where Ray starts{here}); on a busy machine raise it"
         )
     errors = [line.strip() for line in tail if line[:1].isalpha() and ("Error" in line or "Exception" in line)]
     return errors[-1] if errors else "see its output above"

@@ -15,9 +15,9 @@ from common import numerics
 numerics.pin(os.environ.get(numerics.ENV, numerics.DEFAULT))
 # Tests share the user's cache (the tiny base and the bases tests build) unless CI points it elsewhere.
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
-# Serve kills a starting proxy that has not answered 3 readiness checks of 5 s each, and `serve run` then dies on
+# Serve kills a starting proxy that has not answered its readiness check within 5 s, and `serve run` then dies on
 # its ActorDiedError. Beside the other test process and two busy loops, the 2-core machine took longer than that
-# to start one: 30 s a check. Every cluster the suite starts inherits this (its controller reads it).
+# to start one: 30 s. Every cluster the suite starts inherits this (its controller reads it).
 os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30")
 # Pipeline runs register their designs in a file of the suite's own, never the checkout's results/registry.jsonl.
 os.environ["SUBLIMINAL_REGISTRY"] = str(Path(tempfile.mkdtemp(prefix="subliminal-registry-")) / "registry.jsonl")
