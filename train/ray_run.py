@@ -26,6 +26,10 @@ RAY_TRAIN_ENV = {  # read by the process building a trainer, which passes them o
     # The controller polls its workers this often (Ray's default 2 s): a run's end was seen 1-2 s
     # late, once per run (BENCHMARKS.md, "The pipeline's overhead").
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+    # Ray 2.60 starts a watcher of draining nodes per run that only logs, and tells a loop that asks
+    # (ray.train.get_preemption_info; this one does not): off, a process less a run, and its start's
+    # ERROR line ("constructor arguments in the object store and max_restarts > 0") out of the job log.
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
 }
 MATERIALIZE_BYTES = 256 * 2**20  # tokenized data up to this size is read before the workers start (job_datasets)
 
