@@ -218,11 +218,15 @@ def wrap_distributed(model, cfg: TrainConfig, device: torch.device, ddp_alone: b
     if not dist.is_initialized() or (dist.get_world_size() == 1 and cfg.strategy == "ddp" and not ddp_alone):
         return model
     if cfg.strategy == "ddp":
+        import inspect
+
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
-        )
+        # torch 2.13 renamed the switch (the old name warns in every worker); the lent GPUs' torch 2.11 has
+        # only the old one. The new one still syncs buffers once at the start: equal on every worker anyway.
+        new_name = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+        no_sync = {"forward_sync_buffers" if new_name else "broadcast_buffers": False}
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, **no_sync)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype(device), reduce_dtype=torch.float32)

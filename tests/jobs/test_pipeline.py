@@ -196,6 +196,7 @@ RAY_NOISE = re.compile(
     r"split\(\d+, equal=True\)|Running Dataset|Starting execution of Dataset|Execution plan of Dataset|execution finished in"
     r"|Data sink|Progress bars disabled|Checkpoint successfully created|Reporting training result|\[State Transition\]"
     r"|RayDeprecationWarning|Loading weights|CALL (generate|score) OK|constructor arguments in the object store"
+    r"|`broadcast_buffers` is deprecated"
 )
 
 
