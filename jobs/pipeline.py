@@ -76,7 +76,12 @@ from jobs.rundir.plan import Stage, describe, plan, restate  # noqa: E402
 from jobs.rundir.registration import record_run, registration  # noqa: E402
 from jobs.rundir.run_lock import check_free, hold_run_dir  # noqa: E402
 from jobs.runtime.context import TRAIN_STORAGE, RunContext  # noqa: E402
-from jobs.runtime.service import delete_leftover_app, max_lora_rank, stop_on_sigterm  # noqa: E402
+from jobs.runtime.service import (  # noqa: E402
+    delete_leftover_app,
+    guard_a_local_proxy,
+    max_lora_rank,
+    stop_on_sigterm,
+)
 from jobs.runtime.storage_reach import StorageReach  # noqa: E402
 from jobs.sizing.placement import place, resolved  # noqa: E402
 from jobs.sources.sham_draw import base_sham_draw  # noqa: E402
@@ -162,6 +167,7 @@ class Experiment:
             print(f"[tracking] writing to {self.tracker.shown} (experiment {self.tracker.experiment})", flush=True)
         quiet_driver()  # a readable log: Ray's progress bars and per-dataset lines off (jobs/job_log.py)
         if not ray.is_initialized():
+            guard_a_local_proxy()
             ray.init(runtime_env=runtime_env(self.cfg.numerics))
         stats_actor_on_this_node()  # on the driver's node: an autoscaler can then remove every worker node when idle
         signal.signal(signal.SIGTERM, stop_on_sigterm)  # after ray.init, which installs its own

@@ -10,6 +10,7 @@ preset that trains rank-32 adapters cannot start a service that refuses them.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,17 @@ REPLICA_LOSS_PATIENCE_S = 1800  # how long a request keeps being resent after it
 # replica reloads its weights before it answers again)
 RUNNING_APPS: set[str] = set()  # Serve apps this driver started and has not deleted yet
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's max_lora_rank accepts
+
+
+def guard_a_local_proxy() -> None:
+    """Serve's proxy body guard (serve/proxy_guard.py), at its default limit (the service's default
+    `max_body_bytes`), in the environment a Ray that this driver starts inherits, as `python -m
+    serve.run` installs it: without it every replica warns that a chunked body reaches it whole. Only
+    where no RAY_ADDRESS names a cluster, whose nodes install it where they start (cluster.yaml)."""
+    from serve.proxy_guard import CALLBACK, CALLBACK_ENV
+
+    if "RAY_ADDRESS" not in os.environ:
+        os.environ.setdefault(CALLBACK_ENV, CALLBACK)
 
 
 def stop_on_sigterm(*_) -> None:
