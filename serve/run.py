@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -52,6 +53,8 @@ from serve.settings import ServiceError, ServiceSettings, config_args
 
 POLL_S = 2.0
 PROXY_READY_ENV = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
+# A line Ray forwards from an actor's log: "(ProxyActor pid=12)" first, coloured on a terminal.
+FORWARDED_ACTOR_LOG = re.compile(r"(\x1b\[[0-9;]*m)?\([^()]* pid=\d+")
 LOCAL_PROXY_READY_S = "30"  # Serve gives a starting proxy 5 s; on 2 busy cores one took longer to start
 
 
@@ -104,13 +107,16 @@ def build_error(message: str) -> str:
 
 def relay_stderr(child: subprocess.Popen) -> Callable[[], list[str]]:
     """Copy the child's stderr to this process's, line by line, in a thread; returns a call that waits
-    for the stream's end and gives its last lines (what `serve run` ended on)."""
+    for the stream's end and gives its own last lines (what `serve run` ended on). The actors' log lines
+    Ray forwards to it (`(ProxyActor pid=N) ...`) are left out: a failing proxy's and the controller's
+    go on for a hundred lines after the driver's traceback."""
     tail: deque = deque(maxlen=60)
 
     def copy():
         for line in child.stderr:
             sys.stderr.write(line)
-            tail.append(line.rstrip("\n"))
+            if not FORWARDED_ACTOR_LOG.match(line):
+                tail.append(line.rstrip("\n"))
 
     thread = threading.Thread(target=copy, daemon=True)
     thread.start()

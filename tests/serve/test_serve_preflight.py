@@ -220,6 +220,27 @@ def test_serve_run_whose_proxy_cannot_start_exits_1_ending_on_why(tiny_model):
     ), str(failed.value)[-3000:]
 
 
+ENDS_AS_SERVE_RUN_DOES = r"""
+import sys
+print("Traceback (most recent call last):", file=sys.stderr)
+print("RuntimeError: Failed to bind to address '127.0.0.1:8000'.", file=sys.stderr)
+for n in range(150):  # the proxy's and the controller's logs, forwarded after the driver's traceback
+    print(f"\x1b[36m(ProxyActor pid=9)\x1b[0m RuntimeError: retry {n}", file=sys.stderr)
+sys.exit(1)
+"""
+
+
+def test_the_reason_is_the_drivers_own_last_error_not_a_forwarded_actor_line():
+    """`serve run`'s own traceback ends before the actors' forwarded logs do (a failing proxy's run on
+    for a hundred lines): the reason is read from its own lines."""
+    from serve.run import exit_reason, relay_stderr
+
+    child = subprocess.Popen([sys.executable, "-c", ENDS_AS_SERVE_RUN_DOES], stderr=subprocess.PIPE, text=True)
+    last_lines = relay_stderr(child)
+    assert child.wait(30) == 1
+    assert exit_reason(last_lines()) == "RuntimeError: Failed to bind to address '127.0.0.1:8000'."
+
+
 START_ON_A_RUNNING_OPEN_PROXY = """
 import sys
 import ray
