@@ -47,10 +47,12 @@ def stop_serve_run(proc: subprocess.Popen, temp_dir: str) -> None:
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def start_serve_run(config: dict, timeout_s: float = 300, port: int | None = None) -> tuple[subprocess.Popen, str, str]:
+def start_serve_run(config: dict, timeout_s: float = 900, port: int | None = None) -> tuple[subprocess.Popen, str, str]:
     """serve.run on `config` (a Serve config; its proxy moved to `port`, else a free one) under a new folder:
     (the process, the folder, the URL) once /health answers. Raises RayStartTimedOut where Ray's own
-    start timed out, AssertionError on any other failure; what started is stopped either way."""
+    start timed out, AssertionError on any other failure; what started is stopped either way. `timeout_s`
+    bounds a hang: the lm-eval module's service took 131 s in the suite on one 2-core machine, over 300 s in
+    the suite on one 2.7x slower (108 s alone there)."""
     temp_dir = tempfile.mkdtemp(prefix="lmh", dir="/tmp")  # short: Ray's socket paths live under it
     port = port or free_port()
     config = {**config, "http_options": {**config["http_options"], "port": port}}
